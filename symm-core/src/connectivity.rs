@@ -1,0 +1,272 @@
+//! Connectivity: link matrices from registered detectors, and topology
+//! detection as pure functions (PyTorch's `DMAConnectivity`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::error::{Error, Result};
+use crate::types::DeviceType;
+
+/// An N x N matrix of link counts between devices (0 = no direct link; the
+/// diagonal is ignored).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkMatrix {
+    n: usize,
+    links: Vec<u32>,
+}
+
+impl LinkMatrix {
+    /// Builds from rows; every row must have `rows.len()` entries.
+    pub fn from_rows(rows: Vec<Vec<u32>>) -> Result<Self> {
+        let n = rows.len();
+        if rows.iter().any(|r| r.len() != n) {
+            return Err(Error::InvalidArgument("link matrix is not square".into()));
+        }
+        Ok(LinkMatrix {
+            n,
+            links: rows.into_iter().flatten().collect(),
+        })
+    }
+    pub fn len(&self) -> usize {
+        self.n
+    }
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+    pub fn get(&self, a: usize, b: usize) -> u32 {
+        self.links[a * self.n + b]
+    }
+    pub fn rows(&self) -> Vec<Vec<u32>> {
+        self.links
+            .chunks(self.n.max(1))
+            .map(|c| c.to_vec())
+            .collect()
+    }
+}
+
+/// The link matrix of one (device type, link kind), with who detected it.
+#[derive(Debug, Clone)]
+pub struct Connectivity {
+    pub device_type: DeviceType,
+    pub link_kind: String,
+    pub matrix: LinkMatrix,
+    pub detector: &'static str,
+}
+
+/// A detector's registration: plain data, submitted with `inventory::submit!`.
+pub struct ConnectivityDetector {
+    pub device_type: DeviceType,
+    /// "nvlink", "xgmi", "shm"...
+    pub link_kind: &'static str,
+    pub name: &'static str,
+    pub detect: fn() -> Result<LinkMatrix>,
+}
+
+inventory::collect!(ConnectivityDetector);
+
+/// The connectivity of `device_type` over `link_kind`, detected once per
+/// process and cached.
+pub fn get_connectivity(device_type: DeviceType, link_kind: &str) -> Result<Arc<Connectivity>> {
+    static CACHE: OnceLock<Mutex<HashMap<(DeviceType, String), Arc<Connectivity>>>> =
+        OnceLock::new();
+    let key = (device_type, link_kind.to_string());
+    if let Some(c) = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&key)
+    {
+        return Ok(c.clone());
+    }
+    let det = inventory::iter::<ConnectivityDetector>
+        .into_iter()
+        .find(|d| d.device_type == device_type && d.link_kind == link_kind)
+        .ok_or_else(|| Error::NoDetector {
+            device_type,
+            link_kind: link_kind.to_string(),
+        })?;
+    let c = Arc::new(Connectivity {
+        device_type,
+        link_kind: link_kind.to_string(),
+        matrix: (det.detect)()?,
+        detector: det.name,
+    });
+    CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, c.clone());
+    Ok(c)
+}
+
+/// Topologies the collectives distinguish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topology {
+    /// Every pair of devices has a direct link.
+    FullyConnected,
+    /// The DGX-1 style 8-GPU hybrid cube mesh.
+    HybridCubeMesh,
+    Unknown,
+}
+
+/// The topology of the devices `devices` (indices into the matrix).
+pub fn detect_topology(m: &LinkMatrix, devices: &[usize]) -> Topology {
+    if devices.iter().any(|&d| d >= m.len()) {
+        return Topology::Unknown;
+    }
+    if is_fully_connected(m, devices) {
+        Topology::FullyConnected
+    } else if is_hybrid_cube_mesh(m, devices) {
+        Topology::HybridCubeMesh
+    } else {
+        Topology::Unknown
+    }
+}
+
+/// True if every pair of `devices` has at least one direct link.
+pub fn is_fully_connected(m: &LinkMatrix, devices: &[usize]) -> bool {
+    devices.iter().all(|&a| {
+        a < m.len()
+            && devices
+                .iter()
+                .all(|&b| a == b || (b < m.len() && m.get(a, b) > 0))
+    })
+}
+
+/// Hybrid cube mesh (as PyTorch's IntraNodeComm checks it): 8 devices, each
+/// linked to exactly 4 others, and every neighbour of a device shares at least
+/// two neighbours with it... the defining property used here is PyTorch's:
+/// exactly four neighbours per device, with the neighbour sets forming two
+/// fully connected quads joined by a perfect matching.
+pub fn is_hybrid_cube_mesh(m: &LinkMatrix, devices: &[usize]) -> bool {
+    if devices.len() != 8 || devices.iter().any(|&d| d >= m.len()) {
+        return false;
+    }
+    let nbrs: Vec<Vec<usize>> = (0..8)
+        .map(|i| {
+            (0..8)
+                .filter(|&j| j != i && m.get(devices[i], devices[j]) > 0)
+                .collect()
+        })
+        .collect();
+    if nbrs.iter().any(|n| n.len() != 4) {
+        return false;
+    }
+    // Each device: 3 neighbours form a quad with it (pairwise linked), the 4th is its match.
+    (0..8).all(|i| {
+        let quad: Vec<usize> = nbrs[i]
+            .iter()
+            .copied()
+            .filter(|&j| {
+                nbrs[i]
+                    .iter()
+                    .filter(|&&k| k != j && nbrs[j].contains(&k))
+                    .count()
+                    == 2
+            })
+            .collect();
+        quad.len() == 3
+    })
+}
+
+/// Checks that every rank reported the same host identity.
+pub fn check_same_host(host_ids: &[String]) -> Result<()> {
+    if let Some(first) = host_ids.first() {
+        if let Some((r, other)) = host_ids.iter().enumerate().find(|(_, h)| *h != first) {
+            return Err(Error::NotSameHost(format!(
+                "rank 0 is on {first:?}, rank {r} on {other:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that no two ranks use the same device, unless
+/// `SYMM_ALLOW_OVERLAPPING_DEVICES=1` (PyTorch's
+/// `TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES`).
+pub fn check_distinct_devices(device_ids: &[String]) -> Result<()> {
+    if std::env::var("SYMM_ALLOW_OVERLAPPING_DEVICES").is_ok_and(|v| v == "1") {
+        return Ok(());
+    }
+    for (a, da) in device_ids.iter().enumerate() {
+        if let Some(b) = device_ids[a + 1..].iter().position(|db| db == da) {
+            return Err(Error::OverlappingDevices {
+                a,
+                b: a + 1 + b,
+                device: da.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full(n: usize) -> LinkMatrix {
+        LinkMatrix::from_rows(
+            (0..n)
+                .map(|i| (0..n).map(|j| u32::from(i != j) * 18).collect())
+                .collect(),
+        )
+        .unwrap()
+    }
+
+    fn cube_mesh() -> LinkMatrix {
+        // DGX-1: quads {0,1,2,3} and {4,5,6,7}, matched i <-> i+4.
+        let mut rows = vec![vec![0u32; 8]; 8];
+        for q in [0usize, 4] {
+            for i in q..q + 4 {
+                for j in q..q + 4 {
+                    if i != j {
+                        rows[i][j] = 1;
+                    }
+                }
+            }
+        }
+        for i in 0..4 {
+            rows[i][i + 4] = 1;
+            rows[i + 4][i] = 1;
+        }
+        LinkMatrix::from_rows(rows).unwrap()
+    }
+
+    #[test]
+    fn topologies() {
+        assert_eq!(detect_topology(&full(2), &[0, 1]), Topology::FullyConnected);
+        assert_eq!(
+            detect_topology(&full(8), &(0..8).collect::<Vec<_>>()),
+            Topology::FullyConnected
+        );
+        assert_eq!(
+            detect_topology(&cube_mesh(), &(0..8).collect::<Vec<_>>()),
+            Topology::HybridCubeMesh
+        );
+        assert_eq!(
+            detect_topology(&cube_mesh(), &[0, 1, 2, 3]),
+            Topology::FullyConnected
+        );
+        assert_eq!(detect_topology(&cube_mesh(), &[0, 5]), Topology::Unknown);
+        let none = LinkMatrix::from_rows(vec![vec![0, 0], vec![0, 0]]).unwrap();
+        assert_eq!(detect_topology(&none, &[0, 1]), Topology::Unknown);
+        assert_eq!(detect_topology(&full(2), &[0, 2]), Topology::Unknown);
+        assert!(LinkMatrix::from_rows(vec![vec![0, 1]]).is_err());
+    }
+
+    #[test]
+    fn host_and_device_checks() {
+        assert!(check_same_host(&["a".into(), "a".into()]).is_ok());
+        assert!(matches!(
+            check_same_host(&["a".into(), "b".into()]),
+            Err(Error::NotSameHost(_))
+        ));
+        assert!(check_distinct_devices(&["0".into(), "1".into()]).is_ok());
+        if std::env::var("SYMM_ALLOW_OVERLAPPING_DEVICES").is_err() {
+            assert!(matches!(
+                check_distinct_devices(&["0".into(), "1".into(), "0".into()]),
+                Err(Error::OverlappingDevices { a: 0, b: 2, .. })
+            ));
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! # symm-core
+//!
+//! The backend-agnostic heart of symm, modelled on PyTorch's c10d symmetric
+//! memory:
+//!
+//! - [`SymmetricMemory`]: one rank's handle on a rendezvoused allocation —
+//!   peer buffer and signal-pad addresses, typed views of peers' buffers
+//!   ([`SymmetricMemoryExt::get_buffer`]), `barrier`, `put_signal`,
+//!   `wait_signal`, all bounded by a timeout.
+//! - [`SymmetricAllocator`]: alloc / free / rendezvous per device type,
+//!   registered by backends through `inventory` ([`BackendRegistration`]) and
+//!   found with [`get_allocator`].
+//! - [`Group`]: name, rank, world size and store; [`set_group_info`] /
+//!   [`group_info`] for one rank per process.
+//! - [`SymmTensor`]: [`empty_strided_p2p`] with persistent `alloc_id`s,
+//!   `rendezvous`, [`get_symmetric_memory`].
+//! - Connectivity: link matrices from registered detectors and
+//!   [`detect_topology`].
+//! - [`pad`]: the signal-pad layout every backend and kernel shares
+//!   (NOTE [signal-pad-layout]).
+//!
+//! symm-core depends on no backend. A program links one (symm-cuda,
+//! symm-rocm, or the host backend in symm-testkit) and finds it by
+//! [`DeviceType`].
+
+#![forbid(unsafe_code)]
+
+pub mod allocator;
+pub mod connectivity;
+pub mod error;
+pub mod group;
+pub mod memory;
+pub mod pad;
+pub mod tensor;
+pub mod types;
+
+pub use allocator::{
+    get_allocator, has_allocator, registered_device_types, Allocation, BackendRegistration,
+    SymmetricAllocator,
+};
+pub use connectivity::{
+    check_distinct_devices, check_same_host, detect_topology, get_connectivity, is_fully_connected,
+    Connectivity, ConnectivityDetector, LinkMatrix, Topology,
+};
+pub use error::{Error, Result};
+pub use group::{group_info, remove_group_info, set_group_info, Group};
+pub use memory::{check_range, BufferView, SymmetricMemory, SymmetricMemoryExt};
+pub use tensor::{
+    contiguous_strides, empty_p2p, empty_strided_p2p, get_symmetric_memory, release_persistent,
+    SymmTensor,
+};
+pub use types::{Channel, DType, Device, DeviceType, Rank, ReduceOp};
+
+pub use inventory;
+pub use symm_store;

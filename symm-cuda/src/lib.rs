@@ -1,0 +1,1 @@
+//! symm-cuda (placeholder)

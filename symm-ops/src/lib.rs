@@ -1,0 +1,1 @@
+//! symm-ops (placeholder)

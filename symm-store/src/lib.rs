@@ -1,0 +1,3 @@
+//! # symm-store (skeleton; being filled in)
+mod store;
+pub use store::{Result, Store, StoreError};
