@@ -49,8 +49,7 @@ pub trait SymmetricAllocator: Send + Sync + 'static {
     fn device_type(&self) -> DeviceType;
     fn name(&self) -> &'static str;
     /// Allocates `size` bytes (plus a signal pad) on `device` for `group`.
-    fn alloc(&self, size: usize, device: Device, group: &Arc<Group>)
-        -> Result<Arc<dyn Allocation>>;
+    fn alloc(&self, size: usize, device: Device, group: &Arc<Group>) -> Result<Arc<dyn Allocation>>;
     /// Frees an allocation; an error if other handles still hold it.
     fn free(&self, alloc: Arc<dyn Allocation>) -> Result<()> {
         match Arc::strong_count(&alloc) {
@@ -80,10 +79,8 @@ pub struct BackendRegistration {
 
 inventory::collect!(BackendRegistration);
 
-type Lookup = std::result::Result<
-    HashMap<DeviceType, &'static BackendRegistration>,
-    (DeviceType, &'static str, &'static str),
->;
+type Lookup =
+    std::result::Result<HashMap<DeviceType, &'static BackendRegistration>, (DeviceType, &'static str, &'static str)>;
 
 fn lookup() -> &'static Lookup {
     static LOOKUP: OnceLock<Lookup> = OnceLock::new();
@@ -92,10 +89,7 @@ fn lookup() -> &'static Lookup {
 
 fn build_lookup<'a>(
     regs: impl Iterator<Item = &'a BackendRegistration>,
-) -> std::result::Result<
-    HashMap<DeviceType, &'a BackendRegistration>,
-    (DeviceType, &'static str, &'static str),
-> {
+) -> std::result::Result<HashMap<DeviceType, &'a BackendRegistration>, (DeviceType, &'static str, &'static str)> {
     let mut map: HashMap<DeviceType, &BackendRegistration> = HashMap::new();
     for r in regs {
         if let Some(prev) = map.insert(r.device_type, r) {
@@ -123,8 +117,7 @@ pub fn registered_device_types() -> Result<Vec<DeviceType>> {
 
 /// The allocator for `device_type`, built once per process.
 pub fn get_allocator(device_type: DeviceType) -> Result<Arc<dyn SymmetricAllocator>> {
-    static BUILT: OnceLock<Mutex<HashMap<DeviceType, Arc<dyn SymmetricAllocator>>>> =
-        OnceLock::new();
+    static BUILT: OnceLock<Mutex<HashMap<DeviceType, Arc<dyn SymmetricAllocator>>>> = OnceLock::new();
     let reg = match lookup() {
         Ok(m) => *m.get(&device_type).ok_or(Error::NoBackend(device_type))?,
         Err((d, a, b)) => {
@@ -181,10 +174,7 @@ mod tests {
         ];
         let err = build_lookup(regs.iter()).err();
         assert_eq!(err, Some((DeviceType::Host, "a", "c")));
-        assert_eq!(
-            build_lookup(regs[..2].iter()).map(|m| m.len()).ok(),
-            Some(2)
-        );
+        assert_eq!(build_lookup(regs[..2].iter()).map(|m| m.len()).ok(), Some(2));
     }
 
     #[test]

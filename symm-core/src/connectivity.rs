@@ -37,10 +37,7 @@ impl LinkMatrix {
         self.links[a * self.n + b]
     }
     pub fn rows(&self) -> Vec<Vec<u32>> {
-        self.links
-            .chunks(self.n.max(1))
-            .map(|c| c.to_vec())
-            .collect()
+        self.links.chunks(self.n.max(1)).map(|c| c.to_vec()).collect()
     }
 }
 
@@ -67,8 +64,7 @@ inventory::collect!(ConnectivityDetector);
 /// The connectivity of `device_type` over `link_kind`, detected once per
 /// process and cached.
 pub fn get_connectivity(device_type: DeviceType, link_kind: &str) -> Result<Arc<Connectivity>> {
-    static CACHE: OnceLock<Mutex<HashMap<(DeviceType, String), Arc<Connectivity>>>> =
-        OnceLock::new();
+    static CACHE: OnceLock<Mutex<HashMap<(DeviceType, String), Arc<Connectivity>>>> = OnceLock::new();
     let key = (device_type, link_kind.to_string());
     if let Some(c) = CACHE
         .get_or_init(Default::default)
@@ -125,12 +121,9 @@ pub fn detect_topology(m: &LinkMatrix, devices: &[usize]) -> Topology {
 
 /// True if every pair of `devices` has at least one direct link.
 pub fn is_fully_connected(m: &LinkMatrix, devices: &[usize]) -> bool {
-    devices.iter().all(|&a| {
-        a < m.len()
-            && devices
-                .iter()
-                .all(|&b| a == b || (b < m.len() && m.get(a, b) > 0))
-    })
+    devices
+        .iter()
+        .all(|&a| a < m.len() && devices.iter().all(|&b| a == b || (b < m.len() && m.get(a, b) > 0)))
 }
 
 /// Hybrid cube mesh (as PyTorch's IntraNodeComm checks it): 8 devices, each
@@ -157,13 +150,7 @@ pub fn is_hybrid_cube_mesh(m: &LinkMatrix, devices: &[usize]) -> bool {
         let quad: Vec<usize> = nbrs[i]
             .iter()
             .copied()
-            .filter(|&j| {
-                nbrs[i]
-                    .iter()
-                    .filter(|&&k| k != j && nbrs[j].contains(&k))
-                    .count()
-                    == 2
-            })
+            .filter(|&j| nbrs[i].iter().filter(|&&k| k != j && nbrs[j].contains(&k)).count() == 2)
             .collect();
         quad.len() == 3
     })
@@ -243,10 +230,7 @@ mod tests {
             detect_topology(&cube_mesh(), &(0..8).collect::<Vec<_>>()),
             Topology::HybridCubeMesh
         );
-        assert_eq!(
-            detect_topology(&cube_mesh(), &[0, 1, 2, 3]),
-            Topology::FullyConnected
-        );
+        assert_eq!(detect_topology(&cube_mesh(), &[0, 1, 2, 3]), Topology::FullyConnected);
         assert_eq!(detect_topology(&cube_mesh(), &[0, 5]), Topology::Unknown);
         let none = LinkMatrix::from_rows(vec![vec![0, 0], vec![0, 0]]).unwrap();
         assert_eq!(detect_topology(&none, &[0, 1]), Topology::Unknown);

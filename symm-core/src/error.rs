@@ -22,27 +22,16 @@ pub enum Error {
     },
     /// No connectivity detector registered for (device type, link kind).
     #[error("no connectivity detector for device type {device_type}, link kind {link_kind:?}")]
-    NoDetector {
-        device_type: DeviceType,
-        link_kind: String,
-    },
+    NoDetector { device_type: DeviceType, link_kind: String },
     /// Ranks disagree on something that must be equal (size, world size, pad size...).
     #[error("ranks disagree on {what}: {detail}")]
     Mismatch { what: &'static str, detail: String },
     /// A rank, channel, offset, size or shape is outside what the memory allows.
     #[error("{what} out of range: {value} (limit {limit})")]
-    OutOfRange {
-        what: &'static str,
-        value: u64,
-        limit: u64,
-    },
+    OutOfRange { what: &'static str, value: u64, limit: u64 },
     /// An offset or pointer is not aligned as the dtype or operation needs.
     #[error("misaligned {what}: {value} is not a multiple of {align}")]
-    Misaligned {
-        what: &'static str,
-        value: u64,
-        align: u64,
-    },
+    Misaligned { what: &'static str, value: u64, align: u64 },
     /// The dtype is not supported by this operation.
     #[error("dtype {dtype} not supported by {op}")]
     UnsupportedDType { dtype: String, op: &'static str },
@@ -65,9 +54,7 @@ pub enum Error {
     #[error("ranks are not on one host: {0}")]
     NotSameHost(String),
     /// Two ranks use the same device (set SYMM_ALLOW_OVERLAPPING_DEVICES=1 to allow).
-    #[error(
-        "ranks {a} and {b} share device {device}; set SYMM_ALLOW_OVERLAPPING_DEVICES=1 to allow"
-    )]
+    #[error("ranks {a} and {b} share device {device}; set SYMM_ALLOW_OVERLAPPING_DEVICES=1 to allow")]
     OverlappingDevices { a: usize, b: usize, device: String },
     /// Rendezvous has not happened for this allocation yet.
     #[error("allocation has not been rendezvoused")]

@@ -45,12 +45,7 @@ impl Group {
     /// the store. Every rank of the group must call this (with the same name
     /// and world size) before any rank builds the next generation of the same
     /// name.
-    pub fn new(
-        name: impl Into<String>,
-        rank: usize,
-        world_size: usize,
-        store: Arc<dyn Store>,
-    ) -> Result<Arc<Group>> {
+    pub fn new(name: impl Into<String>, rank: usize, world_size: usize, store: Arc<dyn Store>) -> Result<Arc<Group>> {
         let name = name.into();
         if name.is_empty() || name.contains('\0') {
             return Err(Error::InvalidArgument(format!(
@@ -130,12 +125,7 @@ fn registry() -> &'static Mutex<HashMap<String, Arc<Group>>> {
 /// Registers this process's membership of group `name` (one rank per
 /// process, as PyTorch's `set_group_info`). Replaces a previous registration
 /// of the same name with a new generation.
-pub fn set_group_info(
-    name: &str,
-    rank: usize,
-    world_size: usize,
-    store: Arc<dyn Store>,
-) -> Result<Arc<Group>> {
+pub fn set_group_info(name: &str, rank: usize, world_size: usize, store: Arc<dyn Store>) -> Result<Arc<Group>> {
     let g = Group::new(name, rank, world_size, store)?;
     registry()
         .lock()

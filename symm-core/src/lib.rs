@@ -35,19 +35,17 @@ pub mod tensor;
 pub mod types;
 
 pub use allocator::{
-    get_allocator, has_allocator, registered_device_types, Allocation, BackendRegistration,
-    SymmetricAllocator,
+    get_allocator, has_allocator, registered_device_types, Allocation, BackendRegistration, SymmetricAllocator,
 };
 pub use connectivity::{
-    check_distinct_devices, check_same_host, detect_topology, get_connectivity, is_fully_connected,
-    Connectivity, ConnectivityDetector, LinkMatrix, Topology,
+    check_distinct_devices, check_same_host, detect_topology, get_connectivity, is_fully_connected, Connectivity,
+    ConnectivityDetector, LinkMatrix, Topology,
 };
 pub use error::{Error, Result};
 pub use group::{group_info, remove_group_info, set_group_info, Group};
 pub use memory::{check_range, BufferView, SymmetricMemory, SymmetricMemoryExt};
 pub use tensor::{
-    contiguous_strides, empty_p2p, empty_strided_p2p, get_symmetric_memory, release_persistent,
-    SymmTensor,
+    contiguous_strides, empty_p2p, empty_strided_p2p, get_symmetric_memory, release_persistent, SymmTensor,
 };
 pub use types::{Channel, DType, Device, DeviceType, Rank, ReduceOp};
 

@@ -150,23 +150,11 @@ impl BufferView {
 pub trait SymmetricMemoryExt {
     /// A typed view of `rank`'s buffer: `shape` elements of `dtype` starting
     /// `offset` bytes in. Checks rank, alignment and bounds.
-    fn get_buffer(
-        &self,
-        rank: usize,
-        shape: &[usize],
-        dtype: DType,
-        offset: usize,
-    ) -> Result<BufferView>;
+    fn get_buffer(&self, rank: usize, shape: &[usize], dtype: DType, offset: usize) -> Result<BufferView>;
 }
 
 impl SymmetricMemoryExt for Arc<dyn SymmetricMemory> {
-    fn get_buffer(
-        &self,
-        rank: usize,
-        shape: &[usize],
-        dtype: DType,
-        offset: usize,
-    ) -> Result<BufferView> {
+    fn get_buffer(&self, rank: usize, shape: &[usize], dtype: DType, offset: usize) -> Result<BufferView> {
         let rank = self.rank().peer(rank)?;
         if offset % dtype.size() != 0 {
             return Err(Error::Misaligned {

@@ -135,10 +135,7 @@ pub fn empty_strided_p2p(
                     e.in_use.store(false, Ordering::Release);
                     return Err(Error::Mismatch {
                         what: "persistent allocation size",
-                        detail: format!(
-                            "alloc_id {id} holds {} bytes, {bytes} asked",
-                            e.alloc.size()
-                        ),
+                        detail: format!("alloc_id {id} holds {} bytes, {bytes} asked", e.alloc.size()),
                     });
                 }
                 (e.alloc.clone(), Some(Lease(e.in_use.clone())))
@@ -175,14 +172,7 @@ pub fn empty_p2p(
     group: &Arc<Group>,
     alloc_id: Option<u64>,
 ) -> Result<SymmTensor> {
-    empty_strided_p2p(
-        shape,
-        &contiguous_strides(shape),
-        dtype,
-        device,
-        group,
-        alloc_id,
-    )
+    empty_strided_p2p(shape, &contiguous_strides(shape), dtype, device, group, alloc_id)
 }
 
 /// Drops every pooled persistent allocation of `group` that no tensor holds;
@@ -246,9 +236,7 @@ impl SymmTensor {
     /// into this (contiguous) tensor, sharing the allocation.
     pub fn narrow(&self, elem_offset: usize, numel: usize) -> Result<SymmTensor> {
         if !self.is_contiguous() {
-            return Err(Error::InvalidArgument(
-                "narrow needs a contiguous tensor".into(),
-            ));
+            return Err(Error::InvalidArgument("narrow needs a contiguous tensor".into()));
         }
         let end = elem_offset.checked_add(numel).ok_or(Error::OutOfRange {
             what: "narrow",

@@ -24,11 +24,7 @@ pub enum StoreError {
     Protocol(String),
     /// A key, value or count exceeds the protocol's bounds.
     #[error("{what} too large: {len} > {max}")]
-    TooLarge {
-        what: &'static str,
-        len: u64,
-        max: u64,
-    },
+    TooLarge { what: &'static str, len: u64, max: u64 },
     /// The value under `key` is not what the operation needs (e.g. ADD on non-numeric text).
     #[error("bad value for key {key:?}: {reason}")]
     BadValue { key: String, reason: String },
