@@ -1,1 +1,5 @@
-//! symm-cuda (placeholder)
+//! # symm-cuda (in progress)
+//!
+//! The CUDA backend of symm. See `docs/cuda.md`.
+
+pub mod collectives;

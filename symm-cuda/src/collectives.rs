@@ -1,0 +1,1 @@
+//! CUDA collectives (in progress)
