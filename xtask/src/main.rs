@@ -1,1 +1,60 @@
-fn main() {}
+//! # xtask
+//!
+//! Project automation for symm, run as `cargo xtask <command>` (the alias is
+//! in `.cargo/config.toml`):
+//!
+//! - `ci`: what `.ci/run` runs: fmt, build, tests, NVRTC kernel compile, the
+//!   ROCm check, the benchmark smoke test; ends with `N passed, N failed`.
+//! - `kernels [--arch sm_90]`: NVRTC-compiles every CUDA kernel.
+//! - `test-multigpu [test args]`: the GPU suites on this machine's GPUs (>= 2).
+//! - `gpu-bundle [--out .gpu]`: GPU test and benchmark executables plus
+//!   `run.sh`, for a GPU machine without cargo.
+//! - `bench [--quick] [--out DIR] [args]`: the benchmark, JSON and SVG plot.
+//! - `plot BENCH.json [--out PLOT.svg]`: the plot alone.
+
+#![forbid(unsafe_code)]
+
+mod bench;
+mod ci;
+mod gpu;
+mod kernels;
+mod plot;
+mod util;
+
+const USAGE: &str = "usage: cargo xtask <command> [args]
+
+commands:
+  ci                          everything CI checks (what .ci/run runs)
+  kernels [--arch sm_90]      NVRTC-compile every CUDA kernel (needs libnvrtc)
+  test-multigpu [test args]   build and run the GPU test suites here (needs >= 2 GPUs)
+  gpu-bundle [--out .gpu]     build GPU tests + binaries + run.sh for a GPU machine without cargo
+  bench [--quick] [--out DIR] [args]
+                              run symm-bench (GPU when present, host backend otherwise);
+                              JSON + SVG plot in DIR (default target/bench)
+  plot BENCH.json [--out PLOT.svg]
+                              plot a symm-bench JSON file";
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some((cmd, rest)) = args.split_first() else {
+        eprintln!("{USAGE}");
+        std::process::exit(2);
+    };
+    let r = match cmd.as_str() {
+        "ci" => ci::main(rest),
+        "kernels" => kernels::main(rest),
+        "test-multigpu" => gpu::test_multigpu(rest),
+        "gpu-bundle" => gpu::gpu_bundle(rest),
+        "bench" => bench::main(rest),
+        "plot" => plot::main(rest),
+        "help" | "-h" | "--help" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => Err(format!("unknown command {other:?}\n\n{USAGE}")),
+    };
+    if let Err(e) = r {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}

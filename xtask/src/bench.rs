@@ -1,0 +1,63 @@
+//! `cargo xtask bench [--quick] [--out DIR] [symm-bench args...]`: the
+//! project's main job.
+//!
+//! Builds symm-bench in release, runs it (it picks the GPUs when there are
+//! any, the host backend otherwise) with `--json DIR/bench.json` (default
+//! `target/bench/`), then plots `DIR/bench.svg` from that JSON. Every other
+//! argument goes to symm-bench unchanged.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use crate::util::{self, Result};
+
+pub const BIN: &str = "symm-bench";
+
+/// The package that holds symm-bench, if it exists yet.
+pub fn bench_package() -> Result<Option<String>> {
+    Ok(util::workspace_packages()?
+        .into_iter()
+        .find(|p| p.bins.iter().any(|b| b == BIN))
+        .map(|p| p.name))
+}
+
+pub fn main(args: &[String]) -> Result<()> {
+    let mut out_dir = util::root().join("target").join("bench");
+    let mut pass: Vec<String> = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--out" => out_dir = PathBuf::from(it.next().ok_or("--out needs a folder")?),
+            "--json" => return Err("bench: xtask sets --json itself; use --out DIR".into()),
+            _ => pass.push(a.clone()),
+        }
+    }
+    if out_dir.is_relative() {
+        out_dir = util::root().join(out_dir);
+    }
+    let pkg = bench_package()?
+        .ok_or_else(|| format!("the `{BIN}` binary does not exist yet (expected in symm-ops/src/bin/{BIN}.rs)"))?;
+    util::run(util::cargo().args(["build", "--release", "-p", &pkg, "--bin", BIN]))?;
+    std::fs::create_dir_all(&out_dir).map_err(|e| format!("create {}: {e}", out_dir.display()))?;
+    let json = out_dir.join("bench.json");
+    let svg = out_dir.join("bench.svg");
+    let _ = std::fs::remove_file(&json);
+    let exe = util::root().join("target").join("release").join(BIN);
+    let mut cmd = Command::new(&exe);
+    cmd.current_dir(util::root()).args(&pass).arg("--json").arg(&json);
+    let gpus = util::gpu_count();
+    if gpus > 0 {
+        crate::gpu::gpu_env(&mut cmd);
+        cmd.env_remove("SYMM_REQUIRE_GPUS").env_remove("RUST_TEST_THREADS");
+        eprintln!("{gpus} GPUs found: benchmarking on them");
+    } else {
+        eprintln!("no GPU found: symm-bench runs on the host backend");
+    }
+    util::run(&mut cmd)?;
+    if !json.is_file() {
+        return Err(format!("{BIN} did not write {}", json.display()));
+    }
+    let n = crate::plot::plot_file(&json, &svg)?;
+    println!("bench: {n} results in {}, plot in {}", json.display(), svg.display());
+    Ok(())
+}

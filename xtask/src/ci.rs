@@ -1,0 +1,156 @@
+//! `cargo xtask ci`: everything CI checks, in order, with a summary.
+//!
+//! Steps: rustfmt check; build of every target of the default members; their
+//! tests (doc tests of docs/*.md included); NVRTC compile of every CUDA kernel;
+//! symm-rocm check + tests with HIP_PATH=/usr (when HIP headers exist; under
+//! CI=true their absence is a failure); the benchmark smoke test on whatever
+//! backend the machine has. Every step runs even after a failure; the last line
+//! is `N passed, N failed` and the exit status is non-zero on any failure.
+
+use std::path::Path;
+use std::time::Instant;
+
+use crate::util::{self, Result};
+
+enum Outcome {
+    Pass,
+    Fail(String),
+    Skip(String),
+}
+
+/// Where HIP headers are expected (Debian's libamdhip64-dev puts them under /usr).
+pub const HIP_HEADER: &str = "/usr/include/hip/hip_runtime_api.h";
+
+fn rocm_step() -> Outcome {
+    if !Path::new(HIP_HEADER).is_file() {
+        let why = format!("HIP headers missing ({HIP_HEADER}); install them with `apt-get install -y libamdhip64-dev`");
+        return if util::in_ci() {
+            Outcome::Fail(format!("{why} (CI=true: the ROCm check is required)"))
+        } else {
+            Outcome::Skip(why)
+        };
+    }
+    let r = util::run(
+        util::cargo()
+            .args(["check", "-p", "symm-rocm", "--all-targets"])
+            .env("HIP_PATH", "/usr"),
+    )
+    .and_then(|_| util::run(util::cargo().args(["test", "-p", "symm-rocm"]).env("HIP_PATH", "/usr")));
+    match r {
+        Ok(()) => Outcome::Pass,
+        Err(e) => Outcome::Fail(e),
+    }
+}
+
+/// Not yet written pieces are skipped (and said so), never counted as passed.
+fn kernels_step() -> Outcome {
+    match util::workspace_packages() {
+        Ok(p)
+            if !p
+                .iter()
+                .any(|p| p.name == "symm-cuda" && p.examples.iter().any(|e| e == crate::kernels::EXAMPLE)) =>
+        {
+            Outcome::Skip(format!(
+                "symm-cuda has no `{}` example yet: no kernel compiled",
+                crate::kernels::EXAMPLE
+            ))
+        }
+        Ok(_) => to_outcome(crate::kernels::main(&[])),
+        Err(e) => Outcome::Fail(e),
+    }
+}
+
+fn bench_step() -> Outcome {
+    match crate::bench::bench_package() {
+        Ok(None) => Outcome::Skip(format!("the `{}` binary does not exist yet", crate::bench::BIN)),
+        Ok(Some(_)) => to_outcome(crate::bench::main(&["--quick".to_string()])),
+        Err(e) => Outcome::Fail(e),
+    }
+}
+
+fn to_outcome(r: Result<()>) -> Outcome {
+    match r {
+        Ok(()) => Outcome::Pass,
+        Err(e) => Outcome::Fail(e),
+    }
+}
+
+pub fn main(args: &[String]) -> Result<()> {
+    if let Some(a) = args.first() {
+        return Err(format!("ci: unknown argument {a:?} (usage: cargo xtask ci)"));
+    }
+    type Step = (&'static str, Box<dyn Fn() -> Outcome>);
+    let steps: Vec<Step> = vec![
+        (
+            "fmt",
+            Box::new(|| to_outcome(util::run(util::cargo().args(["fmt", "--all", "--", "--check"])))),
+        ),
+        (
+            "build",
+            Box::new(|| {
+                to_outcome(util::run(util::cargo().args([
+                    "build",
+                    "--workspace",
+                    "--exclude",
+                    "symm-rocm",
+                    "--all-targets",
+                ])))
+            }),
+        ),
+        (
+            "test",
+            Box::new(|| {
+                to_outcome(util::run(util::cargo().args([
+                    "test",
+                    "--workspace",
+                    "--exclude",
+                    "symm-rocm",
+                ])))
+            }),
+        ),
+        ("kernels", Box::new(kernels_step)),
+        ("rocm", Box::new(rocm_step)),
+        ("bench --quick", Box::new(bench_step)),
+    ];
+    let mut results = Vec::new();
+    for (name, f) in &steps {
+        eprintln!("\n==> ci step: {name}");
+        let t = Instant::now();
+        let o = f();
+        let secs = t.elapsed().as_secs_f64();
+        match &o {
+            Outcome::Pass => eprintln!("==> {name}: passed ({secs:.0} s)"),
+            Outcome::Fail(e) => eprintln!("==> {name}: FAILED ({secs:.0} s): {e}"),
+            Outcome::Skip(e) => eprintln!("==> {name}: skipped: {e}"),
+        }
+        results.push((*name, o, secs));
+    }
+    println!("\nci summary:");
+    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
+    for (name, o, secs) in &results {
+        match o {
+            Outcome::Pass => {
+                passed += 1;
+                println!("  passed   {name} ({secs:.0} s)");
+            }
+            Outcome::Fail(e) => {
+                failed += 1;
+                println!("  FAILED   {name} ({secs:.0} s): {e}");
+            }
+            Outcome::Skip(e) => {
+                skipped += 1;
+                println!("  skipped  {name}: {e}");
+            }
+        }
+    }
+    if skipped > 0 {
+        println!("{passed} passed, {failed} failed, {skipped} skipped");
+    } else {
+        println!("{passed} passed, {failed} failed");
+    }
+    if failed > 0 {
+        Err(format!("{failed} ci step(s) failed"))
+    } else {
+        Ok(())
+    }
+}

@@ -1,0 +1,266 @@
+//! GPU work: `cargo xtask test-multigpu` (build and run the GPU suites here)
+//! and `cargo xtask gpu-bundle` (build them for a GPU machine without cargo).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::util::{self, Result};
+
+/// Packages whose test executables make up the GPU suites.
+const TEST_PACKAGES: &[&str] = &["symm-cuda", "symm-ops", "symm-testkit"];
+/// Binaries the bundle carries, where they exist.
+const BUNDLE_BINS: &[&str] = &[
+    "symm-bench",
+    "symmrun",
+    "symm-store-bench",
+    "symm-store-interop",
+    "symm-store-server",
+];
+/// The bundle must stay well under the 64 MiB a transfer allows.
+const BUNDLE_LIMIT: u64 = 60 << 20;
+
+/// A built test executable.
+pub struct TestExe {
+    /// `<package>__<target>` (`lib` for unit tests).
+    pub name: String,
+    pub path: PathBuf,
+}
+
+/// Whether a test target of `pkg` belongs to the GPU suites: everything of
+/// symm-cuda and symm-ops; of symm-testkit, targets named for CUDA or GPUs.
+fn wanted(pkg: &str, target: &str) -> bool {
+    match pkg {
+        "symm-cuda" | "symm-ops" => true,
+        "symm-testkit" => ["cuda", "gpu"].iter().any(|k| target.contains(k)),
+        _ => false,
+    }
+}
+
+/// `cargo test --no-run --message-format=json` for the GPU packages; returns
+/// the test executables.
+pub fn build_tests(release: bool, target_dir: Option<&Path>, strip: bool) -> Result<Vec<TestExe>> {
+    let mut cmd = util::cargo();
+    cmd.args(["test", "--no-run", "--message-format=json"]);
+    if release {
+        cmd.arg("--release");
+    }
+    for p in TEST_PACKAGES {
+        cmd.args(["-p", p]);
+    }
+    configure(&mut cmd, target_dir, strip);
+    let text = util::output(&mut cmd)?;
+    let mut exes = Vec::new();
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if v["reason"] != "compiler-artifact" || v["profile"]["test"] != true {
+            continue;
+        }
+        let Some(exe) = v["executable"].as_str() else { continue };
+        let pkg = Path::new(v["manifest_path"].as_str().unwrap_or_default())
+            .parent()
+            .and_then(|p| p.file_name())
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let target = v["target"]["name"].as_str().unwrap_or_default();
+        let is_lib = v["target"]["kind"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|x| x == "lib" || x == "rlib"));
+        if !wanted(&pkg, target) {
+            continue;
+        }
+        let name = format!("{pkg}__{}", if is_lib { "lib" } else { target });
+        exes.push(TestExe {
+            name,
+            path: PathBuf::from(exe),
+        });
+    }
+    exes.sort_by(|a, b| a.name.cmp(&b.name));
+    exes.dedup_by(|a, b| a.name == b.name);
+    if exes.is_empty() {
+        return Err("no GPU test executables were built".into());
+    }
+    Ok(exes)
+}
+
+fn configure(cmd: &mut Command, target_dir: Option<&Path>, strip: bool) {
+    if let Some(d) = target_dir {
+        cmd.env("CARGO_TARGET_DIR", d);
+    }
+    if strip {
+        cmd.env("CARGO_PROFILE_RELEASE_DEBUG", "0")
+            .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
+            .env("CARGO_PROFILE_RELEASE_SPLIT_DEBUGINFO", "off");
+    }
+}
+
+/// The environment GPU runs need: CUDA, NVRTC and NCCL libraries on
+/// LD_LIBRARY_PATH; no NVLink multicast; GPU skips become failures.
+pub fn gpu_env(cmd: &mut Command) {
+    let mut dirs = vec![PathBuf::from("/usr/local/cuda/lib64")];
+    for stem in ["libnvrtc", "libnccl"] {
+        for d in util::find_lib_dirs(stem) {
+            if !dirs.contains(&d) {
+                dirs.push(d);
+            }
+        }
+    }
+    cmd.env("LD_LIBRARY_PATH", util::prepend_path("LD_LIBRARY_PATH", &dirs))
+        .env("NCCL_NVLS_ENABLE", "0")
+        .env("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+        .env("SYMM_REQUIRE_GPUS", "1");
+    if std::env::var_os("RUST_TEST_THREADS").is_none() {
+        // GPU tests measure device memory baselines and own both GPUs.
+        cmd.env("RUST_TEST_THREADS", "1");
+    }
+}
+
+pub fn test_multigpu(args: &[String]) -> Result<()> {
+    let n = util::gpu_count();
+    if n < 2 {
+        return Err(format!(
+            "test-multigpu needs at least 2 NVIDIA GPUs; this machine has {n} (counted with `nvidia-smi -L` and \
+             /proc/driver/nvidia/gpus). Without GPUs, build a bundle with `cargo xtask gpu-bundle` and run \
+             `.gpu/run.sh tests` on a GPU machine"
+        ));
+    }
+    eprintln!("{n} GPUs found");
+    let exes = build_tests(false, None, false)?;
+    let (mut passed, mut failed) = (0, 0);
+    for t in &exes {
+        let mut cmd = Command::new(&t.path);
+        cmd.args(args).current_dir(util::root());
+        gpu_env(&mut cmd);
+        match util::run(&mut cmd) {
+            Ok(()) => passed += 1,
+            Err(e) => {
+                eprintln!("FAILED {}: {e}", t.name);
+                failed += 1;
+            }
+        }
+    }
+    println!("test-multigpu: {} test executables", exes.len());
+    println!("{passed} passed, {failed} failed");
+    if failed > 0 {
+        Err(format!("{failed} GPU test executable(s) failed"))
+    } else {
+        Ok(())
+    }
+}
+
+fn copy_exe(from: &Path, to: &Path) -> Result<()> {
+    std::fs::copy(from, to).map_err(|e| format!("copy {} -> {}: {e}", from.display(), to.display()))?;
+    set_mode(to, 0o755)
+}
+
+fn set_mode(p: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("chmod {}: {e}", p.display()))
+}
+
+pub fn gpu_bundle(args: &[String]) -> Result<()> {
+    let mut out = util::root().join(".gpu");
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--out" => out = PathBuf::from(it.next().ok_or("--out needs a folder")?),
+            other => {
+                return Err(format!(
+                    "gpu-bundle: unknown argument {other:?} (usage: cargo xtask gpu-bundle [--out .gpu])"
+                ))
+            }
+        }
+    }
+    if out.is_relative() {
+        out = util::root().join(out);
+    }
+    // A target dir of its own: the stripped release profile would otherwise
+    // evict the ordinary release artifacts.
+    let target_dir = util::root().join("target").join("gpu-bundle");
+    let exes = build_tests(true, Some(&target_dir), true)?;
+
+    let packages = util::workspace_packages()?;
+    let mut bins: Vec<(String, String)> = Vec::new(); // (package, bin)
+    for want in BUNDLE_BINS.iter().chain(["xtask"].iter()) {
+        if let Some(p) = packages.iter().find(|p| p.bins.iter().any(|b| b == want)) {
+            bins.push((p.name.clone(), want.to_string()));
+        } else {
+            eprintln!("note: no `{want}` binary in the workspace yet; not bundled");
+        }
+    }
+    let mut cmd = util::cargo();
+    cmd.args(["build", "--release"]);
+    for (p, b) in &bins {
+        cmd.args(["-p", p, "--bin", b]);
+    }
+    configure(&mut cmd, Some(&target_dir), true);
+    util::run(&mut cmd)?;
+
+    for sub in ["tests", "bin"] {
+        let d = out.join(sub);
+        if d.exists() {
+            std::fs::remove_dir_all(&d).map_err(|e| format!("remove {}: {e}", d.display()))?;
+        }
+        std::fs::create_dir_all(&d).map_err(|e| format!("create {}: {e}", d.display()))?;
+    }
+    for t in &exes {
+        copy_exe(&t.path, &out.join("tests").join(&t.name))?;
+    }
+    for (_, b) in &bins {
+        copy_exe(&target_dir.join("release").join(b), &out.join("bin").join(b))?;
+    }
+    let anchors = util::root()
+        .join("..")
+        .join("shared")
+        .join("bench")
+        .join("anchors_torch.py");
+    if anchors.is_file() {
+        std::fs::copy(&anchors, out.join("anchors_torch.py")).map_err(|e| format!("copy anchors: {e}"))?;
+    } else {
+        eprintln!("note: {} not found; `run.sh anchors` will fail", anchors.display());
+    }
+    let run_sh = out.join("run.sh");
+    std::fs::write(&run_sh, RUN_SH).map_err(|e| format!("write {}: {e}", run_sh.display()))?;
+    set_mode(&run_sh, 0o755)?;
+    let rev = Command::new("git")
+        .args(["describe", "--always", "--dirty"])
+        .current_dir(util::root())
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let mut manifest = format!("symm GPU bundle, built from {rev}\n");
+    for t in &exes {
+        manifest.push_str(&format!("tests/{}\n", t.name));
+    }
+    for (_, b) in &bins {
+        manifest.push_str(&format!("bin/{b}\n"));
+    }
+    std::fs::write(out.join("MANIFEST"), manifest).map_err(|e| format!("write MANIFEST: {e}"))?;
+
+    let size = util::dir_size(&out);
+    println!(
+        "gpu bundle: {} ({} test executables, {} binaries), {}",
+        out.display(),
+        exes.len(),
+        bins.len(),
+        util::human_bytes(size)
+    );
+    println!(
+        "run it on the GPU machine: {}/run.sh all   (or tests | bench | anchors | store-interop)",
+        out.display()
+    );
+    if size > BUNDLE_LIMIT {
+        return Err(format!(
+            "bundle is {} — over the {} limit",
+            util::human_bytes(size),
+            util::human_bytes(BUNDLE_LIMIT)
+        ));
+    }
+    Ok(())
+}
+
+/// The bundle's run script (runs on a GPU machine with no cargo).
+pub const RUN_SH: &str = include_str!("run.sh");

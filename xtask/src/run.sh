@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# symm GPU bundle, built by `cargo xtask gpu-bundle` on a machine with cargo,
+# for a machine with GPUs but no cargo.
+#
+#   ./run.sh tests [test-binary args]   every GPU test executable (SYMM_REQUIRE_GPUS=1: a skip fails)
+#   ./run.sh bench [symm-bench args]    the benchmark (JSON + SVG plot into $OUT when set)
+#   ./run.sh anchors [args]             torchrun --nproc-per-node 2 anchors_torch.py (PyTorch / NCCL anchors)
+#   ./run.sh store-interop [args]       symm-store against PyTorch's TCPStore
+#   ./run.sh all                        all of the above, in that order
+#   ./run.sh list                       what the bundle holds
+#
+# Logs go to $OUT/<command>.log when OUT is set.
+set -uo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+OUT="${OUT:-}"
+[ -n "$OUT" ] && mkdir -p "$OUT"
+
+# --- environment ---------------------------------------------------------
+libdirs="/usr/local/cuda/lib64"
+nccl_dir="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)"
+if [ -z "$nccl_dir" ] || [ ! -d "$nccl_dir" ]; then
+  nccl_dir=""
+  for sp in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+    for lib in "$sp"/nvidia/*/lib/libnccl.so*; do
+      if [ -e "$lib" ]; then nccl_dir="$(dirname "$lib")"; break 2; fi
+    done
+  done
+fi
+if [ -n "$nccl_dir" ]; then
+  libdirs="$libdirs:$nccl_dir"
+  # cudarc looks for libnccl.so (not .so.2): give it a link when pip's wheel has none.
+  if [ ! -e "$nccl_dir/libnccl.so" ] && [ -e "$nccl_dir/libnccl.so.2" ]; then
+    shim="$(mktemp -d "${TMPDIR:-/tmp}/symm-libshim.XXXXXX")"
+    ln -s "$nccl_dir/libnccl.so.2" "$shim/libnccl.so"
+    libdirs="$shim:$libdirs"
+  fi
+fi
+for sp in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+  [ -d "$sp/nvidia/cu13/lib" ] && libdirs="$libdirs:$sp/nvidia/cu13/lib"
+done
+export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export NCCL_NVLS_ENABLE=0
+export TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export SYMM_REQUIRE_GPUS=1
+
+# run NAME CMD...: runs CMD, appending its output to $OUT/NAME.log when OUT is set.
+run() {
+  local name="$1"; shift
+  echo "\$ $*" >&2
+  if [ -n "$OUT" ]; then
+    "$@" 2>&1 | tee -a "$OUT/$name.log"
+    return "${PIPESTATUS[0]}"
+  else
+    "$@"
+  fi
+}
+
+has_arg() { local want="$1"; shift; for a in "$@"; do [ "$a" = "$want" ] && return 0; done; return 1; }
+
+cmd_tests() {
+  # GPU tests own both GPUs and measure device-memory baselines: one at a time.
+  export RUST_TEST_THREADS="${RUST_TEST_THREADS:-1}"
+  local passed=0 failed=0 failed_names=""
+  for t in "$HERE"/tests/*; do
+    [ -x "$t" ] || continue
+    if run tests "$t" "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); failed_names="$failed_names $(basename "$t")"; fi
+  done
+  [ -n "$failed_names" ] && echo "failed:$failed_names" | { if [ -n "$OUT" ]; then tee -a "$OUT/tests.log"; else cat; fi; }
+  echo "tests: $passed passed, $failed failed" | { if [ -n "$OUT" ]; then tee -a "$OUT/tests.log"; else cat; fi; }
+  [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
+}
+
+cmd_bench() {
+  [ -x "$HERE/bin/symm-bench" ] || { echo "symm-bench is not in this bundle" >&2; return 1; }
+  local extra=()
+  local json=""
+  if ! has_arg --json "$@"; then
+    json="${OUT:-$HERE}/bench.json"
+    extra=(--json "$json")
+  fi
+  run bench "$HERE/bin/symm-bench" "$@" "${extra[@]}" || return 1
+  if [ -n "$json" ] && [ -f "$json" ] && [ -x "$HERE/bin/xtask" ]; then
+    run bench "$HERE/bin/xtask" plot "$json" --out "${json%.json}.svg"
+  fi
+}
+
+cmd_anchors() {
+  [ -f "$HERE/anchors_torch.py" ] || { echo "anchors_torch.py is not in this bundle" >&2; return 1; }
+  local extra=()
+  if [ -n "$OUT" ] && ! has_arg --out "$@"; then extra=(--out "$OUT/anchors.json"); fi
+  run anchors torchrun --nproc-per-node 2 "$HERE/anchors_torch.py" "$@" "${extra[@]}"
+}
+
+cmd_store_interop() {
+  [ -x "$HERE/bin/symm-store-interop" ] || { echo "symm-store-interop is not in this bundle" >&2; return 1; }
+  run store-interop "$HERE/bin/symm-store-interop" "$@"
+}
+
+cmd_all() {
+  local passed=0 failed=0
+  for c in tests bench anchors store-interop; do
+    echo "==> run.sh $c" >&2
+    if "cmd_${c//-/_}"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "==> $c FAILED" >&2; fi
+  done
+  echo "all: $passed passed, $failed failed"
+  [ "$failed" -eq 0 ]
+}
+
+case "${1:-}" in
+  tests) shift; cmd_tests "$@" ;;
+  bench) shift; cmd_bench "$@" ;;
+  anchors) shift; cmd_anchors "$@" ;;
+  store-interop) shift; cmd_store_interop "$@" ;;
+  all) shift; cmd_all "$@" ;;
+  list) cat "$HERE/MANIFEST"; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" ;;
+  *) sed -n '2,13p' "$0" >&2; exit 2 ;;
+esac
