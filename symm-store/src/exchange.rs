@@ -1,0 +1,153 @@
+//! [`StoreExchange`]: all_gather / broadcast / barrier of plain bytes through a store.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::store::{Result, Store, StoreError};
+
+/// Collective exchange of small byte strings through a [`Store`].
+///
+/// Every call takes a fresh sequence number, so all ranks must make the same calls in
+/// the same order (as with any collective). Keys live under `prefix/seq/...`; the last
+/// rank to finish a call deletes them. A call that does not complete within its
+/// timeout fails with [`StoreError::MissingRanks`] naming the ranks that never wrote.
+pub struct StoreExchange {
+    store: Arc<dyn Store>,
+    prefix: String,
+    seq: AtomicU64,
+}
+
+impl std::fmt::Debug for StoreExchange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreExchange")
+            .field("prefix", &self.prefix)
+            .field("seq", &self.seq.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+fn check_rank(rank: usize, world: usize, what: &str) -> Result<()> {
+    if world == 0 {
+        return Err(StoreError::InvalidArgument(format!("{what}: world size is 0")));
+    }
+    if rank >= world {
+        return Err(StoreError::InvalidArgument(format!(
+            "{what}: rank {rank} out of range for world size {world}"
+        )));
+    }
+    Ok(())
+}
+
+impl StoreExchange {
+    /// An exchange whose keys live under `prefix` in `store`.
+    pub fn new(store: Arc<dyn Store>, prefix: impl Into<String>) -> StoreExchange {
+        StoreExchange {
+            store,
+            prefix: prefix.into(),
+            seq: AtomicU64::new(0),
+        }
+    }
+
+    /// The store this exchange talks through.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    fn next_base(&self) -> String {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        format!("{}/{}", self.prefix, seq)
+    }
+
+    /// Waits for `keys` (one per rank in `ranks`); on timeout names the ranks still missing.
+    fn wait_ranks(&self, what: &str, keys: &[String], ranks: &[usize], timeout: Duration) -> Result<()> {
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        match self.store.wait(&refs, Some(timeout)) {
+            Ok(()) => Ok(()),
+            Err(StoreError::Timeout { .. }) => {
+                let mut missing = Vec::new();
+                for (k, r) in refs.iter().zip(ranks) {
+                    if !self.store.check(&[k])? {
+                        missing.push(*r);
+                    }
+                }
+                if missing.is_empty() {
+                    // Everyone arrived just as the wait gave up.
+                    return Ok(());
+                }
+                Err(StoreError::MissingRanks {
+                    what: what.to_owned(),
+                    missing,
+                    timeout,
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Marks this rank done with `base`; the last of `world` ranks deletes `keys`.
+    fn finish(&self, base: &str, keys: &[String], world: usize) -> Result<()> {
+        let done_key = format!("{base}/done");
+        let n = self.store.add(&done_key, 1)?;
+        if usize::try_from(n).is_ok_and(|n| n >= world) {
+            for k in keys {
+                self.store.delete_key(k)?;
+            }
+            self.store.delete_key(&done_key)?;
+        }
+        Ok(())
+    }
+
+    /// Every rank contributes `data`; returns all contributions indexed by rank.
+    pub fn all_gather(&self, rank: usize, world: usize, data: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>> {
+        check_rank(rank, world, "all_gather")?;
+        let base = self.next_base();
+        let keys: Vec<String> = (0..world).map(|r| format!("{base}/{r}")).collect();
+        self.store.set(&keys[rank], data)?;
+        let ranks: Vec<usize> = (0..world).collect();
+        self.wait_ranks(&format!("all_gather {base}"), &keys, &ranks, timeout)?;
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let out = self.store.multi_get(&refs)?;
+        if out.len() != world {
+            return Err(StoreError::Protocol(format!(
+                "multi_get returned {} values for {world} keys",
+                out.len()
+            )));
+        }
+        self.finish(&base, &keys, world)?;
+        Ok(out)
+    }
+
+    /// `root` contributes `data` (others pass `&[]`); every rank returns the root's bytes.
+    pub fn broadcast(&self, rank: usize, world: usize, root: usize, data: &[u8], timeout: Duration) -> Result<Vec<u8>> {
+        check_rank(rank, world, "broadcast")?;
+        check_rank(root, world, "broadcast root")?;
+        let base = self.next_base();
+        let key = format!("{base}/root");
+        let out = if rank == root {
+            self.store.set(&key, data)?;
+            data.to_vec()
+        } else {
+            self.wait_ranks(
+                &format!("broadcast {base}"),
+                std::slice::from_ref(&key),
+                &[root],
+                timeout,
+            )?;
+            self.store.get_now(&key)?
+        };
+        self.finish(&base, &[key], world)?;
+        Ok(out)
+    }
+
+    /// Returns once every rank has called `barrier` (or fails naming the absent ranks).
+    pub fn barrier(&self, rank: usize, world: usize, timeout: Duration) -> Result<()> {
+        check_rank(rank, world, "barrier")?;
+        let base = self.next_base();
+        let keys: Vec<String> = (0..world).map(|r| format!("{base}/{r}")).collect();
+        self.store.set(&keys[rank], b"")?;
+        let ranks: Vec<usize> = (0..world).collect();
+        self.wait_ranks(&format!("barrier {base}"), &keys, &ranks, timeout)?;
+        self.finish(&base, &keys, world)
+    }
+}

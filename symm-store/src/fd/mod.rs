@@ -1,0 +1,738 @@
+//! [`FdChannel`]: pass file descriptors between the processes of one host.
+//!
+//! # Protocol
+//! * Rendezvous (in [`FdChannel::new`]): every rank listens on an abstract unix stream
+//!   socket `symm-fd/<128-bit random nonce>` and publishes `uid pid name` through a
+//!   [`StoreExchange`] all_gather. The name cannot be guessed, and an abstract socket
+//!   leaves nothing in the file system to squat or clean up.
+//! * Each operation has a generation number (all ranks call the operations in the same
+//!   order). A message is one `sendmsg` on a fresh connection: a 24-byte header
+//!   (`SYMMFD01`, generation, sender rank, receiver rank) carrying exactly one fd
+//!   (`SCM_RIGHTS`). The receiver answers one byte: 0 accepted, 1 rejected.
+//! * The receiver checks the sender with `SO_PEERCRED` against the uid and pid the
+//!   claimed rank published; checks exactly one fd, no `MSG_CTRUNC`, the generation and
+//!   `fstat`s the fd (optionally requiring a regular file or a memfd, see [`FdKind`]).
+//!   Received fds are close-on-exec (`MSG_CMSG_CLOEXEC`). Every wait is a `poll` with a
+//!   deadline; a peer whose process has exited is reported as [`StoreError::PeerLost`]
+//!   at once, instead of at the deadline.
+//! * Messages from processes that are not a rank of the channel, and stale generations,
+//!   are rejected (fds closed) and the operation goes on waiting for the real sender.
+//!   A malformed message from a real rank fails the operation with
+//!   [`StoreError::BadFdMessage`] naming that rank.
+
+mod sys;
+
+use std::collections::HashMap;
+use std::io::{self, IoSlice, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::socket::{self, sockopt, ControlMessage, MsgFlags, UnixAddr};
+
+use crate::exchange::StoreExchange;
+use crate::store::{Result, Store, StoreError};
+
+const MAGIC: [u8; 8] = *b"SYMMFD01";
+const HEADER_LEN: usize = 24;
+const ACK_OK: u8 = 0;
+const ACK_REJECT: u8 = 1;
+/// How long one accepted connection may take to deliver its header.
+const CONN_READ_LIMIT: Duration = Duration::from_secs(2);
+/// Poll slice between peer liveness checks.
+const POLL_SLICE: Duration = Duration::from_millis(50);
+
+/// What kind of descriptor a receiver accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FdKind {
+    /// Anything `fstat` accepts (e.g. CUDA/HIP shareable handles).
+    #[default]
+    Any,
+    /// A regular file (memfd, tmpfs file, ...).
+    Regular,
+    /// A memfd: a regular file that supports `F_GET_SEALS`.
+    Memfd,
+}
+
+#[derive(Debug, Clone)]
+struct Peer {
+    uid: u32,
+    pid: i32,
+    name: String,
+}
+
+#[derive(Debug, Default)]
+struct OpState {
+    gen: u64,
+    /// Messages of the next generation that arrived early, by (generation, sender).
+    pending: HashMap<(u64, usize), OwnedFd>,
+}
+
+/// Passes fds among `world` processes of one host (see the module docs for the protocol).
+#[derive(Debug)]
+pub struct FdChannel {
+    rank: usize,
+    world: usize,
+    timeout: Duration,
+    expect: FdKind,
+    listener: UnixListener,
+    peers: Vec<Peer>,
+    state: Mutex<OpState>,
+}
+
+/// Why one incoming message was rejected.
+struct Reject {
+    reason: String,
+    /// The message came from a real rank: fail the operation rather than keep waiting.
+    fatal_rank: Option<usize>,
+    /// The failure is ours (fd table full), not the sender's.
+    exhausted: bool,
+}
+
+fn deadline_after(t: Duration) -> Instant {
+    Instant::now()
+        .checked_add(t)
+        .unwrap_or_else(|| Instant::now() + Duration::from_secs(86400 * 365))
+}
+
+fn poll_timeout(d: Duration) -> PollTimeout {
+    let ms = d.as_millis().min(u128::from(u16::MAX));
+    PollTimeout::from(u16::try_from(ms).unwrap_or(u16::MAX))
+}
+
+/// Soft RLIMIT_NOFILE, for error messages.
+fn nofile_limit() -> String {
+    match nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
+        Ok((soft, _)) => soft.to_string(),
+        Err(_) => "unknown".to_owned(),
+    }
+}
+
+fn is_exhaustion(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE))
+}
+
+fn exhausted(context: &str) -> StoreError {
+    StoreError::FdExhausted {
+        context: context.to_owned(),
+        limit: nofile_limit(),
+    }
+}
+
+/// Maps an I/O error of `context`, turning fd-table exhaustion into a clear error.
+fn io_err(context: &str, e: io::Error) -> StoreError {
+    if is_exhaustion(&e) {
+        return exhausted(context);
+    }
+    StoreError::Io(io::Error::new(e.kind(), format!("fd channel: {context}: {e}")))
+}
+
+/// True while `pid` exists and is not a zombie.
+fn pid_alive(pid: i32) -> bool {
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+        Err(Errno::ESRCH) => return false,
+        Ok(()) | Err(_) => {}
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => match stat.rfind(") ") {
+            Some(i) => !matches!(stat.as_bytes().get(i + 2), Some(b'Z') | Some(b'X')),
+            None => true,
+        },
+        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+        Err(_) => true,
+    }
+}
+
+fn encode_header(gen: u64, from: usize, to: usize) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[..8].copy_from_slice(&MAGIC);
+    h[8..16].copy_from_slice(&gen.to_le_bytes());
+    h[16..20].copy_from_slice(&u32::try_from(from).unwrap_or(u32::MAX).to_le_bytes());
+    h[20..24].copy_from_slice(&u32::try_from(to).unwrap_or(u32::MAX).to_le_bytes());
+    h
+}
+
+fn decode_header(h: &[u8; HEADER_LEN]) -> Option<(u64, usize, usize)> {
+    if h[..8] != MAGIC {
+        return None;
+    }
+    let gen = u64::from_le_bytes(h[8..16].try_into().ok()?);
+    let from = u32::from_le_bytes(h[16..20].try_into().ok()?) as usize;
+    let to = u32::from_le_bytes(h[20..24].try_into().ok()?) as usize;
+    Some((gen, from, to))
+}
+
+/// Checks the received fd's kind with `fstat` (and `F_GET_SEALS` for memfds).
+fn check_kind(fd: BorrowedFd<'_>, kind: FdKind) -> std::result::Result<(), String> {
+    let st = nix::sys::stat::fstat(fd).map_err(|e| format!("fstat of the received fd failed: {e}"))?;
+    let is_reg = (st.st_mode & libc::S_IFMT) == libc::S_IFREG;
+    match kind {
+        FdKind::Any => Ok(()),
+        FdKind::Regular | FdKind::Memfd if !is_reg => {
+            Err(format!("received fd is not a regular file (st_mode {:o})", st.st_mode))
+        }
+        FdKind::Regular => Ok(()),
+        FdKind::Memfd => match nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GET_SEALS) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(format!("received fd is not a memfd (F_GET_SEALS: {e})")),
+        },
+    }
+}
+
+impl FdChannel {
+    /// Creates this rank's socket and meets the other ranks through `store` under `prefix`.
+    ///
+    /// Every rank of the channel must call this with the same `prefix` and `world`.
+    pub fn new(store: Arc<dyn Store>, prefix: &str, rank: usize, world: usize, timeout: Duration) -> Result<FdChannel> {
+        if world == 0 || rank >= world {
+            return Err(StoreError::InvalidArgument(format!(
+                "FdChannel: rank {rank} out of range for world size {world}"
+            )));
+        }
+        let nonce: u128 = rand::random();
+        let name = format!("symm-fd/{nonce:032x}");
+        let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| io_err("socket address", e))?;
+        let listener = UnixListener::bind_addr(&addr).map_err(|e| io_err("bind", e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| io_err("set_nonblocking", e))?;
+        let uid = nix::unistd::getuid().as_raw();
+        let pid = std::process::id();
+        let info = format!("symmfd1 {uid} {pid} {name}");
+        let ex = StoreExchange::new(store, format!("{prefix}/fdchannel"));
+        let all = ex.all_gather(rank, world, info.as_bytes(), timeout)?;
+        let mut peers = Vec::with_capacity(world);
+        for (r, bytes) in all.iter().enumerate() {
+            let bad = || StoreError::Protocol(format!("fd channel rendezvous: rank {r} published an invalid record"));
+            let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
+            let parts: Vec<&str> = text.split(' ').collect();
+            if parts.len() != 4 || parts[0] != "symmfd1" || !parts[3].starts_with("symm-fd/") {
+                return Err(bad());
+            }
+            let uid: u32 = parts[1].parse().map_err(|_| bad())?;
+            let pid: i32 = parts[2].parse().map_err(|_| bad())?;
+            if pid <= 0 {
+                return Err(bad());
+            }
+            peers.push(Peer {
+                uid,
+                pid,
+                name: parts[3].to_owned(),
+            });
+        }
+        Ok(FdChannel {
+            rank,
+            world,
+            timeout,
+            expect: FdKind::Any,
+            listener,
+            peers,
+            state: Mutex::new(OpState::default()),
+        })
+    }
+
+    /// Requires received fds to be of `kind` (default [`FdKind::Any`]).
+    pub fn with_expected_kind(mut self, kind: FdKind) -> FdChannel {
+        self.expect = kind;
+        self
+    }
+
+    /// This process's rank in the channel.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    /// The timeout given at construction.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The pid that `rank` published at rendezvous.
+    pub fn peer_pid(&self, rank: usize) -> Option<i32> {
+        self.peers.get(rank).map(|p| p.pid)
+    }
+
+    fn lock_state(&self) -> std::sync::MutexGuard<'_, OpState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every rank contributes `fd`; returns one fd per rank (own slot: a dup of `fd`),
+    /// each referring to the same open file as the sender's.
+    pub fn all_gather_fds(&self, fd: BorrowedFd<'_>, timeout: Duration) -> Result<Vec<OwnedFd>> {
+        let mut st = self.lock_state();
+        st.gen += 1;
+        let gen = st.gen;
+        let deadline = deadline_after(timeout);
+        let own = fd.try_clone_to_owned().map_err(|e| io_err("dup of own fd", e))?;
+        let others: Vec<usize> = (0..self.world).filter(|&r| r != self.rank).collect();
+        let mut conns = Vec::with_capacity(others.len());
+        for &to in &others {
+            conns.push((to, self.send_message(to, gen, &[fd.as_raw_fd()], deadline, timeout)?));
+        }
+        let mut got = self.receive(&mut st, gen, &others, deadline, timeout, "all_gather_fds")?;
+        for (to, conn) in conns {
+            self.read_ack(to, conn, deadline, timeout, "all_gather_fds")?;
+        }
+        got.insert(self.rank, own);
+        let mut out = Vec::with_capacity(self.world);
+        for r in 0..self.world {
+            out.push(got.remove(&r).ok_or_else(|| StoreError::PeerLost {
+                rank: r,
+                reason: "no fd received (internal error)".to_owned(),
+            })?);
+        }
+        Ok(out)
+    }
+
+    /// `root` passes `Some(fd)`, the others `None`; every rank returns an fd for the
+    /// root's open file (the root a dup of its own).
+    pub fn broadcast_fds(&self, root: usize, fd: Option<BorrowedFd<'_>>, timeout: Duration) -> Result<OwnedFd> {
+        if root >= self.world {
+            return Err(StoreError::InvalidArgument(format!(
+                "broadcast_fds: root {root} out of range for world size {}",
+                self.world
+            )));
+        }
+        let mut st = self.lock_state();
+        st.gen += 1;
+        let gen = st.gen;
+        let deadline = deadline_after(timeout);
+        if self.rank == root {
+            let fd = fd.ok_or_else(|| StoreError::InvalidArgument("broadcast_fds: the root must pass an fd".into()))?;
+            let own = fd.try_clone_to_owned().map_err(|e| io_err("dup of own fd", e))?;
+            let mut conns = Vec::new();
+            for to in (0..self.world).filter(|&r| r != root) {
+                conns.push((to, self.send_message(to, gen, &[fd.as_raw_fd()], deadline, timeout)?));
+            }
+            for (to, conn) in conns {
+                self.read_ack(to, conn, deadline, timeout, "broadcast_fds")?;
+            }
+            Ok(own)
+        } else {
+            let mut got = self.receive(&mut st, gen, &[root], deadline, timeout, "broadcast_fds")?;
+            got.remove(&root).ok_or_else(|| StoreError::PeerLost {
+                rank: root,
+                reason: "no fd received (internal error)".into(),
+            })
+        }
+    }
+
+    /// The current generation (number of operations started). For tests and diagnostics.
+    #[doc(hidden)]
+    pub fn generation(&self) -> u64 {
+        self.lock_state().gen
+    }
+
+    /// Sends a raw message (any generation, any number of fds) to `to` and returns
+    /// whether it was accepted. Only for fault-injection tests.
+    #[doc(hidden)]
+    pub fn send_raw_for_testing(&self, to: usize, gen: u64, fds: &[BorrowedFd<'_>], timeout: Duration) -> Result<()> {
+        if to >= self.world {
+            return Err(StoreError::InvalidArgument(format!("rank {to} out of range")));
+        }
+        let deadline = deadline_after(timeout);
+        let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        let conn = self.send_message(to, gen, &raw, deadline, timeout)?;
+        self.read_ack(to, conn, deadline, timeout, "send_raw")
+    }
+
+    /// The abstract socket name of `rank` (for fault-injection tests).
+    #[doc(hidden)]
+    pub fn socket_name_for_testing(&self, rank: usize) -> Option<String> {
+        self.peers.get(rank).map(|p| p.name.clone())
+    }
+
+    /// Connects to `to` and sends one header with `fds`; returns the connection for the ack.
+    fn send_message(
+        &self,
+        to: usize,
+        gen: u64,
+        fds: &[RawFd],
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<UnixStream> {
+        let peer = &self.peers[to];
+        let conn = connect_abstract(&peer.name, deadline).map_err(|e| match e.kind() {
+            io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound => StoreError::PeerLost {
+                rank: to,
+                reason: format!("its fd socket is gone ({e}); process {} exited?", peer.pid),
+            },
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => StoreError::MissingRanks {
+                what: format!("fd send to rank {to}"),
+                missing: vec![to],
+                timeout,
+            },
+            _ => io_err(&format!("connect to rank {to}"), e),
+        })?;
+        // The listener's credentials are those of the process that created it.
+        let cred = socket::getsockopt(&conn, sockopt::PeerCredentials).map_err(|e| io_err("SO_PEERCRED", e.into()))?;
+        if cred.pid() != peer.pid || cred.uid() != peer.uid {
+            return Err(StoreError::BadFdMessage(format!(
+                "socket of rank {to} is owned by pid {} uid {}, expected pid {} uid {}",
+                cred.pid(),
+                cred.uid(),
+                peer.pid,
+                peer.uid
+            )));
+        }
+        let header = encode_header(gen, self.rank, to);
+        let iov = [IoSlice::new(&header)];
+        let cmsgs = [ControlMessage::ScmRights(fds)];
+        let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsgs };
+        let sent = loop {
+            match socket::sendmsg::<()>(conn.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None) {
+                Err(Errno::EINTR) => continue,
+                Err(e @ (Errno::EPIPE | Errno::ECONNRESET)) => {
+                    return Err(StoreError::PeerLost {
+                        rank: to,
+                        reason: format!("sending fd: {e}"),
+                    })
+                }
+                Err(e) => return Err(io_err(&format!("sendmsg to rank {to}"), e.into())),
+                Ok(n) => break n,
+            }
+        };
+        if sent != HEADER_LEN {
+            return Err(StoreError::Io(io::Error::other(format!(
+                "fd channel: short send to rank {to}: {sent} bytes"
+            ))));
+        }
+        Ok(conn)
+    }
+
+    /// Waits for the receiver's verdict on a message sent over `conn`.
+    fn read_ack(
+        &self,
+        to: usize,
+        mut conn: UnixStream,
+        deadline: Instant,
+        timeout: Duration,
+        what: &str,
+    ) -> Result<()> {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(StoreError::MissingRanks {
+                    what: format!("{what}: rank {to} did not take our fd"),
+                    missing: vec![to],
+                    timeout,
+                });
+            }
+            let ready = {
+                let mut pfd = [PollFd::new(conn.as_fd(), PollFlags::POLLIN)];
+                match nix::poll::poll(&mut pfd, poll_timeout(left.min(POLL_SLICE))) {
+                    Ok(n) => n > 0,
+                    Err(Errno::EINTR) => false,
+                    Err(e) => return Err(io_err("poll", e.into())),
+                }
+            };
+            if !ready {
+                if !pid_alive(self.peers[to].pid) {
+                    return Err(StoreError::PeerLost {
+                        rank: to,
+                        reason: format!("process {} exited before taking our fd", self.peers[to].pid),
+                    });
+                }
+                continue;
+            }
+            let mut b = [0u8; 1];
+            return match conn.read(&mut b) {
+                Ok(0) => Err(StoreError::PeerLost {
+                    rank: to,
+                    reason: "closed the connection before answering".into(),
+                }),
+                Ok(_) if b[0] == ACK_OK => Ok(()),
+                Ok(_) => Err(StoreError::BadFdMessage(format!(
+                    "rank {to} rejected our fd message ({what})"
+                ))),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted || e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => Err(StoreError::PeerLost {
+                    rank: to,
+                    reason: format!("reading its answer: {e}"),
+                }),
+            };
+        }
+    }
+
+    /// Accepts messages until one fd of generation `gen` arrived from each rank of `from`.
+    fn receive(
+        &self,
+        st: &mut OpState,
+        gen: u64,
+        from: &[usize],
+        deadline: Instant,
+        timeout: Duration,
+        what: &str,
+    ) -> Result<HashMap<usize, OwnedFd>> {
+        let mut got = HashMap::new();
+        for &r in from {
+            if let Some(fd) = st.pending.remove(&(gen, r)) {
+                got.insert(r, fd);
+            }
+        }
+        let mut rejected: Vec<String> = Vec::new();
+        loop {
+            let missing: Vec<usize> = from.iter().copied().filter(|r| !got.contains_key(r)).collect();
+            if missing.is_empty() {
+                return Ok(got);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let mut what = format!("{what} (generation {gen})");
+                if !rejected.is_empty() {
+                    what.push_str(&format!("; rejected messages: {}", rejected.join("; ")));
+                }
+                return Err(StoreError::MissingRanks { what, missing, timeout });
+            }
+            let ready = {
+                let mut pfd = [PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
+                match nix::poll::poll(&mut pfd, poll_timeout(left.min(POLL_SLICE))) {
+                    Ok(n) => n > 0,
+                    Err(Errno::EINTR) => false,
+                    Err(e) => return Err(io_err("poll", e.into())),
+                }
+            };
+            if !ready {
+                for &r in &missing {
+                    if !pid_alive(self.peers[r].pid) {
+                        return Err(StoreError::PeerLost {
+                            rank: r,
+                            reason: format!("process {} exited before sending its fd ({what})", self.peers[r].pid),
+                        });
+                    }
+                }
+                continue;
+            }
+            let conn = match self.listener.accept() {
+                Ok((c, _)) => c,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io_err("accept", e)),
+            };
+            match self.take_message(&conn, deadline) {
+                Ok((mgen, mfrom, fd)) => {
+                    let verdict = if mgen == gen && from.contains(&mfrom) && !got.contains_key(&mfrom) {
+                        got.insert(mfrom, fd);
+                        Ok(())
+                    } else if mgen == gen + 1 && !st.pending.contains_key(&(mgen, mfrom)) {
+                        st.pending.insert((mgen, mfrom), fd);
+                        Ok(())
+                    } else if mgen == gen {
+                        Err(Reject {
+                            reason: format!("rank {mfrom} sent an fd that {what} does not expect from it"),
+                            fatal_rank: (!got.contains_key(&mfrom)).then_some(mfrom),
+                            exhausted: false,
+                        })
+                    } else {
+                        Err(Reject {
+                            reason: format!("rank {mfrom} sent generation {mgen}, expected {gen} (stale or duplicate)"),
+                            fatal_rank: None,
+                            exhausted: false,
+                        })
+                    };
+                    match verdict {
+                        Ok(()) => send_ack(&conn, ACK_OK),
+                        Err(rej) => {
+                            send_ack(&conn, ACK_REJECT);
+                            if rej.fatal_rank.is_some() {
+                                return Err(StoreError::BadFdMessage(format!("{what}: {}", rej.reason)));
+                            }
+                            rejected.push(rej.reason);
+                        }
+                    }
+                }
+                Err(rej) => {
+                    send_ack(&conn, ACK_REJECT);
+                    if rej.exhausted {
+                        return Err(exhausted(&format!("{what}: receiving an fd: {}", rej.reason)));
+                    }
+                    if rej.fatal_rank.is_some() {
+                        return Err(StoreError::BadFdMessage(format!("{what}: {}", rej.reason)));
+                    }
+                    rejected.push(rej.reason);
+                }
+            }
+        }
+    }
+
+    /// Reads and validates one message from an accepted connection.
+    fn take_message(&self, conn: &UnixStream, deadline: Instant) -> std::result::Result<(u64, usize, OwnedFd), Reject> {
+        let plain = |reason: String| Reject {
+            reason,
+            fatal_rank: None,
+            exhausted: false,
+        };
+        let cred = socket::getsockopt(conn, sockopt::PeerCredentials)
+            .map_err(|e| plain(format!("SO_PEERCRED failed: {e}")))?;
+        // Some rank whose published credentials this connection has, if any.
+        let sender = self
+            .peers
+            .iter()
+            .position(|p| p.pid == cred.pid() && p.uid == cred.uid());
+        let conn_deadline = deadline.min(deadline_after(CONN_READ_LIMIT));
+        let mut header = [0u8; HEADER_LEN];
+        let mut have = 0usize;
+        let mut fds: Vec<OwnedFd> = Vec::new();
+        let mut truncated = false;
+        let mut other_cmsgs = 0usize;
+        while have < HEADER_LEN {
+            let left = conn_deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(plain(format!(
+                    "pid {} sent only {have} of {HEADER_LEN} header bytes in time",
+                    cred.pid()
+                )));
+            }
+            let ready = {
+                let mut pfd = [PollFd::new(conn.as_fd(), PollFlags::POLLIN)];
+                match nix::poll::poll(&mut pfd, poll_timeout(left)) {
+                    Ok(n) => n > 0,
+                    Err(Errno::EINTR) => false,
+                    Err(e) => return Err(plain(format!("poll: {e}"))),
+                }
+            };
+            if !ready {
+                continue;
+            }
+            match sys::recv_with_fds(conn.as_fd(), &mut header[have..]) {
+                Ok(r) => {
+                    truncated |= r.truncated;
+                    other_cmsgs += r.other_cmsgs;
+                    fds.extend(r.fds);
+                    if r.bytes == 0 {
+                        break;
+                    }
+                    have += r.bytes;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(Reject {
+                        reason: format!("recvmsg from pid {}: {e}", cred.pid()),
+                        fatal_rank: sender,
+                        exhausted: is_exhaustion(&e),
+                    })
+                }
+            }
+        }
+        let cred_who = |r: Option<usize>| match r {
+            Some(r) => format!("rank {r} (pid {})", cred.pid()),
+            None => format!("pid {} uid {} (not a rank of this channel)", cred.pid(), cred.uid()),
+        };
+        // From here on, `fds` are closed on every early return.
+        if truncated {
+            // The kernel truncates SCM_RIGHTS when it cannot install the fds here.
+            let ours = fds.is_empty();
+            return Err(Reject {
+                reason: format!(
+                    "{}: control data truncated (MSG_CTRUNC), {} fd(s) arrived",
+                    cred_who(sender),
+                    fds.len()
+                ),
+                fatal_rank: sender,
+                exhausted: ours && sender.is_some(),
+            });
+        }
+        let decoded = if have == HEADER_LEN {
+            decode_header(&header)
+        } else {
+            None
+        };
+        let Some((gen, from, to)) = decoded else {
+            return Err(Reject {
+                reason: format!(
+                    "{}: malformed header ({have} bytes); {} fd(s) closed",
+                    cred_who(sender),
+                    fds.len()
+                ),
+                fatal_rank: sender,
+                exhausted: false,
+            });
+        };
+        let genuine = self
+            .peers
+            .get(from)
+            .is_some_and(|p| p.pid == cred.pid() && p.uid == cred.uid());
+        if !genuine {
+            return Err(plain(format!(
+                "{} claims to be rank {from}, credentials do not match; {} fd(s) closed",
+                cred_who(sender),
+                fds.len()
+            )));
+        }
+        let sender = from;
+        let who = format!("rank {from} (pid {})", cred.pid());
+        if to != self.rank {
+            return Err(Reject {
+                reason: format!("{who}: message addressed to rank {to}, this is rank {}", self.rank),
+                fatal_rank: Some(sender),
+                exhausted: false,
+            });
+        }
+        if other_cmsgs != 0 {
+            return Err(Reject {
+                reason: format!("{who}: unexpected control messages ({other_cmsgs})"),
+                fatal_rank: Some(sender),
+                exhausted: false,
+            });
+        }
+        if fds.len() != 1 {
+            return Err(Reject {
+                reason: format!("{who}: sent {} fds (exactly one allowed); closed them", fds.len()),
+                fatal_rank: Some(sender),
+                exhausted: false,
+            });
+        }
+        let fd = fds.remove(0);
+        if let Err(reason) = check_kind(fd.as_fd(), self.expect) {
+            return Err(Reject {
+                reason: format!("{who}: {reason}"),
+                fatal_rank: Some(sender),
+                exhausted: false,
+            });
+        }
+        Ok((gen, from, fd))
+    }
+}
+
+/// Best-effort one-byte verdict to the sender (it may be gone).
+fn send_ack(mut conn: &UnixStream, b: u8) {
+    let _ = conn.set_write_timeout(Some(Duration::from_millis(100)));
+    let _ = conn.write(&[b]);
+}
+
+/// Connects to an abstract unix socket with the connect bounded by `deadline`
+/// (a full backlog otherwise blocks without limit).
+fn connect_abstract(name: &str, deadline: Instant) -> io::Result<UnixStream> {
+    let fd = socket::socket(
+        socket::AddressFamily::Unix,
+        socket::SockType::Stream,
+        socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(io::Error::from)?;
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    let tv = nix::sys::time::TimeVal::new(
+        i64::try_from(left.as_secs()).unwrap_or(i64::MAX) as _,
+        left.subsec_micros() as _,
+    );
+    socket::setsockopt(&fd, sockopt::SendTimeout, &tv).map_err(io::Error::from)?;
+    let addr = UnixAddr::new_abstract(name.as_bytes()).map_err(io::Error::from)?;
+    loop {
+        match socket::connect(fd.as_raw_fd(), &addr) {
+            Ok(()) => break,
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(UnixStream::from(OwnedFd::from(fd)))
+}
