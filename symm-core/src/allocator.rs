@@ -63,6 +63,15 @@ pub trait SymmetricAllocator: Send + Sync + 'static {
             ))),
         }
     }
+    /// Number of devices of this type the backend can use on this machine
+    /// (for test gating and launchers). The default says the backend does not
+    /// report it.
+    fn device_count(&self) -> Result<usize> {
+        Err(Error::Unavailable(format!(
+            "backend {} does not report a device count",
+            self.name()
+        )))
+    }
     /// Whether the backend can create multicast objects. symm never uses
     /// NVLink multicast; backends return false.
     fn has_multicast_support(&self, _device: Device) -> bool {

@@ -1,0 +1,2 @@
+//! symmrun (being written)
+fn main() {}
