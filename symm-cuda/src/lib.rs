@@ -2,4 +2,9 @@
 //!
 //! The CUDA backend of symm. See `docs/cuda.md`.
 
+#![deny(unsafe_code)]
+
 pub mod collectives;
+#[allow(unsafe_code)]
+pub mod driver;
+pub mod kernels;

@@ -1,0 +1,146 @@
+// symm-cuda: device helpers shared by every kernel file.
+//
+// kernels::common_header() compiles every kernel as
+//     symm_core::pad::c_defines() + this file + caller defines + the .cu file,
+// so the layout macros below are normally already defined (generated from
+// symm-core/src/pad.rs). The hand copy keeps this file readable on its own;
+// symm-cuda's unit test `common_cuh_defines_match_pad` checks it is identical.
+//
+// Rules: no multicast, no multimem, no NVLS, no __trap(). Every wait is
+// bounded (deadline from %globaltimer, abort word, latched error).
+
+#ifndef SYMM_MAX_WORLD_SIZE
+#define SYMM_MAX_WORLD_SIZE 64
+#define SYMM_NUM_CHANNELS 32
+#define SYMM_OPS_SLOTS 64
+#define SYMM_BARRIER_BASE 0
+#define SYMM_SIGNAL_BASE 2048
+#define SYMM_OPS_BASE 4096
+#define SYMM_LOCAL_BARRIER_EPOCH 8192
+#define SYMM_LOCAL_SENT 8224
+#define SYMM_LOCAL_RECV 10272
+#define SYMM_LOCAL_OPS_EPOCH 12320
+#define SYMM_ABORT_WORD 12384
+#define SYMM_ERROR_WORD 12385
+#define SYMM_SIGNAL_PAD_SIZE 65536
+#define SYMM_ERR_TIMEOUT 1
+#define SYMM_ERR_ABORTED 2
+#endif
+
+// How often a bounded wait looks at its deadline and the latched error
+// (every 64 polls) and at the abort words (every 1024 polls: the host word
+// lives in pinned host memory, so each read crosses PCIe).
+#define SYMM_CHECK_EVERY 64u
+#define SYMM_ABORT_EVERY 1024u
+
+// ---- memory-model primitives (generic addresses, system scope) ----------
+
+// Acquire load at system scope: pairs with a peer's st.release.sys, so the
+// peer's writes before its release are visible after this load sees the value.
+__device__ __forceinline__ unsigned int symm_ld_acquire_sys(const unsigned int* p) {
+    unsigned int v;
+    asm volatile("ld.acquire.sys.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Release store at system scope: every write this thread made (or observed,
+// e.g. through __syncthreads) before it is visible to whoever acquires it.
+// Used as a posted store into a peer's pad: one one-way NVLink trip.
+__device__ __forceinline__ void symm_st_release_sys(unsigned int* p, unsigned int v) {
+    asm volatile("st.release.sys.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Plain volatile load (no ordering), for words only read as flags.
+__device__ __forceinline__ unsigned int symm_ld_volatile(const unsigned int* p) {
+    unsigned int v;
+    asm volatile("ld.volatile.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Nanoseconds of the GPU's global timer.
+__device__ __forceinline__ unsigned long long symm_globaltimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// now + timeout_ns, saturating (a timeout of ~0 never expires).
+__device__ __forceinline__ unsigned long long symm_deadline(unsigned long long timeout_ns) {
+    unsigned long long now = symm_globaltimer();
+    return (timeout_ns > ~0ull - now) ? ~0ull : now + timeout_ns;
+}
+
+// True when epoch v has reached target, modulo 2^32 (signed difference).
+__device__ __forceinline__ bool symm_epoch_reached(unsigned int v, unsigned int target) {
+    return (int)(v - target) >= 0;
+}
+
+// ---- pad slots (word pointers into a pad base) ---------------------------
+
+__device__ __forceinline__ unsigned int* symm_barrier_slot(unsigned int* pad, unsigned int channel, unsigned int src) {
+    return pad + SYMM_BARRIER_BASE + channel * SYMM_MAX_WORLD_SIZE + src;
+}
+__device__ __forceinline__ unsigned int* symm_signal_slot(unsigned int* pad, unsigned int channel, unsigned int src) {
+    return pad + SYMM_SIGNAL_BASE + channel * SYMM_MAX_WORLD_SIZE + src;
+}
+__device__ __forceinline__ unsigned int* symm_ops_slot(unsigned int* pad, unsigned int slot, unsigned int src) {
+    return pad + SYMM_OPS_BASE + slot * SYMM_MAX_WORLD_SIZE + src;
+}
+__device__ __forceinline__ unsigned int* symm_sent_slot(unsigned int* pad, unsigned int channel, unsigned int dst) {
+    return pad + SYMM_LOCAL_SENT + channel * SYMM_MAX_WORLD_SIZE + dst;
+}
+__device__ __forceinline__ unsigned int* symm_recv_slot(unsigned int* pad, unsigned int channel, unsigned int src) {
+    return pad + SYMM_LOCAL_RECV + channel * SYMM_MAX_WORLD_SIZE + src;
+}
+
+// ---- errors ----------------------------------------------------------------
+
+// Latches `code` into the local ERROR word unless an error is already there;
+// returns the code now latched. The host reads (and clears) it with
+// CudaSymmetricMemory::check_error after synchronising the stream.
+__device__ __forceinline__ unsigned int symm_latch_error(unsigned int* pad, unsigned int code) {
+    unsigned int prev = atomicCAS(pad + SYMM_ERROR_WORD, 0u, code);
+    return prev == 0u ? code : prev;
+}
+
+// The error latched in the local pad (0 if none).
+__device__ __forceinline__ unsigned int symm_latched_error(unsigned int* pad) {
+    return symm_ld_volatile(pad + SYMM_ERROR_WORD);
+}
+
+// True if the host asked every wait to stop: the pinned host abort word
+// (abort_host, may be null) or the pad's ABORT word.
+__device__ __forceinline__ bool symm_abort_requested(const unsigned int* abort_host, unsigned int* pad) {
+    return (abort_host != nullptr && symm_ld_acquire_sys(abort_host) != 0u) ||
+           symm_ld_volatile(pad + SYMM_ABORT_WORD) != 0u;
+}
+
+// Polls *slot (a word of this rank's own pad that one peer writes with
+// st.release.sys) with ld.acquire.sys until it reaches `target`. Gives up,
+// latching SYMM_ERR_TIMEOUT, once %globaltimer passes `deadline`, or latching
+// SYMM_ERR_ABORTED when an abort word is set; returns early (with that code)
+// when another wait of this pad already latched an error, so one dead peer
+// costs one timeout, not one per wait. Returns 0 on success.
+__device__ __noinline__ unsigned int symm_bounded_wait(const unsigned int* slot, unsigned int target,
+                                                      unsigned long long deadline, const unsigned int* abort_host,
+                                                      unsigned int* pad) {
+    unsigned int polls = 0;
+    while (true) {
+        if (symm_epoch_reached(symm_ld_acquire_sys(slot), target)) {
+            return 0u;
+        }
+        ++polls;
+        if ((polls % SYMM_CHECK_EVERY) == 0u) {
+            unsigned int latched = symm_latched_error(pad);
+            if (latched != 0u) {
+                return latched;
+            }
+            if ((polls % SYMM_ABORT_EVERY) == 0u && symm_abort_requested(abort_host, pad)) {
+                return symm_latch_error(pad, SYMM_ERR_ABORTED);
+            }
+            if (symm_globaltimer() >= deadline) {
+                return symm_latch_error(pad, SYMM_ERR_TIMEOUT);
+            }
+        }
+    }
+}

@@ -1,0 +1,82 @@
+// symm-cuda: barrier, put_signal and wait_signal over signal pads.
+//
+// Protocol: NOTE [signal-pad-layout] in symm-core/src/pad.rs (epoch counters,
+// no compare-and-swap). Each kernel runs one block; thread p handles peer p.
+//
+// Common arguments:
+//   pads        device array of `world` u64: every rank's pad base address as
+//               mapped in this process (CudaSymmetricMemory::signal_pad_ptrs_dev)
+//   rank, world this rank and the group size (world <= SYMM_MAX_WORLD_SIZE)
+//   channel     < SYMM_NUM_CHANNELS (checked on the host)
+//   timeout_ns  how long a wait may poll before it latches SYMM_ERR_TIMEOUT
+//   abort_host  device address of the pinned host abort word (0: none)
+//
+// Epochs live in this rank's LOCAL pad region (device memory) and are
+// advanced here, never passed in, so a captured CUDA graph replays correctly.
+// Ops on one pad must be issued in one stream order (two streams racing on one
+// pad corrupt the epochs, as in every implementation of this protocol).
+//
+// Memory ordering: the releasing thread's st.release.sys is cumulative over
+// what the block did before the __syncthreads() that precedes it, and stream
+// order makes earlier kernels' writes part of that; the waiting thread's
+// ld.acquire.sys followed by __syncthreads() makes peers' earlier writes
+// visible to the whole block and to later kernels on the stream.
+
+// barrier(channel): e = ++barrier_epoch[channel]; release-store e into every
+// peer's BARRIER[channel][rank]; acquire-poll own BARRIER[channel][p] >= e for
+// every peer p. Launch: 1 block of >= world threads (a multiple of 32).
+extern "C" __global__ void symm_barrier(const unsigned long long* pads, unsigned int rank, unsigned int world,
+                                        unsigned int channel, unsigned long long timeout_ns,
+                                        const unsigned int* abort_host) {
+    __shared__ unsigned int s_epoch;
+    __shared__ unsigned long long s_deadline;
+    unsigned int* local = (unsigned int*)pads[rank];
+    if (threadIdx.x == 0) {
+        unsigned int* ep = local + SYMM_LOCAL_BARRIER_EPOCH + channel;
+        unsigned int e = *ep + 1u;
+        *ep = e;
+        s_epoch = e;
+        s_deadline = symm_deadline(timeout_ns);
+    }
+    __syncthreads();
+    const unsigned int e = s_epoch;
+    const unsigned int p = threadIdx.x;
+    if (p < world && p != rank) {
+        unsigned int* peer = (unsigned int*)pads[p];
+        symm_st_release_sys(symm_barrier_slot(peer, channel, rank), e);
+        symm_bounded_wait(symm_barrier_slot(local, channel, p), e, s_deadline, abort_host, local);
+    }
+    __syncthreads();
+}
+
+// put_signal(dst, channel): e = ++sent[channel][dst]; release-store e into
+// dst's SIGNAL[channel][rank]. Never waits. Launch: 1 block, 1 thread (more
+// are harmless).
+extern "C" __global__ void symm_put_signal(const unsigned long long* pads, unsigned int rank, unsigned int world,
+                                           unsigned int dst, unsigned int channel) {
+    if (threadIdx.x != 0 || blockIdx.x != 0 || dst >= world) {
+        return;
+    }
+    unsigned int* local = (unsigned int*)pads[rank];
+    unsigned int* sp = symm_sent_slot(local, channel, dst);
+    unsigned int e = *sp + 1u;
+    *sp = e;
+    unsigned int* peer = (unsigned int*)pads[dst];
+    symm_st_release_sys(symm_signal_slot(peer, channel, rank), e);
+}
+
+// wait_signal(src, channel): e = ++recv[channel][src]; acquire-poll own
+// SIGNAL[channel][src] >= e. Launch: 1 block, 1 thread (more are harmless).
+extern "C" __global__ void symm_wait_signal(const unsigned long long* pads, unsigned int rank, unsigned int world,
+                                            unsigned int src, unsigned int channel, unsigned long long timeout_ns,
+                                            const unsigned int* abort_host) {
+    if (threadIdx.x != 0 || blockIdx.x != 0 || src >= world) {
+        return;
+    }
+    unsigned long long deadline = symm_deadline(timeout_ns);
+    unsigned int* local = (unsigned int*)pads[rank];
+    unsigned int* rp = symm_recv_slot(local, channel, src);
+    unsigned int e = *rp + 1u;
+    *rp = e;
+    symm_bounded_wait(symm_signal_slot(local, channel, src), e, deadline, abort_host, local);
+}
