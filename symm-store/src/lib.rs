@@ -19,6 +19,7 @@ mod fd;
 mod hash;
 mod prefix;
 mod store;
+pub mod tcp;
 mod util;
 
 pub use exchange::StoreExchange;
@@ -26,3 +27,4 @@ pub use fd::{FdChannel, FdKind};
 pub use hash::HashStore;
 pub use prefix::PrefixStore;
 pub use store::{Result, Store, StoreError};
+pub use tcp::{ServerOptions, ServerStats, TcpServer, TcpStore, TcpStoreOptions};

@@ -55,6 +55,28 @@ pub(crate) fn compare_set_in(kv: &mut HashMap<String, Vec<u8>>, key: &str, expec
     }
 }
 
+/// COMPARE_SET on a byte-keyed map (the TCP server's).
+pub(crate) fn compare_set_bytes(
+    kv: &mut HashMap<Vec<u8>, Vec<u8>>,
+    key: &[u8],
+    expected: &[u8],
+    desired: &[u8],
+) -> Vec<u8> {
+    match kv.get_mut(key) {
+        None if expected.is_empty() => {
+            kv.insert(key.to_vec(), desired.to_vec());
+            desired.to_vec()
+        }
+        None => expected.to_vec(),
+        Some(cur) => {
+            if cur.as_slice() == expected {
+                *cur = desired.to_vec();
+            }
+            cur.clone()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -133,9 +133,8 @@ fn io_err(context: &str, e: io::Error) -> StoreError {
 
 /// True while `pid` exists and is not a zombie.
 fn pid_alive(pid: i32) -> bool {
-    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
-        Err(Errno::ESRCH) => return false,
-        Ok(()) | Err(_) => {}
+    if let Err(Errno::ESRCH) = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+        return false;
     }
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => match stat.rfind(") ") {
@@ -734,5 +733,5 @@ fn connect_abstract(name: &str, deadline: Instant) -> io::Result<UnixStream> {
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(UnixStream::from(OwnedFd::from(fd)))
+    Ok(UnixStream::from(fd))
 }

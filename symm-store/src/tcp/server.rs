@@ -1,0 +1,682 @@
+//! The TCPStore server: one thread, `poll(2)` over every client socket.
+//!
+//! Requests are parsed incrementally (see [`super::protocol`]); WAIT replies are
+//! deferred until the last awaited key appears; a client that sends a malformed frame,
+//! stalls in the middle of a frame past `frame_timeout`, or lets its unread replies pile
+//! up past `max_out_buffer` is dropped, and only that client.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+
+use super::protocol::{
+    parse_request, put_bytes, FrameError, Limits, Parsed, Request, CHECK_NOT_READY, CHECK_READY, STOP_WAITING,
+    VALIDATION_MAGIC, WAIT_CANCELED,
+};
+use crate::store::{Result, StoreError};
+use crate::util::{compare_set_bytes, parse_decimal};
+
+/// Server settings. `Default` gives PyTorch's limits and generous timeouts.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// Bounds on keys, values, key counts and whole frames.
+    pub limits: Limits,
+    /// A client that leaves a frame half-sent this long is dropped.
+    pub frame_timeout: Duration,
+    /// Connections beyond this many are closed at once.
+    pub max_clients: usize,
+    /// A client whose unread replies exceed this many bytes is dropped.
+    pub max_out_buffer: usize,
+}
+
+impl Default for ServerOptions {
+    fn default() -> ServerOptions {
+        ServerOptions {
+            limits: Limits::default(),
+            frame_timeout: Duration::from_secs(30),
+            max_clients: 16 * 1024,
+            max_out_buffer: 256 << 20,
+        }
+    }
+}
+
+/// Counters of a running server.
+#[derive(Debug, Default)]
+struct Counters {
+    accepted: AtomicU64,
+    closed: AtomicU64,
+    dropped_malformed: AtomicU64,
+    dropped_slow: AtomicU64,
+    dropped_overflow: AtomicU64,
+    refused: AtomicU64,
+    requests: AtomicU64,
+    active: AtomicU64,
+    last_drop: Mutex<Option<String>>,
+}
+
+/// A snapshot of a server's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Connections accepted.
+    pub accepted: u64,
+    /// Connections closed by their clients.
+    pub closed: u64,
+    /// Clients dropped for a malformed frame (bad type, bound exceeded, bad VALIDATE).
+    pub dropped_malformed: u64,
+    /// Clients dropped for leaving a frame incomplete past the frame timeout.
+    pub dropped_slow: u64,
+    /// Clients dropped for not reading their replies.
+    pub dropped_overflow: u64,
+    /// Connections refused because `max_clients` were connected.
+    pub refused: u64,
+    /// Requests served.
+    pub requests: u64,
+    /// Clients connected now.
+    pub active: u64,
+    /// Why the last client was dropped.
+    pub last_drop: Option<String>,
+}
+
+/// A running TCPStore server (PyTorch wire protocol). Stops when dropped.
+#[derive(Debug)]
+pub struct TcpServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    waker: UnixStream,
+    counters: Arc<Counters>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl TcpServer {
+    /// Listens on `addr` (port 0 picks a free port) with default options.
+    pub fn bind(addr: SocketAddr) -> Result<TcpServer> {
+        TcpServer::bind_with(addr, ServerOptions::default())
+    }
+
+    /// Listens on `addr` with `opts`.
+    pub fn bind_with(addr: SocketAddr, opts: ServerOptions) -> Result<TcpServer> {
+        let conn_err = |source: io::Error| StoreError::Connection {
+            addr: addr.to_string(),
+            source,
+        };
+        let listener = TcpListener::bind(addr).map_err(conn_err)?;
+        listener.set_nonblocking(true).map_err(conn_err)?;
+        let local = listener.local_addr().map_err(conn_err)?;
+        let (waker, wake_rx) = UnixStream::pair()?;
+        wake_rx.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let counters = Arc::new(Counters::default());
+        let mut srv = Server {
+            listener,
+            wake_rx,
+            stop: stop.clone(),
+            counters: counters.clone(),
+            opts,
+            clients: HashMap::new(),
+            next_id: 1,
+            db: Db::default(),
+            accept_paused_until: None,
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("symm-store-server:{}", local.port()))
+            .spawn(move || srv.run())?;
+        Ok(TcpServer {
+            addr: local,
+            stop,
+            waker,
+            counters,
+            thread: Some(thread),
+        })
+    }
+
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A snapshot of the server's counters.
+    pub fn stats(&self) -> ServerStats {
+        let c = &self.counters;
+        ServerStats {
+            accepted: c.accepted.load(Ordering::Relaxed),
+            closed: c.closed.load(Ordering::Relaxed),
+            dropped_malformed: c.dropped_malformed.load(Ordering::Relaxed),
+            dropped_slow: c.dropped_slow.load(Ordering::Relaxed),
+            dropped_overflow: c.dropped_overflow.load(Ordering::Relaxed),
+            refused: c.refused.load(Ordering::Relaxed),
+            requests: c.requests.load(Ordering::Relaxed),
+            active: c.active.load(Ordering::Relaxed),
+            last_drop: c.last_drop.lock().map(|g| g.clone()).unwrap_or(None),
+        }
+    }
+
+    /// True while the server thread runs.
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Blocks until the server thread ends (it only ends when stopped or on a fatal error).
+    pub fn join(mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for TcpServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = (&self.waker).write(&[1]);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+type ClientId = u64;
+
+struct Client {
+    stream: TcpStream,
+    inbuf: Vec<u8>,
+    /// Bytes the current incomplete frame needs in all (0 = none pending).
+    need: usize,
+    /// When the current incomplete frame started arriving.
+    partial_since: Option<Instant>,
+    out: Vec<u8>,
+    out_pos: usize,
+    validated: bool,
+}
+
+#[derive(Default)]
+struct Db {
+    kv: HashMap<Vec<u8>, Vec<u8>>,
+    queues: HashMap<Vec<u8>, VecDeque<Vec<u8>>>,
+    /// key -> clients waiting on it (a client appears once per awaited occurrence).
+    waiting: HashMap<Vec<u8>, Vec<ClientId>>,
+    /// client -> number of awaited keys still missing.
+    awaited: HashMap<ClientId, usize>,
+}
+
+impl Db {
+    fn present(&self, k: &[u8]) -> bool {
+        self.kv.contains_key(k) || self.queues.get(k).is_some_and(|q| !q.is_empty())
+    }
+
+    fn clear_wait(&mut self, id: ClientId) {
+        if self.awaited.remove(&id).is_none() {
+            return;
+        }
+        self.waiting.retain(|_, v| {
+            v.retain(|c| *c != id);
+            !v.is_empty()
+        });
+    }
+
+    /// Every client waiting on `key` counts it as arrived; those with nothing left to wait
+    /// for are returned (they get STOP_WAITING).
+    fn wake_all(&mut self, key: &[u8], woken: &mut Vec<ClientId>) {
+        if let Some(list) = self.waiting.remove(key) {
+            for c in list {
+                if let Some(n) = self.awaited.get_mut(&c) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        self.awaited.remove(&c);
+                        woken.push(c);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A queue push satisfies waiters in order until one of them is fully woken (so one
+    /// element wakes one blocked pop, as PyTorch's server does).
+    fn wake_one(&mut self, key: &[u8], woken: &mut Vec<ClientId>) {
+        let Some(list) = self.waiting.get_mut(key) else { return };
+        while !list.is_empty() {
+            let c = list.remove(0);
+            if let Some(n) = self.awaited.get_mut(&c) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.awaited.remove(&c);
+                    woken.push(c);
+                    break;
+                }
+            }
+        }
+        if list.is_empty() {
+            self.waiting.remove(key);
+        }
+    }
+}
+
+enum Drop_ {
+    Malformed(String),
+    Slow(String),
+    Overflow(String),
+    Closed,
+}
+
+struct Server {
+    listener: TcpListener,
+    wake_rx: UnixStream,
+    stop: Arc<AtomicBool>,
+    counters: Arc<Counters>,
+    opts: ServerOptions,
+    clients: HashMap<ClientId, Client>,
+    next_id: ClientId,
+    db: Db,
+    accept_paused_until: Option<Instant>,
+}
+
+const READ_CHUNK: usize = 64 * 1024;
+/// Most bytes read from one client per poll round (fairness).
+const READ_BUDGET: usize = 4 << 20;
+
+fn i64_of(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Server {
+    fn run(&mut self) {
+        let tick = Duration::from_millis(100);
+        while !self.stop.load(Ordering::SeqCst) {
+            let now = Instant::now();
+            let listen = self.accept_paused_until.is_none_or(|t| now >= t);
+            let ids: Vec<ClientId> = self.clients.keys().copied().collect();
+            let mut ready: Vec<(ClientId, PollFlags)> = Vec::new();
+            let (wake_ready, listen_ready) = {
+                let mut pfds = Vec::with_capacity(ids.len() + 2);
+                pfds.push(PollFd::new(self.wake_rx.as_fd(), PollFlags::POLLIN));
+                pfds.push(PollFd::new(
+                    self.listener.as_fd(),
+                    if listen { PollFlags::POLLIN } else { PollFlags::empty() },
+                ));
+                for id in &ids {
+                    let c = &self.clients[id];
+                    let mut fl = PollFlags::POLLIN;
+                    if c.out_pos < c.out.len() {
+                        fl |= PollFlags::POLLOUT;
+                    }
+                    pfds.push(PollFd::new(c.stream.as_fd(), fl));
+                }
+                let timeout = PollTimeout::from(u16::try_from(tick.as_millis()).unwrap_or(100));
+                match nix::poll::poll(&mut pfds, timeout) {
+                    Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+                for (i, id) in ids.iter().enumerate() {
+                    if let Some(re) = pfds[i + 2].revents() {
+                        if !re.is_empty() {
+                            ready.push((*id, re));
+                        }
+                    }
+                }
+                let r = |p: &PollFd| p.revents().is_some_and(|r| !r.is_empty());
+                (r(&pfds[0]), r(&pfds[1]))
+            };
+            if wake_ready {
+                let mut b = [0u8; 64];
+                while matches!((&self.wake_rx).read(&mut b), Ok(n) if n > 0) {}
+            }
+            if self.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            if listen_ready {
+                self.accept_all();
+            }
+            let mut dirty: HashSet<ClientId> = HashSet::new();
+            for (id, re) in ready {
+                if re.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR) {
+                    self.on_readable(id, &mut dirty);
+                }
+                if re.contains(PollFlags::POLLOUT) {
+                    dirty.insert(id);
+                }
+            }
+            for id in dirty {
+                self.flush(id);
+            }
+            self.expire_slow();
+        }
+        // Closing the listener and every client happens when `self` drops.
+        self.counters.active.store(0, Ordering::Relaxed);
+    }
+
+    fn accept_all(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((s, _)) => {
+                    if self.clients.len() >= self.opts.max_clients {
+                        self.counters.refused.fetch_add(1, Ordering::Relaxed);
+                        continue; // `s` closes here.
+                    }
+                    if s.set_nonblocking(true).is_err() {
+                        continue;
+                    }
+                    let _ = s.set_nodelay(true);
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    self.clients.insert(
+                        id,
+                        Client {
+                            stream: s,
+                            inbuf: Vec::new(),
+                            need: 0,
+                            partial_since: None,
+                            out: Vec::new(),
+                            out_pos: 0,
+                            validated: false,
+                        },
+                    );
+                    self.counters.accepted.fetch_add(1, Ordering::Relaxed);
+                    self.counters.active.store(self.clients.len() as u64, Ordering::Relaxed);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    // EMFILE and friends: the connection stays queued; retry shortly
+                    // instead of spinning on a listener that stays readable.
+                    self.accept_paused_until = Some(Instant::now() + Duration::from_millis(50));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn drop_client(&mut self, id: ClientId, why: Drop_) {
+        let c = &self.counters;
+        let reason = match why {
+            Drop_::Malformed(r) => {
+                c.dropped_malformed.fetch_add(1, Ordering::Relaxed);
+                Some(r)
+            }
+            Drop_::Slow(r) => {
+                c.dropped_slow.fetch_add(1, Ordering::Relaxed);
+                Some(r)
+            }
+            Drop_::Overflow(r) => {
+                c.dropped_overflow.fetch_add(1, Ordering::Relaxed);
+                Some(r)
+            }
+            Drop_::Closed => {
+                c.closed.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        };
+        if let Some(r) = reason {
+            if std::env::var_os("SYMM_STORE_DEBUG").is_some() {
+                eprintln!("symm-store server: dropping client {id}: {r}");
+            }
+            if let Ok(mut g) = c.last_drop.lock() {
+                *g = Some(r);
+            }
+        }
+        self.db.clear_wait(id);
+        self.clients.remove(&id);
+        c.active.store(self.clients.len() as u64, Ordering::Relaxed);
+    }
+
+    fn on_readable(&mut self, id: ClientId, dirty: &mut HashSet<ClientId>) {
+        let Some(mut c) = self.clients.remove(&id) else { return };
+        let mut eof = false;
+        let mut budget = READ_BUDGET;
+        let mut chunk = [0u8; READ_CHUNK];
+        while budget > 0 {
+            match c.stream.read(&mut chunk) {
+                Ok(0) => {
+                    eof = true;
+                    break;
+                }
+                Ok(n) => {
+                    c.inbuf.extend_from_slice(&chunk[..n]);
+                    budget = budget.saturating_sub(n);
+                    // Never buffer more than one maximal frame ahead of parsing.
+                    if c.inbuf.len() >= c.need.max(1) {
+                        let r = self.parse_and_serve(id, &mut c, dirty);
+                        if let Err(why) = r {
+                            self.clients.insert(id, c);
+                            self.drop_client(id, why);
+                            return;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    eof = true;
+                    break;
+                }
+            }
+        }
+        self.clients.insert(id, c);
+        if eof {
+            self.drop_client(id, Drop_::Closed);
+        } else {
+            dirty.insert(id);
+        }
+    }
+
+    /// Serves every complete frame in `c.inbuf`; keeps the incomplete tail.
+    fn parse_and_serve(
+        &mut self,
+        id: ClientId,
+        c: &mut Client,
+        dirty: &mut HashSet<ClientId>,
+    ) -> std::result::Result<(), Drop_> {
+        let mut off = 0usize;
+        let mut progressed = false;
+        loop {
+            if off == c.inbuf.len() {
+                c.need = 0;
+                break;
+            }
+            match parse_request(&c.inbuf[off..], &self.opts.limits) {
+                Ok(Parsed::Complete(req, n)) => {
+                    off += n;
+                    progressed = true;
+                    self.counters.requests.fetch_add(1, Ordering::Relaxed);
+                    self.serve(id, c, req, dirty)?;
+                }
+                Ok(Parsed::Incomplete { need }) => {
+                    c.need = need;
+                    break;
+                }
+                Err(e) => return Err(Drop_::Malformed(frame_reason(&e))),
+            }
+        }
+        c.inbuf.drain(..off);
+        if c.inbuf.is_empty() {
+            c.partial_since = None;
+        } else if progressed || c.partial_since.is_none() {
+            c.partial_since = Some(Instant::now());
+        }
+        if c.out.len() - c.out_pos > self.opts.max_out_buffer {
+            return Err(Drop_::Overflow(format!(
+                "{} bytes of unread replies",
+                c.out.len() - c.out_pos
+            )));
+        }
+        Ok(())
+    }
+
+    fn serve(
+        &mut self,
+        id: ClientId,
+        c: &mut Client,
+        req: Request,
+        dirty: &mut HashSet<ClientId>,
+    ) -> std::result::Result<(), Drop_> {
+        if !c.validated {
+            return match req {
+                Request::Validate(VALIDATION_MAGIC) => {
+                    c.validated = true;
+                    Ok(())
+                }
+                Request::Validate(m) => Err(Drop_::Malformed(format!("bad VALIDATE magic {m:#x}"))),
+                _ => Err(Drop_::Malformed("first request is not VALIDATE".into())),
+            };
+        }
+        let db = &mut self.db;
+        let out = &mut c.out;
+        let mut woken = Vec::new();
+        match req {
+            Request::Validate(_) => {}
+            Request::Ping(n) => out.extend_from_slice(&n.to_le_bytes()),
+            Request::Set { key, value } => {
+                db.wake_all(&key, &mut woken);
+                db.kv.insert(key, value);
+            }
+            Request::CompareSet { key, expected, desired } => {
+                let reply = compare_set_bytes(&mut db.kv, &key, &expected, &desired);
+                db.wake_all(&key, &mut woken);
+                put_bytes(out, &reply);
+            }
+            Request::Get { key } => put_bytes(out, db.kv.get(&key).map_or(&[][..], |v| v.as_slice())),
+            Request::Add { key, delta } => {
+                let base = match db.kv.get(&key) {
+                    None => 0,
+                    Some(v) => parse_decimal(v)
+                        .ok_or_else(|| Drop_::Malformed("ADD on a value that is not a decimal integer".into()))?,
+                };
+                let v = base.wrapping_add(delta);
+                db.kv.insert(key.clone(), v.to_string().into_bytes());
+                db.wake_all(&key, &mut woken);
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            Request::Check { keys } => out.push(if keys.iter().all(|k| db.present(k)) {
+                CHECK_READY
+            } else {
+                CHECK_NOT_READY
+            }),
+            Request::Wait { keys } => {
+                db.clear_wait(id);
+                if keys.iter().all(|k| db.present(k)) {
+                    out.push(STOP_WAITING);
+                } else {
+                    let mut n = 0usize;
+                    for k in keys {
+                        if !db.kv.contains_key(&k) {
+                            db.waiting.entry(k).or_default().push(id);
+                            n += 1;
+                        }
+                    }
+                    db.awaited.insert(id, n);
+                }
+            }
+            Request::GetNumKeys => out.extend_from_slice(&i64_of(db.kv.len()).to_le_bytes()),
+            Request::DeleteKey { key } => {
+                let n: i64 = if db.kv.remove(&key).is_some() { 1 } else { 0 };
+                out.extend_from_slice(&n.to_le_bytes());
+            }
+            Request::Append { key, value } => {
+                db.kv.entry(key.clone()).or_default().extend_from_slice(&value);
+                db.wake_all(&key, &mut woken);
+            }
+            Request::MultiGet { keys } => {
+                for k in keys {
+                    put_bytes(out, db.kv.get(&k).map_or(&[][..], |v| v.as_slice()));
+                    if out.len() - c.out_pos > self.opts.max_out_buffer {
+                        return Err(Drop_::Overflow(
+                            "MULTI_GET reply exceeds the output buffer limit".into(),
+                        ));
+                    }
+                }
+            }
+            Request::MultiSet { kvs } => {
+                for (k, v) in kvs {
+                    db.wake_all(&k, &mut woken);
+                    db.kv.insert(k, v);
+                }
+            }
+            Request::CancelWait => {
+                db.clear_wait(id);
+                out.push(WAIT_CANCELED);
+            }
+            Request::QueuePush { key, value } => {
+                db.queues.entry(key.clone()).or_default().push_back(value);
+                db.wake_one(&key, &mut woken);
+            }
+            Request::QueuePop { key } => {
+                let q = db.queues.get_mut(&key);
+                let len = q.as_ref().map_or(0, |q| q.len());
+                out.extend_from_slice(&i64_of(len).to_le_bytes());
+                if let Some(q) = q {
+                    if let Some(v) = q.pop_front() {
+                        put_bytes(out, &v);
+                    }
+                    if q.is_empty() {
+                        db.queues.remove(&key);
+                    }
+                }
+            }
+            Request::QueueLen { key } => {
+                out.extend_from_slice(&i64_of(db.queues.get(&key).map_or(0, |q| q.len())).to_le_bytes())
+            }
+        }
+        for w in woken {
+            if w == id {
+                c.out.push(STOP_WAITING);
+            } else if let Some(other) = self.clients.get_mut(&w) {
+                other.out.push(STOP_WAITING);
+                dirty.insert(w);
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self, id: ClientId) {
+        let Some(c) = self.clients.get_mut(&id) else { return };
+        while c.out_pos < c.out.len() {
+            match c.stream.write(&c.out[c.out_pos..]) {
+                Ok(0) => break,
+                Ok(n) => c.out_pos += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    self.drop_client(id, Drop_::Closed);
+                    return;
+                }
+            }
+        }
+        if c.out_pos == c.out.len() {
+            c.out.clear();
+            c.out_pos = 0;
+        } else if c.out_pos > (1 << 20) {
+            c.out.drain(..c.out_pos);
+            c.out_pos = 0;
+        }
+        if c.out.len() - c.out_pos > self.opts.max_out_buffer {
+            let n = c.out.len() - c.out_pos;
+            self.drop_client(id, Drop_::Overflow(format!("{n} bytes of unread replies")));
+        }
+    }
+
+    fn expire_slow(&mut self) {
+        let now = Instant::now();
+        let limit = self.opts.frame_timeout;
+        let slow: Vec<ClientId> = self
+            .clients
+            .iter()
+            .filter(|(_, c)| c.partial_since.is_some_and(|t| now.duration_since(t) > limit))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in slow {
+            self.drop_client(
+                id,
+                Drop_::Slow(format!("frame left incomplete for more than {limit:?}")),
+            );
+        }
+    }
+}
+
+fn frame_reason(e: &FrameError) -> String {
+    format!("malformed frame: {e}")
+}
