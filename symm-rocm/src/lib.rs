@@ -1,1 +1,62 @@
-//! symm-rocm (placeholder)
+//! # symm-rocm
+//!
+//! The ROCm backend of symm, the same shape as symm-cuda on AMD GPUs:
+//!
+//! - [`RocmAllocator`] (registered for [`symm_core::DeviceType::Rocm`] as
+//!   "symm-rocm"): HIP VMM allocations (`hipMemCreate` with POSIX-fd
+//!   handles) holding buffer + signal pad, exported, passed between ranks
+//!   with `FdChannel`, imported, mapped and made accessible.
+//! - [`RocmSymmetricMemory`]: barrier / put_signal / wait_signal kernels
+//!   following NOTE [signal-pad-layout], bounded on the device by a
+//!   wall-clock deadline and the ABORT word; a one-shot all-reduce.
+//! - [`kernels`]: HIP C++ in `symm-rocm/kernels/*.hip`, compiled with hiprtc
+//!   (loaded with libloading) per gfx architecture and cached on disk.
+//! - [`connectivity`]: the xGMI link matrix from rocm-smi (libloading),
+//!   registered for link kind `"xgmi"`.
+//!
+//! Building needs HIP headers (hip-sys; `HIP_PATH=/usr` with Debian's
+//! `libamdhip64-dev`), so the crate is outside the workspace's default
+//! members. Call [`link()`] from a binary so the registrations are linked.
+//! No multicast anywhere.
+
+#![deny(unsafe_code)]
+
+pub mod allocator;
+pub mod connectivity;
+#[allow(unsafe_code)]
+pub mod driver;
+pub mod kernels;
+pub mod symm_mem;
+
+use std::sync::Arc;
+
+pub use allocator::{RocmAllocation, RocmAllocator};
+pub use symm_mem::RocmSymmetricMemory;
+
+use symm_core::{BackendRegistration, DeviceType, Result, SymmetricAllocator};
+
+fn make_allocator() -> Result<Arc<dyn SymmetricAllocator>> {
+    Ok(Arc::new(RocmAllocator))
+}
+
+inventory::submit! {
+    BackendRegistration {
+        device_type: DeviceType::Rocm,
+        name: "symm-rocm",
+        make: make_allocator,
+    }
+}
+
+/// Forces this crate (and its inventory registrations) into the final binary.
+#[inline(never)]
+pub fn link() {
+    std::hint::black_box(make_allocator as fn() -> Result<Arc<dyn SymmetricAllocator>>);
+}
+
+/// Number of AMD GPUs HIP sees, or `Error::Unavailable` with the reason.
+pub fn rocm_available() -> Result<usize> {
+    match driver::runtime::device_count()? {
+        0 => Err(symm_core::Error::Unavailable("HIP reports 0 devices".into())),
+        n => Ok(n),
+    }
+}

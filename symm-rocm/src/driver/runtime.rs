@@ -1,0 +1,370 @@
+//! Devices, device buffers, streams, modules and kernel launches.
+
+use std::ffi::{c_int, c_void, CString};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use symm_core::Error;
+
+use super::ffi;
+use super::{check, to_error};
+
+/// Number of HIP devices, or `Unavailable` with the reason.
+pub fn device_count() -> Result<usize, Error> {
+    static INIT: OnceLock<ffi::hipError> = OnceLock::new();
+    // SAFETY: hipInit takes flags 0 and has no other preconditions.
+    let init = *INIT.get_or_init(|| unsafe { ffi::hipInit(0) });
+    let mut n: c_int = 0;
+    // SAFETY: `n` is a valid out-pointer for the call's duration.
+    let r = unsafe { ffi::hipGetDeviceCount(&mut n) };
+    if r != ffi::HIP_SUCCESS {
+        return Err(Error::Unavailable(format!(
+            "no usable AMD GPU: hipInit gave {}, hipGetDeviceCount gave {}",
+            super::error_name(init),
+            super::error_name(r)
+        )));
+    }
+    Ok(n.max(0) as usize)
+}
+
+/// HIP runtime version (`major * 10_000_000 + minor * 100_000 + patch`).
+pub fn runtime_version() -> Result<i32, Error> {
+    let mut v: c_int = 0;
+    // SAFETY: valid out-pointer.
+    check(unsafe { ffi::hipRuntimeGetVersion(&mut v) }, "hipRuntimeGetVersion")?;
+    Ok(v)
+}
+
+/// Makes `device` current on this thread.
+pub fn set_device(device: u32) -> Result<(), Error> {
+    let d = c_int::try_from(device).map_err(|_| Error::InvalidArgument(format!("device index {device}")))?;
+    // SAFETY: plain call; an invalid ordinal is reported as an error.
+    check(unsafe { ffi::hipSetDevice(d) }, "hipSetDevice")
+}
+
+/// PCI bus id of `device` ("0000:c1:00.0").
+pub fn pci_bus_id(device: u32) -> Result<String, Error> {
+    let mut buf = [0 as std::ffi::c_char; 64];
+    // SAFETY: buf is 64 bytes and we pass that length.
+    check(
+        unsafe { ffi::hipDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as c_int, device as c_int) },
+        "hipDeviceGetPCIBusId",
+    )?;
+    // SAFETY: the runtime wrote a NUL-terminated string into buf (zeroed, so a
+    // terminator exists in any case).
+    Ok(unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned())
+}
+
+/// The gfx architecture of `device` ("gfx90a", feature suffixes stripped).
+pub fn arch_name(device: u32) -> Result<String, Error> {
+    // hipDeviceProp_t of ROCm 5.x (hip-sys' layout; ROCm 6 keeps this symbol
+    // with this layout for old binaries), padded generously.
+    #[repr(C)]
+    struct Props {
+        p: hip_sys::hiprt::hipDeviceProp_t,
+        slack: [u8; 4096],
+    }
+    // SAFETY: all-zero bytes are a valid value of this plain-data struct.
+    let mut props: Box<Props> = Box::new(unsafe { std::mem::zeroed() });
+    // SAFETY: the pointer is valid for the struct's size (plus slack).
+    check(
+        unsafe {
+            ffi::hipGetDeviceProperties(
+                (&mut props.p as *mut hip_sys::hiprt::hipDeviceProp_t).cast(),
+                device as c_int,
+            )
+        },
+        "hipGetDeviceProperties",
+    )?;
+    let raw: Vec<u8> = props
+        .p
+        .gcnArchName
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    let name = String::from_utf8_lossy(&raw).into_owned();
+    Ok(crate::kernels::base_arch(&name).to_string())
+}
+
+/// Free and total bytes of the current device.
+pub fn mem_info() -> Result<(usize, usize), Error> {
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: valid out-pointers.
+    check(unsafe { ffi::hipMemGetInfo(&mut free, &mut total) }, "hipMemGetInfo")?;
+    Ok((free, total))
+}
+
+/// A `hipMalloc` buffer, freed on drop.
+#[derive(Debug)]
+pub struct DeviceBuffer {
+    ptr: u64,
+    len: usize,
+}
+
+impl DeviceBuffer {
+    pub fn new(len: usize) -> Result<Self, Error> {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; len > 0 is checked by the runtime.
+        check(unsafe { ffi::hipMalloc(&mut p, len.max(1)) }, "hipMalloc")?;
+        Ok(DeviceBuffer { ptr: p as u64, len })
+    }
+    /// A device buffer holding `words`.
+    pub fn from_u64s(words: &[u64]) -> Result<Self, Error> {
+        let b = DeviceBuffer::new(std::mem::size_of_val(words))?;
+        copy_to_device(b.ptr, bytes_of_u64(words))?;
+        Ok(b)
+    }
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from hipMalloc and is freed once; errors are ignored
+        // (Drop never panics).
+        let _ = unsafe { ffi::hipFree(self.ptr as *mut c_void) };
+    }
+}
+
+fn bytes_of_u64(w: &[u64]) -> &[u8] {
+    // SAFETY: u64 has no padding; any byte view of initialised u64s is valid,
+    // and the length is the slice's byte size.
+    unsafe { std::slice::from_raw_parts(w.as_ptr().cast::<u8>(), std::mem::size_of_val(w)) }
+}
+
+/// Synchronous copy host -> device address (any device address the current
+/// device can reach, including peer mappings).
+pub fn copy_to_device(dst: u64, src: &[u8]) -> Result<(), Error> {
+    // SAFETY: src is a valid host slice; dst validity is the caller's range
+    // check against a live mapping; hipMemcpyDefault infers the direction.
+    check(
+        unsafe {
+            ffi::hipMemcpy(
+                dst as *mut c_void,
+                src.as_ptr().cast(),
+                src.len(),
+                ffi::HIP_MEMCPY_DEFAULT,
+            )
+        },
+        "hipMemcpy (to device)",
+    )
+}
+
+/// Synchronous copy device address -> host.
+pub fn copy_from_device(dst: &mut [u8], src: u64) -> Result<(), Error> {
+    // SAFETY: dst is a valid host slice; src is a live mapping (caller checks range).
+    check(
+        unsafe {
+            ffi::hipMemcpy(
+                dst.as_mut_ptr().cast(),
+                src as *const c_void,
+                dst.len(),
+                ffi::HIP_MEMCPY_DEFAULT,
+            )
+        },
+        "hipMemcpy (to host)",
+    )
+}
+
+/// A non-blocking stream, destroyed on drop.
+#[derive(Debug)]
+pub struct Stream(ffi::hipStream_t);
+
+// SAFETY: a HIP stream handle may be used from any thread.
+unsafe impl Send for Stream {}
+// SAFETY: HIP stream calls are thread-safe.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    pub fn new() -> Result<Self, Error> {
+        let mut s: ffi::hipStream_t = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        check(
+            unsafe { ffi::hipStreamCreateWithFlags(&mut s, ffi::HIP_STREAM_NON_BLOCKING) },
+            "hipStreamCreateWithFlags",
+        )?;
+        Ok(Stream(s))
+    }
+    pub fn raw(&self) -> ffi::hipStream_t {
+        self.0
+    }
+    /// Async host -> device copy of `src` into `dst`, then waits for it.
+    pub fn copy_to_device_sync(&self, dst: u64, src: &[u8], limit: Duration) -> Result<(), Error> {
+        // SAFETY: src lives until the stream is synchronised below; dst is a live mapping.
+        check(
+            unsafe {
+                ffi::hipMemcpyAsync(
+                    dst as *mut c_void,
+                    src.as_ptr().cast(),
+                    src.len(),
+                    ffi::HIP_MEMCPY_DEFAULT,
+                    self.0,
+                )
+            },
+            "hipMemcpyAsync",
+        )?;
+        self.wait(limit, "copy")
+    }
+    /// Async device -> host copy of `dst.len()` bytes from `src`, then waits for it.
+    pub fn copy_from_device_sync(&self, dst: &mut [u8], src: u64, limit: Duration) -> Result<(), Error> {
+        // SAFETY: dst lives (mutably borrowed) until the stream is synchronised
+        // below; src is a live mapping (caller checks the range).
+        check(
+            unsafe {
+                ffi::hipMemcpyAsync(
+                    dst.as_mut_ptr().cast(),
+                    src as *const c_void,
+                    dst.len(),
+                    ffi::HIP_MEMCPY_DEFAULT,
+                    self.0,
+                )
+            },
+            "hipMemcpyAsync",
+        )?;
+        self.wait(limit, "copy")
+    }
+    /// Async memset of `len` bytes at `dst`, then waits.
+    pub fn memset_sync(&self, dst: u64, value: u8, len: usize, limit: Duration) -> Result<(), Error> {
+        // SAFETY: dst..dst+len is a live mapping (caller).
+        check(
+            unsafe { ffi::hipMemsetAsync(dst as *mut c_void, c_int::from(value), len, self.0) },
+            "hipMemsetAsync",
+        )?;
+        self.wait(limit, "memset")
+    }
+    /// Polls the stream until its work is done or `limit` passes (never an
+    /// unbounded hipStreamSynchronize).
+    pub fn wait(&self, limit: Duration, what: &str) -> Result<(), Error> {
+        let start = Instant::now();
+        loop {
+            // SAFETY: the stream handle is live.
+            let r = unsafe { ffi::hipStreamQuery(self.0) };
+            match r {
+                ffi::HIP_SUCCESS => return Ok(()),
+                ffi::HIP_ERROR_NOT_READY => {}
+                e => return Err(to_error(e, &format!("hipStreamQuery ({what})"))),
+            }
+            if start.elapsed() > limit {
+                return Err(Error::Timeout {
+                    what: format!("rocm stream ({what})"),
+                    timeout: limit,
+                });
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // SAFETY: created by hipStreamCreateWithFlags, destroyed once.
+        let _ = unsafe { ffi::hipStreamDestroy(self.0) };
+    }
+}
+
+/// A loaded code object; functions are looked up by name.
+#[derive(Debug)]
+pub struct Module(ffi::hipModule_t);
+
+// SAFETY: module handles are usable from any thread.
+unsafe impl Send for Module {}
+// SAFETY: module lookups are thread-safe in HIP.
+unsafe impl Sync for Module {}
+
+impl Module {
+    /// Loads a code object (hiprtc output) on the current device.
+    pub fn load(code: &[u8]) -> Result<Self, Error> {
+        let mut m: ffi::hipModule_t = std::ptr::null_mut();
+        // SAFETY: `code` is a complete code object, alive for the call (HIP copies it).
+        check(
+            unsafe { ffi::hipModuleLoadData(&mut m, code.as_ptr().cast()) },
+            "hipModuleLoadData",
+        )?;
+        Ok(Module(m))
+    }
+    pub fn function(&self, name: &str) -> Result<Function, Error> {
+        let c = CString::new(name).map_err(|_| Error::InvalidArgument(format!("kernel name {name:?}")))?;
+        let mut f: ffi::hipFunction_t = std::ptr::null_mut();
+        // SAFETY: module is live; c is NUL-terminated.
+        check(
+            unsafe { ffi::hipModuleGetFunction(&mut f, self.0, c.as_ptr()) },
+            "hipModuleGetFunction",
+        )?;
+        Ok(Function(f))
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        // SAFETY: loaded once, unloaded once.
+        let _ = unsafe { ffi::hipModuleUnload(self.0) };
+    }
+}
+
+/// A kernel of a [`Module`] (valid while the module lives).
+#[derive(Debug, Clone, Copy)]
+pub struct Function(ffi::hipFunction_t);
+
+// SAFETY: function handles are plain identifiers.
+unsafe impl Send for Function {}
+// SAFETY: as above.
+unsafe impl Sync for Function {}
+
+/// One kernel argument, passed by value.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg {
+    U64(u64),
+    I32(i32),
+    U32(u32),
+}
+
+impl Function {
+    /// Launches `grid` x `block` threads (1-D) on `stream` with `args`.
+    pub fn launch(&self, stream: &Stream, grid: u32, block: u32, args: &[Arg]) -> Result<(), Error> {
+        let mut vals: Vec<[u8; 8]> = args
+            .iter()
+            .map(|a| {
+                let mut b = [0u8; 8];
+                match a {
+                    Arg::U64(v) => b.copy_from_slice(&v.to_ne_bytes()),
+                    Arg::I32(v) => b[..4].copy_from_slice(&v.to_ne_bytes()),
+                    Arg::U32(v) => b[..4].copy_from_slice(&v.to_ne_bytes()),
+                }
+                b
+            })
+            .collect();
+        let mut ptrs: Vec<*mut c_void> = vals.iter_mut().map(|v| v.as_mut_ptr().cast()).collect();
+        // SAFETY: `ptrs` holds one pointer per kernel parameter, each to 8
+        // bytes whose prefix is the parameter's value (the kernels' signatures
+        // match `args`: u64 / int / unsigned); HIP copies the values at launch,
+        // while `vals` is alive.
+        check(
+            unsafe {
+                ffi::hipModuleLaunchKernel(
+                    self.0,
+                    grid,
+                    1,
+                    1,
+                    block,
+                    1,
+                    1,
+                    0,
+                    stream.raw(),
+                    ptrs.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            "hipModuleLaunchKernel",
+        )
+    }
+}

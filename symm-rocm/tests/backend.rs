@@ -1,0 +1,176 @@
+//! Registration, errors without a GPU, and (with AMD GPUs) the backend itself.
+
+mod common;
+
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use symm_core::{
+    get_allocator, has_allocator, Channel, DType, Device, DeviceType, Error, Group, ReduceOp, SymmetricMemory,
+};
+use symm_store::HashStore;
+
+#[test]
+fn registered_for_rocm_after_link() {
+    symm_rocm::link();
+    assert!(has_allocator(DeviceType::Rocm));
+    let a = get_allocator(DeviceType::Rocm).unwrap();
+    assert_eq!(a.name(), "symm-rocm");
+    assert_eq!(a.device_type(), DeviceType::Rocm);
+    assert!(!a.has_multicast_support(Device::rocm(0)));
+    let det: Vec<_> = symm_core::inventory::iter::<symm_core::ConnectivityDetector>
+        .into_iter()
+        .filter(|d| d.device_type == DeviceType::Rocm)
+        .map(|d| d.link_kind)
+        .collect();
+    assert_eq!(det, ["xgmi"]);
+}
+
+#[test]
+fn wrong_device_type_and_missing_gpu_are_errors() {
+    let store = HashStore::new(Duration::from_secs(5));
+    let g = Group::new("rocm-errors", 0, 1, store).unwrap();
+    let a = get_allocator(DeviceType::Rocm).unwrap();
+    assert!(matches!(
+        a.alloc(1024, Device::cuda(0), &g),
+        Err(Error::InvalidArgument(_))
+    ));
+    match symm_rocm::rocm_available() {
+        Err(e) => {
+            assert!(matches!(e, Error::Unavailable(_)), "{e}");
+            assert!(matches!(a.alloc(1024, Device::rocm(0), &g), Err(Error::Unavailable(_))));
+            assert!(
+                matches!(
+                    symm_core::get_connectivity(DeviceType::Rocm, "xgmi"),
+                    Err(Error::Unavailable(_))
+                ) || symm_core::get_connectivity(DeviceType::Rocm, "xgmi").is_ok()
+            );
+        }
+        Ok(n) => {
+            assert!(matches!(
+                a.alloc(1024, Device::rocm(n as u32), &g),
+                Err(Error::OutOfRange { .. })
+            ));
+        }
+    }
+}
+
+/// Runs `f(rank, memory)` on `world` threads, one GPU each.
+fn on_ranks<T: Send + 'static>(
+    name: &str,
+    world: usize,
+    size: usize,
+    f: impl Fn(usize, Arc<dyn SymmetricMemory>) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let store = HashStore::new(Duration::from_secs(30));
+    let f = Arc::new(f);
+    let hs: Vec<_> = (0..world)
+        .map(|r| {
+            let (store, f, name) = (store.clone(), f.clone(), name.to_string());
+            thread::spawn(move || {
+                let g = Group::new(name, r, world, store).unwrap();
+                let a = get_allocator(DeviceType::Rocm).unwrap();
+                let alloc = a.alloc(size, Device::rocm(r as u32), &g).unwrap();
+                let mem = alloc.rendezvous(Duration::from_secs(30)).unwrap();
+                f(r, mem)
+            })
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn gpu_peer_writes_barrier_and_signals() {
+    let Some(n) = common::gpus_or_skip("gpu_peer_writes_barrier_and_signals", 2) else {
+        return;
+    };
+    let world = n.min(8);
+    let t = Duration::from_secs(10);
+    on_ranks("rocm-peer", world, 1 << 20, move |r, mem| {
+        let next = (r + 1) % world;
+        let prev = (r + world - 1) % world;
+        let payload: Vec<u8> = (0..4096).map(|i| (i * 7 + r) as u8).collect();
+        mem.write_bytes(mem.rank().peer(next).unwrap(), 8192, &payload).unwrap();
+        mem.barrier(Channel::new(0).unwrap(), t).unwrap();
+        let mut got = vec![0u8; 4096];
+        mem.read_bytes(mem.rank(), 8192, &mut got).unwrap();
+        let want: Vec<u8> = (0..4096).map(|i| (i * 7 + prev) as u8).collect();
+        assert_eq!(got, want);
+        // two channels at once, no cross-talk
+        for c in [3, 4] {
+            mem.put_signal(mem.rank().peer(next).unwrap(), Channel::new(c).unwrap(), t)
+                .unwrap();
+        }
+        for c in [4, 3] {
+            mem.wait_signal(mem.rank().peer(prev).unwrap(), Channel::new(c).unwrap(), t)
+                .unwrap();
+        }
+        mem.barrier(Channel::new(1).unwrap(), t).unwrap();
+    });
+}
+
+#[test]
+fn gpu_barrier_with_an_absent_peer_times_out() {
+    if common::gpus_or_skip("gpu_barrier_with_an_absent_peer_times_out", 2).is_none() {
+        return;
+    }
+    let res = on_ranks("rocm-timeout", 2, 1 << 20, |r, mem| {
+        if r == 0 {
+            let start = Instant::now();
+            let e = mem.barrier(Channel::new(2).unwrap(), Duration::from_millis(300));
+            (e.is_err_and(|e| matches!(e, Error::Timeout { .. })), start.elapsed())
+        } else {
+            (true, Duration::ZERO)
+        }
+    });
+    assert!(res[0].0, "rank 0 did not time out");
+    assert!(res[0].1 < Duration::from_secs(5), "took {:?}", res[0].1);
+}
+
+#[test]
+fn gpu_one_shot_all_reduce_matches_f64_reference() {
+    let Some(n) = common::gpus_or_skip("gpu_one_shot_all_reduce_matches_f64_reference", 2) else {
+        return;
+    };
+    let world = n.min(8);
+    let count = 100_003usize; // odd size
+    let offset = 4 * 17; // odd element offset
+    let outs = on_ranks("rocm-allreduce", world, 1 << 22, move |r, mem| {
+        let input: Vec<f32> = (0..count)
+            .map(|i| ((i * 31 + r * 17) % 1000) as f32 / 8.0 - 60.0)
+            .collect();
+        let bytes: Vec<u8> = input.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        mem.write_bytes(mem.rank(), offset, &bytes).unwrap();
+        let rocm = mem.as_any().downcast_ref::<symm_rocm::RocmSymmetricMemory>().unwrap();
+        let out = symm_rocm::driver::runtime::DeviceBuffer::new(count * 4).unwrap();
+        // poison the output
+        symm_rocm::driver::runtime::copy_to_device(out.ptr(), &vec![0xffu8; count * 4]).unwrap();
+        mem.barrier(Channel::new(0).unwrap(), Duration::from_secs(10)).unwrap();
+        rocm.one_shot_all_reduce(
+            offset,
+            out.ptr(),
+            count,
+            DType::F32,
+            ReduceOp::Sum,
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        let mut raw = vec![0u8; count * 4];
+        symm_rocm::driver::runtime::copy_from_device(&mut raw, out.ptr()).unwrap();
+        raw.chunks_exact(4)
+            .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+            .collect::<Vec<f32>>()
+    });
+    for (r, out) in outs.iter().enumerate() {
+        for i in (0..count).step_by(97).chain([count - 1]) {
+            let want: f64 = (0..world).map(|p| ((i * 31 + p * 17) % 1000) as f64 / 8.0 - 60.0).sum();
+            assert!(
+                (out[i] as f64 - want).abs() <= 1e-3 * want.abs().max(1.0),
+                "rank {r} [{i}]: {} vs {want}",
+                out[i]
+            );
+        }
+        assert_eq!(out, &outs[0], "ranks disagree");
+    }
+}
