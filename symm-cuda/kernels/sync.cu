@@ -30,15 +30,25 @@ extern "C" __global__ void symm_barrier(const unsigned long long* pads, unsigned
                                         const unsigned int* abort_host) {
     __shared__ unsigned int s_epoch;
     __shared__ unsigned long long s_deadline;
+    __shared__ bool s_aborted;
     unsigned int* local = (unsigned int*)pads[rank];
     if (threadIdx.x == 0) {
-        unsigned int* ep = local + SYMM_LOCAL_BARRIER_EPOCH + channel;
-        unsigned int e = *ep + 1u;
-        *ep = e;
-        s_epoch = e;
-        s_deadline = symm_deadline(timeout_ns);
+        // Aborted before starting: touch no epoch, signal nobody.
+        s_aborted = symm_ld_volatile(local + SYMM_ABORT_WORD) != 0u;
+        if (s_aborted) {
+            symm_latch_error(local, SYMM_ERR_ABORTED);
+        } else {
+            unsigned int* ep = local + SYMM_LOCAL_BARRIER_EPOCH + channel;
+            unsigned int e = *ep + 1u;
+            *ep = e;
+            s_epoch = e;
+            s_deadline = symm_deadline(timeout_ns);
+        }
     }
     __syncthreads();
+    if (s_aborted) {
+        return;
+    }
     const unsigned int e = s_epoch;
     const unsigned int p = threadIdx.x;
     if (p < world && p != rank) {
@@ -50,14 +60,19 @@ extern "C" __global__ void symm_barrier(const unsigned long long* pads, unsigned
 }
 
 // put_signal(dst, channel): e = ++sent[channel][dst]; release-store e into
-// dst's SIGNAL[channel][rank]. Never waits. Launch: 1 block, 1 thread (more
-// are harmless).
+// dst's SIGNAL[channel][rank]. Never waits. With the pad's ABORT word set it
+// latches SYMM_ERR_ABORTED and sends nothing (as does a barrier).
+// Launch: 1 block, 1 thread (more are harmless).
 extern "C" __global__ void symm_put_signal(const unsigned long long* pads, unsigned int rank, unsigned int world,
                                            unsigned int dst, unsigned int channel) {
     if (threadIdx.x != 0 || blockIdx.x != 0 || dst >= world) {
         return;
     }
     unsigned int* local = (unsigned int*)pads[rank];
+    if (symm_ld_volatile(local + SYMM_ABORT_WORD) != 0u) {
+        symm_latch_error(local, SYMM_ERR_ABORTED);
+        return;
+    }
     unsigned int* sp = symm_sent_slot(local, channel, dst);
     unsigned int e = *sp + 1u;
     *sp = e;
@@ -66,7 +81,8 @@ extern "C" __global__ void symm_put_signal(const unsigned long long* pads, unsig
 }
 
 // wait_signal(src, channel): e = ++recv[channel][src]; acquire-poll own
-// SIGNAL[channel][src] >= e. Launch: 1 block, 1 thread (more are harmless).
+// SIGNAL[channel][src] >= e. On timeout or abort recv is rolled back, so the
+// next wait expects the same signal. Launch: 1 block, 1 thread (more are harmless).
 extern "C" __global__ void symm_wait_signal(const unsigned long long* pads, unsigned int rank, unsigned int world,
                                             unsigned int src, unsigned int channel, unsigned long long timeout_ns,
                                             const unsigned int* abort_host) {
@@ -78,5 +94,8 @@ extern "C" __global__ void symm_wait_signal(const unsigned long long* pads, unsi
     unsigned int* rp = symm_recv_slot(local, channel, src);
     unsigned int e = *rp + 1u;
     *rp = e;
-    symm_bounded_wait(symm_signal_slot(local, channel, src), e, deadline, abort_host, local);
+    if (symm_bounded_wait(symm_signal_slot(local, channel, src), e, deadline, abort_host, local) != 0u) {
+        // Not received: a later wait waits for the same signal again.
+        *rp = e - 1u;
+    }
 }

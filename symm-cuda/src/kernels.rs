@@ -213,7 +213,8 @@ pub fn compile_all(arch: &str) -> Result<Vec<(String, usize)>> {
 /// Compiles `src` for `ctx`'s device and loads it into `ctx` (cached per
 /// context and key, so repeated calls are cheap).
 pub fn load(ctx: &Arc<CudaContext>, src: &KernelSource, defines: &str) -> Result<Arc<CudaModule>> {
-    static MODULES: OnceLock<Mutex<HashMap<(usize, u128), Arc<CudaModule>>>> = OnceLock::new();
+    type Modules = Mutex<HashMap<(usize, u128), Arc<CudaModule>>>;
+    static MODULES: OnceLock<Modules> = OnceLock::new();
     driver::bind(ctx)?;
     let arch = arch_of(ctx)?;
     let (key, ptx) = compile_keyed(src, defines, &arch)?;

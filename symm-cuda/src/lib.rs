@@ -1,10 +1,63 @@
-//! # symm-cuda (in progress)
+//! # symm-cuda: the CUDA backend of symm
 //!
-//! The CUDA backend of symm. See `docs/cuda.md`.
+//! Symmetric memory on NVIDIA GPUs through CUDA virtual memory management,
+//! registered in symm-core's registry for [`symm_core::DeviceType::Cuda`]
+//! (call [`link`] from a binary so the registration is linked in).
+//!
+//! Internals (details in `docs/cuda.md`):
+//! - [`driver`]: the only module with `unsafe`: thin wrappers over
+//!   `cudarc::driver::sys` with one status check ([`driver::check`]), RAII
+//!   types for physical allocations, address ranges and mappings, fd
+//!   export/import, copies, the pinned abort word, launches, NVRTC and NVML.
+//! - [`allocator`]: [`CudaAllocator`] / [`CudaAllocation`]: one `cuMemCreate`
+//!   per allocation holding buffer + signal pad + a small metadata area;
+//!   rendezvous exchanges records through the store, then the handles (POSIX
+//!   fds over `FdChannel` between processes, `Arc`s through a process table
+//!   between threads), and maps every peer with access for the local device.
+//! - [`symm_mem`]: [`CudaSymmetricMemory`]: peer addresses (host and device
+//!   arrays), blocking and stream-ordered barrier / put_signal / wait_signal,
+//!   abort and error words, cudarc views ([`SymmView`]).
+//! - [`kernels`]: the `.cu` files, compiled by NVRTC at first use for the
+//!   device's architecture and cached on disk and per context.
+//! - [`connectivity`]: the NVLink matrix from NVML, with fallbacks for masked
+//!   remote PCI ids (NVML P2P status, CUDA P2P attributes).
+//! - `collectives`: the collective kernels' host side (another owner).
+//!
+//! Threads: every rank thread uses the primary context of its device
+//! ([`driver::context`]); every operation binds it to the calling thread
+//! first. NVLink multicast (cuMulticast*, multimem, NVLS) is never used.
 
 #![deny(unsafe_code)]
 
+pub mod allocator;
 pub mod collectives;
+pub mod connectivity;
 #[allow(unsafe_code)]
 pub mod driver;
 pub mod kernels;
+pub mod symm_mem;
+
+pub use allocator::{CudaAllocation, CudaAllocator};
+pub use symm_mem::{CudaSymmetricMemory, SymmView};
+
+/// Forces this crate (and so its `inventory` registrations: the allocator
+/// and the NVLink detector) to be linked into a binary. Call it once.
+pub fn link() {
+    // Referencing a function of the crate is enough for the linker to keep
+    // the crate's statics; black_box keeps the call from being optimised out.
+    std::hint::black_box(allocator::BACKEND_NAME);
+}
+
+/// Number of CUDA devices, or [`symm_core::Error::Unavailable`] with the
+/// reason (no driver library, no device).
+pub fn cuda_available() -> symm_core::Result<usize> {
+    match driver::device_count()? {
+        0 => Err(symm_core::Error::Unavailable("no CUDA device found".into())),
+        n => Ok(n),
+    }
+}
+
+/// The CUDA symmetric memory behind a generic handle, if it is one.
+pub fn as_cuda(mem: &dyn symm_core::SymmetricMemory) -> Option<&CudaSymmetricMemory> {
+    mem.as_any().downcast_ref::<CudaSymmetricMemory>()
+}

@@ -1,0 +1,810 @@
+//! [`CudaAllocator`] and [`CudaAllocation`]: one `cuMemCreate` per
+//! allocation holding buffer, signal pad and a small metadata area, mapped
+//! locally at once; [`Allocation::rendezvous`] maps every peer.
+//!
+//! Layout of one allocation (offsets from its base; `total` is a multiple of
+//! the device's recommended VMM granularity, 2 MiB on H100/H200):
+//!
+//! ```text
+//! 0            buffer (size bytes asked for)
+//! pad_offset   signal pad (SIGNAL_PAD_SIZE), round_up(size, 4096)
+//! meta_offset  buffer_ptrs[MAX_WORLD_SIZE] u64, then pad_ptrs[MAX_WORLD_SIZE] u64
+//!              (this rank's device arrays of peer addresses; peers never read them)
+//! total        round_up(meta_offset + 1 KiB, granularity)
+//! ```
+//!
+//! The pad and metadata are zeroed and the zeroing synchronised at
+//! allocation, before the handle can be exported, so no peer can signal into
+//! a pad that is cleared later.
+//!
+//! Rendezvous, under `group.next_prefix("cuda-rendezvous")`:
+//! 1. `info`: every rank publishes world size, buffer size, pad size, total
+//!    size, host id, device UUID / PCI id / ordinal, pid, pid namespace, a
+//!    per-process nonce and its allocation key (StoreExchange all_gather);
+//! 2. every rank checks every record the same way ([`check_infos`]), so all
+//!    fail alike before anything is mapped;
+//! 3. handles: if every rank is in this process (one thread per GPU), each
+//!    publishes its `Arc<PhysicalAllocation>` in a process-wide table and
+//!    takes the peers' after a store barrier (no fds at all); otherwise every
+//!    rank exports its handle as a POSIX fd, the fds go through an
+//!    [`FdChannel`] (`all_gather_fds`), and each peer fd is imported
+//!    (`cuMemImportFromShareableHandle`) and closed;
+//! 4. each peer's memory is mapped into a VA range of its own with read/write
+//!    access for the local device;
+//! 5. `status`: an all_gather of every rank's outcome; rendezvous succeeds
+//!    only if every rank mapped every peer, and fails on every rank otherwise.
+//!
+//! Fault points (symm_core::fault_point): `rendezvous.before_send`,
+//! `rendezvous.after_send`, `rendezvous.after_map`, and `barrier.mid` in
+//! the blocking barrier.
+
+#![forbid(unsafe_code)]
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaContext, CudaStream};
+use symm_core::pad::{self, SIGNAL_PAD_SIZE};
+use symm_core::symm_store::{FdChannel, StoreExchange};
+use symm_core::{
+    check_distinct_devices, check_same_host, fault_point, Allocation, BackendRegistration, Device, DeviceType, Error,
+    Group, Result, SymmetricAllocator, SymmetricMemory,
+};
+
+use crate::driver::mem::memset_d32_async;
+use crate::driver::vmm::{self, AddressRange, Mapping, PhysicalAllocation};
+use crate::driver::{self, bind, from_driver};
+use crate::symm_mem::CudaSymmetricMemory;
+
+/// Name of the backend in the registry.
+pub const BACKEND_NAME: &str = "symm-cuda";
+/// Bytes of the metadata area (two arrays of MAX_WORLD_SIZE u64).
+pub const META_SIZE: usize = 2 * pad::MAX_WORLD_SIZE * 8;
+/// Alignment of the signal pad inside the allocation.
+const PAD_ALIGN: usize = 4096;
+
+/// The CUDA backend's allocator (registered for [`DeviceType::Cuda`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CudaAllocator;
+
+fn make_allocator() -> Result<Arc<dyn SymmetricAllocator>> {
+    Ok(Arc::new(CudaAllocator))
+}
+
+inventory::submit! {
+    BackendRegistration {
+        device_type: DeviceType::Cuda,
+        name: BACKEND_NAME,
+        make: make_allocator,
+    }
+}
+
+impl SymmetricAllocator for CudaAllocator {
+    fn device_type(&self) -> DeviceType {
+        DeviceType::Cuda
+    }
+    fn name(&self) -> &'static str {
+        BACKEND_NAME
+    }
+    fn alloc(&self, size: usize, device: Device, group: &Arc<Group>) -> Result<Arc<dyn Allocation>> {
+        Ok(Arc::new(CudaAllocation::new(size, device, group)?))
+    }
+    fn device_count(&self) -> Result<usize> {
+        driver::device_count()
+    }
+}
+
+fn round_up(v: usize, to: usize) -> Option<usize> {
+    v.checked_add(to - 1).map(|x| x / to * to)
+}
+
+/// Sizes of one allocation: `(pad_offset, meta_offset, total)`.
+pub fn layout(size: usize, granularity: usize) -> Result<(usize, usize, usize)> {
+    let too_big = || Error::OutOfRange {
+        what: "allocation size",
+        value: size as u64,
+        limit: (isize::MAX as usize - SIGNAL_PAD_SIZE - META_SIZE - granularity) as u64,
+    };
+    if granularity == 0 || !granularity.is_power_of_two() {
+        return Err(Error::InvalidArgument(format!("bad granularity {granularity}")));
+    }
+    let pad_offset = round_up(size, PAD_ALIGN).ok_or_else(too_big)?;
+    let meta_offset = pad_offset.checked_add(SIGNAL_PAD_SIZE).ok_or_else(too_big)?;
+    let end = meta_offset.checked_add(META_SIZE).ok_or_else(too_big)?;
+    let total = round_up(end, granularity).ok_or_else(too_big)?;
+    if total > isize::MAX as usize {
+        return Err(too_big());
+    }
+    Ok((pad_offset, meta_offset, total))
+}
+
+/// The local part of an allocation: physical memory, its local mapping and
+/// the internal stream; shared by the allocation and its symmetric memory.
+pub(crate) struct LocalMemory {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) ordinal: usize,
+    pub(crate) size: usize,
+    pub(crate) pad_offset: usize,
+    pub(crate) meta_offset: usize,
+    pub(crate) total: usize,
+    pub(crate) granularity: usize,
+    pub(crate) mapping: Mapping,
+    /// Non-blocking stream for the blocking operations of this allocation.
+    pub(crate) stream: Arc<CudaStream>,
+    /// Unique in this process: names the allocation in the thread table.
+    pub(crate) key: u64,
+}
+
+impl LocalMemory {
+    pub(crate) fn ptr(&self) -> u64 {
+        self.mapping.ptr()
+    }
+    pub(crate) fn pad_ptr(&self) -> u64 {
+        self.ptr() + self.pad_offset as u64
+    }
+    pub(crate) fn meta_ptr(&self) -> u64 {
+        self.ptr() + self.meta_offset as u64
+    }
+}
+
+impl Drop for LocalMemory {
+    fn drop(&mut self) {
+        // Our own queued copies/kernels finish first (they are bounded); then
+        // the mapping unmaps, the range is freed and the handle released.
+        if let Err(e) = bind(&self.ctx).and_then(|()| driver::stream_synchronize(&self.stream)) {
+            eprintln!("symm-cuda: freeing allocation: {e}");
+        }
+    }
+}
+
+/// Process-wide table of physical allocations published for rendezvous
+/// among threads of this process.
+fn shared_handles() -> &'static Mutex<HashMap<u64, Weak<PhysicalAllocation>>> {
+    static TABLE: OnceLock<Mutex<HashMap<u64, Weak<PhysicalAllocation>>>> = OnceLock::new();
+    TABLE.get_or_init(Default::default)
+}
+
+/// Removes a key from the shared table when dropped.
+struct Published(u64);
+
+impl Drop for Published {
+    fn drop(&mut self) {
+        shared_handles()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.0);
+    }
+}
+
+fn next_key() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A random number drawn once per process (to tell processes apart even when
+/// pids are reused or live in other namespaces).
+fn process_nonce() -> u64 {
+    static NONCE: OnceLock<u64> = OnceLock::new();
+    *NONCE.get_or_init(|| {
+        let mut b = [0u8; 8];
+        if std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+            .is_err()
+        {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0);
+            b = (t ^ (u64::from(std::process::id()) << 32)).to_le_bytes();
+        }
+        u64::from_le_bytes(b)
+    })
+}
+
+fn read_trimmed(path: &str) -> String {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// This host's identity: hostname and boot id.
+pub fn host_id() -> String {
+    static ID: OnceLock<String> = OnceLock::new();
+    ID.get_or_init(|| {
+        let name = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_else(|| read_trimmed("/proc/sys/kernel/hostname"));
+        format!("{name}/{}", read_trimmed("/proc/sys/kernel/random/boot_id"))
+    })
+    .clone()
+}
+
+fn pid_namespace() -> String {
+    std::fs::read_link("/proc/self/ns/pid")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// What every rank publishes at rendezvous.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankInfo {
+    pub world: usize,
+    pub buffer_size: usize,
+    pub pad_size: usize,
+    pub total: usize,
+    pub host: String,
+    /// Device UUID (32 hex digits).
+    pub uuid: String,
+    pub pci_bus_id: String,
+    pub ordinal: usize,
+    pub pid: u32,
+    pub pid_ns: String,
+    pub nonce: u64,
+    pub key: u64,
+}
+
+const INFO_MAGIC: &str = "symm-cuda-rdzv-1";
+const INFO_FIELDS: usize = 13;
+
+impl RankInfo {
+    /// Newline-separated text (fields cleaned of newlines).
+    pub fn encode(&self) -> Vec<u8> {
+        let clean = |s: &str| s.replace(['\n', '\r'], " ");
+        format!(
+            "{INFO_MAGIC}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
+            self.world,
+            self.buffer_size,
+            self.pad_size,
+            self.total,
+            clean(&self.host),
+            clean(&self.uuid),
+            clean(&self.pci_bus_id),
+            self.ordinal,
+            self.pid,
+            clean(&self.pid_ns),
+            self.nonce,
+            self.key
+        )
+        .into_bytes()
+    }
+
+    /// Parses what rank `rank` published.
+    pub fn decode(rank: usize, bytes: &[u8]) -> Result<RankInfo> {
+        let bad = || Error::Mismatch {
+            what: "rendezvous record",
+            detail: format!(
+                "rank {rank} published a record the CUDA backend cannot read (another backend or version?)"
+            ),
+        };
+        let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
+        let f: Vec<&str> = text.split('\n').collect();
+        if f.len() != INFO_FIELDS || f[0] != INFO_MAGIC {
+            return Err(bad());
+        }
+        let num = |s: &str| s.parse::<u64>().map_err(|_| bad());
+        let size = |s: &str| num(s).and_then(|v| usize::try_from(v).map_err(|_| bad()));
+        Ok(RankInfo {
+            world: size(f[1])?,
+            buffer_size: size(f[2])?,
+            pad_size: size(f[3])?,
+            total: size(f[4])?,
+            host: f[5].to_string(),
+            uuid: f[6].to_string(),
+            pci_bus_id: f[7].to_string(),
+            ordinal: size(f[8])?,
+            pid: u32::try_from(num(f[9])?).map_err(|_| bad())?,
+            pid_ns: f[10].to_string(),
+            nonce: num(f[11])?,
+            key: num(f[12])?,
+        })
+    }
+}
+
+fn check_equal<T: PartialEq + std::fmt::Display>(
+    what: &'static str,
+    infos: &[RankInfo],
+    get: impl Fn(&RankInfo) -> T,
+) -> Result<()> {
+    let first = get(&infos[0]);
+    if infos.iter().all(|i| get(i) == first) {
+        return Ok(());
+    }
+    let values: Vec<String> = infos
+        .iter()
+        .enumerate()
+        .map(|(r, i)| format!("rank {r}: {}", get(i)))
+        .collect();
+    Err(Error::Mismatch {
+        what,
+        detail: values.join(", "),
+    })
+}
+
+/// Checks the records of all ranks (identical on every rank, so every rank
+/// fails the same way): world size (also against `world`), signal-pad size,
+/// buffer size, allocation size, host, distinct devices.
+pub fn check_infos(world: usize, infos: &[RankInfo]) -> Result<()> {
+    if infos.len() != world || infos.is_empty() {
+        return Err(Error::Mismatch {
+            what: "world size",
+            detail: format!("{} records for a world of {world}", infos.len()),
+        });
+    }
+    check_equal("world size", infos, |i| i.world)?;
+    if infos[0].world != world {
+        return Err(Error::Mismatch {
+            what: "world size",
+            detail: format!("ranks say {}, the group has {world}", infos[0].world),
+        });
+    }
+    check_equal("signal pad size", infos, |i| i.pad_size)?;
+    check_equal("buffer size", infos, |i| i.buffer_size)?;
+    check_equal("allocation size (granularity)", infos, |i| i.total)?;
+    check_same_host(&infos.iter().map(|i| i.host.clone()).collect::<Vec<_>>())?;
+    check_distinct_devices(&infos.iter().map(|i| format!("GPU-{}", i.uuid)).collect::<Vec<_>>())?;
+    Ok(())
+}
+
+/// Which ranks share this rank's process (same pid, pid namespace and nonce).
+pub fn same_process(infos: &[RankInfo], rank: usize) -> Vec<bool> {
+    let me = &infos[rank];
+    infos
+        .iter()
+        .map(|i| i.pid == me.pid && i.nonce == me.nonce && i.pid_ns == me.pid_ns)
+        .collect()
+}
+
+fn remaining(deadline: Instant, timeout: Duration, what: &str) -> Result<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(Error::Timeout {
+            what: what.to_string(),
+            timeout,
+        });
+    }
+    Ok(left)
+}
+
+/// One rank's CUDA symmetric allocation, mapped locally; peers are mapped by
+/// [`Allocation::rendezvous`].
+pub struct CudaAllocation {
+    group: Arc<Group>,
+    device: Device,
+    local: Arc<LocalMemory>,
+    phys: Arc<PhysicalAllocation>,
+    uuid: String,
+    pci_bus_id: String,
+    mem: Mutex<Option<CudaSymmetricMemory>>,
+}
+
+impl std::fmt::Debug for CudaAllocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaAllocation")
+            .field("group", &self.group.name())
+            .field("rank", &self.group.rank().get())
+            .field("device", &self.device)
+            .field("size", &self.local.size)
+            .field("total", &self.local.total)
+            .field("ptr", &format_args!("{:#x}", self.local.ptr()))
+            .finish()
+    }
+}
+
+impl CudaAllocation {
+    fn new(size: usize, device: Device, group: &Arc<Group>) -> Result<CudaAllocation> {
+        if device.ty != DeviceType::Cuda {
+            return Err(Error::InvalidArgument(format!(
+                "the CUDA backend allocates on cuda devices, not {device}"
+            )));
+        }
+        let ordinal = device.index as usize;
+        let ctx = driver::context(ordinal)?;
+        bind(&ctx)?;
+        let cu_dev = ctx.cu_device();
+        vmm::check_vmm_support(cu_dev)?;
+        let granularity = vmm::granularity(ordinal)?;
+        let (pad_offset, meta_offset, total) = layout(size, granularity)?;
+        let phys = Arc::new(PhysicalAllocation::create(ordinal, total)?);
+        let range = Arc::new(AddressRange::reserve(total, granularity)?);
+        let mapping = Mapping::map(range, phys.clone(), &[ordinal])?;
+        let stream = ctx.new_stream().map_err(|e| from_driver(e, "cuStreamCreate"))?;
+        let local = LocalMemory {
+            ctx: ctx.clone(),
+            ordinal,
+            size,
+            pad_offset,
+            meta_offset,
+            total,
+            granularity,
+            mapping,
+            stream,
+            key: next_key(),
+        };
+        // Zero pad + metadata and wait: visible before any export.
+        memset_d32_async(&local.stream, local.pad_ptr(), 0, (total - pad_offset) / 4)?;
+        driver::stream_synchronize(&local.stream)?;
+        Ok(CudaAllocation {
+            group: group.clone(),
+            device,
+            uuid: driver::uuid(cu_dev)?,
+            pci_bus_id: driver::pci_bus_id(cu_dev)?,
+            local: Arc::new(local),
+            phys,
+            mem: Mutex::new(None),
+        })
+    }
+
+    /// The CUDA context of the allocation's device.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.local.ctx
+    }
+
+    /// Bytes mapped (buffer + pad + metadata, rounded to the granularity).
+    pub fn mapped_size(&self) -> usize {
+        self.local.total
+    }
+
+    /// The device's VMM granularity used for this allocation.
+    pub fn granularity(&self) -> usize {
+        self.local.granularity
+    }
+
+    /// The local signal pad's device address.
+    pub fn signal_pad_ptr(&self) -> u64 {
+        self.local.pad_ptr()
+    }
+
+    /// The rendezvoused memory as its concrete type, if rendezvous completed.
+    pub fn cuda_memory(&self) -> Option<CudaSymmetricMemory> {
+        self.mem.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn info(&self) -> RankInfo {
+        RankInfo {
+            world: self.group.world_size(),
+            buffer_size: self.local.size,
+            pad_size: SIGNAL_PAD_SIZE,
+            total: self.local.total,
+            host: host_id(),
+            uuid: self.uuid.clone(),
+            pci_bus_id: self.pci_bus_id.clone(),
+            ordinal: self.local.ordinal,
+            pid: std::process::id(),
+            pid_ns: pid_namespace(),
+            nonce: process_nonce(),
+            key: self.local.key,
+        }
+    }
+
+    /// Steps 3 and 4: the peers' physical allocations, mapped here.
+    fn exchange_and_map(
+        &self,
+        prefix: &str,
+        infos: &[RankInfo],
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<(Vec<Option<Mapping>>, Option<Published>)> {
+        let g = &self.group;
+        let (rank, world) = (g.rank().get(), g.world_size());
+        let store = g.store().clone();
+        let local_proc = same_process(infos, rank);
+        fault_point("rendezvous.before_send")?;
+        let mut published = None;
+        let handles: Vec<Option<Arc<PhysicalAllocation>>> = if local_proc.iter().all(|&b| b) {
+            // Threads: hand the Arc over through the process-wide table.
+            published = Some(Published(self.local.key));
+            shared_handles()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(self.local.key, Arc::downgrade(&self.phys));
+            fault_point("rendezvous.after_send")?;
+            StoreExchange::new(store, format!("{prefix}/sent")).barrier(
+                rank,
+                world,
+                remaining(deadline, timeout, "rendezvous")?,
+            )?;
+            let table = shared_handles().lock().unwrap_or_else(|e| e.into_inner());
+            infos
+                .iter()
+                .enumerate()
+                .map(|(r, i)| {
+                    if r == rank {
+                        return Ok(None);
+                    }
+                    table
+                        .get(&i.key)
+                        .and_then(Weak::upgrade)
+                        .filter(|p| p.size() == self.local.total)
+                        .map(Some)
+                        .ok_or_else(|| Error::PeerLost {
+                            rank: r,
+                            reason: "its allocation was freed during rendezvous".into(),
+                        })
+                })
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            // Processes: POSIX fds over the FdChannel.
+            let own = self.phys.export_fd()?;
+            let channel = FdChannel::new(
+                store,
+                &format!("{prefix}/fds"),
+                rank,
+                world,
+                remaining(deadline, timeout, "rendezvous")?,
+            )?;
+            let fds = channel.all_gather_fds(
+                std::os::fd::AsFd::as_fd(&own),
+                remaining(deadline, timeout, "rendezvous")?,
+            )?;
+            drop(channel);
+            drop(own);
+            fault_point("rendezvous.after_send")?;
+            bind(&self.local.ctx)?;
+            fds.into_iter()
+                .enumerate()
+                .map(|(r, fd)| {
+                    if r == rank {
+                        return Ok(None);
+                    }
+                    // The fd closes when `fd` drops, after the import.
+                    let imported = PhysicalAllocation::import(std::os::fd::AsFd::as_fd(&fd), self.local.total)
+                        .map_err(|e| match e {
+                            Error::Backend { call, detail, .. } => Error::Backend {
+                                backend: driver::BACKEND,
+                                call: format!("{call} (handle of rank {r})"),
+                                detail,
+                            },
+                            e => e,
+                        })?;
+                    Ok(Some(Arc::new(imported)))
+                })
+                .collect::<Result<Vec<_>>>()?
+        };
+        bind(&self.local.ctx)?;
+        let mut mappings = Vec::with_capacity(world);
+        for (r, h) in handles.into_iter().enumerate() {
+            match h {
+                None => mappings.push(None),
+                Some(phys) => {
+                    let range = Arc::new(AddressRange::reserve(self.local.total, self.local.granularity)?);
+                    let m = Mapping::map(range, phys, &[self.local.ordinal]).map_err(|e| match e {
+                        Error::Backend { call, detail, .. } => Error::Backend {
+                            backend: driver::BACKEND,
+                            call: format!("{call} (memory of rank {r} on device {})", infos[r].pci_bus_id),
+                            detail,
+                        },
+                        e => e,
+                    })?;
+                    mappings.push(Some(m));
+                }
+            }
+        }
+        fault_point("rendezvous.after_map")?;
+        Ok((mappings, published))
+    }
+
+    fn do_rendezvous(&self, timeout: Duration) -> Result<CudaSymmetricMemory> {
+        let deadline = Instant::now() + timeout;
+        let g = &self.group;
+        let (rank, world) = (g.rank().get(), g.world_size());
+        let prefix = g.next_prefix("cuda-rendezvous");
+        let store = g.store().clone();
+
+        let raw = StoreExchange::new(store.clone(), format!("{prefix}/info")).all_gather(
+            rank,
+            world,
+            &self.info().encode(),
+            remaining(deadline, timeout, "rendezvous")?,
+        )?;
+        let infos = raw
+            .iter()
+            .enumerate()
+            .map(|(r, b)| RankInfo::decode(r, b))
+            .collect::<Result<Vec<_>>>()?;
+        check_infos(world, &infos)?;
+
+        let outcome = self
+            .exchange_and_map(&prefix, &infos, deadline, timeout)
+            .and_then(|(peers, published)| {
+                let mem = CudaSymmetricMemory::new(g.clone(), self.device, self.local.clone(), peers)?;
+                Ok((mem, published))
+            });
+        // Every rank learns every outcome: all succeed or all fail. (This is
+        // also the barrier after which the thread table entry may go.)
+        let status = match &outcome {
+            Ok(_) => b"ok".to_vec(),
+            Err(e) => format!("failed: {e}").into_bytes(),
+        };
+        let all = StoreExchange::new(store, format!("{prefix}/status")).all_gather(
+            rank,
+            world,
+            &status,
+            remaining(deadline, timeout, "rendezvous status exchange").unwrap_or(Duration::from_millis(1)),
+        );
+        let (mem, _published) = outcome?;
+        let all = all?;
+        if let Some((r, s)) = all.iter().enumerate().find(|(_, s)| s.as_slice() != b"ok") {
+            return Err(Error::Backend {
+                backend: driver::BACKEND,
+                call: format!("rendezvous (rank {r})"),
+                detail: String::from_utf8_lossy(s).into_owned(),
+            });
+        }
+        Ok(mem)
+    }
+}
+
+impl Allocation for CudaAllocation {
+    fn ptr(&self) -> u64 {
+        self.local.ptr()
+    }
+    fn size(&self) -> usize {
+        self.local.size
+    }
+    fn device(&self) -> Device {
+        self.device
+    }
+    fn group(&self) -> &Arc<Group> {
+        &self.group
+    }
+    fn rendezvous(&self, timeout: Duration) -> Result<Arc<dyn SymmetricMemory>> {
+        let mut mem = self.mem.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = mem.as_ref() {
+            return Ok(Arc::new(m.clone()));
+        }
+        let m = self.do_rendezvous(timeout)?;
+        *mem = Some(m.clone());
+        Ok(Arc::new(m))
+    }
+    fn symmetric_memory(&self) -> Option<Arc<dyn SymmetricMemory>> {
+        self.cuda_memory().map(|m| Arc::new(m) as Arc<dyn SymmetricMemory>)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Drop for CudaAllocation {
+    fn drop(&mut self) {
+        // Drop the memory (peer mappings) before the local part goes.
+        let m = self.mem.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        drop(m);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(r: usize) -> RankInfo {
+        RankInfo {
+            world: 2,
+            buffer_size: 1 << 20,
+            pad_size: SIGNAL_PAD_SIZE,
+            total: 4 << 20,
+            host: "h/b".into(),
+            uuid: format!("{r:032x}"),
+            pci_bus_id: format!("0000:{:02x}:00.0", 0x18 + r),
+            ordinal: r,
+            pid: 7,
+            pid_ns: "pid:[1]".into(),
+            nonce: 9,
+            key: r as u64 + 1,
+        }
+    }
+
+    #[test]
+    fn layout_rounds_and_checks() {
+        let g = 2 << 20;
+        let (pad, meta, total) = layout(1, g).unwrap();
+        assert_eq!((pad, meta, total), (4096, 4096 + SIGNAL_PAD_SIZE, g));
+        let (pad, meta, total) = layout(0, g).unwrap();
+        assert_eq!((pad, meta), (0, SIGNAL_PAD_SIZE));
+        assert_eq!(total, g);
+        let two_gib = 2usize << 30;
+        let (pad, _, total) = layout(two_gib, g).unwrap();
+        assert_eq!(pad, two_gib);
+        assert_eq!(total, two_gib + g);
+        // The pad and metadata always fit, and total is a granularity multiple.
+        for size in [
+            1usize,
+            4095,
+            4096,
+            4097,
+            g - SIGNAL_PAD_SIZE - META_SIZE,
+            g - 1,
+            g,
+            3 * g + 5,
+        ] {
+            let (pad, meta, total) = layout(size, g).unwrap();
+            assert!(pad >= size && pad % 4096 == 0, "{size}");
+            assert!(meta + META_SIZE <= total && total % g == 0, "{size}");
+        }
+        assert!(layout(usize::MAX - 10, g).is_err());
+        assert!(layout(isize::MAX as usize, g).is_err());
+        assert!(layout(10, 3).is_err());
+    }
+
+    #[test]
+    fn records_round_trip() {
+        let i = info(1);
+        assert_eq!(RankInfo::decode(1, &i.encode()).unwrap(), i);
+        assert!(RankInfo::decode(0, b"symm-host-rdzv-1\n2").is_err());
+        let mut weird = info(0);
+        weird.host = "a\nb".into();
+        assert_eq!(RankInfo::decode(0, &weird.encode()).unwrap().host, "a b");
+    }
+
+    #[test]
+    fn every_rank_fails_the_same_way() {
+        let ok: Vec<_> = (0..2).map(info).collect();
+        check_infos(2, &ok).unwrap();
+        let mut v = ok.clone();
+        v[1].buffer_size = 5;
+        let e = check_infos(2, &v).unwrap_err().to_string();
+        assert!(e.contains("buffer size") && e.contains("rank 1: 5"), "{e}");
+        let mut v = ok.clone();
+        v[0].pad_size = 1;
+        assert!(matches!(
+            check_infos(2, &v),
+            Err(Error::Mismatch {
+                what: "signal pad size",
+                ..
+            })
+        ));
+        let mut v = ok.clone();
+        v[1].world = 3;
+        assert!(matches!(
+            check_infos(2, &v),
+            Err(Error::Mismatch { what: "world size", .. })
+        ));
+        assert!(matches!(
+            check_infos(3, &ok),
+            Err(Error::Mismatch { what: "world size", .. })
+        ));
+        let mut v = ok.clone();
+        v[1].total = 6 << 20;
+        assert!(matches!(check_infos(2, &v), Err(Error::Mismatch { .. })));
+        let mut v = ok.clone();
+        v[1].host = "other/b".into();
+        assert!(matches!(check_infos(2, &v), Err(Error::NotSameHost(_))));
+        if std::env::var("SYMM_ALLOW_OVERLAPPING_DEVICES").is_err() {
+            let mut v = ok.clone();
+            v[1].uuid = v[0].uuid.clone();
+            assert!(matches!(
+                check_infos(2, &v),
+                Err(Error::OverlappingDevices { a: 0, b: 1, .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn process_membership() {
+        let mut v: Vec<_> = (0..3).map(info).collect();
+        assert_eq!(same_process(&v, 0), vec![true, true, true]);
+        v[2].pid = 8;
+        assert_eq!(same_process(&v, 0), vec![true, true, false]);
+        assert_eq!(same_process(&v, 2), vec![false, false, true]);
+        v[1].nonce = 10;
+        assert_eq!(same_process(&v, 0), vec![true, false, false]);
+    }
+
+    #[test]
+    fn alloc_without_driver_is_unavailable() {
+        if driver::device_count().is_ok() {
+            println!("note: a CUDA driver is present; the no-driver path is not exercised here");
+            return;
+        }
+        let store = symm_core::symm_store::HashStore::new(Duration::from_secs(1));
+        let g = Group::new("cuda-alloc-nodriver", 0, 1, store).unwrap();
+        let e = CudaAllocator.alloc(1024, Device::cuda(0), &g).err().unwrap();
+        assert!(matches!(e, Error::Unavailable(_)), "{e}");
+        let e = CudaAllocator.alloc(1024, Device::host(0), &g).err().unwrap();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        assert!(matches!(CudaAllocator.device_count(), Err(Error::Unavailable(_))));
+    }
+}
