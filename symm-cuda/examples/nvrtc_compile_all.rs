@@ -1,0 +1,34 @@
+//! NVRTC-compiles every CUDA kernel of symm-cuda for one architecture (no GPU
+//! needed): `cargo run -p symm-cuda --example nvrtc_compile_all -- sm_90`.
+//! `cargo xtask kernels` runs it with libnvrtc's folder on LD_LIBRARY_PATH.
+
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let arch = std::env::args().nth(1).unwrap_or_else(|| "sm_90".to_string());
+    if let Err(e) = symm_cuda::kernels::nvrtc_available() {
+        eprintln!("error: NVRTC is not available: {e}");
+        return ExitCode::FAILURE;
+    }
+    let total = symm_cuda::kernels::sources().len();
+    match symm_cuda::kernels::compile_all(&arch) {
+        Ok(built) => {
+            for (name, len) in &built {
+                println!("  {name}.cu -> {len} bytes of PTX for {arch}");
+            }
+            println!("kernels: {} of {total} files compiled for {arch}", built.len());
+            if built.len() == total && total > 0 {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("error: expected {total} kernel files, compiled {}", built.len());
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("error: kernel compilation for {arch} failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
