@@ -73,7 +73,6 @@ struct OpState {
 }
 
 /// Passes fds among `world` processes of one host (see the module docs for the protocol).
-#[derive(Debug)]
 pub struct FdChannel {
     rank: usize,
     world: usize,
@@ -82,6 +81,19 @@ pub struct FdChannel {
     listener: UnixListener,
     peers: Vec<Peer>,
     state: Mutex<OpState>,
+    store: Arc<dyn Store>,
+    abort_prefix: String,
+}
+
+impl std::fmt::Debug for FdChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FdChannel")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("expect", &self.expect)
+            .field("peers", &self.peers)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why one incoming message was rejected.
@@ -202,7 +214,7 @@ impl FdChannel {
         let uid = nix::unistd::getuid().as_raw();
         let pid = std::process::id();
         let info = format!("symmfd1 {uid} {pid} {name}");
-        let ex = StoreExchange::new(store, format!("{prefix}/fdchannel"));
+        let ex = StoreExchange::new(store.clone(), format!("{prefix}/fdchannel"));
         let all = ex.all_gather(rank, world, info.as_bytes(), timeout)?;
         let mut peers = Vec::with_capacity(world);
         for (r, bytes) in all.iter().enumerate() {
@@ -231,6 +243,8 @@ impl FdChannel {
             listener,
             peers,
             state: Mutex::new(OpState::default()),
+            store,
+            abort_prefix: format!("{prefix}/fdchannel/abort"),
         })
     }
 
@@ -270,6 +284,17 @@ impl FdChannel {
         let mut st = self.lock_state();
         st.gen += 1;
         let gen = st.gen;
+        let r = self.all_gather_inner(&mut st, gen, fd, timeout);
+        r.map_err(|e| self.fail(gen, e))
+    }
+
+    fn all_gather_inner(
+        &self,
+        st: &mut OpState,
+        gen: u64,
+        fd: BorrowedFd<'_>,
+        timeout: Duration,
+    ) -> Result<Vec<OwnedFd>> {
         let deadline = deadline_after(timeout);
         let own = fd.try_clone_to_owned().map_err(|e| io_err("dup of own fd", e))?;
         let others: Vec<usize> = (0..self.world).filter(|&r| r != self.rank).collect();
@@ -277,9 +302,9 @@ impl FdChannel {
         for &to in &others {
             conns.push((to, self.send_message(to, gen, &[fd.as_raw_fd()], deadline, timeout)?));
         }
-        let mut got = self.receive(&mut st, gen, &others, deadline, timeout, "all_gather_fds")?;
+        let mut got = self.receive(st, gen, &others, deadline, timeout, "all_gather_fds")?;
         for (to, conn) in conns {
-            self.read_ack(to, conn, deadline, timeout, "all_gather_fds")?;
+            self.read_ack(to, conn, gen, deadline, timeout, "all_gather_fds")?;
         }
         got.insert(self.rank, own);
         let mut out = Vec::with_capacity(self.world);
@@ -301,34 +326,122 @@ impl FdChannel {
                 self.world
             )));
         }
+        if self.rank == root && fd.is_none() {
+            return Err(StoreError::InvalidArgument(
+                "broadcast_fds: the root must pass an fd".into(),
+            ));
+        }
         let mut st = self.lock_state();
         st.gen += 1;
         let gen = st.gen;
+        let r = self.broadcast_inner(&mut st, gen, root, fd, timeout);
+        r.map_err(|e| self.fail(gen, e))
+    }
+
+    fn broadcast_inner(
+        &self,
+        st: &mut OpState,
+        gen: u64,
+        root: usize,
+        fd: Option<BorrowedFd<'_>>,
+        timeout: Duration,
+    ) -> Result<OwnedFd> {
         let deadline = deadline_after(timeout);
-        if self.rank == root {
-            let fd = fd.ok_or_else(|| StoreError::InvalidArgument("broadcast_fds: the root must pass an fd".into()))?;
-            let own = fd.try_clone_to_owned().map_err(|e| io_err("dup of own fd", e))?;
-            let mut conns = Vec::new();
-            for to in (0..self.world).filter(|&r| r != root) {
-                conns.push((to, self.send_message(to, gen, &[fd.as_raw_fd()], deadline, timeout)?));
+        match fd {
+            Some(fd) if self.rank == root => {
+                let own = fd.try_clone_to_owned().map_err(|e| io_err("dup of own fd", e))?;
+                let mut conns = Vec::new();
+                for to in (0..self.world).filter(|&r| r != root) {
+                    conns.push((to, self.send_message(to, gen, &[fd.as_raw_fd()], deadline, timeout)?));
+                }
+                for (to, conn) in conns {
+                    self.read_ack(to, conn, gen, deadline, timeout, "broadcast_fds")?;
+                }
+                Ok(own)
             }
-            for (to, conn) in conns {
-                self.read_ack(to, conn, deadline, timeout, "broadcast_fds")?;
+            _ => {
+                let mut got = self.receive(st, gen, &[root], deadline, timeout, "broadcast_fds")?;
+                got.remove(&root).ok_or_else(|| StoreError::PeerLost {
+                    rank: root,
+                    reason: "no fd received (internal error)".into(),
+                })
             }
-            Ok(own)
-        } else {
-            let mut got = self.receive(&mut st, gen, &[root], deadline, timeout, "broadcast_fds")?;
-            got.remove(&root).ok_or_else(|| StoreError::PeerLost {
-                rank: root,
-                reason: "no fd received (internal error)".into(),
-            })
         }
+    }
+
+    fn abort_key(&self, gen: u64) -> String {
+        format!("{}/{gen}", self.abort_prefix)
+    }
+
+    /// An abort another rank published for `gen`, as the error this rank should report.
+    fn peer_abort(&self, gen: u64) -> Option<StoreError> {
+        let key = self.abort_key(gen);
+        if !self.store.check(&[&key]).ok()? {
+            return None;
+        }
+        let rec = self.store.get_now(&key).ok()?;
+        let rec = String::from_utf8_lossy(&rec).into_owned();
+        let mut it = rec.splitn(3, ' ');
+        let from: usize = it.next()?.parse().ok()?;
+        let lost = it.next()?;
+        let text = it.next().unwrap_or("").to_owned();
+        if from == self.rank {
+            return None;
+        }
+        if let Some(r) = lost.strip_prefix("lost:").and_then(|r| r.parse::<usize>().ok()) {
+            return Some(StoreError::PeerLost {
+                rank: r,
+                reason: format!("reported by rank {from}: {text}"),
+            });
+        }
+        if let Some(list) = lost.strip_prefix("missing:") {
+            let missing: Vec<usize> = list.split(',').filter_map(|r| r.parse().ok()).collect();
+            return Some(StoreError::MissingRanks {
+                what: format!("fd exchange generation {gen} (reported by rank {from}: {text})"),
+                missing,
+                timeout: self.timeout,
+            });
+        }
+        Some(StoreError::PeerLost {
+            rank: from,
+            reason: format!("rank {from} aborted the operation: {text}"),
+        })
+    }
+
+    /// Turns an operation's error into the one to report, and tells the other ranks.
+    fn fail(&self, gen: u64, e: StoreError) -> StoreError {
+        // A peer that failed first knows better which rank is really gone.
+        let e = match e {
+            StoreError::PeerLost { .. } | StoreError::MissingRanks { .. } => self.peer_abort(gen).unwrap_or(e),
+            e => e,
+        };
+        let what = match &e {
+            StoreError::PeerLost { rank, .. } => format!("lost:{rank}"),
+            StoreError::MissingRanks { missing, .. } => {
+                format!(
+                    "missing:{}",
+                    missing.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(",")
+                )
+            }
+            _ => "error:".to_owned(),
+        };
+        let rec = format!("{} {what} {e}", self.rank);
+        // Best effort: only the first failure of a generation is recorded.
+        let _ = self.store.compare_set(&self.abort_key(gen), b"", rec.as_bytes());
+        e
     }
 
     /// The current generation (number of operations started). For tests and diagnostics.
     #[doc(hidden)]
     pub fn generation(&self) -> u64 {
         self.lock_state().gen
+    }
+
+    /// Advances the generation as if `n` operations had run (fault-injection tests).
+    #[doc(hidden)]
+    pub fn skip_generations_for_testing(&self, n: u64) {
+        let mut st = self.lock_state();
+        st.gen = st.gen.saturating_add(n);
     }
 
     /// Sends a raw message (any generation, any number of fds) to `to` and returns
@@ -341,7 +454,7 @@ impl FdChannel {
         let deadline = deadline_after(timeout);
         let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
         let conn = self.send_message(to, gen, &raw, deadline, timeout)?;
-        self.read_ack(to, conn, deadline, timeout, "send_raw")
+        self.read_ack(to, conn, gen, deadline, timeout, "send_raw")
     }
 
     /// The abstract socket name of `rank` (for fault-injection tests).
@@ -413,6 +526,7 @@ impl FdChannel {
         &self,
         to: usize,
         mut conn: UnixStream,
+        gen: u64,
         deadline: Instant,
         timeout: Duration,
         what: &str,
@@ -435,6 +549,9 @@ impl FdChannel {
                 }
             };
             if !ready {
+                if let Some(e) = self.peer_abort(gen) {
+                    return Err(e);
+                }
                 if !pid_alive(self.peers[to].pid) {
                     return Err(StoreError::PeerLost {
                         rank: to,
@@ -501,6 +618,9 @@ impl FdChannel {
                 }
             };
             if !ready {
+                if let Some(e) = self.peer_abort(gen) {
+                    return Err(e);
+                }
                 for &r in &missing {
                     if !pid_alive(self.peers[r].pid) {
                         return Err(StoreError::PeerLost {
