@@ -282,7 +282,7 @@ fn fd4_child() {
         }
     }
     drop(mine);
-    assert_eq!(common::open_fds(), baseline - 0, "fds leaked");
+    assert_eq!(common::open_fds(), baseline, "fds leaked");
     ex.barrier(rank, world, T).unwrap();
 }
 

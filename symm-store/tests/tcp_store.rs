@@ -89,7 +89,8 @@ fn tcp_wait_timeout_cancels_and_connection_stays_usable() {
 fn tcp_wait_wakes_on_every_writer() {
     let host = TcpStore::server(loopback0(), T).unwrap();
     let addr = host.addr();
-    let writers: Vec<(&str, Box<dyn Fn(&TcpStore) + Send>)> = vec![
+    type Writer = Box<dyn Fn(&TcpStore) + Send>;
+    let writers: Vec<(&str, Writer)> = vec![
         ("w_set", Box::new(|s: &TcpStore| s.set("w_set", b"1").unwrap())),
         (
             "w_add",
