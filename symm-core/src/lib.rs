@@ -16,6 +16,8 @@
 //!   `rendezvous`, [`get_symmetric_memory`].
 //! - Connectivity: link matrices from registered detectors and
 //!   [`detect_topology`].
+//! - [`fault`]: named fault points for fault-injection tests
+//!   (`SYMM_FAULT=kill:<rank>:<point>`).
 //! - [`pad`]: the signal-pad layout every backend and kernel shares
 //!   (NOTE [signal-pad-layout]).
 //!
@@ -28,6 +30,7 @@
 pub mod allocator;
 pub mod connectivity;
 pub mod error;
+pub mod fault;
 pub mod group;
 pub mod memory;
 pub mod pad;
@@ -42,6 +45,7 @@ pub use connectivity::{
     ConnectivityDetector, LinkMatrix, Topology,
 };
 pub use error::{Error, Result};
+pub use fault::fault_point;
 pub use group::{group_info, remove_group_info, set_group_info, Group};
 pub use memory::{check_range, BufferView, SymmetricMemory, SymmetricMemoryExt};
 pub use tensor::{

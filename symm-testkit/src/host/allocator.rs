@@ -39,7 +39,7 @@ use symm_core::{
 
 use super::mapping::{page_round, Region};
 use super::symm_mem::HostSymmetricMemory;
-use crate::fault::fault_point;
+use symm_core::fault_point;
 
 /// The host backend's allocator (registered for [`DeviceType::Host`]).
 #[derive(Debug, Default)]

@@ -14,7 +14,7 @@ use symm_core::pad::{self, SIGNAL_PAD_SIZE};
 use symm_core::{check_range, Channel, Device, Error, Group, Rank, Result, SymmetricMemory};
 
 use super::mapping::Region;
-use crate::fault::fault_point;
+use symm_core::fault_point;
 
 /// Spins before yielding, yields before sleeping.
 const SPIN_POLLS: u32 = 256;
@@ -117,13 +117,21 @@ impl HostSymmetricMemory {
         Ok(())
     }
 
+    /// False once a peer process has exited (gone, or a zombie not yet reaped).
     fn peer_alive(&self, rank: usize) -> bool {
-        match self.peer_pids.get(rank).copied().flatten() {
-            Some(pid) => !matches!(
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
-                Err(nix::errno::Errno::ESRCH)
-            ),
-            None => true,
+        let Some(pid) = self.peer_pids.get(rank).copied().flatten() else {
+            return true;
+        };
+        if let Err(nix::errno::Errno::ESRCH) = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+            return false;
+        }
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            // The state follows the parenthesised command name.
+            Ok(stat) => match stat.rfind(") ") {
+                Some(i) => !matches!(stat.as_bytes().get(i + 2), Some(b'Z' | b'X')),
+                None => true,
+            },
+            Err(e) => e.kind() != std::io::ErrorKind::NotFound,
         }
     }
 

@@ -1,0 +1,832 @@
+//! Launchers: run the ranks of a test as threads of this process
+//! ([`run_threads`]) or as processes re-executing the current test binary
+//! ([`run_processes`]), the way torchrun runs a script.
+//!
+//! Process mode: the parent hosts a TcpStore on a free port of 127.0.0.1 and
+//! starts `world` children, each `current_exe() --exact <test> --nocapture
+//! --test-threads=1` with torchrun's variables (`RANK`, `WORLD_SIZE`,
+//! `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`) plus
+//! [`CHILD_ENV`] naming the test. The same `#[test]` body runs in the
+//! children; it branches on [`child_ctx`]:
+//!
+//! ```no_run
+//! # use std::time::Duration;
+//! # use symm_testkit::launch::{child_ctx, run_processes, RankCtx, TestResult};
+//! fn body(ctx: &RankCtx) -> TestResult { /* one rank's work */ Ok(()) }
+//!
+//! #[test]
+//! fn two_ranks() {
+//!     if let Some(ctx) = child_ctx().unwrap() {
+//!         return body(&ctx).unwrap();
+//!     }
+//!     run_processes("two_ranks", 2, Duration::from_secs(60)).unwrap();
+//! }
+//! ```
+//!
+//! Every child's output is captured and shown when the launch fails; the
+//! parent kills every child at the wall-clock limit, checks every exit
+//! status, and checks that every child really ran the test (a mistyped test
+//! name would otherwise run zero tests and "pass").
+#![forbid(unsafe_code)]
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use symm_core::symm_store::{HashStore, Store, StoreError, StoreExchange};
+use symm_core::Group;
+
+use crate::fault::{set_thread_fault, Fault, FAULT_ENV};
+
+/// Marks a child started by [`run_processes`]; its value is the test name.
+pub const CHILD_ENV: &str = "SYMM_TESTKIT_CHILD";
+/// Marks the single child started by [`run_isolated`]; its value is the test name.
+pub const ISOLATED_ENV: &str = "SYMM_TESTKIT_ISOLATED";
+/// The launch id of children ([`RankCtx::launch_id`]).
+pub const LAUNCH_ID_ENV: &str = "SYMM_TESTKIT_LAUNCH_ID";
+/// Store timeout of children, in milliseconds (default 60 s).
+pub const STORE_TIMEOUT_ENV: &str = "SYMM_TESTKIT_STORE_TIMEOUT_MS";
+/// Key a child sets when it starts running the test.
+const STARTED_KEY: &str = "symm-testkit/started";
+/// Bytes of a child's output kept for error reports.
+const OUTPUT_TAIL: usize = 64 * 1024;
+/// Default store timeout.
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How ranks run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// One thread per rank in this process, sharing a HashStore.
+    Threads,
+    /// One process per rank, meeting through a TcpStore.
+    Processes,
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mode::Threads => "threads",
+            Mode::Processes => "processes",
+        })
+    }
+}
+
+/// What one rank of a launch gets.
+#[derive(Clone)]
+pub struct RankCtx {
+    pub rank: usize,
+    pub world: usize,
+    pub local_rank: usize,
+    pub mode: Mode,
+    pub store: Arc<dyn Store>,
+    /// A random id shared by all ranks of one launch (see [`RankCtx::unique`]).
+    pub launch_id: u64,
+}
+
+impl std::fmt::Debug for RankCtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RankCtx")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+impl RankCtx {
+    /// `base` made unique to this launch (for group names: process-wide
+    /// tables such as the persistent-allocation pool are keyed by name).
+    pub fn unique(&self, base: &str) -> String {
+        format!("{base}-{:016x}", self.launch_id)
+    }
+
+    /// Builds group `name` of all ranks of the launch (collective).
+    pub fn group(&self, name: &str) -> symm_core::Result<Arc<Group>> {
+        Group::new(name, self.rank, self.world, self.store.clone())
+    }
+
+    /// A store barrier of all ranks, keyed by `name` (call each name once).
+    pub fn barrier(&self, name: &str, timeout: Duration) -> Result<(), StoreError> {
+        StoreExchange::new(self.store.clone(), format!("symm-testkit/barrier/{name}"))
+            .barrier(self.rank, self.world, timeout)
+    }
+
+    /// An all_gather of bytes among all ranks, keyed by `name` (call each name once).
+    pub fn all_gather(&self, name: &str, data: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>, StoreError> {
+        StoreExchange::new(self.store.clone(), format!("symm-testkit/gather/{name}"))
+            .all_gather(self.rank, self.world, data, timeout)
+    }
+}
+
+/// Error type of rank bodies: anything that displays.
+pub type TestError = Box<dyn std::error::Error + Send + Sync>;
+/// Result of a rank body.
+pub type TestResult<T = ()> = Result<T, TestError>;
+
+/// How one rank of a thread launch ended.
+#[derive(Debug)]
+pub enum RankOutcome<T> {
+    Ok(T),
+    /// The body returned an error (its text, with sources).
+    Err(String),
+    /// The body panicked (the panic message).
+    Panicked(String),
+    /// The body was still running at the wall-clock limit (its thread is left
+    /// running, detached).
+    TimedOut,
+}
+
+impl<T> RankOutcome<T> {
+    pub fn is_ok(&self) -> bool {
+        matches!(self, RankOutcome::Ok(_))
+    }
+}
+
+/// Launch failures.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("invalid launch: {0}")]
+    Invalid(String),
+    #[error("cannot start rank {rank}: {source}")]
+    Spawn {
+        rank: usize,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("launch store: {0}")]
+    Store(#[from] StoreError),
+    #[error("launch environment: {0}")]
+    Env(String),
+    /// Some ranks failed; the text has one entry per failed rank (with output).
+    #[error("{0}")]
+    Failed(String),
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn error_text(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(&format!(": {c}"));
+        src = c.source();
+    }
+    s
+}
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-text panic payload".into())
+}
+
+/// Options of [`run_threads_outcomes`].
+#[derive(Debug, Clone)]
+pub struct ThreadOptions {
+    pub world: usize,
+    /// Wall-clock limit for the whole launch.
+    pub limit: Duration,
+    /// Timeout of the shared HashStore.
+    pub store_timeout: Duration,
+    /// A fault armed in the faulted rank's thread ([`crate::fault`]).
+    pub fault: Option<Fault>,
+}
+
+impl ThreadOptions {
+    pub fn new(world: usize, limit: Duration) -> ThreadOptions {
+        ThreadOptions {
+            world,
+            limit,
+            store_timeout: DEFAULT_STORE_TIMEOUT,
+            fault: None,
+        }
+    }
+}
+
+/// Runs `f` once per rank, each in its own thread, with a shared HashStore;
+/// returns every rank's outcome (panics and overruns included, never
+/// propagated or waited on past `opts.limit`).
+pub fn run_threads_outcomes<T, F>(opts: &ThreadOptions, f: F) -> Vec<RankOutcome<T>>
+where
+    T: Send + 'static,
+    F: Fn(RankCtx) -> TestResult<T> + Send + Sync + 'static,
+{
+    let world = opts.world;
+    let store: Arc<dyn Store> = HashStore::new(opts.store_timeout);
+    let f = Arc::new(f);
+    let launch_id: u64 = rand::random();
+    let (tx, rx) = mpsc::channel::<(usize, RankOutcome<T>)>();
+    let mut outcomes: Vec<Option<RankOutcome<T>>> = (0..world).map(|_| None).collect();
+    let mut handles = Vec::new();
+    for rank in 0..world {
+        let ctx = RankCtx {
+            rank,
+            world,
+            local_rank: rank,
+            mode: Mode::Threads,
+            store: store.clone(),
+            launch_id,
+        };
+        let (f, tx) = (f.clone(), tx.clone());
+        let fault = opts.fault.as_ref().filter(|x| x.rank == rank).map(|x| x.point.clone());
+        let spawned = std::thread::Builder::new().name(format!("rank-{rank}")).spawn(move || {
+            set_thread_fault(fault.as_deref());
+            let out = match catch_unwind(AssertUnwindSafe(|| f(ctx))) {
+                Ok(Ok(v)) => RankOutcome::Ok(v),
+                Ok(Err(e)) => RankOutcome::Err(error_text(e.as_ref())),
+                Err(p) => RankOutcome::Panicked(panic_text(p.as_ref())),
+            };
+            set_thread_fault(None);
+            let _ = tx.send((rank, out));
+        });
+        match spawned {
+            Ok(h) => handles.push((rank, h)),
+            Err(e) => outcomes[rank] = Some(RankOutcome::Err(format!("cannot spawn thread: {e}"))),
+        }
+    }
+    drop(tx);
+    let deadline = Instant::now() + opts.limit;
+    while outcomes.iter().any(Option::is_none) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((r, o)) => outcomes[r] = Some(o),
+            Err(_) => break,
+        }
+    }
+    for (rank, h) in handles {
+        if outcomes[rank].is_some() {
+            let _ = h.join();
+        }
+    }
+    outcomes
+        .into_iter()
+        .map(|o| o.unwrap_or(RankOutcome::TimedOut))
+        .collect()
+}
+
+/// Runs `f` once per rank in threads (see [`run_threads_outcomes`]); Ok with
+/// every rank's value if every rank returned Ok, else an error listing each
+/// failed, panicked or overrunning rank.
+pub fn run_threads<T, F>(world: usize, limit: Duration, f: F) -> Result<Vec<T>, LaunchError>
+where
+    T: Send + 'static,
+    F: Fn(RankCtx) -> TestResult<T> + Send + Sync + 'static,
+{
+    if world == 0 {
+        return Err(LaunchError::Invalid("world size 0".into()));
+    }
+    let outcomes = run_threads_outcomes(&ThreadOptions::new(world, limit), f);
+    let mut failed = Vec::new();
+    let mut values = Vec::new();
+    for (rank, o) in outcomes.into_iter().enumerate() {
+        match o {
+            RankOutcome::Ok(v) => values.push(v),
+            RankOutcome::Err(e) => failed.push(format!("rank {rank} failed: {e}")),
+            RankOutcome::Panicked(p) => failed.push(format!("rank {rank} panicked: {p}")),
+            RankOutcome::TimedOut => failed.push(format!("rank {rank} still running after the {limit:?} limit")),
+        }
+    }
+    if failed.is_empty() {
+        Ok(values)
+    } else {
+        Err(LaunchError::Failed(failed.join("\n")))
+    }
+}
+
+// ---------------------------------------------------------------- processes
+
+/// How one child process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChildStatus {
+    /// Exited with this code.
+    Exited(i32),
+    /// Killed by this signal (not by the launcher).
+    Signaled(i32),
+    /// Killed by the launcher at the wall-clock limit.
+    TimedOut,
+    /// Killed by the launcher after another rank failed and the grace period passed.
+    KilledAfterPeerFailure,
+}
+
+impl ChildStatus {
+    pub fn success(self) -> bool {
+        self == ChildStatus::Exited(0)
+    }
+    /// A shell-style exit code (128 + signal for signals, 124 for timeouts).
+    pub fn code(self) -> i32 {
+        match self {
+            ChildStatus::Exited(c) => c,
+            ChildStatus::Signaled(s) => 128 + s,
+            ChildStatus::TimedOut => 124,
+            ChildStatus::KilledAfterPeerFailure => 137,
+        }
+    }
+}
+
+impl std::fmt::Display for ChildStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChildStatus::Exited(c) => write!(f, "exit code {c}"),
+            ChildStatus::Signaled(s) => write!(f, "killed by signal {s}"),
+            ChildStatus::TimedOut => f.write_str("killed at the wall-clock limit"),
+            ChildStatus::KilledAfterPeerFailure => f.write_str("killed after another rank failed"),
+        }
+    }
+}
+
+fn status_of(s: ExitStatus) -> ChildStatus {
+    use std::os::unix::process::ExitStatusExt;
+    match (s.code(), s.signal()) {
+        (Some(c), _) => ChildStatus::Exited(c),
+        (None, Some(sig)) => ChildStatus::Signaled(sig),
+        (None, None) => ChildStatus::Exited(-1),
+    }
+}
+
+/// One child's end and its captured output.
+#[derive(Debug, Clone)]
+pub struct ChildOutcome {
+    pub rank: usize,
+    pub status: ChildStatus,
+    /// The tail of its stdout and stderr (empty when not captured).
+    pub output: String,
+}
+
+/// A started rank process and its captured output.
+pub(crate) struct RankProcess {
+    rank: usize,
+    child: Child,
+    output: Option<Arc<Mutex<Vec<u8>>>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+    status: Option<ChildStatus>,
+}
+
+fn pump(mut from: impl Read + Send + 'static, into: Arc<Mutex<Vec<u8>>>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 8192];
+        while let Ok(n) = from.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            let mut v = into.lock().unwrap_or_else(|e| e.into_inner());
+            v.extend_from_slice(&buf[..n]);
+            if v.len() > 2 * OUTPUT_TAIL {
+                let cut = v.len() - OUTPUT_TAIL;
+                v.drain(..cut);
+            }
+        }
+    })
+}
+
+/// What [`spawn_ranks`] starts.
+pub(crate) struct SpawnSpec<'a> {
+    pub program: &'a std::path::Path,
+    pub args: &'a [String],
+    pub world: usize,
+    pub master: SocketAddr,
+    pub env: &'a [(String, String)],
+    pub remove_env: &'a [&'a str],
+    pub capture: bool,
+}
+
+/// Starts `world` processes with torchrun's environment. On a spawn error
+/// the ranks already started are killed.
+pub(crate) fn spawn_ranks(spec: &SpawnSpec<'_>) -> Result<Vec<RankProcess>, LaunchError> {
+    let mut procs: Vec<RankProcess> = Vec::with_capacity(spec.world);
+    for rank in 0..spec.world {
+        let mut cmd = Command::new(spec.program);
+        cmd.args(spec.args)
+            .env("RANK", rank.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("GROUP_RANK", "0")
+            .env("WORLD_SIZE", spec.world.to_string())
+            .env("LOCAL_WORLD_SIZE", spec.world.to_string())
+            .env("MASTER_ADDR", spec.master.ip().to_string())
+            .env("MASTER_PORT", spec.master.port().to_string())
+            // As torchrun's agent store: the launcher hosts the store, ranks are clients.
+            .env("TORCHELASTIC_USE_AGENT_STORE", "True")
+            .env("SYMM_STORE_HOSTED", "1");
+        for k in spec.remove_env {
+            cmd.env_remove(k);
+        }
+        for (k, v) in spec.env {
+            cmd.env(k, v);
+        }
+        cmd.stdin(Stdio::null());
+        if spec.capture {
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(source) => {
+                kill_all(&mut procs, ChildStatus::KilledAfterPeerFailure);
+                return Err(LaunchError::Spawn { rank, source });
+            }
+        };
+        let (output, readers) = if spec.capture {
+            let buf = Arc::new(Mutex::new(Vec::new()));
+            let mut readers = Vec::new();
+            if let Some(o) = child.stdout.take() {
+                readers.push(pump(o, buf.clone()));
+            }
+            if let Some(e) = child.stderr.take() {
+                readers.push(pump(e, buf.clone()));
+            }
+            (Some(buf), readers)
+        } else {
+            (None, Vec::new())
+        };
+        procs.push(RankProcess {
+            rank,
+            child,
+            output,
+            readers,
+            status: None,
+        });
+    }
+    Ok(procs)
+}
+
+fn kill_all(procs: &mut [RankProcess], why: ChildStatus) {
+    for p in procs.iter_mut().filter(|p| p.status.is_none()) {
+        let _ = p.child.kill();
+        let _ = p.child.wait();
+        p.status = Some(why);
+    }
+}
+
+/// Waits for every process until `deadline` (then kills the rest as timed
+/// out). With `grace`, once one rank fails the others get `grace` more
+/// before they are killed.
+pub(crate) fn supervise(mut procs: Vec<RankProcess>, deadline: Instant, grace: Option<Duration>) -> Vec<ChildOutcome> {
+    let mut kill_at = deadline;
+    let mut kill_why = ChildStatus::TimedOut;
+    loop {
+        for p in procs.iter_mut().filter(|p| p.status.is_none()) {
+            match p.child.try_wait() {
+                Ok(Some(s)) => {
+                    let st = status_of(s);
+                    p.status = Some(st);
+                    if let (false, Some(g)) = (st.success(), grace) {
+                        let t = Instant::now() + g;
+                        if t < kill_at {
+                            kill_at = t;
+                            kill_why = ChildStatus::KilledAfterPeerFailure;
+                        }
+                    }
+                }
+                Ok(None) => {}
+                Err(_) => p.status = Some(ChildStatus::Exited(-1)),
+            }
+        }
+        if procs.iter().all(|p| p.status.is_some()) {
+            break;
+        }
+        if Instant::now() >= kill_at {
+            kill_all(&mut procs, kill_why);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    procs
+        .into_iter()
+        .map(|p| {
+            for r in p.readers {
+                let _ = r.join();
+            }
+            let output = p
+                .output
+                .map(|b| {
+                    let v = b.lock().unwrap_or_else(|e| e.into_inner());
+                    let start = v.len().saturating_sub(OUTPUT_TAIL);
+                    String::from_utf8_lossy(&v[start..]).into_owned()
+                })
+                .unwrap_or_default();
+            ChildOutcome {
+                rank: p.rank,
+                status: p.status.unwrap_or(ChildStatus::TimedOut),
+                output,
+            }
+        })
+        .collect()
+}
+
+/// Options of [`run_processes_outcomes`].
+#[derive(Debug, Clone)]
+pub struct ProcessOptions {
+    /// The full name of the `#[test]` to run in each child (as `--exact` wants it).
+    pub test_name: String,
+    pub world: usize,
+    /// Wall-clock limit for the whole launch.
+    pub limit: Duration,
+    /// A fault armed through `SYMM_FAULT` in every child.
+    pub fault: Option<Fault>,
+    /// Extra environment for the children.
+    pub env: Vec<(String, String)>,
+    /// Store timeout of the children.
+    pub store_timeout: Duration,
+    /// After one rank fails, how long the others may keep running (None: until the limit).
+    pub grace: Option<Duration>,
+}
+
+impl ProcessOptions {
+    pub fn new(test_name: &str, world: usize, limit: Duration) -> ProcessOptions {
+        ProcessOptions {
+            test_name: test_name.to_string(),
+            world,
+            limit,
+            fault: None,
+            env: Vec::new(),
+            store_timeout: DEFAULT_STORE_TIMEOUT,
+            grace: None,
+        }
+    }
+}
+
+fn test_args(test_name: &str) -> Vec<String> {
+    vec![
+        test_name.to_string(),
+        "--exact".into(),
+        "--nocapture".into(),
+        "--test-threads=1".into(),
+    ]
+}
+
+/// Starts one child per rank re-executing the current test binary with
+/// `--exact <test_name>`, hosts their store, and returns how every child
+/// ended. Fails if a child could not start or did not run the test.
+pub fn run_processes_outcomes(opts: &ProcessOptions) -> Result<Vec<ChildOutcome>, LaunchError> {
+    if opts.world == 0 {
+        return Err(LaunchError::Invalid("world size 0".into()));
+    }
+    if is_child() || is_isolated_child() {
+        return Err(LaunchError::Invalid(format!(
+            "run_processes called inside a child ({}): branch on child_ctx() first",
+            opts.test_name
+        )));
+    }
+    let exe = std::env::current_exe()?;
+    let server = crate::store_host::serve(opts.store_timeout)?;
+    let mut env = opts.env.clone();
+    env.push((CHILD_ENV.into(), opts.test_name.clone()));
+    env.push((LAUNCH_ID_ENV.into(), format!("{}", rand::random::<u64>())));
+    env.push((STORE_TIMEOUT_ENV.into(), opts.store_timeout.as_millis().to_string()));
+    if let Some(f) = &opts.fault {
+        env.push((FAULT_ENV.into(), f.to_env()));
+    }
+    let remove: &[&str] = if opts.fault.is_some() {
+        &[ISOLATED_ENV]
+    } else {
+        &[ISOLATED_ENV, FAULT_ENV]
+    };
+    let args = test_args(&opts.test_name);
+    let procs = spawn_ranks(&SpawnSpec {
+        program: &exe,
+        args: &args,
+        world: opts.world,
+        master: server.addr(),
+        env: &env,
+        remove_env: remove,
+        capture: true,
+    })?;
+    let outcomes = supervise(procs, Instant::now() + opts.limit, opts.grace);
+    let client = server.client(Duration::from_secs(5))?;
+    let not_started: Vec<usize> = (0..opts.world)
+        .filter(|r| !matches!(client.check(&[&format!("{STARTED_KEY}/{r}")]), Ok(true)))
+        .collect();
+    if !not_started.is_empty() && outcomes.iter().all(|o| o.status.success()) {
+        return Err(LaunchError::Failed(format!(
+            "ranks {not_started:?} exited without running test {:?} (wrong test name?)\n{}",
+            opts.test_name,
+            report(&outcomes)
+        )));
+    }
+    Ok(outcomes)
+}
+
+/// Formats every child's status and output.
+pub fn report(outcomes: &[ChildOutcome]) -> String {
+    let mut s = String::new();
+    for o in outcomes {
+        s.push_str(&format!("--- rank {}: {}\n", o.rank, o.status));
+        if !o.output.is_empty() {
+            s.push_str(&o.output);
+            if !o.output.ends_with('\n') {
+                s.push('\n');
+            }
+        }
+    }
+    s
+}
+
+/// Runs test `test_name` as `world` processes (see the module docs); Ok if
+/// every child exited 0 within `limit`. After a failure the others get 10 s.
+pub fn run_processes(test_name: &str, world: usize, limit: Duration) -> Result<(), LaunchError> {
+    let mut opts = ProcessOptions::new(test_name, world, limit);
+    opts.grace = Some(Duration::from_secs(10));
+    let outcomes = run_processes_outcomes(&opts)?;
+    if outcomes.iter().all(|o| o.status.success()) {
+        // Captured by the test harness; shown on failure or with --nocapture.
+        print!("{}", report(&outcomes));
+        Ok(())
+    } else {
+        Err(LaunchError::Failed(format!(
+            "test {test_name:?} with {world} processes failed:\n{}",
+            report(&outcomes)
+        )))
+    }
+}
+
+/// True in a child started by [`run_processes`].
+pub fn is_child() -> bool {
+    std::env::var_os(CHILD_ENV).is_some()
+}
+
+/// This child's rank (None outside a child).
+pub fn child_rank() -> Option<usize> {
+    if !is_child() {
+        return None;
+    }
+    std::env::var("RANK").ok().and_then(|r| r.parse().ok())
+}
+
+fn env_usize(name: &str) -> Result<usize, LaunchError> {
+    let v = std::env::var(name).map_err(|_| LaunchError::Env(format!("{name} is not set")))?;
+    v.parse()
+        .map_err(|_| LaunchError::Env(format!("{name}={v:?} is not a number")))
+}
+
+/// Dies with the parent: a child must not outlive its launcher.
+fn die_with_parent() {
+    let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+    if nix::unistd::getppid() == nix::unistd::Pid::from_raw(1) {
+        std::process::exit(137);
+    }
+}
+
+/// In a child started by [`run_processes`]: this rank's context (its store
+/// a client of the launcher's TcpStore). `Ok(None)` outside a child.
+pub fn child_ctx() -> Result<Option<RankCtx>, LaunchError> {
+    if !is_child() {
+        return Ok(None);
+    }
+    die_with_parent();
+    let rank = env_usize("RANK")?;
+    let world = env_usize("WORLD_SIZE")?;
+    let local_rank = env_usize("LOCAL_RANK").unwrap_or(rank);
+    let addr = std::env::var("MASTER_ADDR").map_err(|_| LaunchError::Env("MASTER_ADDR is not set".into()))?;
+    let port = env_usize("MASTER_PORT")?;
+    let timeout = std::env::var(STORE_TIMEOUT_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_millis)
+        .unwrap_or(DEFAULT_STORE_TIMEOUT);
+    let launch_id = std::env::var(LAUNCH_ID_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let store = crate::store_host::connect(&addr, port, timeout)?;
+    store.set(&format!("{STARTED_KEY}/{rank}"), b"")?;
+    Ok(Some(RankCtx {
+        rank,
+        world,
+        local_rank,
+        mode: Mode::Processes,
+        store,
+        launch_id,
+    }))
+}
+
+/// True in the child started by [`run_isolated`].
+pub fn is_isolated_child() -> bool {
+    std::env::var_os(ISOLATED_ENV).is_some()
+}
+
+/// Re-executes the current test binary once, running only `test_name`, in a
+/// process of its own (for tests that measure process-wide resources such as
+/// open fds). The test body branches on [`is_isolated_child`].
+pub fn run_isolated(test_name: &str, limit: Duration) -> Result<(), LaunchError> {
+    if is_child() || is_isolated_child() {
+        return Err(LaunchError::Invalid("run_isolated called inside a child".into()));
+    }
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(exe);
+    cmd.args(test_args(test_name))
+        .env(ISOLATED_ENV, test_name)
+        .env_remove(CHILD_ENV)
+        .env_remove(FAULT_ENV)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn { rank: 0, source })?;
+    let buf = Arc::new(Mutex::new(Vec::new()));
+    let mut readers = Vec::new();
+    if let Some(o) = child.stdout.take() {
+        readers.push(pump(o, buf.clone()));
+    }
+    if let Some(e) = child.stderr.take() {
+        readers.push(pump(e, buf.clone()));
+    }
+    let procs = vec![RankProcess {
+        rank: 0,
+        child,
+        output: Some(buf),
+        readers,
+        status: None,
+    }];
+    let outcomes = supervise(procs, Instant::now() + limit, None);
+    let ran = outcomes
+        .iter()
+        .all(|o| o.output.contains(&format!("test {test_name} ... ok")) || !o.status.success());
+    if outcomes.iter().all(|o| o.status.success()) && ran {
+        print!("{}", report(&outcomes));
+        Ok(())
+    } else if !ran {
+        Err(LaunchError::Failed(format!(
+            "isolated run of {test_name:?} did not run the test (wrong test name?)\n{}",
+            report(&outcomes)
+        )))
+    } else {
+        Err(LaunchError::Failed(format!(
+            "isolated run of {test_name:?} failed:\n{}",
+            report(&outcomes)
+        )))
+    }
+}
+
+/// The name `--exact` wants for test function `func` declared in module
+/// `module_path` (as `module_path!()` gives it: the crate name is dropped).
+pub fn test_path(module_path: &str, func: &str) -> String {
+    match module_path.split_once("::") {
+        Some((_, rest)) => format!("{rest}::{func}"),
+        None => func.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_collect_every_outcome() {
+        let mut opts = ThreadOptions::new(4, Duration::from_secs(2));
+        opts.fault = Some(Fault::kill(3, "p"));
+        let out = run_threads_outcomes(&opts, |ctx| match ctx.rank {
+            0 => Ok(ctx.world * 10),
+            1 => Err("rank one says no".into()),
+            2 => panic!("rank two panics"),
+            _ => {
+                crate::fault::fault_point("p")?;
+                std::thread::sleep(Duration::from_secs(30));
+                Ok(0)
+            }
+        });
+        assert!(matches!(out[0], RankOutcome::Ok(40)));
+        assert!(matches!(&out[1], RankOutcome::Err(e) if e.contains("says no")));
+        assert!(matches!(&out[2], RankOutcome::Panicked(p) if p.contains("two panics")));
+        assert!(matches!(&out[3], RankOutcome::Err(e) if e.contains(crate::fault::INJECTED_FAULT)));
+    }
+
+    #[test]
+    fn threads_time_out_without_hanging() {
+        let t = Instant::now();
+        let out = run_threads_outcomes(&ThreadOptions::new(2, Duration::from_millis(300)), |ctx| {
+            if ctx.rank == 1 {
+                std::thread::sleep(Duration::from_secs(5));
+            }
+            Ok(())
+        });
+        assert!(t.elapsed() < Duration::from_secs(3));
+        assert!(out[0].is_ok());
+        assert!(matches!(out[1], RankOutcome::TimedOut));
+        let e = run_threads(2, Duration::from_secs(5), |ctx| {
+            if ctx.rank == 0 {
+                Err("bad".into())
+            } else {
+                Ok(())
+            }
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("rank 0 failed: bad"), "{e}");
+    }
+
+    #[test]
+    fn threads_share_a_store() {
+        let v = run_threads(3, Duration::from_secs(20), |ctx| {
+            let all = ctx.all_gather("x", &[ctx.rank as u8], Duration::from_secs(10))?;
+            Ok(all.concat())
+        })
+        .unwrap();
+        assert_eq!(v, vec![vec![0, 1, 2]; 3]);
+    }
+
+    #[test]
+    fn test_paths() {
+        assert_eq!(test_path("host_conformance::host::barrier", "w2"), "host::barrier::w2");
+        assert_eq!(test_path("lonely", "t"), "t");
+    }
+}
