@@ -188,6 +188,9 @@ impl SymmetricAllocator for RocmAllocator {
     fn name(&self) -> &'static str {
         "symm-rocm"
     }
+    fn device_count(&self) -> Result<usize> {
+        runtime::device_count()
+    }
     fn alloc(&self, size: usize, device: Device, group: &Arc<Group>) -> Result<Arc<dyn Allocation>> {
         if device.ty != DeviceType::Rocm {
             return Err(Error::InvalidArgument(format!("symm-rocm cannot allocate on {device}")));

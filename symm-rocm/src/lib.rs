@@ -60,3 +60,14 @@ pub fn rocm_available() -> Result<usize> {
         n => Ok(n),
     }
 }
+
+/// Bytes in use (total - free) summed over every AMD GPU, for leak checks.
+pub fn device_memory_used() -> Result<u64> {
+    let mut used = 0u64;
+    for d in 0..driver::runtime::device_count()? {
+        driver::runtime::set_device(d as u32)?;
+        let (free, total) = driver::runtime::mem_info()?;
+        used += total.saturating_sub(free) as u64;
+    }
+    Ok(used)
+}

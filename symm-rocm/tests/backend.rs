@@ -1,7 +1,5 @@
 //! Registration, errors without a GPU, and (with AMD GPUs) the backend itself.
 
-mod common;
-
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -56,6 +54,12 @@ fn wrong_device_type_and_missing_gpu_are_errors() {
     }
 }
 
+/// True when the test must skip (printed; a failure with SYMM_REQUIRE_GPUS=1).
+fn gate(gpus: usize) -> bool {
+    symm_rocm::link();
+    symm_testkit::gpu_gate(DeviceType::Rocm, gpus).is_some()
+}
+
 /// Runs `f(rank, memory)` on `world` threads, one GPU each.
 fn on_ranks<T: Send + 'static>(
     name: &str,
@@ -82,9 +86,10 @@ fn on_ranks<T: Send + 'static>(
 
 #[test]
 fn gpu_peer_writes_barrier_and_signals() {
-    let Some(n) = common::gpus_or_skip("gpu_peer_writes_barrier_and_signals", 2) else {
+    if gate(2) {
         return;
-    };
+    }
+    let n = symm_rocm::rocm_available().unwrap();
     let world = n.min(8);
     let t = Duration::from_secs(10);
     on_ranks("rocm-peer", world, 1 << 20, move |r, mem| {
@@ -112,7 +117,7 @@ fn gpu_peer_writes_barrier_and_signals() {
 
 #[test]
 fn gpu_barrier_with_an_absent_peer_times_out() {
-    if common::gpus_or_skip("gpu_barrier_with_an_absent_peer_times_out", 2).is_none() {
+    if gate(2) {
         return;
     }
     let res = on_ranks("rocm-timeout", 2, 1 << 20, |r, mem| {
@@ -130,9 +135,10 @@ fn gpu_barrier_with_an_absent_peer_times_out() {
 
 #[test]
 fn gpu_one_shot_all_reduce_matches_f64_reference() {
-    let Some(n) = common::gpus_or_skip("gpu_one_shot_all_reduce_matches_f64_reference", 2) else {
+    if gate(2) {
         return;
-    };
+    }
+    let n = symm_rocm::rocm_available().unwrap();
     let world = n.min(8);
     let count = 100_003usize; // odd size
     let offset = 4 * 17; // odd element offset

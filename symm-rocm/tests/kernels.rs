@@ -28,7 +28,7 @@ fn symm_macros(text: &str) -> BTreeSet<String> {
 fn defined(text: &str) -> BTreeSet<String> {
     text.lines()
         .filter_map(|l| l.trim().strip_prefix("#define "))
-        .filter_map(|l| l.split(|c: char| c == ' ' || c == '(').next())
+        .filter_map(|l| l.split([' ', '(']).next())
         .map(String::from)
         .collect()
 }

@@ -148,6 +148,9 @@ const CELL_W: f64 = PW + ML + 20.0;
 const CELL_H: f64 = PH + MT + 50.0;
 const LEGEND_W: f64 = 230.0;
 
+/// (y label, value of a point, log base of the y axis).
+type Panel = (&'static str, fn(&Point) -> Option<f64>, f64);
+
 /// Renders `pts` as an SVG document.
 pub fn svg(pts: &[Point], title: &str) -> String {
     let mut ops: Vec<String> = Vec::new();
@@ -181,9 +184,9 @@ pub fn svg(pts: &[Point], title: &str) -> String {
     for (row, op) in ops.iter().enumerate() {
         let y0 = 40.0 + CELL_H * row as f64;
         let in_op: Vec<&Point> = pts.iter().filter(|p| &p.op == op).collect();
-        let panels: [(&str, Box<dyn Fn(&Point) -> Option<f64>>, f64); 2] = [
-            ("latency (us)", Box::new(|p: &Point| Some(p.time_us)), 10.0),
-            ("busbw (GB/s)", Box::new(|p: &Point| p.busbw), 10.0),
+        let panels: [Panel; 2] = [
+            ("latency (us)", |p: &Point| Some(p.time_us), 10.0),
+            ("busbw (GB/s)", |p: &Point| p.busbw, 10.0),
         ];
         for (col, (ylabel, get, ybase)) in panels.iter().enumerate() {
             let x0 = CELL_W * col as f64 + ML;
