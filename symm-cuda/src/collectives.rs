@@ -1,1 +1,1167 @@
-//! CUDA collectives (in progress)
+//! CUDA collectives over symmetric memory: all-reduce (Lamport one-shot, one-shot push, two-shot,
+//! copy-engine pull), reduce-scatter, all-gather (SM push or copy engine) and a barrier over a
+//! subset of ranks.
+//!
+//! A [`CudaCollectives`] belongs to one (group, device). At setup it allocates ONE symmetric
+//! workspace (layout in [`layout`]) through the registered CUDA allocator, fills it and
+//! rendezvouses; after that an op allocates nothing, talks to no store, never synchronises the
+//! host, and only enqueues work on the caller's stream, so ops can be captured in CUDA graphs.
+//! Epochs live in the workspace and are advanced by the kernels (NOTE [collectives-protocols] in
+//! `kernels/collectives.cu`).
+//!
+//! Rules for callers:
+//! - every rank of the group calls the same ops, in the same order, with the same count, dtype,
+//!   algorithm and tuning (the chunk plan depends on them); ops of one object are ordered (one
+//!   stream at a time, or streams ordered by events);
+//! - inputs and outputs are device addresses in this device's context, aligned to the element
+//!   size; the push algorithms (everything but the copy-engine paths) read the input only
+//!   locally, so any device memory works and may be reused once the op's stream work is done;
+//! - a device wait that times out or is aborted latches an error: [`CudaCollectives::check_error`]
+//!   (after synchronising the stream) returns it; after an error the object should be dropped.
+
+#![forbid(unsafe_code)]
+
+pub mod layout;
+pub mod plan;
+
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig};
+use symm_core::{
+    get_allocator, Allocation, DType, Device, DeviceType, Error, Group, Rank, ReduceOp, Result, SymmetricMemory,
+};
+
+use crate::driver::launch::{launch, KernelArg};
+use crate::driver::mem::{dtod_async, dtoh_sync};
+use crate::driver::{self, bind, from_driver};
+use crate::kernels;
+
+pub use layout::WorkspaceLayout;
+pub use plan::{AllGatherPath, AllReduceAlgo, RingMode, Selection, Tuning};
+
+use layout::{peer_index, ERR_MISMATCH, MAX_WORLD, ST_ERR_OUT};
+use plan::{ce_split, check_word, kernel_dtype, kernel_op, lamport_plan, ring_plan, two_shot_shard, RingPlan};
+
+/// Default staging (ring) bytes.
+pub const DEFAULT_STAGING_BYTES: usize = 10 << 20;
+/// Default largest Lamport message for two ranks (smaller for more ranks: 16 MiB / (world-1)).
+pub const DEFAULT_LAMPORT_BYTES: usize = 4 << 20;
+/// Default ring slots per peer.
+pub const DEFAULT_RING_SLOTS: usize = 64;
+/// Copy-engine all-reduce scratch slots (events per kind).
+const CE_EVENTS: usize = 16;
+
+/// Setup parameters of a [`CudaCollectives`]; every rank must pass equal values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CollectivesConfig {
+    /// Bytes of the ring / staging area (split over the peers).
+    pub staging_bytes: usize,
+    /// Largest Lamport message in bytes (`None`: [`DEFAULT_LAMPORT_BYTES`] for two ranks,
+    /// 16 MiB / (world - 1) above; `Some(0)` disables Lamport).
+    pub lamport_bytes: Option<usize>,
+    /// Ring slots per peer (a power of two).
+    pub ring_slots: usize,
+    /// Bound of every device wait.
+    pub timeout: Duration,
+    /// Launch shapes (defaults for H100/H200).
+    pub tuning: Tuning,
+    /// Thresholds of [`AllReduceAlgo::Auto`].
+    pub selection: Selection,
+}
+
+impl CollectivesConfig {
+    pub fn new(staging_bytes: usize, timeout: Duration) -> Self {
+        CollectivesConfig {
+            staging_bytes,
+            lamport_bytes: None,
+            ring_slots: DEFAULT_RING_SLOTS,
+            timeout,
+            tuning: Tuning::default(),
+            selection: Selection::default(),
+        }
+    }
+
+    fn lamport_bytes_for(&self, world: usize) -> usize {
+        match self.lamport_bytes {
+            Some(b) => b,
+            None if world <= 2 => DEFAULT_LAMPORT_BYTES,
+            None => (16 << 20) / (world - 1),
+        }
+    }
+}
+
+/// The kernels, loaded once per object (the module is cached per context by `kernels::load`).
+struct Fns {
+    lamport: [CudaFunction; 3],
+    ring: [CudaFunction; 3],
+    reduce_ptrs: [CudaFunction; 3],
+    barrier: CudaFunction,
+    take_error: CudaFunction,
+}
+
+/// The side stream and events of the copy-engine paths.
+struct CeState {
+    side: Arc<CudaStream>,
+    fork: CudaEvent,
+    join: CudaEvent,
+    copied: Vec<CudaEvent>,
+    reduced: Vec<CudaEvent>,
+}
+
+/// A symmetric allocation registered for zero-copy (copy-engine) paths.
+struct Registered {
+    mem: Arc<dyn SymmetricMemory>,
+    base: u64,
+    size: usize,
+}
+
+/// Where a zero-copy input lies: every rank's address of it, and its offset in the allocation.
+struct SymInput {
+    ptrs: Vec<u64>,
+    offset: usize,
+    alloc_size: usize,
+}
+
+/// Per (group, device) collectives over one symmetric workspace.
+pub struct CudaCollectives {
+    group: Arc<Group>,
+    ctx: Arc<CudaContext>,
+    mem: Arc<dyn SymmetricMemory>,
+    _alloc: Arc<dyn Allocation>,
+    layout: WorkspaceLayout,
+    config: CollectivesConfig,
+    rank: usize,
+    world: usize,
+    sm_count: u32,
+    fns: Fns,
+    ws: u64,
+    bufs_dev: u64,
+    pads_dev: u64,
+    abort_host: u64,
+    err_word: u64,
+    timeout_ns: u64,
+    control: Arc<CudaStream>,
+    ce: Mutex<CeState>,
+    registered: RwLock<Vec<Registered>>,
+}
+
+impl std::fmt::Debug for CudaCollectives {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaCollectives")
+            .field("group", &self.group.name())
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("layout", &self.layout)
+            .finish()
+    }
+}
+
+fn ranges_overlap(a: u64, a_len: usize, b: u64, b_len: usize) -> bool {
+    a_len > 0 && b_len > 0 && a < b.saturating_add(b_len as u64) && b < a.saturating_add(a_len as u64)
+}
+
+fn byte_len(count: usize, dtype: DType) -> Result<usize> {
+    count
+        .checked_mul(dtype.size())
+        .ok_or_else(|| Error::InvalidArgument(format!("{count} elements of {dtype} overflow")))
+}
+
+fn check_ptr(what: &'static str, ptr: u64, dtype: DType) -> Result<()> {
+    if ptr == 0 {
+        return Err(Error::InvalidArgument(format!("{what} is a null device address")));
+    }
+    if ptr % dtype.size() as u64 != 0 {
+        return Err(Error::Misaligned {
+            what,
+            value: ptr,
+            align: dtype.size() as u64,
+        });
+    }
+    Ok(())
+}
+
+fn cfg(blocks: u32, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (blocks.max(1), 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl CudaCollectives {
+    /// Collective setup with the default configuration and `staging_bytes` of staging.
+    pub fn new(group: &Arc<Group>, ctx: &Arc<CudaContext>, staging_bytes: usize, timeout: Duration) -> Result<Self> {
+        Self::with_config(group, ctx, CollectivesConfig::new(staging_bytes, timeout))
+    }
+
+    /// Collective setup: lays out, allocates, fills and rendezvouses the workspace, loads the
+    /// kernels. Every rank of `group` calls it with equal `config`.
+    pub fn with_config(group: &Arc<Group>, ctx: &Arc<CudaContext>, config: CollectivesConfig) -> Result<Self> {
+        let world = group.world_size();
+        let rank = group.rank().get();
+        if world > MAX_WORLD {
+            return Err(Error::OutOfRange {
+                what: "world size for the CUDA collectives",
+                value: world as u64,
+                limit: MAX_WORLD as u64,
+            });
+        }
+        config.tuning.validate()?;
+        let layout = WorkspaceLayout::new(
+            world,
+            config.staging_bytes,
+            config.lamport_bytes_for(world),
+            config.ring_slots,
+        )?;
+        bind(ctx)?;
+        let sm_count = driver::attribute(
+            ctx.cu_device(),
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )?;
+        let sm_count = u32::try_from(sm_count).unwrap_or(1).max(1);
+
+        let module = kernels::load(ctx, kernels::source("collectives")?, "")?;
+        let get = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(|e| from_driver(e, &format!("cuModuleGetFunction({name})")))
+        };
+        let dts = ["f32", "f16", "bf16"];
+        let fns = Fns {
+            lamport: [
+                get(&format!("symm_lamport_allreduce_{}", dts[0]))?,
+                get(&format!("symm_lamport_allreduce_{}", dts[1]))?,
+                get(&format!("symm_lamport_allreduce_{}", dts[2]))?,
+            ],
+            ring: [get("symm_ring_f32")?, get("symm_ring_f16")?, get("symm_ring_bf16")?],
+            reduce_ptrs: [
+                get("symm_reduce_ptrs_f32")?,
+                get("symm_reduce_ptrs_f16")?,
+                get("symm_reduce_ptrs_bf16")?,
+            ],
+            barrier: get("symm_coll_barrier")?,
+            take_error: get("symm_coll_take_error")?,
+        };
+        let init = get("symm_coll_init")?;
+
+        let device = Device::new(DeviceType::Cuda, ctx.ordinal() as u32);
+        let alloc = get_allocator(DeviceType::Cuda)?.alloc(layout.total, device, group)?;
+        if alloc.size() < layout.total {
+            return Err(Error::Mismatch {
+                what: "workspace size",
+                detail: format!("asked {} bytes, got {}", layout.total, alloc.size()),
+            });
+        }
+        let control = ctx.new_stream().map_err(|e| from_driver(e, "cuStreamCreate"))?;
+        // Fill STATE/FLAGS with zeros and the Lamport buffers with the sentinel, and wait for it,
+        // before this rank publishes its handle in the rendezvous: no peer can write here earlier.
+        let ws_local = alloc.ptr();
+        launch(
+            &control,
+            &init,
+            cfg(sm_count, 256),
+            &[
+                KernelArg::U64(ws_local),
+                KernelArg::U64(layout.zero_words() as u64),
+                KernelArg::U64(layout.lamport_off as u64),
+                KernelArg::U64(layout.lamport_total() as u64),
+            ],
+        )?;
+        driver::stream_synchronize(&control)?;
+        let mem = alloc.rendezvous(config.timeout)?;
+        let cuda = crate::as_cuda(mem.as_ref())
+            .ok_or_else(|| Error::InvalidArgument("the CUDA allocator returned a non-CUDA symmetric memory".into()))?;
+        let abort_host = cuda.abort_word_ptr();
+        let err_word = cuda.error_word_ptr();
+        let ws = mem.buffer_ptrs()[rank];
+        if ws != ws_local {
+            return Err(Error::Mismatch {
+                what: "workspace address",
+                detail: format!("{ws:#x} after rendezvous, {ws_local:#x} before"),
+            });
+        }
+        let new_event = || {
+            ctx.new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .map_err(|e| from_driver(e, "cuEventCreate"))
+        };
+        let ce = CeState {
+            side: ctx.new_stream().map_err(|e| from_driver(e, "cuStreamCreate"))?,
+            fork: new_event()?,
+            join: new_event()?,
+            copied: (0..CE_EVENTS).map(|_| new_event()).collect::<Result<_>>()?,
+            reduced: (0..CE_EVENTS).map(|_| new_event()).collect::<Result<_>>()?,
+        };
+        let timeout_ns = u64::try_from(config.timeout.as_nanos()).unwrap_or(u64::MAX);
+        Ok(CudaCollectives {
+            group: group.clone(),
+            ctx: ctx.clone(),
+            bufs_dev: mem.buffer_ptrs_dev(),
+            pads_dev: mem.signal_pad_ptrs_dev(),
+            mem,
+            _alloc: alloc,
+            layout,
+            config,
+            rank,
+            world,
+            sm_count,
+            fns,
+            ws,
+            abort_host,
+            err_word,
+            timeout_ns,
+            control,
+            ce: Mutex::new(ce),
+            registered: RwLock::new(Vec::new()),
+        })
+    }
+
+    pub fn group(&self) -> &Arc<Group> {
+        &self.group
+    }
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+    /// The workspace (symmetric memory of this object).
+    pub fn workspace(&self) -> &Arc<dyn SymmetricMemory> {
+        &self.mem
+    }
+    pub fn layout(&self) -> &WorkspaceLayout {
+        &self.layout
+    }
+    pub fn config(&self) -> &CollectivesConfig {
+        &self.config
+    }
+    /// SMs of the device (the grid limit).
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+    /// Largest message (bytes) [`AllReduceAlgo::Lamport`] takes.
+    pub fn lamport_max_bytes(&self) -> usize {
+        if self.world == 1 {
+            usize::MAX
+        } else {
+            self.layout.lamport_max_bytes()
+        }
+    }
+
+    /// The algorithm [`AllReduceAlgo::Auto`] runs for `count` elements of `dtype`.
+    pub fn select_all_reduce(&self, count: usize, dtype: DType) -> AllReduceAlgo {
+        plan::select_all_reduce(
+            count.saturating_mul(dtype.size()),
+            self.world,
+            &self.layout,
+            &self.config.selection,
+        )
+    }
+
+    /// The path [`AllGatherPath::Auto`] takes.
+    pub fn select_all_gather(&self, _count: usize, _dtype: DType) -> AllGatherPath {
+        AllGatherPath::Sm
+    }
+
+    /// Registers a symmetric allocation of the same group for the zero-copy copy-engine paths:
+    /// an input lying inside it is read by the peers in place (every rank must then pass the
+    /// same offset; a mismatch latches an error). Local, not collective.
+    pub fn register_symmetric(&self, mem: Arc<dyn SymmetricMemory>) -> Result<()> {
+        if mem.world_size() != self.world || mem.rank().get() != self.rank {
+            return Err(Error::Mismatch {
+                what: "registered memory group",
+                detail: format!(
+                    "rank {}/{} registered in collectives of rank {}/{}",
+                    mem.rank().get(),
+                    mem.world_size(),
+                    self.rank,
+                    self.world
+                ),
+            });
+        }
+        if mem.device() != Device::new(DeviceType::Cuda, self.ctx.ordinal() as u32) {
+            return Err(Error::Mismatch {
+                what: "registered memory device",
+                detail: format!("{} is not this object's device", mem.device()),
+            });
+        }
+        let base = mem.buffer_ptrs()[self.rank];
+        let size = mem.buffer_size();
+        let mut reg = self.registered.write().unwrap_or_else(|e| e.into_inner());
+        if !reg.iter().any(|r| r.base == base) {
+            reg.push(Registered { mem, base, size });
+        }
+        Ok(())
+    }
+
+    /// Forgets the registered allocation whose local buffer starts at `base`; true if found.
+    pub fn unregister_symmetric(&self, base: u64) -> bool {
+        let mut reg = self.registered.write().unwrap_or_else(|e| e.into_inner());
+        let before = reg.len();
+        reg.retain(|r| r.base != base);
+        reg.len() != before
+    }
+
+    fn lookup_symmetric(&self, ptr: u64, bytes: usize) -> Option<SymInput> {
+        let reg = self.registered.read().unwrap_or_else(|e| e.into_inner());
+        reg.iter().find_map(|r| {
+            let end = ptr.checked_add(bytes as u64)?;
+            if ptr >= r.base && end <= r.base + r.size as u64 {
+                let offset = (ptr - r.base) as usize;
+                Some(SymInput {
+                    ptrs: r.mem.buffer_ptrs().iter().map(|b| b + offset as u64).collect(),
+                    offset,
+                    alloc_size: r.size,
+                })
+            } else {
+                None
+            }
+        })
+    }
+
+    fn check_stream(&self, stream: &CudaStream) -> Result<()> {
+        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
+            return Err(Error::InvalidArgument(
+                "stream belongs to another CUDA context than these collectives".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn common(&self) -> [KernelArg; 4] {
+        [
+            KernelArg::U64(self.bufs_dev),
+            KernelArg::U64(self.pads_dev),
+            KernelArg::U32(self.rank as u32),
+            KernelArg::U32(self.world as u32),
+        ]
+    }
+
+    fn full_mask(&self) -> u64 {
+        if self.world >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << self.world) - 1
+        }
+    }
+
+    // ------------------------------------------------------------------ all-reduce
+
+    /// All-reduce of `count` elements from `input` into `output` (may be equal: in place).
+    pub fn all_reduce(
+        &self,
+        stream: &CudaStream,
+        algo: AllReduceAlgo,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.all_reduce_tuned(stream, algo, &self.config.tuning, input, output, count, dtype, op)
+    }
+
+    /// [`Self::all_reduce`] with explicit launch tuning (every rank must pass the same).
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_reduce_tuned(
+        &self,
+        stream: &CudaStream,
+        algo: AllReduceAlgo,
+        tuning: &Tuning,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        let dt = kernel_dtype(dtype, "all_reduce")?;
+        if count == 0 {
+            return Ok(());
+        }
+        tuning.validate()?;
+        check_ptr("all_reduce input", input, dtype)?;
+        check_ptr("all_reduce output", output, dtype)?;
+        let bytes = byte_len(count, dtype)?;
+        let in_place = input == output;
+        if !in_place && ranges_overlap(input, bytes, output, bytes) {
+            return Err(Error::InvalidArgument(
+                "all_reduce input and output overlap without being equal".into(),
+            ));
+        }
+        let algo = match algo {
+            AllReduceAlgo::Auto => self.select_all_reduce(count, dtype),
+            a => a,
+        };
+        if self.world == 1 {
+            // Nothing to exchange: the ring kernel reduces the rank's own data (avg divides by 1).
+            return self.launch_ring(
+                stream,
+                dt,
+                op,
+                RingMode::AllReduce,
+                input,
+                output,
+                count,
+                count,
+                tuning,
+                in_place,
+            );
+        }
+        match algo {
+            AllReduceAlgo::Lamport => self.lamport(stream, dt, dtype, op, input, output, count, tuning),
+            AllReduceAlgo::OneShot | AllReduceAlgo::Auto => self.launch_ring(
+                stream,
+                dt,
+                op,
+                RingMode::AllReduce,
+                input,
+                output,
+                count,
+                count,
+                tuning,
+                in_place,
+            ),
+            AllReduceAlgo::TwoShot => {
+                let q = two_shot_shard(count, self.world, dtype);
+                let es = dtype.size() as u64;
+                let my_out = output + self.rank as u64 * q as u64 * es;
+                // Reduce-scatter into this rank's shard of the output, then all-gather in place.
+                self.launch_ring(
+                    stream,
+                    dt,
+                    op,
+                    RingMode::ReduceScatter,
+                    input,
+                    my_out,
+                    count,
+                    q,
+                    tuning,
+                    false,
+                )?;
+                self.launch_ring(
+                    stream,
+                    dt,
+                    op,
+                    RingMode::AllGather,
+                    my_out,
+                    output,
+                    count,
+                    q,
+                    tuning,
+                    false,
+                )
+            }
+            AllReduceAlgo::CopyEngine => self.all_reduce_ce(stream, dt, dtype, op, input, output, count, tuning),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn lamport(
+        &self,
+        stream: &CudaStream,
+        dt: usize,
+        dtype: DType,
+        op: ReduceOp,
+        input: u64,
+        output: u64,
+        count: usize,
+        tuning: &Tuning,
+    ) -> Result<()> {
+        let p = lamport_plan(count, dtype, &self.layout, tuning, self.sm_count)?;
+        let [bufs, pads, rank, world] = self.common();
+        launch(
+            stream,
+            &self.fns.lamport[dt],
+            cfg(p.blocks, p.threads),
+            &[
+                bufs,
+                pads,
+                rank,
+                world,
+                KernelArg::U32(kernel_op(op)),
+                KernelArg::U64(input),
+                KernelArg::U64(output),
+                KernelArg::U64(count as u64),
+                KernelArg::U64(self.layout.lamport_off as u64),
+                KernelArg::U64(self.layout.lamport_slot_bytes as u64),
+                KernelArg::U64(0),
+                KernelArg::U64(self.timeout_ns),
+                KernelArg::U64(self.abort_host),
+            ],
+        )
+    }
+
+    /// One ring launch (see NOTE [collectives-protocols]).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_ring(
+        &self,
+        stream: &CudaStream,
+        dt: usize,
+        op: ReduceOp,
+        mode: RingMode,
+        input: u64,
+        output: u64,
+        total: usize,
+        shard: usize,
+        tuning: &Tuning,
+        in_place: bool,
+    ) -> Result<()> {
+        let dtype = [DType::F32, DType::F16, DType::BF16][dt];
+        let p: RingPlan = ring_plan(mode, total, shard, dtype, &self.layout, tuning, self.sm_count)?;
+        let [bufs, pads, rank, world] = self.common();
+        let flags = u32::from(in_place && mode == RingMode::AllReduce && self.world > 1);
+        launch(
+            stream,
+            &self.fns.ring[dt],
+            cfg(p.blocks(), p.threads),
+            &[
+                bufs,
+                pads,
+                rank,
+                world,
+                KernelArg::U32(mode as u32),
+                KernelArg::U32(kernel_op(op)),
+                KernelArg::U64(input),
+                KernelArg::U64(output),
+                KernelArg::U64(p.total as u64),
+                KernelArg::U64(p.shard as u64),
+                KernelArg::U64(p.chunk as u64),
+                KernelArg::U32(p.nchunks),
+                KernelArg::U32(p.nsend),
+                KernelArg::U32(self.layout.ring_slots as u32),
+                KernelArg::U64(self.layout.slot_bytes as u64),
+                KernelArg::U64(self.layout.flags_off as u64),
+                KernelArg::U64(self.layout.ring_off as u64),
+                KernelArg::U64(0),
+                KernelArg::U64(self.timeout_ns),
+                KernelArg::U64(self.abort_host),
+                KernelArg::U32(flags),
+            ],
+        )
+    }
+
+    /// `out[0..n] = reduce over ranks of srcs[r][0..n]` on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_reduce_ptrs(
+        &self,
+        stream: &CudaStream,
+        dt: usize,
+        op: ReduceOp,
+        out: u64,
+        n: usize,
+        srcs: &[u64],
+        tuning: &Tuning,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let dtype = [DType::F32, DType::F16, DType::BF16][dt];
+        let vectors = n.div_ceil(plan::vec_elems(dtype));
+        let threads = tuning.threads;
+        let blocks = vectors
+            .div_ceil(threads as usize)
+            .clamp(1, 4 * tuning.blocks(self.sm_count) as usize) as u32;
+        let mut args = vec![
+            KernelArg::U32(self.rank as u32),
+            KernelArg::U32(self.world as u32),
+            KernelArg::U32(kernel_op(op)),
+            KernelArg::U64(out),
+            KernelArg::U64(n as u64),
+        ];
+        for s in 0..MAX_WORLD {
+            args.push(KernelArg::U64(srcs.get(s).copied().unwrap_or(0)));
+        }
+        launch(stream, &self.fns.reduce_ptrs[dt], cfg(blocks, threads), &args)
+    }
+
+    fn launch_barrier(&self, stream: &CudaStream, mask: u64, check: u32) -> Result<()> {
+        let [bufs, pads, rank, world] = self.common();
+        launch(
+            stream,
+            &self.fns.barrier,
+            cfg(1, 64),
+            &[
+                bufs,
+                pads,
+                rank,
+                world,
+                KernelArg::U64(mask),
+                KernelArg::U64(0),
+                KernelArg::U64(self.timeout_ns),
+                KernelArg::U64(self.abort_host),
+                KernelArg::U32(check),
+            ],
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn all_reduce_ce(
+        &self,
+        stream: &CudaStream,
+        dt: usize,
+        dtype: DType,
+        op: ReduceOp,
+        input: u64,
+        output: u64,
+        count: usize,
+        tuning: &Tuning,
+    ) -> Result<()> {
+        let es = dtype.size();
+        let bytes = count * es;
+        let sym = self.lookup_symmetric(input, bytes).ok_or_else(|| {
+            Error::InvalidArgument(
+                "the copy-engine all-reduce needs its input in symmetric memory registered with \
+                 register_symmetric (the same offset on every rank)"
+                    .into(),
+            )
+        })?;
+        if ranges_overlap(input, bytes, output, bytes) {
+            return Err(Error::InvalidArgument(
+                "the copy-engine all-reduce cannot run in place (peers read the input while the output is written)"
+                    .into(),
+            ));
+        }
+        let (ce_elems, chunk, nchunks, slots) = ce_split(count, dtype, &self.layout, tuning)?;
+        let check = check_word(&[3, sym.offset as u64, sym.alloc_size as u64, count as u64, dt as u64]);
+        let mask = self.full_mask();
+        self.launch_barrier(stream, mask, check)?;
+        let ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
+        if ce_elems > 0 {
+            ce.fork.record(stream).map_err(|e| from_driver(e, "cuEventRecord"))?;
+            ce.side
+                .wait(&ce.fork)
+                .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
+        }
+        // The part the SMs pull directly runs while the copy engine copies the rest.
+        if ce_elems < count {
+            let off = (ce_elems * es) as u64;
+            let srcs: Vec<u64> = (0..self.world)
+                .map(|s| if s == self.rank { input + off } else { sym.ptrs[s] + off })
+                .collect();
+            self.launch_reduce_ptrs(stream, dt, op, output + off, count - ce_elems, &srcs, tuning)?;
+        }
+        let w1 = self.world - 1;
+        let chunk_bytes = chunk * es;
+        for c in 0..nchunks {
+            let k = c % slots.min(CE_EVENTS);
+            let start = c * chunk;
+            let n = chunk.min(ce_elems - start);
+            if c >= slots.min(CE_EVENTS) {
+                ce.side
+                    .wait(&ce.reduced[k])
+                    .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
+            }
+            let mut srcs = vec![0u64; self.world];
+            for (s, src) in srcs.iter_mut().enumerate() {
+                if s == self.rank {
+                    *src = input + (start * es) as u64;
+                    continue;
+                }
+                let l = peer_index(self.rank, s, self.world);
+                let scratch = self.ws + (self.layout.ring_off + (k * w1 + l) * chunk_bytes) as u64;
+                dtod_async(&ce.side, scratch, sym.ptrs[s] + (start * es) as u64, n * es)?;
+                *src = scratch;
+            }
+            ce.copied[k]
+                .record(&ce.side)
+                .map_err(|e| from_driver(e, "cuEventRecord"))?;
+            stream
+                .wait(&ce.copied[k])
+                .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
+            self.launch_reduce_ptrs(stream, dt, op, output + (start * es) as u64, n, &srcs, tuning)?;
+            ce.reduced[k]
+                .record(stream)
+                .map_err(|e| from_driver(e, "cuEventRecord"))?;
+        }
+        drop(ce);
+        // Peers read this rank's input until here.
+        self.launch_barrier(stream, mask, 0)
+    }
+
+    // ------------------------------------------------------------------ reduce-scatter
+
+    /// Reduce-scatter: `input` holds `count * world` elements, `output` receives this rank's
+    /// `count` (in place when `output == input + rank * count` elements).
+    pub fn reduce_scatter(
+        &self,
+        stream: &CudaStream,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.reduce_scatter_tuned(stream, &self.config.tuning, input, output, count, dtype, op)
+    }
+
+    /// [`Self::reduce_scatter`] with explicit launch tuning.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce_scatter_tuned(
+        &self,
+        stream: &CudaStream,
+        tuning: &Tuning,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        let dt = kernel_dtype(dtype, "reduce_scatter")?;
+        if count == 0 {
+            return Ok(());
+        }
+        tuning.validate()?;
+        check_ptr("reduce_scatter input", input, dtype)?;
+        check_ptr("reduce_scatter output", output, dtype)?;
+        let bytes = byte_len(count, dtype)?;
+        let total = count
+            .checked_mul(self.world)
+            .ok_or_else(|| Error::InvalidArgument("reduce_scatter count overflows".into()))?;
+        let in_bytes = byte_len(total, dtype)?;
+        let own = input + (self.rank * bytes) as u64;
+        if output != own && ranges_overlap(input, in_bytes, output, bytes) {
+            return Err(Error::InvalidArgument(
+                "reduce_scatter output overlaps the input other than at this rank's shard".into(),
+            ));
+        }
+        self.launch_ring(
+            stream,
+            dt,
+            op,
+            RingMode::ReduceScatter,
+            input,
+            output,
+            total,
+            count,
+            tuning,
+            false,
+        )
+    }
+
+    // ------------------------------------------------------------------ all-gather
+
+    /// All-gather: `input` holds `count` elements, `output` receives `count * world` (in place
+    /// when `input == output + rank * count` elements).
+    pub fn all_gather(
+        &self,
+        stream: &CudaStream,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        path: AllGatherPath,
+    ) -> Result<()> {
+        self.all_gather_tuned(stream, &self.config.tuning, input, output, count, dtype, path)
+    }
+
+    /// [`Self::all_gather`] with explicit launch tuning.
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_gather_tuned(
+        &self,
+        stream: &CudaStream,
+        tuning: &Tuning,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        path: AllGatherPath,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        // The all-gather moves bits; any 2- or 4-byte type runs as f16 / f32 lanes.
+        let dt = match dtype.size() {
+            4 => 0,
+            2 => 1,
+            _ => {
+                return Err(Error::UnsupportedDType {
+                    dtype: dtype.name().to_string(),
+                    op: "all_gather",
+                })
+            }
+        };
+        if count == 0 {
+            return Ok(());
+        }
+        tuning.validate()?;
+        check_ptr("all_gather input", input, dtype)?;
+        check_ptr("all_gather output", output, dtype)?;
+        let bytes = byte_len(count, dtype)?;
+        let total = count
+            .checked_mul(self.world)
+            .ok_or_else(|| Error::InvalidArgument("all_gather count overflows".into()))?;
+        let out_bytes = byte_len(total, dtype)?;
+        let own = output + (self.rank * bytes) as u64;
+        if input != own && ranges_overlap(input, bytes, output, out_bytes) {
+            return Err(Error::InvalidArgument(
+                "all_gather input overlaps the output other than at this rank's shard".into(),
+            ));
+        }
+        let path = match path {
+            AllGatherPath::Auto => self.select_all_gather(count, dtype),
+            p => p,
+        };
+        match path {
+            AllGatherPath::CopyEngine if self.world > 1 => self.all_gather_ce(stream, input, output, count, dtype),
+            _ => self.launch_ring(
+                stream,
+                dt,
+                ReduceOp::Sum,
+                RingMode::AllGather,
+                input,
+                output,
+                total,
+                count,
+                tuning,
+                false,
+            ),
+        }
+    }
+
+    fn all_gather_ce(&self, stream: &CudaStream, input: u64, output: u64, count: usize, dtype: DType) -> Result<()> {
+        let bytes = count * dtype.size();
+        let mask = self.full_mask();
+        let own = output + (self.rank * bytes) as u64;
+        let ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
+        let fork = |ce: &CeState| -> Result<()> {
+            ce.fork.record(stream).map_err(|e| from_driver(e, "cuEventRecord"))?;
+            ce.side.wait(&ce.fork).map_err(|e| from_driver(e, "cuStreamWaitEvent"))
+        };
+        let join = |ce: &CeState| -> Result<()> {
+            ce.join.record(&ce.side).map_err(|e| from_driver(e, "cuEventRecord"))?;
+            stream.wait(&ce.join).map_err(|e| from_driver(e, "cuStreamWaitEvent"))
+        };
+        if let Some(sym) = self.lookup_symmetric(input, bytes) {
+            // Zero-copy: peers' inputs are read in place between two barriers.
+            let check = check_word(&[1, sym.offset as u64, sym.alloc_size as u64, count as u64]);
+            self.launch_barrier(stream, mask, check)?;
+            fork(&ce)?;
+            for s in (0..self.world).filter(|&s| s != self.rank) {
+                dtod_async(&ce.side, output + (s * bytes) as u64, sym.ptrs[s], bytes)?;
+            }
+            if own != input {
+                dtod_async(stream, own, input, bytes)?;
+            }
+            join(&ce)?;
+        } else {
+            // Staged: rounds through the two halves of every rank's ring area. A round's barrier
+            // also means every peer finished pulling the round before (its join precedes its
+            // barrier), so the half written next is free.
+            let half = self.layout.ring_bytes() / 2 / 16 * 16;
+            if half == 0 {
+                return Err(Error::InvalidArgument(
+                    "staging area too small for the copy-engine path".into(),
+                ));
+            }
+            let check = check_word(&[2, count as u64, dtype.size() as u64]);
+            let ring_bases: Vec<u64> = self
+                .mem
+                .buffer_ptrs()
+                .iter()
+                .map(|b| b + self.layout.ring_off as u64)
+                .collect();
+            let rounds = bytes.div_ceil(half);
+            for r in 0..rounds {
+                let off = r * half;
+                let n = half.min(bytes - off);
+                let h = ((r % 2) * half) as u64;
+                dtod_async(stream, ring_bases[self.rank] + h, input + off as u64, n)?;
+                self.launch_barrier(stream, mask, check)?;
+                fork(&ce)?;
+                for s in (0..self.world).filter(|&s| s != self.rank) {
+                    dtod_async(&ce.side, output + (s * bytes + off) as u64, ring_bases[s] + h, n)?;
+                }
+                if own != input {
+                    dtod_async(stream, own + off as u64, input + off as u64, n)?;
+                }
+                join(&ce)?;
+            }
+        }
+        drop(ce);
+        self.launch_barrier(stream, mask, 0)
+    }
+
+    // ------------------------------------------------------------------ barrier, errors
+
+    /// Barrier on `stream` with the ranks listed (which must include this rank); ranks not
+    /// listed do not take part. Ranks that share barriers must issue them in the same order.
+    pub fn barrier(&self, stream: &CudaStream, ranks: &[Rank]) -> Result<()> {
+        self.check_stream(stream)?;
+        let mut mask = 0u64;
+        for r in ranks {
+            if r.world_size() != self.world || r.get() >= self.world {
+                return Err(Error::OutOfRange {
+                    what: "barrier rank",
+                    value: r.get() as u64,
+                    limit: self.world as u64,
+                });
+            }
+            mask |= 1u64 << r.get();
+        }
+        if mask & (1u64 << self.rank) == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "barrier ranks {:?} do not include this rank ({})",
+                ranks.iter().map(|r| r.get()).collect::<Vec<_>>(),
+                self.rank
+            )));
+        }
+        if mask == 1u64 << self.rank {
+            return Ok(());
+        }
+        self.launch_barrier(stream, mask, 0)
+    }
+
+    /// Reads and clears the error latched by this object's kernels: `Ok(())`, or
+    /// [`Error::Timeout`] / [`Error::Aborted`] / [`Error::Mismatch`]. Call after synchronising the
+    /// streams the ops ran on.
+    pub fn check_error(&self) -> Result<()> {
+        bind(&self.ctx)?;
+        let out = self.ws + (ST_ERR_OUT * 4) as u64;
+        launch(
+            &self.control,
+            &self.fns.take_error,
+            cfg(1, 32),
+            &[KernelArg::U64(self.err_word), KernelArg::U64(out)],
+        )?;
+        let mut word = [0u8; 4];
+        dtoh_sync(&self.control, &mut word, out)?;
+        match u32::from_le_bytes(word) {
+            0 => Ok(()),
+            symm_core::pad::ERR_TIMEOUT => Err(Error::Timeout {
+                what: format!(
+                    "collective device wait (group {}, rank {})",
+                    self.group.name(),
+                    self.rank
+                ),
+                timeout: self.config.timeout,
+            }),
+            symm_core::pad::ERR_ABORTED => Err(Error::Aborted(format!(
+                "collective aborted (group {}, rank {})",
+                self.group.name(),
+                self.rank
+            ))),
+            ERR_MISMATCH => Err(Error::Mismatch {
+                what: "zero-copy collective arguments",
+                detail: "ranks passed inputs at different offsets of their symmetric memory (or mixed \
+                         zero-copy and staged inputs)"
+                    .into(),
+            }),
+            other => Err(Error::Backend {
+                backend: driver::BACKEND,
+                call: "collectives check_error".into(),
+                detail: format!("unknown code {other} in the ERROR word"),
+            }),
+        }
+    }
+
+    /// Sets (or clears) the abort flag: every device wait of this object gives up (latching
+    /// [`Error::Aborted`]) while it is set.
+    pub fn set_abort(&self, abort: bool) -> Result<()> {
+        self.mem.set_abort(abort)
+    }
+}
+
+impl Drop for CudaCollectives {
+    fn drop(&mut self) {
+        // Ops in flight are bounded by their deadlines; let the side stream finish before the
+        // workspace goes away (the caller's streams are the caller's to synchronise).
+        if let Ok(ce) = self.ce.get_mut() {
+            if let Err(e) = driver::stream_synchronize(&ce.side) {
+                eprintln!("symm-cuda collectives: dropping: {e}");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlap_math() {
+        assert!(ranges_overlap(100, 10, 105, 10));
+        assert!(!ranges_overlap(100, 10, 110, 10));
+        assert!(!ranges_overlap(100, 0, 100, 10));
+        assert!(ranges_overlap(100, 10, 90, 11));
+        assert!(!ranges_overlap(100, 10, 90, 10));
+    }
+
+    #[test]
+    fn config_defaults() {
+        let c = CollectivesConfig::new(DEFAULT_STAGING_BYTES, Duration::from_secs(10));
+        assert_eq!(c.lamport_bytes_for(2), 4 << 20);
+        assert_eq!(c.lamport_bytes_for(8), (16 << 20) / 7);
+        assert!(check_ptr("x", 0, DType::F32).is_err());
+        assert!(check_ptr("x", 2, DType::F32).is_err());
+        assert!(check_ptr("x", 2, DType::BF16).is_ok());
+    }
+
+    /// The kernel file compiles with NVRTC (when present; SYMM_REQUIRE_NVRTC=1 makes its absence
+    /// a failure) and holds every entry point the host side loads, with the protocol's
+    /// instructions and no trap / multicast.
+    #[test]
+    fn collectives_kernels_compile_with_nvrtc() {
+        let src = kernels::source("collectives").unwrap();
+        if let Err(e) = kernels::nvrtc_available() {
+            assert!(
+                std::env::var("SYMM_REQUIRE_NVRTC").map_or(true, |v| v != "1"),
+                "SYMM_REQUIRE_NVRTC=1 but {e}"
+            );
+            println!("SKIP collectives_kernels_compile_with_nvrtc: {e}");
+            return;
+        }
+        let ptx = kernels::compile(src, "", "sm_90").unwrap_or_else(|e| panic!("collectives.cu: {e}"));
+        for dt in ["f32", "f16", "bf16"] {
+            for k in ["symm_lamport_allreduce_", "symm_ring_", "symm_reduce_ptrs_"] {
+                assert!(ptx.contains(&format!(".entry {k}{dt}(")), "{k}{dt} missing");
+            }
+        }
+        for k in ["symm_coll_init", "symm_coll_barrier", "symm_coll_take_error"] {
+            assert!(ptx.contains(&format!(".entry {k}(")), "{k} missing");
+        }
+        for needle in [
+            "ld.acquire.sys",
+            "st.release.sys",
+            "ld.volatile.global.v4",
+            "%globaltimer",
+            "cvt.rn.bf16x2.f32",
+        ] {
+            assert!(ptx.contains(needle), "{needle} missing from the PTX");
+        }
+        assert!(!ptx.contains("trap;"));
+        assert!(!ptx.contains("multimem"));
+        // The Lamport and ring kernels keep their vectors in registers (no local-memory stack).
+        for k in ["symm_lamport_allreduce_bf16", "symm_ring_bf16"] {
+            let start = ptx.find(&format!(".entry {k}(")).unwrap();
+            let body = &ptx[start..];
+            let end = body[1..].find(".entry").map_or(body.len(), |e| e + 1);
+            assert!(!body[..end].contains("__local_depot"), "{k} spills to local memory");
+        }
+    }
+
+    /// The `COLL_ST_*` / `COLL_OPS_*` defines of the kernel file match layout.rs.
+    #[test]
+    fn kernel_defines_match_layout() {
+        let src = kernels::source("collectives").unwrap().source;
+        let defs = [
+            ("COLL_ST_LAM_IDX", layout::ST_LAM_IDX),
+            ("COLL_ST_LAM_ARRIVE", layout::ST_LAM_ARRIVE),
+            ("COLL_ST_LAM_USED", layout::ST_LAM_USED),
+            ("COLL_ST_RING_SEQ", layout::ST_RING_SEQ),
+            ("COLL_ST_RING_ARRIVE", layout::ST_RING_ARRIVE),
+            ("COLL_ST_BAR_CNT", layout::ST_BAR_CNT),
+            ("COLL_OPS_BAR", layout::OPS_BAR),
+            ("COLL_OPS_CHECK", layout::OPS_CHECK),
+            ("COLL_MAXW", layout::MAX_WORLD),
+            ("SYMM_ERR_MISMATCH", ERR_MISMATCH as usize),
+            ("COLL_MODE_AR", RingMode::AllReduce as usize),
+            ("COLL_MODE_RS", RingMode::ReduceScatter as usize),
+            ("COLL_MODE_AG", RingMode::AllGather as usize),
+        ];
+        for (name, value) in defs {
+            let line = format!("#define {name} {value}");
+            assert!(src.lines().any(|l| l.trim() == line), "kernel lacks `{line}`");
+        }
+        for (op, v) in ReduceOp::ALL.iter().zip(0u32..) {
+            assert_eq!(kernel_op(*op), v);
+        }
+    }
+}

@@ -1,0 +1,954 @@
+// symm-cuda: collective kernels (all-reduce, reduce-scatter, all-gather, barrier over a subset).
+//
+// Compiled by NVRTC as common_header() (pad #defines + common.cuh) + defines + this file, for
+// sm_80 or newer (bf16 conversions); launch configurations are sized for sm_90 (H100/H200).
+// The Rust side is symm-cuda/src/collectives.rs; its `layout` module owns the workspace layout
+// (offsets reach the kernels as arguments) and its `plan` module the chunking.
+//
+// NOTE [collectives-protocols]
+// ============================
+// Every rank owns one symmetric WORKSPACE (one symmetric allocation). Peers only ever WRITE into
+// a rank's workspace (data and flags); nobody ever reads a peer's user buffers, except the
+// copy-engine/pull paths, which are bracketed by barriers (see CE below). So user inputs need no
+// staging and may be reused as soon as the op's stream work is done, and no op needs an end
+// barrier.
+//
+// Workspace (per rank; offsets from layout.rs):
+//   STATE  local words, written only by this rank's kernels (epochs advanced on the device):
+//          ST_LAM_IDX, ST_LAM_ARRIVE, ST_LAM_USED[3], ST_RING_SEQ, ST_RING_ARRIVE, ST_BAR_CNT[64]
+//   FLAGS  DATA[W1][S] and ACK[W1][S] (written by peers; W1 = world-1, S ring slots), SENT[S] (local)
+//   LAMPORT 3 buffers x W1 slots x lam_slot_bytes
+//   RING   W1 x S slots x slot_bytes (the staging area)
+// Peer index: for rank r, the l-th peer (l = 0..W1-1) is p = (r+1+l) % world; r's slot at p is
+// jr = world-2-l. A word written by peer p at r lives at index l(p) = (p-r-1+world) % world.
+//
+// Op state. All per-op epochs are read at kernel start by thread 0 of every block, which then
+// does atom.release.gpu.add(ARRIVE, 1); block 0, after its work, waits until ARRIVE == gridDim.x
+// (every block has read the state), then advances the state and resets ARRIVE. The next kernel on
+// the stream sees the new state. Nothing epoch-like is a kernel argument, so CUDA-graph replay
+// works; any grid size works (ranks must only agree on the ops' sequence and on nchunks).
+//
+// Lamport one-shot (data as flag). Buffers are pre-filled with the sentinel 0xFFFFFFFF per 32-bit
+// word (a NaN in f32, two NaNs 0xFFFF in bf16/f16); an input lane equal to the sentinel NaN is
+// canonicalised to another NaN (f32 0x7FC00000, bf16 0x7FC0, f16 0x7E00) -- the value (NaN) is
+// unchanged, so results are exact; -0.0 stays -0.0 (why not -0.0 as sentinel: canonicalising it
+// would change signed-zero results, and one all-ones pattern serves every dtype, so buffers can
+// be shared across dtypes). Op k (k = ST_LAM_IDX, rotating 0,1,2):
+//   1. every thread stores its canonicalised 16-byte vectors into every peer's buffer k, slot jr;
+//   2. clears its own buffer (k+2)%3 (used by the previous op; ST_LAM_USED says how much);
+//   3. polls its own buffer k with ld.volatile.v4 until no lane is the sentinel, then reduces in
+//      rank order 0..world-1 (own lanes from its canonicalised input) in fp32.
+//   Safety: the buffer cleared in op k was last written by peers in op k-1, and this rank saw all
+//   of those writes. A peer writes buffer (k+2)%3 again only in op k+2, which needs this rank's
+//   op k+1 data, sent after op k (and its clearing) ended. The spare buffer (k+1)%3 was cleared in
+//   op k-1, before this rank sent op k's data, which peers need before they reach op k+1.
+//
+// Ring (chunked push with a release flag per chunk; used by one-shot, reduce-scatter,
+// all-gather and, as RS then AG, two-shot). The op has nchunks chunks per peer (the same on every
+// rank); chunk c has global sequence g = ST_RING_SEQ + c and uses ring slot g % S (S power of 2).
+// Sender blocks (blockIdx < nsend), for their chunks c (c = blockIdx, +nsend, ...):
+//   wait own ACK[l][slot] >= g-S+1 (the slot's previous chunk g-S was consumed by peer l;
+//   ACK words start at 0 and the target is <= 0 while g < S) -> store the chunk's vectors into
+//   peer's RING[jr][slot] -> __syncthreads -> st.release.sys peer DATA[jr][slot] = g+1
+//   (-> st.release.gpu own SENT[slot] = g+1 when in place).
+// Receiver blocks, for their chunks: wait own DATA[l][slot] >= g+1 for every peer (and SENT when
+//   in place, so the result never overwrites input this rank has not sent yet) -> reduce / copy
+//   (ring data read with ld.global.cg) -> __syncthreads -> st.release.sys peer ACK[jr][slot] = g+1.
+//   A sender cannot overwrite a slot before its receiver acked the previous chunk in it, so the
+//   data flag of a slot is exactly g+1 when the receiver looks. Dependencies always point to
+//   smaller chunk sequence numbers, and grids are at most one block per SM, so it cannot deadlock.
+//
+// Barrier over a subset (pad OPS region). BAR_CNT[t] counts barriers this rank shared with t;
+// for every t in the mask: e = ++BAR_CNT[t]; st.release.sys t's OPS[COLL_OPS_BAR][me] = e; wait own
+// OPS[COLL_OPS_BAR][t] >= e. Optionally a check word (e.g. the offset of a zero-copy input) is
+// written to t's OPS[COLL_OPS_CHECK][me] first, and compared after the wait (mismatch latches
+// SYMM_ERR_MISMATCH).
+//
+// CE (copy engine, pull, zero-copy): barrier -> cuMemcpyDtoDAsync from the peers' symmetric
+// inputs (+ reduce kernels for all-reduce) -> barrier; the host side is in collectives.rs.
+//
+// Every wait is bounded: deadline from %globaltimer, the abort words, and an error already latched
+// (then the wait gives up at once); failures latch SYMM_ERR_* into the pad's ERROR word. No trap.
+// Accumulation is fp32 in rank order 0..world-1, so every rank gets bitwise the same result.
+
+#ifndef SYMM_ERR_MISMATCH
+#define SYMM_ERR_MISMATCH 3
+#endif
+
+#define COLL_F32 0
+#define COLL_F16 1
+#define COLL_BF16 2
+
+#define COLL_SUM 0
+#define COLL_AVG 1
+#define COLL_MAX 2
+#define COLL_MIN 3
+
+#define COLL_MODE_AR 0
+#define COLL_MODE_RS 1
+#define COLL_MODE_AG 2
+
+#define COLL_FLAG_INPLACE 1u
+
+// Largest world size the collective kernels handle (register arrays).
+#define COLL_MAXW 8
+
+// STATE words (must match layout.rs).
+#define COLL_ST_LAM_IDX 0
+#define COLL_ST_LAM_ARRIVE 1
+#define COLL_ST_LAM_USED 2
+#define COLL_ST_RING_SEQ 8
+#define COLL_ST_RING_ARRIVE 9
+#define COLL_ST_BAR_CNT 64
+
+// Pad OPS slots used here (must match layout.rs).
+#define COLL_OPS_BAR 0
+#define COLL_OPS_CHECK 1
+
+#define COLL_SENTINEL 0xFFFFFFFFu
+
+// ---------------------------------------------------------------- primitives
+
+__device__ __forceinline__ void coll_atom_add_release_gpu(unsigned int* p, unsigned int v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ unsigned int coll_ld_acquire_gpu(const unsigned int* p) {
+    unsigned int v;
+    asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void coll_st_release_gpu(unsigned int* p, unsigned int v) {
+    asm volatile("st.release.gpu.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void coll_st_relaxed_sys(unsigned int* p, unsigned int v) {
+    asm volatile("st.relaxed.sys.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ uint4 coll_ld_volatile_v4(const void* p) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
+// Ring data: read once, L2 only (never a stale L1 line of the slot's previous chunk).
+__device__ __forceinline__ uint4 coll_ld_cg_v4(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void coll_st_v4(void* p, uint4 v) {
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
+// What a kernel needs to bound its waits.
+struct CollWait {
+    unsigned int* pad;             // own signal pad (ERROR / ABORT words)
+    const unsigned int* abort_host; // pinned host abort word (may be null)
+    unsigned long long timeout_ns;
+};
+
+// Slow path of a bounded wait: polls *p (acquire, system scope) until it reaches target
+// (signed difference). Returns true on success; false once the deadline passed, an abort was
+// requested, or an error is already latched (then the caller gives up its remaining work).
+__device__ __noinline__ bool coll_wait_slow(const unsigned int* p, unsigned int target, CollWait w) {
+    unsigned long long deadline = symm_deadline(w.timeout_ns);
+    unsigned int polls = 0;
+    while (true) {
+        if (symm_epoch_reached(symm_ld_acquire_sys(p), target)) {
+            return true;
+        }
+        ++polls;
+        if ((polls % SYMM_CHECK_EVERY) == 0u) {
+            if (symm_latched_error(w.pad) != 0u) {
+                return false;
+            }
+            if ((polls % SYMM_ABORT_EVERY) == 0u && symm_abort_requested(w.abort_host, w.pad)) {
+                symm_latch_error(w.pad, SYMM_ERR_ABORTED);
+                return false;
+            }
+            if (symm_globaltimer() >= deadline) {
+                symm_latch_error(w.pad, SYMM_ERR_TIMEOUT);
+                return false;
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ bool coll_wait_geq(const unsigned int* p, unsigned int target, const CollWait& w) {
+    if (symm_epoch_reached(symm_ld_acquire_sys(p), target)) {
+        return true;
+    }
+    return coll_wait_slow(p, target, w);
+}
+
+// Block 0 / thread 0 at the end of a kernel: wait until every block read the op state.
+__device__ __forceinline__ void coll_wait_arrivals(unsigned int* arrive, const CollWait& w) {
+    unsigned long long deadline = 0;
+    unsigned int polls = 0;
+    while (coll_ld_acquire_gpu(arrive) < gridDim.x) {
+        if (++polls % SYMM_CHECK_EVERY == 0u) {
+            if (deadline == 0) {
+                deadline = symm_deadline(w.timeout_ns);
+            } else if (symm_globaltimer() >= deadline) {
+                symm_latch_error(w.pad, SYMM_ERR_TIMEOUT);
+                return;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- dtypes
+
+template <int DT>
+struct CollT;
+template <>
+struct CollT<COLL_F32> {
+    static constexpr int ES = 4;
+    static constexpr int VE = 4;
+};
+template <>
+struct CollT<COLL_F16> {
+    static constexpr int ES = 2;
+    static constexpr int VE = 8;
+};
+template <>
+struct CollT<COLL_BF16> {
+    static constexpr int ES = 2;
+    static constexpr int VE = 8;
+};
+
+__device__ __forceinline__ unsigned int coll_word(const uint4& v, int i) {
+    return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
+}
+
+template <int DT>
+__device__ __forceinline__ void coll_unpack(const uint4& v, float* f) {
+    if (DT == COLL_F32) {
+        f[0] = __uint_as_float(v.x);
+        f[1] = __uint_as_float(v.y);
+        f[2] = __uint_as_float(v.z);
+        f[3] = __uint_as_float(v.w);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            unsigned int w = coll_word(v, i);
+            if (DT == COLL_BF16) {
+                f[2 * i] = __uint_as_float(w << 16);
+                f[2 * i + 1] = __uint_as_float(w & 0xFFFF0000u);
+            } else {
+                unsigned short lo = (unsigned short)(w & 0xFFFFu);
+                unsigned short hi = (unsigned short)(w >> 16);
+                float a, b;
+                asm("cvt.f32.f16 %0, %1;" : "=f"(a) : "h"(lo));
+                asm("cvt.f32.f16 %0, %1;" : "=f"(b) : "h"(hi));
+                f[2 * i] = a;
+                f[2 * i + 1] = b;
+            }
+        }
+    }
+}
+
+template <int DT>
+__device__ __forceinline__ uint4 coll_pack(const float* f) {
+    if (DT == COLL_F32) {
+        return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+    } else {
+        unsigned int w[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            unsigned int r;
+            if (DT == COLL_BF16) {
+                asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(f[2 * i + 1]), "f"(f[2 * i]));
+            } else {
+                asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(f[2 * i + 1]), "f"(f[2 * i]));
+            }
+            w[i] = r;
+        }
+        return make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
+// A lane equal to the sentinel NaN becomes another NaN (Lamport only).
+template <int DT>
+__device__ __forceinline__ unsigned int coll_canon_word(unsigned int w) {
+    if (DT == COLL_F32) {
+        return w == COLL_SENTINEL ? 0x7FC00000u : w;
+    } else {
+        const unsigned int nan16 = (DT == COLL_BF16) ? 0x7FC0u : 0x7E00u;
+        if ((w & 0xFFFFu) == 0xFFFFu) {
+            w = (w & 0xFFFF0000u) | nan16;
+        }
+        if ((w >> 16) == 0xFFFFu) {
+            w = (w & 0x0000FFFFu) | (nan16 << 16);
+        }
+        return w;
+    }
+}
+
+template <int DT>
+__device__ __forceinline__ uint4 coll_canon(uint4 v) {
+    return make_uint4(coll_canon_word<DT>(v.x), coll_canon_word<DT>(v.y), coll_canon_word<DT>(v.z),
+                      coll_canon_word<DT>(v.w));
+}
+
+// True while some lane of a received Lamport vector still holds the sentinel.
+template <int DT>
+__device__ __forceinline__ bool coll_pending(const uint4& v) {
+    if (DT == COLL_F32) {
+        return v.x == COLL_SENTINEL || v.y == COLL_SENTINEL || v.z == COLL_SENTINEL || v.w == COLL_SENTINEL;
+    } else {
+        bool p = false;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            unsigned int w = coll_word(v, i);
+            p = p || ((w & 0xFFFFu) == 0xFFFFu) || ((w >> 16) == 0xFFFFu);
+        }
+        return p;
+    }
+}
+
+// Loads the 16-byte vector at p holding `nvalid` (>= 1) elements; lanes past nvalid are 0.
+// `al`: p is 16-byte aligned (else element loads; elements are always aligned to their size).
+template <int DT>
+__device__ __forceinline__ uint4 coll_load(const char* p, long long nvalid, bool al) {
+    constexpr int VE = CollT<DT>::VE;
+    if (al && nvalid >= VE) {
+        return *reinterpret_cast<const uint4*>(p);
+    }
+    unsigned int w[4] = {0u, 0u, 0u, 0u};
+    if (CollT<DT>::ES == 4) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            if (i < nvalid) {
+                w[i] = reinterpret_cast<const unsigned int*>(p)[i];
+            }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            if (i < nvalid) {
+                unsigned int h = reinterpret_cast<const unsigned short*>(p)[i];
+                w[i >> 1] |= h << ((i & 1) * 16);
+            }
+        }
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Stores the first `nvalid` (>= 1) elements of v at p.
+template <int DT>
+__device__ __forceinline__ void coll_store(char* p, const uint4& v, long long nvalid, bool al) {
+    constexpr int VE = CollT<DT>::VE;
+    if (al && nvalid >= VE) {
+        *reinterpret_cast<uint4*>(p) = v;
+        return;
+    }
+    if (CollT<DT>::ES == 4) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            if (i < nvalid) {
+                reinterpret_cast<unsigned int*>(p)[i] = coll_word(v, i);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            if (i < nvalid) {
+                reinterpret_cast<unsigned short*>(p)[i] = (unsigned short)(coll_word(v, i >> 1) >> ((i & 1) * 16));
+            }
+        }
+    }
+}
+
+template <int OP>
+__device__ __forceinline__ float coll_apply(float a, float b) {
+    if (OP == COLL_MAX) {
+        return fmaxf(a, b);
+    } else if (OP == COLL_MIN) {
+        return fminf(a, b);
+    } else {
+        return a + b;
+    }
+}
+
+// Reduces world vectors in rank order 0..world-1. `own` is rank `rank`'s vector; peer vectors
+// are pv[l] for the l-th peer (rank (rank+1+l) % world).
+template <int DT, int OP>
+__device__ __forceinline__ uint4 coll_reduce_ranks(const uint4& own, const uint4* pv, int rank, int world) {
+    constexpr int VE = CollT<DT>::VE;
+    float acc[VE];
+    float t[VE];
+#pragma unroll
+    for (int s = 0; s < COLL_MAXW; ++s) {
+        if (s < world) {
+            uint4 x = own;
+            if (s != rank) {
+                int l = (s - rank - 1 + world) % world;
+#pragma unroll
+                for (int k = 0; k < COLL_MAXW - 1; ++k) {
+                    if (k == l) {
+                        x = pv[k];
+                    }
+                }
+            }
+            if (s == 0) {
+                coll_unpack<DT>(x, acc);
+            } else {
+                coll_unpack<DT>(x, t);
+#pragma unroll
+                for (int i = 0; i < VE; ++i) {
+                    acc[i] = coll_apply<OP>(acc[i], t[i]);
+                }
+            }
+        }
+    }
+    if (OP == COLL_AVG) {
+        const float wf = (float)world;
+#pragma unroll
+        for (int i = 0; i < VE; ++i) {
+            acc[i] = acc[i] / wf;
+        }
+    }
+    return coll_pack<DT>(acc);
+}
+
+// ---------------------------------------------------------------- init / error
+
+// Fills the workspace: `zero_words` 32-bit zeros from `ws` (state and flags), then `fill_bytes`
+// of sentinel starting at ws + fill_off (the Lamport buffers). Run once, before rendezvous.
+extern "C" __global__ void symm_coll_init(unsigned long long ws, unsigned long long zero_words,
+                                          unsigned long long fill_off, unsigned long long fill_bytes) {
+    const unsigned long long tid = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const unsigned long long nth = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned int* z = reinterpret_cast<unsigned int*>(ws);
+    for (unsigned long long i = tid; i < zero_words; i += nth) {
+        z[i] = 0u;
+    }
+    uint4* f = reinterpret_cast<uint4*>(ws + fill_off);
+    const uint4 s = make_uint4(COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL);
+    for (unsigned long long i = tid; i < fill_bytes / 16; i += nth) {
+        f[i] = s;
+    }
+}
+
+// ---------------------------------------------------------------- Lamport one-shot all-reduce
+
+template <int DT, int OP>
+__device__ __forceinline__ void coll_lamport(const unsigned long long* bufs, const unsigned long long* pads,
+                                             unsigned int rank, unsigned int world, const char* input, char* output,
+                                             unsigned long long count, unsigned long long lam_off,
+                                             unsigned long long slot_bytes, unsigned long long state_off,
+                                             unsigned long long timeout_ns, const unsigned int* abort_host) {
+    constexpr int VE = CollT<DT>::VE;
+    __shared__ unsigned int s_idx;
+    __shared__ unsigned int s_prev;
+    __shared__ unsigned long long s_bufs[COLL_MAXW];
+    unsigned int* pad = reinterpret_cast<unsigned int*>(pads[rank]);
+    char* ws = reinterpret_cast<char*>(bufs[rank]);
+    unsigned int* st = reinterpret_cast<unsigned int*>(ws + state_off);
+    if (threadIdx.x == 0) {
+        unsigned int idx = symm_ld_volatile(st + COLL_ST_LAM_IDX) % 3u;
+        s_idx = idx;
+        s_prev = symm_ld_volatile(st + COLL_ST_LAM_USED + (idx + 2u) % 3u);
+        coll_atom_add_release_gpu(st + COLL_ST_LAM_ARRIVE, 1u);
+    }
+    if (threadIdx.x < world) {
+        s_bufs[threadIdx.x] = bufs[threadIdx.x];
+    }
+    __syncthreads();
+    const unsigned int idx = s_idx;
+    const unsigned int w1 = world - 1;
+    const unsigned long long buf_bytes = (unsigned long long)w1 * slot_bytes;
+    const unsigned long long nv = (count + VE - 1) / VE;
+    const unsigned long long tid = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const unsigned long long nth = (unsigned long long)gridDim.x * blockDim.x;
+    const bool al_in = (reinterpret_cast<unsigned long long>(input) & 15ull) == 0;
+    const bool al_out = (reinterpret_cast<unsigned long long>(output) & 15ull) == 0;
+    CollWait w;
+    w.pad = pad;
+    w.abort_host = abort_host;
+    w.timeout_ns = timeout_ns;
+
+    // 1. push
+    for (unsigned long long v = tid; v < nv; v += nth) {
+        long long nvalid = (long long)(count - v * VE);
+        uint4 x = coll_canon<DT>(coll_load<DT>(input + v * 16, nvalid, al_in));
+        for (unsigned int l = 0; l < w1; ++l) {
+            unsigned int p = (rank + 1 + l) % world;
+            unsigned int jr = world - 2 - l;
+            coll_st_v4(reinterpret_cast<char*>(s_bufs[p]) + lam_off + idx * buf_bytes + jr * slot_bytes + v * 16, x);
+        }
+    }
+
+    // 2. clear the previous op's buffer
+    {
+        const unsigned long long prev = s_prev;
+        char* cb = ws + lam_off + ((idx + 2u) % 3u) * buf_bytes;
+        const uint4 s = make_uint4(COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL);
+        for (unsigned long long i = tid; i < (unsigned long long)w1 * prev; i += nth) {
+            unsigned long long j = i / prev;
+            unsigned long long v = i - j * prev;
+            coll_st_v4(cb + j * slot_bytes + v * 16, s);
+        }
+    }
+
+    // 3. poll own buffer, reduce
+    const char* mine = ws + lam_off + idx * buf_bytes;
+    unsigned long long deadline = 0;
+    bool failed = false;
+    for (unsigned long long v = tid; v < nv && !failed; v += nth) {
+        long long nvalid = (long long)(count - v * VE);
+        uint4 own = coll_canon<DT>(coll_load<DT>(input + v * 16, nvalid, al_in));
+        uint4 pv[COLL_MAXW - 1];
+        unsigned int pending = (1u << w1) - 1u;
+        unsigned int polls = 0;
+        while (pending != 0u) {
+#pragma unroll
+            for (int l = 0; l < COLL_MAXW - 1; ++l) {
+                if (pending & (1u << l)) {
+                    pv[l] = coll_ld_volatile_v4(mine + (unsigned long long)l * slot_bytes + v * 16);
+                    if (!coll_pending<DT>(pv[l])) {
+                        pending &= ~(1u << l);
+                    }
+                }
+            }
+            if (pending != 0u && (++polls % SYMM_CHECK_EVERY) == 0u) {
+                if (deadline == 0) {
+                    deadline = symm_deadline(timeout_ns);
+                }
+                if (symm_latched_error(pad) != 0u) {
+                    failed = true;
+                } else if ((polls % SYMM_ABORT_EVERY) == 0u && symm_abort_requested(abort_host, pad)) {
+                    symm_latch_error(pad, SYMM_ERR_ABORTED);
+                    failed = true;
+                } else if (symm_globaltimer() >= deadline) {
+                    symm_latch_error(pad, SYMM_ERR_TIMEOUT);
+                    failed = true;
+                }
+                if (failed) {
+                    break;
+                }
+            }
+        }
+        if (!failed) {
+            uint4 r = coll_reduce_ranks<DT, OP>(own, pv, (int)rank, (int)world);
+            coll_store<DT>(output + v * 16, r, nvalid, al_out);
+        }
+    }
+
+    // 4. advance the op state
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        coll_wait_arrivals(st + COLL_ST_LAM_ARRIVE, w);
+        st[COLL_ST_LAM_USED + idx] = (unsigned int)nv;
+        st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
+        st[COLL_ST_LAM_ARRIVE] = 0u;
+    }
+}
+
+#define COLL_LAMPORT_ENTRY(NAME, DT)                                                                                  \
+    extern "C" __global__ void NAME(const unsigned long long* bufs, const unsigned long long* pads, unsigned int rank, \
+                                    unsigned int world, unsigned int op, const char* input, char* output,              \
+                                    unsigned long long count, unsigned long long lam_off,                              \
+                                    unsigned long long slot_bytes, unsigned long long state_off,                       \
+                                    unsigned long long timeout_ns, const unsigned int* abort_host) {                   \
+        switch (op) {                                                                                                  \
+            case COLL_SUM:                                                                                             \
+                coll_lamport<DT, COLL_SUM>(bufs, pads, rank, world, input, output, count, lam_off, slot_bytes,         \
+                                           state_off, timeout_ns, abort_host);                                         \
+                break;                                                                                                 \
+            case COLL_AVG:                                                                                             \
+                coll_lamport<DT, COLL_AVG>(bufs, pads, rank, world, input, output, count, lam_off, slot_bytes,         \
+                                           state_off, timeout_ns, abort_host);                                         \
+                break;                                                                                                 \
+            case COLL_MAX:                                                                                             \
+                coll_lamport<DT, COLL_MAX>(bufs, pads, rank, world, input, output, count, lam_off, slot_bytes,         \
+                                           state_off, timeout_ns, abort_host);                                         \
+                break;                                                                                                 \
+            default:                                                                                                   \
+                coll_lamport<DT, COLL_MIN>(bufs, pads, rank, world, input, output, count, lam_off, slot_bytes,         \
+                                           state_off, timeout_ns, abort_host);                                         \
+                break;                                                                                                 \
+        }                                                                                                              \
+    }
+
+COLL_LAMPORT_ENTRY(symm_lamport_allreduce_f32, COLL_F32)
+COLL_LAMPORT_ENTRY(symm_lamport_allreduce_f16, COLL_F16)
+COLL_LAMPORT_ENTRY(symm_lamport_allreduce_bf16, COLL_BF16)
+
+// ---------------------------------------------------------------- ring (chunked push)
+
+// Elements of chunk c of a part holding `len` elements (0 when the chunk lies past the end).
+__device__ __forceinline__ long long coll_chunk_len(unsigned long long len, unsigned long long ce,
+                                                    unsigned long long c) {
+    unsigned long long start = c * ce;
+    if (start >= len) {
+        return 0;
+    }
+    unsigned long long n = len - start;
+    return (long long)(n < ce ? n : ce);
+}
+
+// Shard t of a vector of `total` elements cut in shards of `shard` elements: its length.
+__device__ __forceinline__ unsigned long long coll_shard_len(unsigned long long total, unsigned long long shard,
+                                                             unsigned int t) {
+    unsigned long long start = (unsigned long long)t * shard;
+    if (start >= total) {
+        return 0;
+    }
+    unsigned long long n = total - start;
+    return n < shard ? n : shard;
+}
+
+// Copies n elements from src to dst (16-byte vectors where both are aligned) by one block.
+template <int DT>
+__device__ __forceinline__ void coll_block_copy(char* dst, const char* src, long long n) {
+    constexpr int VE = CollT<DT>::VE;
+    const bool al = ((reinterpret_cast<unsigned long long>(src) | reinterpret_cast<unsigned long long>(dst)) & 15ull) == 0;
+    const long long nvec = (n + VE - 1) / VE;
+    for (long long v = threadIdx.x; v < nvec; v += blockDim.x) {
+        long long nvalid = n - v * VE;
+        uint4 x = coll_load<DT>(src + v * 16, nvalid, al);
+        coll_store<DT>(dst + v * 16, x, nvalid, al);
+    }
+}
+
+template <int DT, int OP>
+__device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const unsigned long long* pads,
+                                          unsigned int rank, unsigned int world, unsigned int mode, const char* input,
+                                          char* output, unsigned long long total, unsigned long long shard,
+                                          unsigned long long ce, unsigned int nchunks, unsigned int nsend,
+                                          unsigned int slots, unsigned long long slot_bytes,
+                                          unsigned long long flags_off, unsigned long long ring_off,
+                                          unsigned long long state_off, unsigned long long timeout_ns,
+                                          const unsigned int* abort_host, unsigned int flags) {
+    constexpr int VE = CollT<DT>::VE;
+    constexpr int ES = CollT<DT>::ES;
+    __shared__ unsigned int s_base;
+    __shared__ int s_fail;
+    __shared__ unsigned long long s_bufs[COLL_MAXW];
+    unsigned int* pad = reinterpret_cast<unsigned int*>(pads[rank]);
+    char* ws = reinterpret_cast<char*>(bufs[rank]);
+    unsigned int* st = reinterpret_cast<unsigned int*>(ws + state_off);
+    if (threadIdx.x == 0) {
+        s_base = symm_ld_volatile(st + COLL_ST_RING_SEQ);
+        s_fail = 0;
+        coll_atom_add_release_gpu(st + COLL_ST_RING_ARRIVE, 1u);
+    }
+    if (threadIdx.x < world) {
+        s_bufs[threadIdx.x] = bufs[threadIdx.x];
+    }
+    __syncthreads();
+    const unsigned int base = s_base;
+    const unsigned int w1 = world - 1;
+    const unsigned int smask = slots - 1;
+    unsigned int* data_flags = reinterpret_cast<unsigned int*>(ws + flags_off);  // [w1][slots]
+    unsigned int* ack_flags = data_flags + (unsigned long long)w1 * slots;       // [w1][slots]
+    unsigned int* sent_flags = ack_flags + (unsigned long long)w1 * slots;       // [slots]
+    const unsigned long long peer_ack_off = flags_off + (unsigned long long)w1 * slots * 4ull;
+    CollWait w;
+    w.pad = pad;
+    w.abort_host = abort_host;
+    w.timeout_ns = timeout_ns;
+    const unsigned long long my_len =
+        (mode == COLL_MODE_AR) ? total : coll_shard_len(total, shard, rank);
+
+    if (blockIdx.x < nsend) {
+        // ------------------------------------------------ sender
+        for (unsigned int c = blockIdx.x; c < nchunks; c += nsend) {
+            const unsigned int g = base + c;
+            const unsigned int slot = g & smask;
+            if (threadIdx.x < w1) {
+                if (!coll_wait_geq(ack_flags + threadIdx.x * slots + slot, g - slots + 1u, w)) {
+                    s_fail = 1;
+                }
+            }
+            __syncthreads();
+            if (s_fail) {
+                break;
+            }
+            if (mode == COLL_MODE_RS) {
+                for (unsigned int l = 0; l < w1; ++l) {
+                    const unsigned int p = (rank + 1 + l) % world;
+                    const unsigned int jr = world - 2 - l;
+                    const long long n = coll_chunk_len(coll_shard_len(total, shard, p), ce, c);
+                    const char* src = input + ((unsigned long long)p * shard + (unsigned long long)c * ce) * ES;
+                    char* dst = reinterpret_cast<char*>(s_bufs[p]) + ring_off +
+                                ((unsigned long long)jr * slots + slot) * slot_bytes;
+                    const bool al = (reinterpret_cast<unsigned long long>(src) & 15ull) == 0;
+                    const long long nvec = (n + VE - 1) / VE;
+                    for (long long v = threadIdx.x; v < nvec; v += blockDim.x) {
+                        coll_st_v4(dst + v * 16, coll_load<DT>(src + v * 16, n - v * VE, al));
+                    }
+                }
+            } else {
+                // AR: chunk c of the whole input; AG: chunk c of this rank's shard (= input).
+                const long long n = coll_chunk_len(my_len, ce, c);
+                const char* src = input + (unsigned long long)c * ce * ES;
+                const bool al = (reinterpret_cast<unsigned long long>(src) & 15ull) == 0;
+                const long long nvec = (n + VE - 1) / VE;
+                for (long long v = threadIdx.x; v < nvec; v += blockDim.x) {
+                    uint4 x = coll_load<DT>(src + v * 16, n - v * VE, al);
+                    for (unsigned int l = 0; l < w1; ++l) {
+                        const unsigned int p = (rank + 1 + l) % world;
+                        const unsigned int jr = world - 2 - l;
+                        char* dst = reinterpret_cast<char*>(s_bufs[p]) + ring_off +
+                                    ((unsigned long long)jr * slots + slot) * slot_bytes;
+                        coll_st_v4(dst + v * 16, x);
+                    }
+                }
+            }
+            __syncthreads();
+            if (threadIdx.x < w1) {
+                const unsigned int p = (rank + 1 + threadIdx.x) % world;
+                const unsigned int jr = world - 2 - threadIdx.x;
+                unsigned int* f = reinterpret_cast<unsigned int*>(reinterpret_cast<char*>(s_bufs[p]) + flags_off);
+                symm_st_release_sys(f + (unsigned long long)jr * slots + slot, g + 1u);
+            }
+            if ((flags & COLL_FLAG_INPLACE) && threadIdx.x == 0) {
+                coll_st_release_gpu(sent_flags + slot, g + 1u);
+            }
+        }
+    } else {
+        // ------------------------------------------------ receiver
+        const unsigned int nrecv = gridDim.x - nsend;
+        for (unsigned int c = blockIdx.x - nsend; c < nchunks; c += nrecv) {
+            const unsigned int g = base + c;
+            const unsigned int slot = g & smask;
+            if (threadIdx.x < w1) {
+                if (!coll_wait_geq(data_flags + threadIdx.x * slots + slot, g + 1u, w)) {
+                    s_fail = 1;
+                }
+            } else if (threadIdx.x == w1 && (flags & COLL_FLAG_INPLACE) && w1 > 0) {
+                if (!coll_wait_geq(sent_flags + slot, g + 1u, w)) {
+                    s_fail = 1;
+                }
+            }
+            __syncthreads();
+            if (s_fail) {
+                break;
+            }
+            const char* ring = ws + ring_off + (unsigned long long)slot * slot_bytes;
+            const unsigned long long ring_stride = (unsigned long long)slots * slot_bytes;  // per peer l
+            if (mode == COLL_MODE_AG) {
+                for (unsigned int l = 0; l < w1; ++l) {
+                    const unsigned int t = (rank + 1 + l) % world;
+                    const long long n = coll_chunk_len(coll_shard_len(total, shard, t), ce, c);
+                    char* dst = output + ((unsigned long long)t * shard + (unsigned long long)c * ce) * ES;
+                    const char* src = ring + l * ring_stride;
+                    const bool al = (reinterpret_cast<unsigned long long>(dst) & 15ull) == 0;
+                    const long long nvec = (n + VE - 1) / VE;
+                    for (long long v = threadIdx.x; v < nvec; v += blockDim.x) {
+                        coll_store<DT>(dst + v * 16, coll_ld_cg_v4(src + v * 16), n - v * VE, al);
+                    }
+                }
+                char* own_dst = output + ((unsigned long long)rank * shard + (unsigned long long)c * ce) * ES;
+                const char* own_src = input + (unsigned long long)c * ce * ES;
+                if (own_dst != own_src) {
+                    coll_block_copy<DT>(own_dst, own_src, coll_chunk_len(my_len, ce, c));
+                }
+            } else {
+                // AR: output chunk c of the whole vector; RS: chunk c of this rank's shard.
+                const long long n = coll_chunk_len(my_len, ce, c);
+                const unsigned long long in_elem =
+                    (mode == COLL_MODE_AR ? 0ull : (unsigned long long)rank * shard) + (unsigned long long)c * ce;
+                const char* loc = input + in_elem * ES;
+                char* dst = output + (unsigned long long)c * ce * ES;
+                const bool al_loc = (reinterpret_cast<unsigned long long>(loc) & 15ull) == 0;
+                const bool al_dst = (reinterpret_cast<unsigned long long>(dst) & 15ull) == 0;
+                const long long nvec = (n + VE - 1) / VE;
+                for (long long v = threadIdx.x; v < nvec; v += blockDim.x) {
+                    const long long nvalid = n - v * VE;
+                    uint4 pv[COLL_MAXW - 1];
+#pragma unroll
+                    for (int l = 0; l < COLL_MAXW - 1; ++l) {
+                        if (l < (int)w1) {
+                            pv[l] = coll_ld_cg_v4(ring + l * ring_stride + v * 16);
+                        }
+                    }
+                    uint4 own = coll_load<DT>(loc + v * 16, nvalid, al_loc);
+                    coll_store<DT>(dst + v * 16, coll_reduce_ranks<DT, OP>(own, pv, (int)rank, (int)world), nvalid,
+                                   al_dst);
+                }
+            }
+            __syncthreads();
+            if (threadIdx.x < w1) {
+                const unsigned int p = (rank + 1 + threadIdx.x) % world;
+                const unsigned int jr = world - 2 - threadIdx.x;
+                unsigned int* f = reinterpret_cast<unsigned int*>(reinterpret_cast<char*>(s_bufs[p]) + peer_ack_off);
+                symm_st_release_sys(f + (unsigned long long)jr * slots + slot, g + 1u);
+            }
+        }
+    }
+
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        coll_wait_arrivals(st + COLL_ST_RING_ARRIVE, w);
+        st[COLL_ST_RING_SEQ] = base + nchunks;
+        st[COLL_ST_RING_ARRIVE] = 0u;
+    }
+}
+
+#define COLL_RING_ARGS                                                                                                \
+    const unsigned long long *bufs, const unsigned long long *pads, unsigned int rank, unsigned int world,            \
+        unsigned int mode, unsigned int op, const char *input, char *output, unsigned long long total,                \
+        unsigned long long shard, unsigned long long ce, unsigned int nchunks, unsigned int nsend, unsigned int slots, \
+        unsigned long long slot_bytes, unsigned long long flags_off, unsigned long long ring_off,                     \
+        unsigned long long state_off, unsigned long long timeout_ns, const unsigned int *abort_host,                  \
+        unsigned int flags
+#define COLL_RING_PASS                                                                                                 \
+    bufs, pads, rank, world, mode, input, output, total, shard, ce, nchunks, nsend, slots, slot_bytes, flags_off,      \
+        ring_off, state_off, timeout_ns, abort_host, flags
+
+#define COLL_RING_ENTRY(NAME, DT)                                              \
+    extern "C" __global__ void __launch_bounds__(1024) NAME(COLL_RING_ARGS) {  \
+        switch (op) {                                                          \
+            case COLL_SUM:                                                     \
+                coll_ring<DT, COLL_SUM>(COLL_RING_PASS);                       \
+                break;                                                         \
+            case COLL_AVG:                                                     \
+                coll_ring<DT, COLL_AVG>(COLL_RING_PASS);                       \
+                break;                                                         \
+            case COLL_MAX:                                                     \
+                coll_ring<DT, COLL_MAX>(COLL_RING_PASS);                       \
+                break;                                                         \
+            default:                                                           \
+                coll_ring<DT, COLL_MIN>(COLL_RING_PASS);                       \
+                break;                                                         \
+        }                                                                      \
+    }
+
+COLL_RING_ENTRY(symm_ring_f32, COLL_F32)
+COLL_RING_ENTRY(symm_ring_f16, COLL_F16)
+COLL_RING_ENTRY(symm_ring_bf16, COLL_BF16)
+
+// ---------------------------------------------------------------- reduce from pointers (CE all-reduce)
+
+// out[i] = reduce over ranks s = 0..world-1 of src_s[i] (src_rank = this rank's input, the others
+// are peers' symmetric inputs read directly over NVLink, or copies of them in the workspace).
+template <int DT, int OP>
+__device__ __forceinline__ void coll_reduce_ptrs(unsigned int rank, unsigned int world, char* out,
+                                                 unsigned long long n, const char* const* src) {
+    constexpr int VE = CollT<DT>::VE;
+    bool al = (reinterpret_cast<unsigned long long>(out) & 15ull) == 0;
+#pragma unroll
+    for (int s = 0; s < COLL_MAXW; ++s) {
+        if (s < (int)world) {
+            al = al && (reinterpret_cast<unsigned long long>(src[s]) & 15ull) == 0;
+        }
+    }
+    // Peer pointers in peer order (l-th peer = rank (rank+1+l) % world), picked with constant
+    // indices only, so `src` stays in registers.
+    const char* own_src = src[0];
+    const char* peer_src[COLL_MAXW - 1];
+#pragma unroll
+    for (int l = 0; l < COLL_MAXW - 1; ++l) {
+        peer_src[l] = nullptr;
+    }
+#pragma unroll
+    for (int s = 0; s < COLL_MAXW; ++s) {
+        if (s < (int)world) {
+            if (s == (int)rank) {
+                own_src = src[s];
+            } else {
+                const int l = (s - (int)rank - 1 + (int)world) % (int)world;
+#pragma unroll
+                for (int k = 0; k < COLL_MAXW - 1; ++k) {
+                    if (k == l) {
+                        peer_src[k] = src[s];
+                    }
+                }
+            }
+        }
+    }
+    const unsigned long long nv = (n + VE - 1) / VE;
+    const unsigned long long tid = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const unsigned long long nth = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long v = tid; v < nv; v += nth) {
+        const long long nvalid = (long long)(n - v * VE);
+        uint4 pv[COLL_MAXW - 1];
+#pragma unroll
+        for (int l = 0; l < COLL_MAXW - 1; ++l) {
+            if (l < (int)world - 1) {
+                pv[l] = coll_load<DT>(peer_src[l] + v * 16, nvalid, al);
+            }
+        }
+        uint4 own = coll_load<DT>(own_src + v * 16, nvalid, al);
+        coll_store<DT>(out + v * 16, coll_reduce_ranks<DT, OP>(own, pv, (int)rank, (int)world), nvalid, al);
+    }
+}
+
+#define COLL_REDUCE_PTRS_ENTRY(NAME, DT)                                                                              \
+    extern "C" __global__ void NAME(unsigned int rank, unsigned int world, unsigned int op, char* out,                \
+                                    unsigned long long n, const char* s0, const char* s1, const char* s2,             \
+                                    const char* s3, const char* s4, const char* s5, const char* s6, const char* s7) { \
+        const char* src[COLL_MAXW] = {s0, s1, s2, s3, s4, s5, s6, s7};                                                \
+        switch (op) {                                                                                                 \
+            case COLL_SUM:                                                                                            \
+                coll_reduce_ptrs<DT, COLL_SUM>(rank, world, out, n, src);                                             \
+                break;                                                                                                \
+            case COLL_AVG:                                                                                            \
+                coll_reduce_ptrs<DT, COLL_AVG>(rank, world, out, n, src);                                             \
+                break;                                                                                                \
+            case COLL_MAX:                                                                                            \
+                coll_reduce_ptrs<DT, COLL_MAX>(rank, world, out, n, src);                                             \
+                break;                                                                                                \
+            default:                                                                                                  \
+                coll_reduce_ptrs<DT, COLL_MIN>(rank, world, out, n, src);                                             \
+                break;                                                                                                \
+        }                                                                                                             \
+    }
+
+COLL_REDUCE_PTRS_ENTRY(symm_reduce_ptrs_f32, COLL_F32)
+COLL_REDUCE_PTRS_ENTRY(symm_reduce_ptrs_f16, COLL_F16)
+COLL_REDUCE_PTRS_ENTRY(symm_reduce_ptrs_bf16, COLL_BF16)
+
+// ---------------------------------------------------------------- barrier over a subset
+
+// One block; thread t handles rank t (t < world, t != rank, bit t of mask set). check == 0: no
+// check word; else every rank of the barrier must pass the same check (mismatch latches
+// SYMM_ERR_MISMATCH).
+extern "C" __global__ void symm_coll_barrier(const unsigned long long* bufs, const unsigned long long* pads,
+                                             unsigned int rank, unsigned int world, unsigned long long mask,
+                                             unsigned long long state_off, unsigned long long timeout_ns,
+                                             const unsigned int* abort_host, unsigned int check) {
+    const unsigned int t = threadIdx.x;
+    if (t >= world || t == rank || ((mask >> t) & 1ull) == 0ull) {
+        return;
+    }
+    unsigned int* pad = reinterpret_cast<unsigned int*>(pads[rank]);
+    unsigned int* st = reinterpret_cast<unsigned int*>(reinterpret_cast<char*>(bufs[rank]) + state_off);
+    unsigned int* peer_pad = reinterpret_cast<unsigned int*>(pads[t]);
+    const unsigned int e = st[COLL_ST_BAR_CNT + t] + 1u;
+    st[COLL_ST_BAR_CNT + t] = e;
+    if (check != 0u) {
+        coll_st_relaxed_sys(symm_ops_slot(peer_pad, COLL_OPS_CHECK, rank), check);
+    }
+    symm_st_release_sys(symm_ops_slot(peer_pad, COLL_OPS_BAR, rank), e);
+    CollWait w;
+    w.pad = pad;
+    w.abort_host = abort_host;
+    w.timeout_ns = timeout_ns;
+    if (!coll_wait_geq(symm_ops_slot(pad, COLL_OPS_BAR, t), e, w)) {
+        return;
+    }
+    if (check != 0u && symm_ld_volatile(symm_ops_slot(pad, COLL_OPS_CHECK, t)) != check) {
+        symm_latch_error(pad, SYMM_ERR_MISMATCH);
+    }
+}
+
+// Reads and clears the ERROR word into *out (one thread).
+extern "C" __global__ void symm_coll_take_error(unsigned int* err, unsigned int* out) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) {
+        *out = atomicExch(err, 0u);
+    }
+}

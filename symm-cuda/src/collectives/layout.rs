@@ -1,0 +1,271 @@
+//! The collectives workspace layout (one symmetric allocation per rank), mirrored by the
+//! `COLL_ST_*` / `COLL_OPS_*` defines in `kernels/collectives.cu` (NOTE [collectives-protocols]).
+//!
+//! ```text
+//! offset 0      STATE    4 KiB of u32 words, written only by this rank's kernels
+//! flags_off     FLAGS    DATA[w1][S], ACK[w1][S] (peers write them), SENT[S] (local)
+//! lamport_off   LAMPORT  3 buffers x w1 slots x lamport_slot_bytes (pre-filled with the sentinel)
+//! ring_off      RING     w1 x S slots x slot_bytes: the staging area
+//! ```
+//! `w1 = world - 1` (a rank keeps no slot for itself), `S` = ring slots (a power of two).
+
+#![forbid(unsafe_code)]
+
+use symm_core::{Error, Result};
+
+/// Word index of the Lamport buffer rotation (0, 1, 2) in STATE.
+pub const ST_LAM_IDX: usize = 0;
+/// Word index of the Lamport kernel's arrival counter.
+pub const ST_LAM_ARRIVE: usize = 1;
+/// Word index of `used[3]`: 16-byte vectors per slot the last op wrote into each Lamport buffer.
+pub const ST_LAM_USED: usize = 2;
+/// Word index of the ring's chunk sequence number.
+pub const ST_RING_SEQ: usize = 8;
+/// Word index of the ring kernel's arrival counter.
+pub const ST_RING_ARRIVE: usize = 9;
+/// Word index of `bar_cnt[64]`: barriers shared with each rank.
+pub const ST_BAR_CNT: usize = 64;
+/// Word index of the error word copied out by `symm_coll_take_error`.
+pub const ST_ERR_OUT: usize = 200;
+/// Bytes of STATE.
+pub const STATE_BYTES: usize = 4096;
+
+/// Pad `OPS` slot of the subset barrier epochs.
+pub const OPS_BAR: usize = 0;
+/// Pad `OPS` slot of the barrier check word.
+pub const OPS_CHECK: usize = 1;
+
+/// The error code the barrier latches when ranks passed different check words (for example
+/// zero-copy inputs at different offsets).
+pub const ERR_MISMATCH: u32 = 3;
+
+/// Largest world size the collective kernels support (`COLL_MAXW`).
+pub const MAX_WORLD: usize = 8;
+
+/// Alignment of every section.
+pub const SECTION_ALIGN: usize = 4096;
+/// Granularity of a ring slot and of a Lamport slot.
+pub const SLOT_ALIGN: usize = 256;
+/// Smallest ring slot the layout accepts (fewer slots are used before going below it).
+pub const MIN_SLOT_BYTES: usize = 16 * 1024;
+
+const _: () = assert!(ST_ERR_OUT * 4 < STATE_BYTES && ST_BAR_CNT + symm_core::pad::MAX_WORLD_SIZE <= ST_ERR_OUT);
+const _: () = assert!(OPS_CHECK < symm_core::pad::OPS_SLOTS);
+
+/// Offsets and sizes of one rank's workspace (identical on every rank).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkspaceLayout {
+    pub world: usize,
+    pub flags_off: usize,
+    pub flags_bytes: usize,
+    pub lamport_off: usize,
+    /// Bytes of one Lamport slot (the largest Lamport message, rounded up).
+    pub lamport_slot_bytes: usize,
+    pub ring_off: usize,
+    /// Ring slots per peer (a power of two).
+    pub ring_slots: usize,
+    /// Bytes of one ring slot (a multiple of [`SLOT_ALIGN`]).
+    pub slot_bytes: usize,
+    /// Bytes of the whole workspace.
+    pub total: usize,
+}
+
+fn round_up(x: usize, a: usize) -> Option<usize> {
+    x.checked_add(a - 1).map(|v| v / a * a)
+}
+
+fn too_big(what: &'static str, value: usize) -> Error {
+    Error::OutOfRange {
+        what,
+        value: value as u64,
+        limit: isize::MAX as u64,
+    }
+}
+
+impl WorkspaceLayout {
+    /// Lays out a workspace for `world` ranks with `staging_bytes` of ring (split over the
+    /// `world - 1` peers and up to `ring_slots` slots each, fewer when slots would fall below
+    /// [`MIN_SLOT_BYTES`]) and Lamport buffers for messages up to `lamport_bytes`.
+    pub fn new(world: usize, staging_bytes: usize, lamport_bytes: usize, ring_slots: usize) -> Result<Self> {
+        if world == 0 || world > MAX_WORLD {
+            return Err(Error::OutOfRange {
+                what: "world size for the CUDA collectives",
+                value: world as u64,
+                limit: MAX_WORLD as u64,
+            });
+        }
+        if ring_slots < 2 || !ring_slots.is_power_of_two() || ring_slots > 1024 {
+            return Err(Error::InvalidArgument(format!(
+                "ring_slots must be a power of two in 2..=1024, got {ring_slots}"
+            )));
+        }
+        let w1 = world - 1;
+        let mut slots = ring_slots;
+        let (slot_bytes, ring_bytes) = if w1 == 0 {
+            (0, 0)
+        } else {
+            let per_peer = staging_bytes / w1;
+            if per_peer < 2 * MIN_SLOT_BYTES {
+                return Err(Error::InvalidArgument(format!(
+                    "staging area of {staging_bytes} bytes is too small: {} bytes needed for {world} ranks",
+                    2 * MIN_SLOT_BYTES * w1
+                )));
+            }
+            while slots > 2 && per_peer / slots < MIN_SLOT_BYTES {
+                slots /= 2;
+            }
+            let slot = per_peer / slots / SLOT_ALIGN * SLOT_ALIGN;
+            (slot, slot * slots * w1)
+        };
+        let flags_off = STATE_BYTES;
+        let flags_bytes = (2 * w1 + 1) * slots * 4;
+        let lamport_off = round_up(flags_off + flags_bytes, SECTION_ALIGN).ok_or(too_big("flags", flags_bytes))?;
+        let lamport_slot_bytes = if w1 == 0 {
+            0
+        } else {
+            round_up(lamport_bytes, SLOT_ALIGN).ok_or(too_big("lamport_bytes", lamport_bytes))?
+        };
+        let lamport_total = lamport_slot_bytes
+            .checked_mul(3 * w1)
+            .ok_or(too_big("lamport_bytes", lamport_bytes))?;
+        let ring_off = lamport_off
+            .checked_add(lamport_total)
+            .and_then(|v| round_up(v, SECTION_ALIGN))
+            .ok_or(too_big("lamport_bytes", lamport_bytes))?;
+        let total = ring_off
+            .checked_add(ring_bytes)
+            .and_then(|v| round_up(v.max(1), SECTION_ALIGN))
+            .ok_or(too_big("staging_bytes", staging_bytes))?;
+        Ok(WorkspaceLayout {
+            world,
+            flags_off,
+            flags_bytes,
+            lamport_off,
+            lamport_slot_bytes,
+            ring_off,
+            ring_slots: slots,
+            slot_bytes,
+            total,
+        })
+    }
+
+    /// Peers per rank.
+    pub fn w1(&self) -> usize {
+        self.world - 1
+    }
+
+    /// Words zeroed at setup (STATE and FLAGS, contiguous from offset 0).
+    pub fn zero_words(&self) -> usize {
+        (self.flags_off + self.flags_bytes) / 4
+    }
+
+    /// Bytes of all Lamport buffers (filled with the sentinel at setup).
+    pub fn lamport_total(&self) -> usize {
+        self.lamport_slot_bytes * 3 * self.w1()
+    }
+
+    /// Bytes of the ring (the staging area).
+    pub fn ring_bytes(&self) -> usize {
+        self.slot_bytes * self.ring_slots * self.w1()
+    }
+
+    /// Largest message (bytes) the Lamport algorithm takes.
+    pub fn lamport_max_bytes(&self) -> usize {
+        self.lamport_slot_bytes
+    }
+
+    /// Offset of `rank`'s slot at `at` in Lamport buffer `buf` (0..3), as the kernel computes it.
+    pub fn lamport_slot_offset(&self, buf: usize, at: usize, from: usize) -> usize {
+        let l = peer_index(at, from, self.world);
+        self.lamport_off + buf * self.w1() * self.lamport_slot_bytes + l * self.lamport_slot_bytes
+    }
+
+    /// Offset of ring slot `slot` holding data from `from` in `at`'s workspace.
+    pub fn ring_slot_offset(&self, at: usize, from: usize, slot: usize) -> usize {
+        let l = peer_index(at, from, self.world);
+        self.ring_off + (l * self.ring_slots + slot) * self.slot_bytes
+    }
+}
+
+/// Index of `from` among `at`'s peers: `(from - at - 1) mod world` (so the l-th peer of `at` is
+/// `(at + 1 + l) % world`). `from != at`.
+pub fn peer_index(at: usize, from: usize, world: usize) -> usize {
+    (from + world - at - 1) % world
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_two_rank_layout() {
+        let l = WorkspaceLayout::new(2, 10 << 20, 4 << 20, 64).unwrap();
+        assert_eq!(l.ring_slots, 64);
+        assert_eq!(l.slot_bytes, 160 * 1024);
+        assert_eq!(l.ring_bytes(), 10 << 20);
+        assert_eq!(l.lamport_total(), 12 << 20);
+        assert!(l.flags_off >= STATE_BYTES);
+        assert!(l.lamport_off >= l.flags_off + l.flags_bytes);
+        assert!(l.ring_off >= l.lamport_off + l.lamport_total());
+        assert!(l.total >= l.ring_off + l.ring_bytes());
+        for off in [l.flags_off, l.lamport_off, l.ring_off, l.total] {
+            assert_eq!(off % SECTION_ALIGN, 0);
+        }
+        assert_eq!(l.zero_words() * 4, l.flags_off + l.flags_bytes);
+    }
+
+    #[test]
+    fn slots_shrink_before_going_under_the_minimum() {
+        let l = WorkspaceLayout::new(8, 1 << 20, 64 << 10, 64).unwrap();
+        assert!(l.slot_bytes >= MIN_SLOT_BYTES, "{l:?}");
+        assert!(l.ring_slots.is_power_of_two() && l.ring_slots >= 2);
+        assert!(l.ring_bytes() <= 1 << 20);
+        assert!(
+            WorkspaceLayout::new(8, 100 << 10, 0, 64).is_err(),
+            "too small a staging area"
+        );
+    }
+
+    #[test]
+    fn bad_arguments() {
+        assert!(WorkspaceLayout::new(0, 10 << 20, 0, 64).is_err());
+        assert!(WorkspaceLayout::new(9, 10 << 20, 0, 64).is_err());
+        assert!(WorkspaceLayout::new(2, 10 << 20, 0, 48).is_err());
+        assert!(WorkspaceLayout::new(2, 10 << 20, usize::MAX / 2, 64).is_err());
+    }
+
+    #[test]
+    fn single_rank_has_no_peer_areas() {
+        let l = WorkspaceLayout::new(1, 10 << 20, 4 << 20, 64).unwrap();
+        assert_eq!(l.ring_bytes(), 0);
+        assert_eq!(l.lamport_total(), 0);
+        assert!(l.total >= STATE_BYTES);
+    }
+
+    #[test]
+    fn peer_slots_are_disjoint_and_match_the_kernel_indexing() {
+        for world in 2..=MAX_WORLD {
+            let l = WorkspaceLayout::new(world, 4 << 20, 64 << 10, 16).unwrap();
+            for at in 0..world {
+                let mut seen = std::collections::HashSet::new();
+                for from in (0..world).filter(|&f| f != at) {
+                    let idx = peer_index(at, from, world);
+                    assert!(idx < world - 1);
+                    assert!(seen.insert(idx), "two peers share index {idx}");
+                    // The kernel's sender l-th peer p = (from+1+l)%world writes at jr = world-2-l.
+                    let l_from = peer_index(from, at, world);
+                    assert_eq!((from + 1 + l_from) % world, at);
+                    assert_eq!(world - 2 - l_from, idx);
+                    for slot in [0, l.ring_slots - 1] {
+                        let o = l.ring_slot_offset(at, from, slot);
+                        assert!(o >= l.ring_off && o + l.slot_bytes <= l.ring_off + l.ring_bytes());
+                    }
+                    for buf in 0..3 {
+                        let o = l.lamport_slot_offset(buf, at, from);
+                        assert!(o >= l.lamport_off && o + l.lamport_slot_bytes <= l.ring_off);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,546 @@
+//! Launch planning for the collective kernels: grid shapes, chunking, sharding and the `Auto`
+//! algorithm choice. Pure functions of collectively agreed values (count, dtype, world, layout,
+//! tuning), never of local pointers, so every rank plans the same number of chunks.
+
+#![forbid(unsafe_code)]
+
+use symm_core::{DType, Error, ReduceOp, Result};
+
+use super::layout::WorkspaceLayout;
+
+/// Bytes of one vector access in the kernels.
+pub const VEC_BYTES: usize = 16;
+
+/// Ring kernel modes (`COLL_MODE_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RingMode {
+    AllReduce = 0,
+    ReduceScatter = 1,
+    AllGather = 2,
+}
+
+/// Knobs of the kernels' launch shapes. Every rank must use the same values (they decide chunk
+/// counts); the defaults suit H100/H200.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tuning {
+    /// Most blocks of a grid (`None`: the device's SM count). Ring grids are at most this.
+    pub max_blocks: Option<u32>,
+    /// Threads per block of the Lamport and ring kernels (multiple of 32, 64..=1024).
+    pub threads: u32,
+    /// Smallest ring chunk, bytes (small messages are spread over blocks down to this).
+    pub min_chunk_bytes: usize,
+    /// Largest ring chunk, bytes (0: the ring slot size).
+    pub max_chunk_bytes: usize,
+    /// Copy-engine all-reduce: bytes per pipelined chunk and peer.
+    pub ce_chunk_bytes: usize,
+    /// Copy-engine all-reduce: the fraction of the message copied by the copy engine; the rest
+    /// is read directly by the reduction kernel (SM pull) at the same time.
+    pub ce_fraction: f32,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            max_blocks: None,
+            threads: 512,
+            min_chunk_bytes: 16 * 1024,
+            max_chunk_bytes: 0,
+            ce_chunk_bytes: 4 << 20,
+            ce_fraction: 0.5,
+        }
+    }
+}
+
+impl Tuning {
+    /// Checks the knobs.
+    pub fn validate(&self) -> Result<()> {
+        if self.threads < 64 || self.threads > 1024 || self.threads % 32 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "threads per block must be a multiple of 32 in 64..=1024, got {}",
+                self.threads
+            )));
+        }
+        if self.max_blocks == Some(0) {
+            return Err(Error::InvalidArgument("max_blocks must be at least 1".into()));
+        }
+        if self.min_chunk_bytes < VEC_BYTES || self.ce_chunk_bytes < VEC_BYTES {
+            return Err(Error::InvalidArgument("chunk sizes must be at least 16 bytes".into()));
+        }
+        if !(0.0..=1.0).contains(&self.ce_fraction) {
+            return Err(Error::InvalidArgument(format!(
+                "ce_fraction must lie in 0..=1, got {}",
+                self.ce_fraction
+            )));
+        }
+        Ok(())
+    }
+
+    /// Blocks available on a device with `sm_count` SMs (at most one block per SM, so every
+    /// block of a ring grid is resident at once).
+    pub fn blocks(&self, sm_count: u32) -> u32 {
+        self.max_blocks.unwrap_or(sm_count).min(sm_count.max(1)).max(1)
+    }
+}
+
+/// Elements per 16-byte vector.
+pub fn vec_elems(dtype: DType) -> usize {
+    VEC_BYTES / dtype.size()
+}
+
+/// The kernels' dtype suffix (`f32`, `f16`, `bf16`), or an error for others.
+pub fn kernel_dtype(dtype: DType, op: &'static str) -> Result<usize> {
+    match dtype {
+        DType::F32 => Ok(0),
+        DType::F16 => Ok(1),
+        DType::BF16 => Ok(2),
+        other => Err(Error::UnsupportedDType {
+            dtype: other.name().to_string(),
+            op,
+        }),
+    }
+}
+
+/// `COLL_SUM` ... `COLL_MIN`.
+pub fn kernel_op(op: ReduceOp) -> u32 {
+    match op {
+        ReduceOp::Sum => 0,
+        ReduceOp::Avg => 1,
+        ReduceOp::Max => 2,
+        ReduceOp::Min => 3,
+    }
+}
+
+/// Grid of the Lamport kernel for `count` elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LamportPlan {
+    pub blocks: u32,
+    pub threads: u32,
+    /// 16-byte vectors per peer slot.
+    pub vectors: usize,
+}
+
+/// Plans a Lamport all-reduce; an error when the message exceeds the Lamport buffers.
+pub fn lamport_plan(
+    count: usize,
+    dtype: DType,
+    layout: &WorkspaceLayout,
+    tuning: &Tuning,
+    sm_count: u32,
+) -> Result<LamportPlan> {
+    let bytes = count
+        .checked_mul(dtype.size())
+        .ok_or_else(|| Error::InvalidArgument("count overflows".into()))?;
+    if layout.world > 1 && bytes > layout.lamport_max_bytes() {
+        return Err(Error::OutOfRange {
+            what: "Lamport all-reduce message bytes",
+            value: bytes as u64,
+            limit: layout.lamport_max_bytes() as u64,
+        });
+    }
+    let vectors = count.div_ceil(vec_elems(dtype));
+    let threads = (vectors.div_ceil(32) * 32).clamp(64, tuning.threads as usize) as u32;
+    let blocks = vectors
+        .div_ceil(threads as usize)
+        .clamp(1, tuning.blocks(sm_count) as usize) as u32;
+    Ok(LamportPlan {
+        blocks,
+        threads,
+        vectors,
+    })
+}
+
+/// One ring kernel launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingPlan {
+    pub mode: RingMode,
+    /// Elements of the whole vector (AR: the message; RS: the input; AG: the output).
+    pub total: usize,
+    /// Elements of a shard (RS / AG; AR: `total`).
+    pub shard: usize,
+    /// Elements per chunk (a multiple of the vector width).
+    pub chunk: usize,
+    pub nchunks: u32,
+    pub nsend: u32,
+    pub nrecv: u32,
+    pub threads: u32,
+}
+
+impl RingPlan {
+    pub fn blocks(&self) -> u32 {
+        self.nsend + self.nrecv
+    }
+}
+
+/// Plans a ring launch. `part` (elements) is what each rank sends to each peer in total: AR the
+/// message, RS/AG one shard.
+pub fn ring_plan(
+    mode: RingMode,
+    total: usize,
+    shard: usize,
+    dtype: DType,
+    layout: &WorkspaceLayout,
+    tuning: &Tuning,
+    sm_count: u32,
+) -> Result<RingPlan> {
+    let ve = vec_elems(dtype);
+    let es = dtype.size();
+    let part = match mode {
+        RingMode::AllReduce => total,
+        _ => shard,
+    };
+    if part == 0 {
+        return Err(Error::InvalidArgument("empty ring launch".into()));
+    }
+    let blocks = tuning.blocks(sm_count).max(2);
+    let world = layout.world;
+    // One block per SM at most; senders and receivers split the grid.
+    let pair = if world > 1 { blocks / 2 } else { blocks };
+    let slot_elems = if world > 1 {
+        layout.slot_bytes / es
+    } else {
+        usize::MAX / 2
+    };
+    let max_chunk = if tuning.max_chunk_bytes == 0 {
+        slot_elems
+    } else {
+        (tuning.max_chunk_bytes / es).min(slot_elems)
+    };
+    let max_chunk = max_chunk / ve * ve;
+    let min_chunk = (tuning.min_chunk_bytes / es).div_ceil(ve) * ve;
+    if max_chunk == 0 {
+        return Err(Error::InvalidArgument("ring chunk smaller than one vector".into()));
+    }
+    let chunk = part.div_ceil(pair as usize).div_ceil(ve) * ve;
+    let chunk = chunk.max(min_chunk).min(max_chunk).max(ve);
+    let nchunks = part.div_ceil(chunk);
+    let nchunks = u32::try_from(nchunks).map_err(|_| Error::OutOfRange {
+        what: "ring chunks",
+        value: nchunks as u64,
+        limit: u32::MAX as u64,
+    })?;
+    let n = nchunks.min(pair as u32).max(1);
+    let (nsend, nrecv) = if world > 1 { (n, n) } else { (0, n) };
+    Ok(RingPlan {
+        mode,
+        total,
+        shard,
+        chunk,
+        nchunks,
+        nsend,
+        nrecv,
+        threads: tuning.threads,
+    })
+}
+
+/// Two-shot all-reduce shard size: `count / world` rounded up to whole vectors, so every shard
+/// starts 16-byte aligned relative to the buffer (the last shards may be shorter or empty).
+pub fn two_shot_shard(count: usize, world: usize, dtype: DType) -> usize {
+    let ve = vec_elems(dtype);
+    count.div_ceil(world).div_ceil(ve) * ve
+}
+
+/// Elements of shard `t` when `total` elements are cut in shards of `shard`.
+pub fn shard_len(total: usize, shard: usize, t: usize) -> usize {
+    total.saturating_sub(t.saturating_mul(shard)).min(shard)
+}
+
+/// All-reduce algorithms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AllReduceAlgo {
+    /// Picked by size and world size ([`Selection`]); never the copy-engine path.
+    Auto,
+    /// One-shot push, data as flag (no barrier); messages up to the Lamport buffer size.
+    Lamport,
+    /// One-shot push through the ring: every rank pushes its input to every peer, a release flag
+    /// per chunk, and reduces what it received; any size (chunked with flow control).
+    OneShot,
+    /// Reduce-scatter then all-gather through the ring (in place works).
+    TwoShot,
+    /// Zero-copy pull: the input must lie in symmetric memory registered with the object, at the
+    /// same offset on every rank; the copy engine copies the peers' inputs (a fraction of them,
+    /// [`Tuning::ce_fraction`]) while the reduction kernel reads the rest directly. Barriers
+    /// before and after.
+    CopyEngine,
+}
+
+impl AllReduceAlgo {
+    pub const ALL: [AllReduceAlgo; 5] = [
+        AllReduceAlgo::Auto,
+        AllReduceAlgo::Lamport,
+        AllReduceAlgo::OneShot,
+        AllReduceAlgo::TwoShot,
+        AllReduceAlgo::CopyEngine,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            AllReduceAlgo::Auto => "auto",
+            AllReduceAlgo::Lamport => "lamport",
+            AllReduceAlgo::OneShot => "one_shot",
+            AllReduceAlgo::TwoShot => "two_shot",
+            AllReduceAlgo::CopyEngine => "copy_engine",
+        }
+    }
+    pub fn from_name(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.name() == s)
+    }
+}
+
+/// All-gather data paths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AllGatherPath {
+    /// The SM ring.
+    Auto,
+    /// Push through the ring by SMs.
+    Sm,
+    /// Copy-engine pull (`cuMemcpyDtoDAsync` from the peers on a side stream): zero-copy when the
+    /// input lies in registered symmetric memory (same offset on every rank), else staged
+    /// through the workspace in rounds. Barriers around.
+    CopyEngine,
+}
+
+impl AllGatherPath {
+    pub const ALL: [AllGatherPath; 3] = [AllGatherPath::Auto, AllGatherPath::Sm, AllGatherPath::CopyEngine];
+    pub fn name(self) -> &'static str {
+        match self {
+            AllGatherPath::Auto => "auto",
+            AllGatherPath::Sm => "sm",
+            AllGatherPath::CopyEngine => "copy_engine",
+        }
+    }
+    pub fn from_name(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.name() == s)
+    }
+}
+
+/// Size thresholds of [`AllReduceAlgo::Auto`] (bytes of the message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Selection {
+    /// Lamport up to this size (capped by the Lamport buffers).
+    pub lamport_max: usize,
+    /// For more than two ranks: one-shot up to this size, two-shot above.
+    pub one_shot_max: usize,
+}
+
+impl Default for Selection {
+    fn default() -> Self {
+        Selection {
+            lamport_max: 1 << 20,
+            one_shot_max: 256 << 10,
+        }
+    }
+}
+
+/// The algorithm `Auto` runs. With two ranks one-shot and two-shot move the same bytes over
+/// NVLink and one-shot has one phase less, so two-shot is only chosen for more ranks.
+pub fn select_all_reduce(bytes: usize, world: usize, layout: &WorkspaceLayout, sel: &Selection) -> AllReduceAlgo {
+    if world == 1 {
+        return AllReduceAlgo::OneShot;
+    }
+    if bytes <= sel.lamport_max.min(layout.lamport_max_bytes()) {
+        AllReduceAlgo::Lamport
+    } else if world == 2 || bytes <= sel.one_shot_max {
+        AllReduceAlgo::OneShot
+    } else {
+        AllReduceAlgo::TwoShot
+    }
+}
+
+/// Copy-engine all-reduce split: `(ce_elems, chunk_elems, nchunks, scratch_slots)`: elements
+/// `[0, ce_elems)` go through the copy engine in chunks of `chunk_elems` per peer, cycling over
+/// `scratch_slots` scratch slots of the ring; the rest is pulled directly by SMs.
+pub fn ce_split(
+    count: usize,
+    dtype: DType,
+    layout: &WorkspaceLayout,
+    tuning: &Tuning,
+) -> Result<(usize, usize, usize, usize)> {
+    let ve = vec_elems(dtype);
+    let es = dtype.size();
+    let ce_elems = ((count as f64 * tuning.ce_fraction as f64) as usize / ve * ve).min(count);
+    if ce_elems == 0 || layout.world == 1 {
+        return Ok((0, 0, 0, 0));
+    }
+    let w1 = layout.w1();
+    let ring = layout.ring_bytes();
+    // Each slot holds one chunk from every peer; at least two slots to overlap copy and reduce.
+    let per_slot_max = ring / 2 / w1;
+    let chunk_bytes = tuning.ce_chunk_bytes.min(per_slot_max) / VEC_BYTES * VEC_BYTES;
+    if chunk_bytes < VEC_BYTES {
+        return Err(Error::InvalidArgument(
+            "staging area too small for the copy-engine path".into(),
+        ));
+    }
+    let chunk = (chunk_bytes / es).min(ce_elems.div_ceil(ve) * ve);
+    let nchunks = ce_elems.div_ceil(chunk);
+    let slots = (ring / (w1 * chunk * es)).clamp(2, 16);
+    Ok((ce_elems, chunk, nchunks, slots))
+}
+
+/// A non-zero 32-bit check word (FNV-1a of the parts) the barrier compares across ranks.
+pub fn check_word(parts: &[u64]) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for p in parts {
+        for b in p.to_le_bytes() {
+            h ^= u32::from(b);
+            h = h.wrapping_mul(0x0100_0193);
+        }
+    }
+    h | 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout2() -> WorkspaceLayout {
+        WorkspaceLayout::new(2, 10 << 20, 4 << 20, 64).unwrap()
+    }
+
+    /// Every element of the part lies in exactly one chunk, chunks are vector aligned and fit a
+    /// slot, and the grid is at most one block per SM.
+    #[test]
+    fn ring_chunks_cover_exactly() {
+        let t = Tuning::default();
+        for world in [1usize, 2, 3, 8] {
+            let l = WorkspaceLayout::new(world, 10 << 20, 1 << 20, 64).unwrap();
+            for dtype in [DType::F32, DType::BF16] {
+                for part in [1usize, 7, 8, 9, 1000, 4096, 65_537, 1 << 20, (64 << 20) + 3] {
+                    let p = ring_plan(RingMode::AllReduce, part, part, dtype, &l, &t, 132).unwrap();
+                    assert_eq!(p.chunk % vec_elems(dtype), 0);
+                    if world > 1 {
+                        assert!(p.chunk * dtype.size() <= l.slot_bytes);
+                        assert_eq!(p.nsend, p.nrecv);
+                    } else {
+                        assert_eq!(p.nsend, 0);
+                    }
+                    assert!(p.blocks() <= 132);
+                    assert!(p.nrecv >= 1 && p.nrecv <= p.nchunks);
+                    let covered: usize = (0..p.nchunks as usize)
+                        .map(|c| part.saturating_sub(c * p.chunk).min(p.chunk))
+                        .sum();
+                    assert_eq!(covered, part);
+                    assert!((p.nchunks as usize - 1) * p.chunk < part, "an empty chunk");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn small_messages_spread_over_blocks_large_ones_use_slots() {
+        let t = Tuning::default();
+        let l = layout2();
+        let small = ring_plan(RingMode::AllReduce, 512 << 10, 512 << 10, DType::BF16, &l, &t, 132).unwrap();
+        assert_eq!(small.chunk * 2, 16 << 10, "1 MiB over 64 chunks of the 16 KiB minimum");
+        assert_eq!(small.nchunks, 64);
+        let big = ring_plan(RingMode::AllReduce, 128 << 20, 128 << 20, DType::BF16, &l, &t, 132).unwrap();
+        assert_eq!(big.chunk * 2, l.slot_bytes);
+        assert_eq!(big.nsend, 66);
+    }
+
+    #[test]
+    fn two_shot_shards_cover_and_align() {
+        for world in 1..=8 {
+            for count in [1usize, 2, 15, 16, 17, 1000, 1 << 20, (1 << 20) + 5] {
+                for dtype in [DType::F32, DType::F16] {
+                    let q = two_shot_shard(count, world, dtype);
+                    assert_eq!(q % vec_elems(dtype), 0);
+                    let total: usize = (0..world).map(|t| shard_len(count, q, t)).sum();
+                    assert_eq!(total, count, "world {world} count {count}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn lamport_plan_bounds() {
+        let t = Tuning::default();
+        let l = layout2();
+        let p = lamport_plan(512, DType::BF16, &l, &t, 132).unwrap();
+        assert_eq!((p.vectors, p.blocks, p.threads), (64, 1, 64));
+        let p = lamport_plan(2 << 20, DType::BF16, &l, &t, 132).unwrap();
+        assert_eq!(p.blocks, 132);
+        assert!(p.blocks as usize * p.threads as usize * 4 >= p.vectors);
+        assert!(lamport_plan((4 << 20) / 2 + 1, DType::BF16, &l, &t, 132).is_err());
+        let p = lamport_plan(3, DType::F32, &l, &t, 132).unwrap();
+        assert_eq!(p.vectors, 1);
+    }
+
+    #[test]
+    fn auto_selection() {
+        let l = layout2();
+        let s = Selection::default();
+        assert_eq!(select_all_reduce(1024, 2, &l, &s), AllReduceAlgo::Lamport);
+        assert_eq!(select_all_reduce(1 << 20, 2, &l, &s), AllReduceAlgo::Lamport);
+        assert_eq!(select_all_reduce((1 << 20) + 2, 2, &l, &s), AllReduceAlgo::OneShot);
+        assert_eq!(select_all_reduce(256 << 20, 2, &l, &s), AllReduceAlgo::OneShot);
+        let l4 = WorkspaceLayout::new(4, 10 << 20, 256 << 10, 64).unwrap();
+        assert_eq!(select_all_reduce(512 << 10, 4, &l4, &s), AllReduceAlgo::TwoShot);
+        assert_eq!(select_all_reduce(200 << 10, 4, &l4, &s), AllReduceAlgo::Lamport);
+        assert_eq!(select_all_reduce(1024, 1, &l4, &s), AllReduceAlgo::OneShot);
+        for a in AllReduceAlgo::ALL {
+            assert_eq!(AllReduceAlgo::from_name(a.name()), Some(a));
+        }
+        for a in AllGatherPath::ALL {
+            assert_eq!(AllGatherPath::from_name(a.name()), Some(a));
+        }
+    }
+
+    #[test]
+    fn ce_split_covers() {
+        let l = layout2();
+        let mut t = Tuning::default();
+        for frac in [0.0f32, 0.3, 0.5, 1.0] {
+            t.ce_fraction = frac;
+            for count in [1usize, 1000, 1 << 20, (128 << 20) + 7] {
+                let (ce, chunk, n, slots) = ce_split(count, DType::BF16, &l, &t).unwrap();
+                assert!(ce <= count);
+                if ce > 0 {
+                    assert!(chunk * n >= ce && chunk * (n - 1) < ce);
+                    assert!(slots >= 2 && slots * chunk * 2 <= l.ring_bytes());
+                    assert_eq!(ce % 8, 0);
+                }
+            }
+        }
+        assert_eq!(
+            ce_split(1 << 20, DType::BF16, &l, &Tuning { ce_fraction: 0.0, ..t })
+                .unwrap()
+                .0,
+            0
+        );
+    }
+
+    #[test]
+    fn tuning_validation_and_check_words() {
+        assert!(Tuning::default().validate().is_ok());
+        assert!(Tuning {
+            threads: 100,
+            ..Tuning::default()
+        }
+        .validate()
+        .is_err());
+        assert!(Tuning {
+            ce_fraction: 1.5,
+            ..Tuning::default()
+        }
+        .validate()
+        .is_err());
+        assert!(Tuning {
+            max_blocks: Some(0),
+            ..Tuning::default()
+        }
+        .validate()
+        .is_err());
+        assert_eq!(
+            Tuning {
+                max_blocks: Some(500),
+                ..Tuning::default()
+            }
+            .blocks(132),
+            132
+        );
+        assert_ne!(check_word(&[1, 2]), check_word(&[2, 1]));
+        assert_eq!(check_word(&[]) & 1, 1);
+        assert!(kernel_dtype(DType::F64, "x").is_err());
+        assert_eq!(kernel_dtype(DType::BF16, "x").unwrap(), 2);
+    }
+}
