@@ -858,6 +858,7 @@ fn case_never_arrives(b: &Backend, ctx: &RankCtx) -> TestResult {
                 "rank {me}: the error does not name rank {absent}: {e}"
             );
             ensure!(took <= deadline_slack(b), "rank {me} failed after {took:?}");
+            println!("rank {me}: failed as expected after {took:?}: {e}");
             Ok(())
         }
     }
@@ -881,6 +882,7 @@ fn case_killed(b: &Backend, ctx: &RankCtx, case: Case) -> TestResult {
         Err(e) => {
             ensure!(is_peer_failure(&e), "rank {me}: {e}");
             ensure!(took <= deadline_slack(b), "rank {me} failed after {took:?}: {e}");
+            println!("rank {me}: failed as expected after {took:?}: {e}");
         }
     }
     drop(a);
@@ -907,6 +909,7 @@ fn case_dead_peer_in_barrier(b: &Backend, ctx: &RankCtx) -> TestResult {
                 "rank {me}: {e}"
             );
             ensure!(took <= deadline_slack(b), "rank {me} failed after {took:?}");
+            println!("rank {me}: failed as expected after {took:?}: {e}");
         }
     }
     drop((mem, a)); // shuts down cleanly with a dead peer
