@@ -27,10 +27,12 @@ pub struct TestExe {
 }
 
 /// Whether a test target of `pkg` belongs to the GPU suites: everything of
-/// symm-cuda and symm-ops; of symm-testkit, targets named for CUDA or GPUs.
+/// symm-cuda; symm-ops except its host-only targets (`host*`); of
+/// symm-testkit, targets named for CUDA or GPUs.
 fn wanted(pkg: &str, target: &str) -> bool {
     match pkg {
-        "symm-cuda" | "symm-ops" => true,
+        "symm-cuda" => true,
+        "symm-ops" => !target.starts_with("host"),
         "symm-testkit" => ["cuda", "gpu"].iter().any(|k| target.contains(k)),
         _ => false,
     }
@@ -264,3 +266,40 @@ pub fn gpu_bundle(args: &[String]) -> Result<()> {
 
 /// The bundle's run script (runs on a GPU machine with no cargo).
 pub const RUN_SH: &str = include_str!("run.sh");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_suites_are_selected_by_package_and_target() {
+        assert!(wanted("symm-cuda", "symm_cuda"));
+        assert!(wanted("symm-cuda", "conformance"));
+        assert!(wanted("symm-ops", "symm_ops"));
+        assert!(wanted("symm-ops", "cuda_ops"));
+        assert!(!wanted("symm-ops", "host_ops"));
+        assert!(wanted("symm-testkit", "cuda_conformance"));
+        assert!(!wanted("symm-testkit", "host_conformance"));
+        assert!(!wanted("symm-store", "tcp_store"));
+    }
+
+    #[test]
+    fn run_sh_is_bash_and_knows_every_command() {
+        assert!(RUN_SH.starts_with("#!/usr/bin/env bash"));
+        for c in [
+            "tests)",
+            "bench)",
+            "anchors)",
+            "store-interop)",
+            "all)",
+            "NCCL_NVLS_ENABLE=0",
+            "SYMM_REQUIRE_GPUS=1",
+        ] {
+            assert!(RUN_SH.contains(c), "run.sh lacks {c}");
+        }
+        let ok = Command::new("bash").arg("-n").arg("-c").arg(RUN_SH).status();
+        if let Ok(st) = ok {
+            assert!(st.success(), "run.sh has a syntax error");
+        }
+    }
+}
