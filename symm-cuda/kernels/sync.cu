@@ -12,9 +12,9 @@
 //   abort_host  device address of the pinned host abort word (0: none)
 //
 // Epochs live in this rank's LOCAL pad region (device memory) and are
-// advanced here, never passed in, so a captured CUDA graph replays correctly.
-// Ops on one pad must be issued in one stream order (two streams racing on one
-// pad corrupt the epochs, as in every implementation of this protocol).
+// advanced here (atomically), never passed in, so a captured CUDA graph
+// replays correctly. Ops on different channels may run concurrently on
+// different streams; ops on one channel must keep one order on every rank.
 //
 // Memory ordering: the releasing thread's st.release.sys is cumulative over
 // what the block did before the __syncthreads() that precedes it, and stream
@@ -38,9 +38,9 @@ extern "C" __global__ void symm_barrier(const unsigned long long* pads, unsigned
         if (s_aborted) {
             symm_latch_error(local, SYMM_ERR_ABORTED);
         } else {
-            unsigned int* ep = local + SYMM_LOCAL_BARRIER_EPOCH + channel;
-            unsigned int e = *ep + 1u;
-            *ep = e;
+            // Atomic, so barriers on different channels (or, misused, on one
+            // channel) from several streams never corrupt the counters.
+            unsigned int e = atomicAdd(local + SYMM_LOCAL_BARRIER_EPOCH + channel, 1u) + 1u;
             s_epoch = e;
             s_deadline = symm_deadline(timeout_ns);
         }
@@ -73,9 +73,7 @@ extern "C" __global__ void symm_put_signal(const unsigned long long* pads, unsig
         symm_latch_error(local, SYMM_ERR_ABORTED);
         return;
     }
-    unsigned int* sp = symm_sent_slot(local, channel, dst);
-    unsigned int e = *sp + 1u;
-    *sp = e;
+    unsigned int e = atomicAdd(symm_sent_slot(local, channel, dst), 1u) + 1u;
     unsigned int* peer = (unsigned int*)pads[dst];
     symm_st_release_sys(symm_signal_slot(peer, channel, rank), e);
 }
@@ -92,10 +90,9 @@ extern "C" __global__ void symm_wait_signal(const unsigned long long* pads, unsi
     unsigned long long deadline = symm_deadline(timeout_ns);
     unsigned int* local = (unsigned int*)pads[rank];
     unsigned int* rp = symm_recv_slot(local, channel, src);
-    unsigned int e = *rp + 1u;
-    *rp = e;
+    unsigned int e = atomicAdd(rp, 1u) + 1u;
     if (symm_bounded_wait(symm_signal_slot(local, channel, src), e, deadline, abort_host, local) != 0u) {
         // Not received: a later wait waits for the same signal again.
-        *rp = e - 1u;
+        atomicSub(rp, 1u);
     }
 }

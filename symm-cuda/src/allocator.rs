@@ -378,7 +378,7 @@ pub struct CudaAllocation {
     phys: Arc<PhysicalAllocation>,
     uuid: String,
     pci_bus_id: String,
-    mem: Mutex<Option<CudaSymmetricMemory>>,
+    mem: Mutex<Option<Arc<CudaSymmetricMemory>>>,
 }
 
 impl std::fmt::Debug for CudaAllocation {
@@ -459,7 +459,7 @@ impl CudaAllocation {
     }
 
     /// The rendezvoused memory as its concrete type, if rendezvous completed.
-    pub fn cuda_memory(&self) -> Option<CudaSymmetricMemory> {
+    pub fn cuda_memory(&self) -> Option<Arc<CudaSymmetricMemory>> {
         self.mem.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
@@ -613,6 +613,12 @@ impl CudaAllocation {
                 let mem = CudaSymmetricMemory::new(g.clone(), self.device, self.local.clone(), peers)?;
                 Ok((mem, published))
             });
+        // An injected fault stands for a dead rank: leave without a word.
+        if let Err(e) = &outcome {
+            if symm_core::fault::is_injected(e) {
+                return outcome.map(|(m, _)| m);
+            }
+        }
         // Every rank learns every outcome: all succeed or all fail. (This is
         // also the barrier after which the thread table entry may go.)
         let status = match &outcome {
@@ -654,14 +660,14 @@ impl Allocation for CudaAllocation {
     fn rendezvous(&self, timeout: Duration) -> Result<Arc<dyn SymmetricMemory>> {
         let mut mem = self.mem.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(m) = mem.as_ref() {
-            return Ok(Arc::new(m.clone()));
+            return Ok(m.clone());
         }
-        let m = self.do_rendezvous(timeout)?;
+        let m = Arc::new(self.do_rendezvous(timeout)?);
         *mem = Some(m.clone());
-        Ok(Arc::new(m))
+        Ok(m)
     }
     fn symmetric_memory(&self) -> Option<Arc<dyn SymmetricMemory>> {
-        self.cuda_memory().map(|m| Arc::new(m) as Arc<dyn SymmetricMemory>)
+        self.cuda_memory().map(|m| m as Arc<dyn SymmetricMemory>)
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -65,8 +65,12 @@ pub(crate) struct MemInner {
     buffer_ptrs: Vec<u64>,
     pad_ptrs: Vec<u64>,
     abort: PinnedWord,
-    /// Stream for set_abort / check_error: never queued behind a wait.
+    /// Stream for set_abort / check_error / read_signal_pad: never queued
+    /// behind a wait.
     control: Arc<CudaStream>,
+    /// Idle streams for blocking operations: each blocking call takes its own,
+    /// so calls from several threads (on different channels) run concurrently.
+    streams: Mutex<Vec<Arc<CudaStream>>>,
     fns: Mutex<Option<Arc<SyncFns>>>,
     last_op: Mutex<LastOp>,
 }
@@ -76,10 +80,12 @@ impl Drop for MemInner {
         // Let our own queued work finish (it is bounded by its deadlines)
         // before the peers' mappings go away; then fields drop: peer mappings
         // unmap, imported handles release, the pinned word is freed.
-        if let Err(e) = bind(&self.local.ctx)
-            .and_then(|()| driver::stream_synchronize(&self.control))
-            .and_then(|()| driver::stream_synchronize(&self.local.stream))
-        {
+        let streams = std::mem::take(self.streams.get_mut().unwrap_or_else(|e| e.into_inner()));
+        let r = bind(&self.local.ctx).and_then(|()| {
+            driver::stream_synchronize(&self.control)?;
+            streams.iter().try_for_each(|s| driver::stream_synchronize(s))
+        });
+        if let Err(e) = r {
             eprintln!("symm-cuda: freeing symmetric memory: {e}");
         }
     }
@@ -150,6 +156,7 @@ impl CudaSymmetricMemory {
                 pad_ptrs,
                 abort,
                 control,
+                streams: Mutex::new(Vec::new()),
                 fns: Mutex::new(None),
                 last_op: Mutex::new(LastOp {
                     what: "no device wait yet".into(),
@@ -169,9 +176,27 @@ impl CudaSymmetricMemory {
         self.inner.local.ordinal
     }
 
-    /// The internal stream blocking operations (barrier, read/write_bytes...) run on.
-    pub fn internal_stream(&self) -> &Arc<CudaStream> {
-        &self.inner.local.stream
+    /// Runs a blocking operation on an idle internal stream (created on
+    /// demand). The stream goes back to the pool only if it is idle afterwards.
+    fn with_stream<R>(&self, f: impl FnOnce(&Arc<CudaStream>) -> Result<R>) -> Result<R> {
+        bind(self.context())?;
+        let pooled = self.inner.streams.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let stream = match pooled {
+            Some(s) => s,
+            None => self
+                .context()
+                .new_stream()
+                .map_err(|e| from_driver(e, "cuStreamCreate"))?,
+        };
+        let r = f(&stream);
+        if matches!(driver::stream_query(&stream), Ok(true)) {
+            self.inner
+                .streams
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(stream);
+        }
+        r
     }
 
     /// Device-visible address of the abort word kernels poll (pinned host
@@ -354,8 +379,7 @@ impl CudaSymmetricMemory {
     /// Waits (host side) for the internal stream after a blocking op, then
     /// reads the ERROR word. The kernel stops itself at its deadline; if it
     /// has not finished `HOST_GRACE` after that, the host sets the abort word.
-    fn finish_blocking(&self, what: &str, timeout: Duration) -> Result<()> {
-        let stream = &self.inner.local.stream;
+    fn finish_blocking(&self, stream: &CudaStream, what: &str, timeout: Duration) -> Result<()> {
         let start = Instant::now();
         let soft = start + timeout.saturating_add(HOST_GRACE);
         let mut aborted_by_us = false;
@@ -520,37 +544,38 @@ impl SymmetricMemory for CudaSymmetricMemory {
     fn barrier(&self, channel: Channel, timeout: Duration) -> Result<()> {
         // A rank dying here has signalled nobody: every peer's barrier times out.
         symm_core::fault_point("barrier.mid")?;
-        let stream = self.inner.local.stream.clone();
-        self.barrier_on(&stream, channel, timeout)?;
-        self.finish_blocking(&format!("barrier on {channel} (rank {})", self.inner.rank), timeout)
+        self.with_stream(|s| {
+            self.barrier_on(s, channel, timeout)?;
+            self.finish_blocking(s, &format!("barrier on {channel} (rank {})", self.inner.rank), timeout)
+        })
     }
 
     fn put_signal(&self, dst: Rank, channel: Channel, timeout: Duration) -> Result<()> {
-        let stream = self.inner.local.stream.clone();
-        self.put_signal_on(&stream, dst, channel, timeout)?;
-        self.finish_blocking(&format!("put_signal to rank {} on {channel}", dst.get()), timeout)
+        self.with_stream(|s| {
+            self.put_signal_on(s, dst, channel, timeout)?;
+            self.finish_blocking(s, &format!("put_signal to rank {} on {channel}", dst.get()), timeout)
+        })
     }
 
     fn wait_signal(&self, src: Rank, channel: Channel, timeout: Duration) -> Result<()> {
-        let stream = self.inner.local.stream.clone();
-        self.wait_signal_on(&stream, src, channel, timeout)?;
-        self.finish_blocking(&format!("wait_signal from rank {} on {channel}", src.get()), timeout)
+        self.with_stream(|s| {
+            self.wait_signal_on(s, src, channel, timeout)?;
+            self.finish_blocking(s, &format!("wait_signal from rank {} on {channel}", src.get()), timeout)
+        })
     }
 
     fn read_bytes(&self, rank: Rank, offset: usize, out: &mut [u8]) -> Result<()> {
         let r = self.check_peer("read rank", rank)?;
         check_range("read", offset, out.len(), self.inner.local.size)?;
-        dtoh_sync(&self.inner.local.stream, out, self.inner.buffer_ptrs[r] + offset as u64)
+        let src = self.inner.buffer_ptrs[r] + offset as u64;
+        self.with_stream(|s| dtoh_sync(s, out, src))
     }
 
     fn write_bytes(&self, rank: Rank, offset: usize, data: &[u8]) -> Result<()> {
         let r = self.check_peer("write rank", rank)?;
         check_range("write", offset, data.len(), self.inner.local.size)?;
-        htod_sync(
-            &self.inner.local.stream,
-            self.inner.buffer_ptrs[r] + offset as u64,
-            data,
-        )
+        let dst = self.inner.buffer_ptrs[r] + offset as u64;
+        self.with_stream(|s| htod_sync(s, dst, data))
     }
 
     fn read_signal_pad(&self, rank: Rank, offset: usize, out: &mut [u8]) -> Result<()> {

@@ -220,18 +220,23 @@ pub fn driver_version() -> Result<i32> {
 /// The primary context of device `ordinal`, one `Arc` per device per process
 /// (so the per-context caches are shared by every user of the device).
 pub fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
-    static CTXS: OnceLock<Mutex<HashMap<usize, Arc<CudaContext>>>> = OnceLock::new();
+    type Contexts = Mutex<HashMap<usize, (Arc<CudaContext>, Arc<CudaStream>)>>;
+    static CTXS: OnceLock<Contexts> = OnceLock::new();
     device(ordinal)?;
     let mut map = CTXS
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|e| e.into_inner());
-    if let Some(c) = map.get(&ordinal) {
+    if let Some((c, _)) = map.get(&ordinal) {
         c.bind_to_thread().map_err(|e| from_driver(e, "cuCtxSetCurrent"))?;
         return Ok(c.clone());
     }
     let c = CudaContext::new(ordinal).map_err(|e| from_driver(e, "cuDevicePrimaryCtxRetain"))?;
-    map.insert(ordinal, c.clone());
+    // cudarc synchronises the whole context when its stream count goes from
+    // 0 to 1; a stream kept for the life of the process makes that happen
+    // once, here, and never later behind a user's (or a peer-waiting) kernel.
+    let keeper = c.new_stream().map_err(|e| from_driver(e, "cuStreamCreate"))?;
+    map.insert(ordinal, (c.clone(), keeper));
     Ok(c)
 }
 
