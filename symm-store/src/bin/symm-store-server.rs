@@ -1,0 +1,87 @@
+//! Standalone TCPStore server (PyTorch wire protocol) for the store-only case.
+//!
+//! ```text
+//! symm-store-server [--host ADDR] [--port PORT] [--frame-timeout-secs S] [--max-clients N] [--port-file PATH]
+//! ```
+//! Binds 127.0.0.1:29500 by default (loopback unless an address is given), prints
+//! `listening on ADDR`, and serves until killed or, with `--exit-on-stdin-eof`, until
+//! its standard input closes.
+#![forbid(unsafe_code)]
+
+use std::io::Read;
+use std::net::{IpAddr, SocketAddr};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use symm_store::{ServerOptions, TcpServer};
+
+fn usage() -> ExitCode {
+    eprintln!(
+        "usage: symm-store-server [--host ADDR] [--port PORT] [--frame-timeout-secs S] [--max-clients N] \
+         [--port-file PATH] [--exit-on-stdin-eof]"
+    );
+    ExitCode::from(2)
+}
+
+fn main() -> ExitCode {
+    let mut host: IpAddr = [127, 0, 0, 1].into();
+    let mut port: u16 = symm_store::tcp::DEFAULT_PORT;
+    let mut opts = ServerOptions::default();
+    let mut port_file: Option<String> = None;
+    let mut stdin_eof = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next();
+        match a.as_str() {
+            "--host" => match val().and_then(|v| v.parse().ok()) {
+                Some(h) => host = h,
+                None => return usage(),
+            },
+            "--port" => match val().and_then(|v| v.parse().ok()) {
+                Some(p) => port = p,
+                None => return usage(),
+            },
+            "--frame-timeout-secs" => match val().and_then(|v| v.parse::<f64>().ok()) {
+                Some(s) if s > 0.0 && s.is_finite() => opts.frame_timeout = Duration::from_secs_f64(s),
+                _ => return usage(),
+            },
+            "--max-clients" => match val().and_then(|v| v.parse().ok()) {
+                Some(n) => opts.max_clients = n,
+                None => return usage(),
+            },
+            "--port-file" => match val() {
+                Some(p) => port_file = Some(p),
+                None => return usage(),
+            },
+            "--exit-on-stdin-eof" => stdin_eof = true,
+            "-h" | "--help" => {
+                usage();
+                return ExitCode::SUCCESS;
+            }
+            _ => return usage(),
+        }
+    }
+    let server = match TcpServer::bind_with(SocketAddr::new(host, port), opts) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("symm-store-server: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let addr = server.local_addr();
+    println!("listening on {addr}");
+    if let Some(p) = port_file {
+        if let Err(e) = std::fs::write(&p, addr.port().to_string()) {
+            eprintln!("symm-store-server: writing {p}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    if stdin_eof {
+        let mut sink = [0u8; 256];
+        while matches!(std::io::stdin().read(&mut sink), Ok(n) if n > 0) {}
+        drop(server);
+    } else {
+        server.join();
+    }
+    ExitCode::SUCCESS
+}
