@@ -64,7 +64,8 @@ inventory::collect!(ConnectivityDetector);
 /// The connectivity of `device_type` over `link_kind`, detected once per
 /// process and cached.
 pub fn get_connectivity(device_type: DeviceType, link_kind: &str) -> Result<Arc<Connectivity>> {
-    static CACHE: OnceLock<Mutex<HashMap<(DeviceType, String), Arc<Connectivity>>>> = OnceLock::new();
+    type Cache = Mutex<HashMap<(DeviceType, String), Arc<Connectivity>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
     let key = (device_type, link_kind.to_string());
     if let Some(c) = CACHE
         .get_or_init(Default::default)

@@ -1,7 +1,7 @@
 //! The conformance suite: what every backend's `SymmetricMemory` must do,
 //! written once and instantiated per backend with [`conformance_tests!`].
 //!
-//! ```ignore
+//! ```no_run
 //! // symm-testkit/tests/host_conformance.rs
 //! symm_testkit::conformance_tests!(host, symm_testkit::conformance::Backend::host(), [1, 2, 3, 5, 8]);
 //! ```
@@ -349,9 +349,9 @@ fn case_rendezvous(b: &Backend, ctx: &RankCtx) -> TestResult {
     let pattern = |r: usize| -> Vec<u32> { (0..n as u32).map(|i| (r as u32) * 100_000 + i * 7 + 1).collect() };
     own.write(&bytes_of(&pattern(me)))?;
     mem.barrier(ch(0)?, b.timeout)?;
-    for r in 0..w {
+    for (r, &ptr) in bp.iter().enumerate() {
         let v = mem.get_buffer(r, &[n], DType::U32, 0)?;
-        ensure!(v.ptr() == bp[r] && v.rank().get() == r, "view of rank {r}: {v:?}");
+        ensure!(v.ptr() == ptr && v.rank().get() == r, "view of rank {r}: {v:?}");
         ensure!(
             u32s(&v.read()?) == pattern(r),
             "rank {me} reads a wrong buffer of rank {r}"
@@ -881,6 +881,10 @@ fn case_killed(b: &Backend, ctx: &RankCtx, case: Case) -> TestResult {
         Ok(_) => return fail(format!("rank {me}: rendezvous succeeded although rank {victim:?} died")),
         Err(e) => {
             ensure!(is_peer_failure(&e), "rank {me}: {e}");
+            ensure!(
+                victim.is_some_and(|v| names_rank(&e, v)) || matches!(e, Error::Timeout { .. }),
+                "rank {me}: the error does not name rank {victim:?}: {e}"
+            );
             ensure!(took <= deadline_slack(b), "rank {me} failed after {took:?}: {e}");
             println!("rank {me}: failed as expected after {took:?}: {e}");
         }
@@ -1089,7 +1093,7 @@ pub fn run_case(backend: &Backend, case: Case, mode: Mode, world: usize, test_pa
 /// Instantiates the conformance suite for a backend: one `#[test]` per case
 /// x {threads, processes} x world size (1 to 8), in `mod $name`.
 ///
-/// ```ignore
+/// ```no_run
 /// symm_testkit::conformance_tests!(host, symm_testkit::conformance::Backend::host(), [1, 2, 3, 5, 8]);
 /// ```
 #[macro_export]

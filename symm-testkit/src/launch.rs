@@ -222,7 +222,7 @@ where
     let (tx, rx) = mpsc::channel::<(usize, RankOutcome<T>)>();
     let mut outcomes: Vec<Option<RankOutcome<T>>> = (0..world).map(|_| None).collect();
     let mut handles = Vec::new();
-    for rank in 0..world {
+    for (rank, slot) in outcomes.iter_mut().enumerate() {
         let ctx = RankCtx {
             rank,
             world,
@@ -245,7 +245,7 @@ where
         });
         match spawned {
             Ok(h) => handles.push((rank, h)),
-            Err(e) => outcomes[rank] = Some(RankOutcome::Err(format!("cannot spawn thread: {e}"))),
+            Err(e) => *slot = Some(RankOutcome::Err(format!("cannot spawn thread: {e}"))),
         }
     }
     drop(tx);

@@ -99,6 +99,10 @@ fn store_only_and_usage() {
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.starts_with("MASTER_ADDR=127.0.0.1 MASTER_PORT="), "{text}");
-    let bad = Command::new(env!("CARGO_BIN_EXE_symmrun")).arg("--nproc-per-node").arg("2").output().unwrap();
+    let bad = Command::new(env!("CARGO_BIN_EXE_symmrun"))
+        .arg("--nproc-per-node")
+        .arg("2")
+        .output()
+        .unwrap();
     assert_eq!(bad.status.code(), Some(2));
 }

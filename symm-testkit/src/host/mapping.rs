@@ -50,6 +50,17 @@ fn os_err(call: &str, e: Errno) -> Error {
             device: "host".into(),
             detail: format!("{call}: {e}"),
         },
+        Errno::EMFILE | Errno::ENFILE => Error::Backend {
+            backend: "host",
+            call: call.to_string(),
+            detail: format!(
+                "{} (RLIMIT_NOFILE soft limit {})",
+                e.desc(),
+                nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+                    .map(|(soft, _)| soft.to_string())
+                    .unwrap_or_else(|_| "unknown".into())
+            ),
+        },
         _ => Error::Backend {
             backend: "host",
             call: call.to_string(),
