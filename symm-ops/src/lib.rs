@@ -1,1 +1,51 @@
-//! symm-ops (placeholder)
+//! # symm-ops
+//!
+//! The collectives users call, over symmetric memory: a [`Communicator`]
+//! per group and device (PyTorch's IntraNodeComm, generalised) set up once,
+//! then
+//!
+//! - [`Communicator::all_reduce`] / [`Communicator::all_reduce_out`]: the
+//!   algorithm picked by size, world size and topology from a printable
+//!   selection table ([`Communicator::selection_table`]), handing over to
+//!   NCCL where NCCL wins and where the group spans hosts or is not fully
+//!   connected;
+//! - explicit [`Communicator::one_shot_all_reduce`] (out of place, `_out`),
+//!   [`Communicator::two_shot_all_reduce`] (in place, `_out`),
+//!   [`Communicator::reduce_scatter`] (`_out`), [`Communicator::all_gather`]
+//!   (`_out`) and [`Communicator::barrier`] over a subset of ranks;
+//! - f32, f16 and bf16 (the `half` crate), sum / avg / max / min, f32
+//!   accumulation in a fixed rank order (bitwise-equal results on every rank).
+//!
+//! Symmetric tensors ([`symm_core::SymmTensor`]) go zero-copy; plain
+//! buffers (host slices, cudarc slices and views, raw device pointers) are
+//! staged through the communicator's persistent symmetric buffer, in chunks
+//! when larger. Engines: the generic host engine (any backend's
+//! `SymmetricMemory`; CI runs it on symm-testkit's host backend), CUDA
+//! (symm-cuda's kernels, feature `cuda`, default) and NCCL (cudarc).
+//! See `docs/user-guide.md` and `docs/ops.md`.
+
+#![forbid(unsafe_code)]
+
+mod buf;
+mod comm;
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(feature = "cuda")]
+mod device;
+mod host;
+mod reduce;
+mod select;
+mod setup;
+
+pub use buf::{Buf, BufMut, Element, HostIn, HostOut, RawDevicePtr};
+pub use comm::{CommConfig, Communicator, NewOutput, DEFAULT_STAGING_BYTES};
+#[cfg(feature = "cuda")]
+pub use device::{DeviceInput, DeviceOutput};
+pub use select::{AllGatherAlgo, AllReduceAlgo, EngineKind, ReduceScatterAlgo, SelectionThresholds};
+
+#[cfg(feature = "cuda")]
+pub use cudarc;
+pub use half;
+pub use symm_core;
+#[cfg(feature = "cuda")]
+pub use symm_cuda;

@@ -1,0 +1,682 @@
+//! [`Communicator`]: PyTorch's IntraNodeComm, generalised. One per group and
+//! device, set up once (rendezvous, topology, persistent symmetric staging
+//! buffer, engine); after that every op runs without talking to the store
+//! and without allocating (except the out-of-place variants that return a
+//! new result).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use symm_core::{
+    detect_topology, empty_p2p, get_connectivity, DType, Device, DeviceType, Error, Group, Rank, ReduceOp, Result,
+    SymmTensor, Topology,
+};
+
+use crate::buf::{check_dtype, Buf, BufMut, Element};
+use crate::host::{HostEngine, In};
+use crate::select::{
+    human, AllGatherAlgo, AllReduceAlgo, EngineKind, ReduceScatterAlgo, SelectionThresholds, Selector,
+};
+use crate::setup::{self, PeerInfo};
+
+/// Default size of the persistent symmetric staging buffer (10 MiB, as
+/// PyTorch's IntraNodeComm).
+pub const DEFAULT_STAGING_BYTES: usize = 10 * 1024 * 1024;
+
+/// How a [`Communicator`] is set up. Every rank must pass the same values
+/// (checked at setup: ranks that selected different algorithms would
+/// deadlock).
+#[derive(Debug, Clone)]
+pub struct CommConfig {
+    /// Bytes of the persistent symmetric staging buffer plain inputs go
+    /// through (in chunks when larger). Default 10 MiB.
+    pub staging_bytes: usize,
+    /// Bound on every wait of an op (device waits included). `None`: the
+    /// group's timeout (its store's).
+    pub timeout: Option<Duration>,
+    /// The selection table's thresholds. `None`: the defaults for the
+    /// engine and world size ([`SelectionThresholds::defaults`]).
+    pub selection: Option<SelectionThresholds>,
+    /// Force an engine instead of picking one from the device type and
+    /// topology (`Nccl` on a CUDA group skips symmetric memory entirely).
+    pub force_engine: Option<EngineKind>,
+    /// Create the NCCL fallback (CUDA groups). Default true.
+    pub nccl: bool,
+}
+
+impl Default for CommConfig {
+    fn default() -> Self {
+        CommConfig {
+            staging_bytes: DEFAULT_STAGING_BYTES,
+            timeout: None,
+            selection: None,
+            force_engine: None,
+            nccl: true,
+        }
+    }
+}
+
+impl CommConfig {
+    fn fingerprint(&self) -> String {
+        format!(
+            "staging={} selection={:?} force={:?} nccl={}",
+            self.staging_bytes, self.selection, self.force_engine, self.nccl
+        )
+    }
+}
+
+pub(crate) enum Engine {
+    Host(HostEngine),
+    #[cfg(feature = "cuda")]
+    Cuda(crate::cuda::CudaEngine),
+}
+
+/// A result an out-of-place op allocates: `Vec<T>` (host engine) or
+/// `cudarc::driver::CudaSlice<T>` (CUDA engine, allocated on the
+/// communicator's stream).
+pub trait NewOutput: Sized {
+    /// A buffer of `len` elements of `dtype` for `comm`.
+    fn new_output(comm: &Communicator, len: usize, dtype: DType) -> Result<Self>;
+    /// The buffer as an op output.
+    fn as_output(&mut self) -> BufMut<'_>;
+}
+
+impl<T: Element> NewOutput for Vec<T> {
+    fn new_output(_comm: &Communicator, len: usize, dtype: DType) -> Result<Self> {
+        if dtype != T::DTYPE {
+            return Err(Error::InvalidArgument(format!(
+                "result type {} asked for a {dtype} input",
+                T::DTYPE
+            )));
+        }
+        Ok(vec![T::default(); len])
+    }
+    fn as_output(&mut self) -> BufMut<'_> {
+        self.into()
+    }
+}
+
+/// Errors after which the ranks' protocol state is out of step.
+fn is_fatal(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Timeout { .. }
+            | Error::Aborted(_)
+            | Error::PeerLost { .. }
+            | Error::Backend { .. }
+            | Error::Store(_)
+            | Error::Io(_)
+    )
+}
+
+/// The collectives of one rank of a group on one device.
+///
+/// Ops take `&self` but must not run concurrently on one communicator
+/// (a second concurrent op gets an error); every rank calls the same ops in
+/// the same order with the same sizes. After an op fails with a timeout,
+/// abort or lost peer, the communicator refuses further ops (its ranks'
+/// protocol state is out of step): build a new one.
+pub struct Communicator {
+    group: Arc<Group>,
+    device: Device,
+    config: CommConfig,
+    timeout: Duration,
+    topology: Topology,
+    same_host: bool,
+    selector: Selector,
+    engine: Engine,
+    poisoned: AtomicBool,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("group", &self.group.name())
+            .field("rank", &self.group.rank())
+            .field("device", &self.device)
+            .field("engine", &self.engine_kind())
+            .field("topology", &self.topology)
+            .finish()
+    }
+}
+
+impl Communicator {
+    /// Sets up a communicator (collective: every rank of `group` calls it).
+    /// For CUDA devices the ops run on a new stream of the device's primary
+    /// context; see `with_stream` to use your own.
+    pub fn new(group: &Arc<Group>, device: Device, config: CommConfig) -> Result<Communicator> {
+        Self::build(
+            group,
+            device,
+            config,
+            #[cfg(feature = "cuda")]
+            None,
+        )
+    }
+
+    /// Sets up a CUDA communicator whose ops run on `stream` (the caller's
+    /// stream; every op is enqueued there, graph capture included).
+    #[cfg(feature = "cuda")]
+    pub fn with_stream(
+        group: &Arc<Group>,
+        stream: Arc<cudarc::driver::CudaStream>,
+        config: CommConfig,
+    ) -> Result<Communicator> {
+        let device = Device::cuda(stream.context().ordinal() as u32);
+        Self::build(group, device, config, Some(stream))
+    }
+
+    fn build(
+        group: &Arc<Group>,
+        device: Device,
+        config: CommConfig,
+        #[cfg(feature = "cuda")] stream: Option<Arc<cudarc::driver::CudaStream>>,
+    ) -> Result<Communicator> {
+        if config.staging_bytes < 128 {
+            return Err(Error::OutOfRange {
+                what: "staging bytes (at least 128)",
+                value: config.staging_bytes as u64,
+                limit: 128,
+            });
+        }
+        let timeout = config.timeout.unwrap_or_else(|| group.timeout());
+        let me = PeerInfo {
+            host: setup::host_id(),
+            device_type: setup::device_type_name(device.ty),
+            device_index: device.index,
+            fingerprint: config.fingerprint(),
+        };
+        let peers = setup::exchange(group, &me, timeout)?;
+        setup::check_agreement(&peers, &me)?;
+        let same_host = setup::same_host(&peers);
+        let world = group.world_size();
+
+        let (kind, topology) = match device.ty {
+            DeviceType::Host => {
+                if matches!(config.force_engine, Some(k) if k != EngineKind::Host) {
+                    return Err(Error::Unavailable(format!(
+                        "engine {:?} on a host device; the host backend runs the host engine",
+                        config.force_engine
+                    )));
+                }
+                if !same_host {
+                    return Err(Error::NotSameHost(
+                        "the host backend needs every rank on one host".into(),
+                    ));
+                }
+                (EngineKind::Host, Topology::FullyConnected)
+            }
+            DeviceType::Rocm => {
+                if matches!(config.force_engine, Some(k) if k != EngineKind::Host) {
+                    return Err(Error::Unavailable(
+                        "ROCm devices run the generic engine only (no ROCm collective kernels or RCCL yet)".into(),
+                    ));
+                }
+                (EngineKind::Host, Topology::Unknown)
+            }
+            DeviceType::Cuda => {
+                let topology = if same_host {
+                    let devices: Vec<usize> = peers.iter().map(|p| p.device_index as usize).collect();
+                    let distinct: Vec<String> = devices.iter().map(|d| d.to_string()).collect();
+                    symm_core::check_distinct_devices(&distinct)?;
+                    match get_connectivity(DeviceType::Cuda, "nvlink") {
+                        Ok(c) => detect_topology(&c.matrix, &devices),
+                        Err(_) => Topology::Unknown,
+                    }
+                } else {
+                    Topology::Unknown
+                };
+                let kind = match config.force_engine {
+                    Some(EngineKind::Host) => {
+                        return Err(Error::Unavailable(
+                            "the host engine on CUDA devices: use the cuda or nccl engine".into(),
+                        ))
+                    }
+                    Some(k) => k,
+                    None if same_host && topology == Topology::FullyConnected => EngineKind::Cuda,
+                    None => EngineKind::Nccl,
+                };
+                (kind, topology)
+            }
+        };
+
+        let engine = match kind {
+            EngineKind::Host => Engine::Host(HostEngine::new(group, device, config.staging_bytes, timeout)?),
+            #[cfg(feature = "cuda")]
+            EngineKind::Cuda | EngineKind::Nccl => Engine::Cuda(crate::cuda::CudaEngine::new(
+                group,
+                device,
+                stream,
+                &config,
+                timeout,
+                kind == EngineKind::Cuda,
+            )?),
+            #[cfg(not(feature = "cuda"))]
+            EngineKind::Cuda | EngineKind::Nccl => {
+                return Err(Error::Unavailable(
+                    "symm-ops was built without its `cuda` feature".into(),
+                ))
+            }
+        };
+        let (symm, nccl) = match &engine {
+            Engine::Host(_) => (true, false),
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(c) => (c.has_symm(), c.has_nccl()),
+        };
+        let selector = Selector {
+            engine: kind,
+            symm,
+            nccl,
+            thresholds: config
+                .selection
+                .unwrap_or_else(|| SelectionThresholds::defaults(kind, world)),
+        };
+        Ok(Communicator {
+            group: group.clone(),
+            device,
+            config,
+            timeout,
+            topology,
+            same_host,
+            selector,
+            engine,
+            poisoned: AtomicBool::new(false),
+        })
+    }
+
+    pub fn group(&self) -> &Arc<Group> {
+        &self.group
+    }
+    pub fn rank(&self) -> Rank {
+        self.group.rank()
+    }
+    pub fn world_size(&self) -> usize {
+        self.group.world_size()
+    }
+    pub fn device(&self) -> Device {
+        self.device
+    }
+    pub fn config(&self) -> &CommConfig {
+        &self.config
+    }
+    /// The bound on every wait of an op.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+    pub fn topology(&self) -> Topology {
+        self.topology
+    }
+    /// Whether every rank runs on this host.
+    pub fn same_host(&self) -> bool {
+        self.same_host
+    }
+    /// The engine running the ops.
+    pub fn engine_kind(&self) -> EngineKind {
+        self.selector.engine
+    }
+    /// Whether NCCL is available as the fallback.
+    pub fn has_nccl(&self) -> bool {
+        self.selector.nccl
+    }
+    /// The thresholds in force.
+    pub fn thresholds(&self) -> SelectionThresholds {
+        self.selector.thresholds
+    }
+
+    /// The stream the ops run on (CUDA engine).
+    #[cfg(feature = "cuda")]
+    pub fn stream(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
+        match &self.engine {
+            Engine::Cuda(c) => Some(c.stream()),
+            Engine::Host(_) => None,
+        }
+    }
+
+    /// Reads (and clears) an error a device wait latched (timeout, abort)
+    /// since the last check; call after synchronising the stream. The host
+    /// engine reports errors from the op itself, so this is always Ok there.
+    pub fn check_error(&self) -> Result<()> {
+        match &self.engine {
+            Engine::Host(_) => Ok(()),
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(c) => {
+                let r = c.check_error();
+                if let Err(e) = &r {
+                    if is_fatal(e) {
+                        self.poisoned.store(true, Ordering::Release);
+                    }
+                }
+                r
+            }
+        }
+    }
+
+    /// The algorithm `all_reduce` picks for a payload of `bytes`.
+    pub fn select_all_reduce(&self, bytes: usize) -> AllReduceAlgo {
+        self.selector.all_reduce(bytes)
+    }
+    /// The algorithm `reduce_scatter` picks for an input of `bytes`.
+    pub fn select_reduce_scatter(&self, bytes: usize) -> ReduceScatterAlgo {
+        self.selector.reduce_scatter(bytes)
+    }
+    /// The algorithm `all_gather` picks for a gathered output of `bytes`.
+    pub fn select_all_gather(&self, bytes: usize) -> AllGatherAlgo {
+        self.selector.all_gather(bytes)
+    }
+
+    /// The selection table in force, as text.
+    pub fn selection_table(&self) -> String {
+        let header = format!(
+            "symm-ops selection: group {:?}, world {}, device {}, engine {}{}, topology {:?}, {}, staging {}",
+            self.group.name(),
+            self.world_size(),
+            self.device,
+            self.selector.engine,
+            if self.selector.nccl { " (nccl fallback)" } else { "" },
+            self.topology,
+            if self.same_host { "one host" } else { "several hosts" },
+            human(self.config.staging_bytes),
+        );
+        self.selector.table(&header)
+    }
+
+    /// A symmetric tensor from the persistent pool (`alloc_id`), rendezvoused
+    /// with the group, for callers who plan their buffers ahead (as
+    /// torch.compile plans communication buffers): ops on it are zero-copy.
+    /// Collective setup step (every rank calls it, in the same order); the
+    /// same id gives the same memory once the previous tensor was dropped.
+    pub fn persistent_buffer(&self, alloc_id: u64, shape: &[usize], dtype: DType) -> Result<SymmTensor> {
+        let t = empty_p2p(shape, dtype, self.device, &self.group, Some(alloc_id))?;
+        t.rendezvous(self.timeout)?;
+        #[cfg(feature = "cuda")]
+        if let Engine::Cuda(c) = &self.engine {
+            c.register(&t)?;
+        }
+        Ok(t)
+    }
+
+    fn run(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(Error::Aborted(
+                "an earlier op of this communicator failed (timeout, abort or lost peer); build a new one".into(),
+            ));
+        }
+        let r = f();
+        if let Err(e) = &r {
+            if is_fatal(e) {
+                self.poisoned.store(true, Ordering::Release);
+            }
+        }
+        r
+    }
+
+    /// Sets (or clears) the abort word: every wait of this communicator's
+    /// ops ends with [`Error::Aborted`] while set (host engine; the CUDA
+    /// engine's kernels poll the abort word of symm-cuda's memory).
+    pub fn set_abort(&self, abort: bool) -> Result<()> {
+        match &self.engine {
+            Engine::Host(h) => h.set_abort(abort),
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(_) => Err(Error::Unavailable(
+                "set_abort on the CUDA engine: use symm-cuda's memory handle".into(),
+            )),
+        }
+    }
+
+    // ---- all-reduce -------------------------------------------------------
+
+    /// All-reduce in place; the algorithm is picked by the selection table.
+    pub fn all_reduce<'a>(&self, buf: impl Into<BufMut<'a>>, op: ReduceOp) -> Result<()> {
+        let buf = buf.into();
+        let algo = self.selector.all_reduce(buf.len() * buf.dtype().size());
+        self.all_reduce_with(algo, None, buf, op)
+    }
+
+    /// All-reduce `input` into `output` (same length and dtype); the
+    /// algorithm is picked by the selection table.
+    pub fn all_reduce_out<'a, 'b>(
+        &self,
+        input: impl Into<Buf<'a>>,
+        output: impl Into<BufMut<'b>>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let input = input.into();
+        let algo = self.selector.all_reduce(input.len() * input.dtype().size());
+        self.all_reduce_with(algo, Some(input), output.into(), op)
+    }
+
+    /// One-shot all-reduce, out of place: returns a new result
+    /// (`Vec<T>` or `CudaSlice<T>`). Allocates the result; use
+    /// [`Self::one_shot_all_reduce_out`] in hot loops and CUDA graphs.
+    pub fn one_shot_all_reduce<'a, O: NewOutput>(&self, input: impl Into<Buf<'a>>, op: ReduceOp) -> Result<O> {
+        let input = input.into();
+        let mut out = O::new_output(self, input.len(), input.dtype())?;
+        self.all_reduce_with(AllReduceAlgo::OneShot, Some(input), out.as_output(), op)?;
+        Ok(out)
+    }
+
+    /// One-shot all-reduce into `output`.
+    pub fn one_shot_all_reduce_out<'a, 'b>(
+        &self,
+        input: impl Into<Buf<'a>>,
+        output: impl Into<BufMut<'b>>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.all_reduce_with(AllReduceAlgo::OneShot, Some(input.into()), output.into(), op)
+    }
+
+    /// Two-shot all-reduce in place.
+    pub fn two_shot_all_reduce<'a>(&self, buf: impl Into<BufMut<'a>>, op: ReduceOp) -> Result<()> {
+        self.all_reduce_with(AllReduceAlgo::TwoShot, None, buf.into(), op)
+    }
+
+    /// Two-shot all-reduce into `output`.
+    pub fn two_shot_all_reduce_out<'a, 'b>(
+        &self,
+        input: impl Into<Buf<'a>>,
+        output: impl Into<BufMut<'b>>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.all_reduce_with(AllReduceAlgo::TwoShot, Some(input.into()), output.into(), op)
+    }
+
+    /// All-reduce with an explicit algorithm; `input: None` means in place
+    /// (`output` is also the input). [`AllReduceAlgo::Lamport`] runs as
+    /// one-shot on the host engine; an algorithm the engine lacks is
+    /// [`Error::Unavailable`].
+    pub fn all_reduce_with(
+        &self,
+        algo: AllReduceAlgo,
+        input: Option<Buf<'_>>,
+        output: BufMut<'_>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let count = output.len();
+        let dtype = output.dtype();
+        check_dtype(dtype, "all_reduce")?;
+        if let Some(i) = &input {
+            check_same("all_reduce", i, &output, i.len())?;
+        }
+        self.check_algo(algo)?;
+        if count == 0 {
+            return Ok(());
+        }
+        match &self.engine {
+            Engine::Host(h) => {
+                let in_place = input.is_none();
+                let mut out = h.resolve_out(output, in_place)?;
+                let input = match input {
+                    Some(b) => h.resolve_in(b)?,
+                    None => In::Output,
+                };
+                self.run(|| match algo {
+                    AllReduceAlgo::TwoShot => h.two_shot(&input, &mut out, count, dtype, op),
+                    _ => h.one_shot(&input, &mut out, count, dtype, op),
+                })
+            }
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(c) => self.run(|| c.all_reduce(algo, input, output, count, dtype, op)),
+        }
+    }
+
+    fn check_algo(&self, algo: AllReduceAlgo) -> Result<()> {
+        let ok = match algo {
+            AllReduceAlgo::Nccl => self.selector.nccl,
+            _ => self.selector.symm,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::Unavailable(format!(
+                "{algo} all-reduce on a communicator running the {} engine{} (topology {:?}, {})",
+                self.selector.engine,
+                if self.selector.nccl {
+                    " with nccl"
+                } else {
+                    " without nccl"
+                },
+                self.topology,
+                if self.same_host { "one host" } else { "several hosts" }
+            )))
+        }
+    }
+
+    // ---- reduce-scatter -----------------------------------------------------
+
+    /// Reduce-scatter, returning a new result of `input.len() / world`
+    /// elements: rank r gets the reduction of every rank's r-th segment.
+    pub fn reduce_scatter<'a, O: NewOutput>(&self, input: impl Into<Buf<'a>>, op: ReduceOp) -> Result<O> {
+        let input = input.into();
+        let mut out = O::new_output(self, input.len() / self.world_size(), input.dtype())?;
+        self.reduce_scatter_out(input, out.as_output(), op)?;
+        Ok(out)
+    }
+
+    /// Reduce-scatter `input` (`world * n` elements) into `output` (`n`).
+    pub fn reduce_scatter_out<'a, 'b>(
+        &self,
+        input: impl Into<Buf<'a>>,
+        output: impl Into<BufMut<'b>>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let (input, output) = (input.into(), output.into());
+        let w = self.world_size();
+        let dtype = input.dtype();
+        check_dtype(dtype, "reduce_scatter")?;
+        if input.len() % w != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "reduce_scatter: input of {} elements is not a multiple of the world size {w}",
+                input.len()
+            )));
+        }
+        let count = input.len() / w;
+        check_same("reduce_scatter", &input, &output, count)?;
+        if count == 0 {
+            return Ok(());
+        }
+        match &self.engine {
+            Engine::Host(h) => {
+                let input = h.resolve_in(input)?;
+                let mut out = h.resolve_out(output, false)?;
+                self.run(|| h.reduce_scatter(&input, &mut out, count, dtype, op))
+            }
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(c) => {
+                let algo = self.selector.reduce_scatter(input.len() * dtype.size());
+                self.run(|| c.reduce_scatter(algo, input, output, count, dtype, op))
+            }
+        }
+    }
+
+    // ---- all-gather ---------------------------------------------------------
+
+    /// All-gather, returning a new result of `input.len() * world` elements
+    /// (rank r's input at `r * input.len()`).
+    pub fn all_gather<'a, O: NewOutput>(&self, input: impl Into<Buf<'a>>) -> Result<O> {
+        let input = input.into();
+        let mut out = O::new_output(self, input.len() * self.world_size(), input.dtype())?;
+        self.all_gather_out(input, out.as_output())?;
+        Ok(out)
+    }
+
+    /// All-gather `input` (`n` elements) into `output` (`world * n`).
+    pub fn all_gather_out<'a, 'b>(&self, input: impl Into<Buf<'a>>, output: impl Into<BufMut<'b>>) -> Result<()> {
+        let (input, output) = (input.into(), output.into());
+        let w = self.world_size();
+        let dtype = input.dtype();
+        check_dtype(dtype, "all_gather")?;
+        let count = input.len();
+        let want = count
+            .checked_mul(w)
+            .ok_or_else(|| Error::InvalidArgument(format!("all_gather: {count} elements x world {w} overflows")))?;
+        check_same("all_gather", &input, &output, want)?;
+        if count == 0 {
+            return Ok(());
+        }
+        match &self.engine {
+            Engine::Host(h) => {
+                let input = h.resolve_in(input)?;
+                let mut out = h.resolve_out(output, false)?;
+                self.run(|| h.all_gather(&input, &mut out, count, dtype))
+            }
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(c) => {
+                let algo = self.selector.all_gather(want * dtype.size());
+                self.run(|| c.all_gather(algo, input, output, count, dtype))
+            }
+        }
+    }
+
+    // ---- barrier ------------------------------------------------------------
+
+    /// Barrier over `ranks` (this rank included; any order, no duplicates),
+    /// or over the whole group with `None`. Every rank in the subset calls it.
+    pub fn barrier(&self, ranks: Option<&[usize]>) -> Result<()> {
+        let me = self.rank();
+        let ranks: Vec<Rank> = match ranks {
+            None => (0..self.world_size()).map(|r| me.peer(r)).collect::<Result<_>>()?,
+            Some(list) => {
+                let mut v = list.iter().map(|&r| me.peer(r)).collect::<Result<Vec<_>>>()?;
+                v.sort();
+                if let Some(w) = v.windows(2).find(|w| w[0] == w[1]) {
+                    return Err(Error::InvalidArgument(format!(
+                        "barrier: rank {} listed twice",
+                        w[0].get()
+                    )));
+                }
+                if !v.contains(&me) {
+                    return Err(Error::InvalidArgument(format!(
+                        "barrier: ranks {list:?} do not include this rank {}",
+                        me.get()
+                    )));
+                }
+                v
+            }
+        };
+        match &self.engine {
+            Engine::Host(h) => self.run(|| h.barrier(&ranks)),
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(c) => self.run(|| c.barrier(&ranks)),
+        }
+    }
+}
+
+/// Checks dtype equality and the output length.
+fn check_same(op: &str, input: &Buf<'_>, output: &BufMut<'_>, want_out: usize) -> Result<()> {
+    if input.dtype() != output.dtype() {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: input is {}, output is {}",
+            input.dtype(),
+            output.dtype()
+        )));
+    }
+    if output.len() != want_out {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: output has {} elements, expected {want_out} (input has {})",
+            output.len(),
+            input.len()
+        )));
+    }
+    Ok(())
+}

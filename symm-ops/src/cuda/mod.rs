@@ -1,0 +1,331 @@
+//! The CUDA engine: symm-cuda's collective kernels on symmetric memory,
+//! with NCCL (cudarc) as the fallback. Every op resolves its buffers to
+//! device addresses (cudarc slices through their own event tracking) and
+//! enqueues on the communicator's stream: no host synchronisation, no
+//! allocation, no store traffic, so ops can be captured in a CUDA graph.
+
+mod coll;
+pub(crate) mod nccl;
+
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::Duration;
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, SyncOnDrop, ValidAsZeroBits};
+use symm_core::{DType, Device, Error, Group, Rank, ReduceOp, Result, SymmTensor};
+
+use crate::buf::{Buf, BufMut, Element};
+use crate::comm::{CommConfig, Communicator, NewOutput};
+use crate::select::{AllGatherAlgo, AllReduceAlgo, ReduceScatterAlgo};
+use coll::Coll;
+use nccl::{guarded, Nccl};
+
+fn drv_err(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
+    move |e| Error::Backend {
+        backend: "cuda",
+        call: call.to_string(),
+        detail: format!("{e:?}"),
+    }
+}
+
+fn check_align(what: &'static str, ptr: u64, dtype: DType) -> Result<()> {
+    let a = dtype.size() as u64;
+    if ptr % a != 0 {
+        return Err(Error::Misaligned {
+            what,
+            value: ptr,
+            align: a,
+        });
+    }
+    Ok(())
+}
+
+pub(crate) struct CudaEngine {
+    device: Device,
+    stream: Arc<CudaStream>,
+    coll: Option<Coll>,
+    nccl: Option<Nccl>,
+    /// One element NCCL all-reduces for a barrier when there are no kernels.
+    barrier_word: Option<CudaSlice<f32>>,
+    lock: Mutex<()>,
+}
+
+impl CudaEngine {
+    /// Collective setup. `symm`: build the symmetric-memory kernels (one host,
+    /// fully connected); else NCCL only.
+    pub fn new(
+        group: &Arc<Group>,
+        device: Device,
+        stream: Option<Arc<CudaStream>>,
+        config: &CommConfig,
+        timeout: Duration,
+        symm: bool,
+    ) -> Result<Self> {
+        let stream = match stream {
+            Some(s) => s,
+            None => {
+                let n = guarded("libcuda", || {
+                    CudaContext::device_count().map_err(drv_err("cuDeviceGetCount"))
+                })?;
+                if device.index as i64 >= n as i64 {
+                    return Err(Error::OutOfRange {
+                        what: "CUDA device index",
+                        value: device.index as u64,
+                        limit: n.max(0) as u64,
+                    });
+                }
+                let ctx = CudaContext::new(device.index as usize).map_err(drv_err("cuDevicePrimaryCtxRetain"))?;
+                ctx.new_stream().map_err(drv_err("cuStreamCreate"))?
+            }
+        };
+        if stream.context().ordinal() != device.index as usize {
+            return Err(Error::InvalidArgument(format!(
+                "stream of device {} for a communicator on {device}",
+                stream.context().ordinal()
+            )));
+        }
+        if !symm && !config.nccl {
+            return Err(Error::Unavailable(
+                "the nccl engine with CommConfig::nccl = false: nothing could run the ops".into(),
+            ));
+        }
+        let coll = if symm {
+            Some(Coll::new(group, stream.context(), config.staging_bytes, timeout)?)
+        } else {
+            None
+        };
+        let nccl = if config.nccl {
+            Some(Nccl::new(group, &stream, timeout)?)
+        } else {
+            None
+        };
+        let barrier_word = if coll.is_none() {
+            Some(stream.alloc_zeros::<f32>(1).map_err(drv_err("cuMemAlloc"))?)
+        } else {
+            None
+        };
+        Ok(CudaEngine {
+            device,
+            stream,
+            coll,
+            nccl,
+            barrier_word,
+            lock: Mutex::new(()),
+        })
+    }
+
+    pub fn has_symm(&self) -> bool {
+        self.coll.is_some()
+    }
+    pub fn has_nccl(&self) -> bool {
+        self.nccl.is_some()
+    }
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, ()>> {
+        match self.lock.try_lock() {
+            Ok(g) => Ok(g),
+            Err(TryLockError::Poisoned(p)) => Ok(p.into_inner()),
+            Err(TryLockError::WouldBlock) => Err(Error::InvalidArgument(
+                "two ops ran at once on one communicator (use one communicator per thread)".into(),
+            )),
+        }
+    }
+
+    fn coll(&self) -> Result<&Coll> {
+        self.coll
+            .as_ref()
+            .ok_or_else(|| Error::Unavailable("symmetric-memory kernels on an nccl-only communicator".into()))
+    }
+    fn nccl(&self) -> Result<&Nccl> {
+        self.nccl
+            .as_ref()
+            .ok_or_else(|| Error::Unavailable("nccl on a communicator built with CommConfig::nccl = false".into()))
+    }
+
+    fn check_symm(&self, t: &SymmTensor, what: &str) -> Result<()> {
+        if t.device() != self.device {
+            return Err(Error::InvalidArgument(format!(
+                "{what} is on {}, the communicator on {}",
+                t.device(),
+                self.device
+            )));
+        }
+        if !t.is_contiguous() {
+            return Err(Error::InvalidArgument(format!("{what} must be contiguous")));
+        }
+        Ok(())
+    }
+
+    fn check_ctx(&self, ctx: &Arc<CudaContext>, what: &str) -> Result<()> {
+        if ctx.ordinal() != self.device.index as usize {
+            return Err(Error::InvalidArgument(format!(
+                "{what} is on cuda:{}, the communicator on {}",
+                ctx.ordinal(),
+                self.device
+            )));
+        }
+        Ok(())
+    }
+
+    fn src<'s>(&'s self, b: &'s Buf<'_>) -> Result<(u64, Option<SyncOnDrop<'s>>)> {
+        match b {
+            Buf::Symm(t) => {
+                self.check_symm(t, "input tensor")?;
+                Ok((t.ptr(), None))
+            }
+            Buf::Device(d) => {
+                self.check_ctx(d.context(), "input")?;
+                let (p, g) = d.read_ptr(&self.stream);
+                check_align("input pointer", p, d.dtype())?;
+                Ok((p, Some(g)))
+            }
+            Buf::Raw(r) => {
+                check_align("input pointer", r.ptr, r.dtype)?;
+                Ok((r.ptr, None))
+            }
+            Buf::Host(_) => Err(Error::InvalidArgument(
+                "host slices need the host engine; copy them to the device first".into(),
+            )),
+        }
+    }
+
+    fn dst<'s>(&'s self, b: &'s mut BufMut<'_>) -> Result<(u64, Option<SyncOnDrop<'s>>)> {
+        match b {
+            BufMut::Symm(t) => {
+                self.check_symm(t, "output tensor")?;
+                Ok((t.ptr(), None))
+            }
+            BufMut::Device(d) => {
+                self.check_ctx(d.context(), "output")?;
+                let dtype = d.dtype();
+                let (p, g) = d.write_ptr(&self.stream);
+                check_align("output pointer", p, dtype)?;
+                Ok((p, Some(g)))
+            }
+            BufMut::Raw(r) => {
+                check_align("output pointer", r.ptr, r.dtype)?;
+                Ok((r.ptr, None))
+            }
+            BufMut::Host(_) => Err(Error::InvalidArgument(
+                "host slices need the host engine; copy them to the device first".into(),
+            )),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_reduce(
+        &self,
+        algo: AllReduceAlgo,
+        input: Option<Buf<'_>>,
+        mut output: BufMut<'_>,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let _l = self.lock()?;
+        let (out_ptr, _g_out) = self.dst(&mut output)?;
+        let (in_ptr, _g_in) = match &input {
+            Some(b) => self.src(b)?,
+            None => (out_ptr, None),
+        };
+        match algo {
+            AllReduceAlgo::Nccl => self.nccl()?.all_reduce(in_ptr, out_ptr, count, dtype, op),
+            a => self
+                .coll()?
+                .all_reduce(&self.stream, a, in_ptr, out_ptr, count, dtype, op),
+        }
+    }
+
+    /// `count` = output elements.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce_scatter(
+        &self,
+        algo: ReduceScatterAlgo,
+        input: Buf<'_>,
+        mut output: BufMut<'_>,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let _l = self.lock()?;
+        let (out_ptr, _g_out) = self.dst(&mut output)?;
+        let (in_ptr, _g_in) = self.src(&input)?;
+        match algo {
+            ReduceScatterAlgo::Nccl => self.nccl()?.reduce_scatter(in_ptr, out_ptr, count, dtype, op),
+            ReduceScatterAlgo::Symm => self
+                .coll()?
+                .reduce_scatter(&self.stream, in_ptr, out_ptr, count, dtype, op),
+        }
+    }
+
+    /// `count` = input elements.
+    pub fn all_gather(
+        &self,
+        algo: AllGatherAlgo,
+        input: Buf<'_>,
+        mut output: BufMut<'_>,
+        count: usize,
+        dtype: DType,
+    ) -> Result<()> {
+        let _l = self.lock()?;
+        let (out_ptr, _g_out) = self.dst(&mut output)?;
+        let (in_ptr, _g_in) = self.src(&input)?;
+        match algo {
+            AllGatherAlgo::Nccl => self.nccl()?.all_gather(in_ptr, out_ptr, count, dtype),
+            a => self.coll()?.all_gather(&self.stream, in_ptr, out_ptr, count, dtype, a),
+        }
+    }
+
+    pub fn barrier(&self, ranks: &[Rank]) -> Result<()> {
+        let _l = self.lock()?;
+        if let Some(c) = &self.coll {
+            return c.barrier(&self.stream, ranks);
+        }
+        let world = ranks.first().map(|r| r.world_size()).unwrap_or(0);
+        if ranks.len() != world {
+            return Err(Error::Unavailable(
+                "a barrier over a subset of ranks on an nccl-only communicator".into(),
+            ));
+        }
+        let (nccl, word) = match (&self.nccl, &self.barrier_word) {
+            (Some(n), Some(w)) => (n, w),
+            _ => return Err(Error::Unavailable("no engine for a barrier".into())),
+        };
+        let (p, _g) = word.device_ptr(&self.stream);
+        nccl.all_reduce(p, p, 1, DType::F32, ReduceOp::Sum)
+    }
+
+    pub fn register(&self, t: &SymmTensor) -> Result<()> {
+        match &self.coll {
+            Some(c) => c.register(t),
+            None => Ok(()),
+        }
+    }
+
+    pub fn check_error(&self) -> Result<()> {
+        match &self.coll {
+            Some(c) => c.check_error(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl<T: Element + DeviceRepr + ValidAsZeroBits> NewOutput for CudaSlice<T> {
+    fn new_output(comm: &Communicator, len: usize, dtype: DType) -> Result<Self> {
+        if dtype != T::DTYPE {
+            return Err(Error::InvalidArgument(format!(
+                "result type {} asked for a {dtype} input",
+                T::DTYPE
+            )));
+        }
+        let stream = comm
+            .stream()
+            .ok_or_else(|| Error::InvalidArgument("a CudaSlice result from a host-engine communicator".into()))?;
+        stream.alloc_zeros::<T>(len).map_err(drv_err("cuMemAllocAsync"))
+    }
+    fn as_output(&mut self) -> BufMut<'_> {
+        self.into()
+    }
+}

@@ -1,0 +1,200 @@
+//! NCCL through cudarc's safe API: the fallback engine. Pointers that are
+//! not cudarc slices (symmetric tensors, raw pointers, resolved slices) go
+//! through [`RawDev`], a `DevicePtr` over a plain device address.
+
+use std::marker::PhantomData;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Once};
+use std::time::Duration;
+
+use cudarc::driver::{sys::CUdeviceptr, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
+use cudarc::nccl::{Comm, Id, NcclType};
+use half::{bf16, f16};
+use symm_core::{DType, Error, Group, ReduceOp, Result};
+
+/// A device address as a cudarc `DevicePtr`; the caller orders the memory's
+/// other uses against `stream` (no event tracking).
+struct RawDev<T> {
+    ptr: u64,
+    len: usize,
+    stream: Arc<CudaStream>,
+    _t: PhantomData<T>,
+}
+
+impl<T> RawDev<T> {
+    fn new(ptr: u64, len: usize, stream: &Arc<CudaStream>) -> Self {
+        RawDev {
+            ptr,
+            len,
+            stream: stream.clone(),
+            _t: PhantomData,
+        }
+    }
+}
+
+impl<T> DeviceSlice<T> for RawDev<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl<T> DevicePtr<T> for RawDev<T> {
+    fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Record(None))
+    }
+}
+
+impl<T> DevicePtrMut<T> for RawDev<T> {
+    fn device_ptr_mut<'a>(&'a mut self, _stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Record(None))
+    }
+}
+
+fn nccl_err(call: &str, e: cudarc::nccl::result::NcclError) -> Error {
+    Error::Backend {
+        backend: "nccl",
+        call: call.to_string(),
+        detail: format!("{:?}", e.0),
+    }
+}
+
+/// Runs `f`, turning a panic of cudarc's dynamic loader (library missing)
+/// into [`Error::Unavailable`].
+pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Err(Error::Unavailable(format!("{what}: {msg}")))
+        }
+    }
+}
+
+/// Whether libnccl can be loaded (cudarc panics on first use otherwise).
+pub(crate) fn nccl_version() -> Result<i32> {
+    guarded("libnccl", || {
+        cudarc::nccl::result::get_nccl_version().map_err(|e| nccl_err("ncclGetVersion", e))
+    })
+}
+
+/// NVLink multicast (NVLS) is out (DESIGN.md): NCCL must not use it.
+fn disable_nvls() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+            // Set once, before the first NCCL communicator of the process.
+            std::env::set_var("NCCL_NVLS_ENABLE", "0");
+        }
+    });
+}
+
+fn to_nccl(op: ReduceOp) -> cudarc::nccl::ReduceOp {
+    match op {
+        ReduceOp::Sum => cudarc::nccl::ReduceOp::Sum,
+        ReduceOp::Avg => cudarc::nccl::ReduceOp::Avg,
+        ReduceOp::Max => cudarc::nccl::ReduceOp::Max,
+        ReduceOp::Min => cudarc::nccl::ReduceOp::Min,
+    }
+}
+
+/// One NCCL communicator on the communicator's stream.
+pub(crate) struct Nccl {
+    comm: Comm,
+    stream: Arc<CudaStream>,
+}
+
+impl Nccl {
+    /// Collective: rank 0 creates the unique id and publishes it through the
+    /// group's store; every rank joins.
+    pub fn new(group: &Arc<Group>, stream: &Arc<CudaStream>, timeout: Duration) -> Result<Self> {
+        nccl_version()?;
+        disable_nvls();
+        let key = format!("{}/nccl-id", group.next_prefix("nccl"));
+        let store = group.store();
+        let id = if group.rank().get() == 0 {
+            let id = Id::new().map_err(|e| nccl_err("ncclGetUniqueId", e))?;
+            let bytes: Vec<u8> = id.internal().iter().map(|&c| c as u8).collect();
+            store.set(&key, &bytes)?;
+            id
+        } else {
+            let bytes = store.get_timeout(&key, timeout)?;
+            if bytes.len() != 128 {
+                return Err(Error::InvalidArgument(format!(
+                    "NCCL unique id of {} bytes in the store (expected 128)",
+                    bytes.len()
+                )));
+            }
+            let mut internal = [0 as std::ffi::c_char; 128];
+            for (d, &s) in internal.iter_mut().zip(&bytes) {
+                *d = s as std::ffi::c_char;
+            }
+            Id::uninit(internal)
+        };
+        let comm = Comm::from_rank(stream.clone(), group.rank().get(), group.world_size(), id)
+            .map_err(|e| nccl_err("ncclCommInitRank", e))?;
+        Ok(Nccl {
+            comm,
+            stream: stream.clone(),
+        })
+    }
+
+    fn ar<T: NcclType>(&self, input: u64, output: u64, count: usize, op: ReduceOp) -> Result<()> {
+        let src = RawDev::<T>::new(input, count, &self.stream);
+        let mut dst = RawDev::<T>::new(output, count, &self.stream);
+        self.comm
+            .all_reduce(&src, &mut dst, &to_nccl(op))
+            .map(|_| ())
+            .map_err(|e| nccl_err("ncclAllReduce", e))
+    }
+
+    pub fn all_reduce(&self, input: u64, output: u64, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
+        match dtype {
+            DType::F32 => self.ar::<f32>(input, output, count, op),
+            DType::F16 => self.ar::<f16>(input, output, count, op),
+            _ => self.ar::<bf16>(input, output, count, op),
+        }
+    }
+
+    fn rs<T: NcclType>(&self, input: u64, output: u64, count: usize, op: ReduceOp) -> Result<()> {
+        let src = RawDev::<T>::new(input, count * self.comm.world_size(), &self.stream);
+        let mut dst = RawDev::<T>::new(output, count, &self.stream);
+        self.comm
+            .reduce_scatter(&src, &mut dst, &to_nccl(op))
+            .map(|_| ())
+            .map_err(|e| nccl_err("ncclReduceScatter", e))
+    }
+
+    /// `count` = output elements.
+    pub fn reduce_scatter(&self, input: u64, output: u64, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
+        match dtype {
+            DType::F32 => self.rs::<f32>(input, output, count, op),
+            DType::F16 => self.rs::<f16>(input, output, count, op),
+            _ => self.rs::<bf16>(input, output, count, op),
+        }
+    }
+
+    fn ag<T: NcclType>(&self, input: u64, output: u64, count: usize) -> Result<()> {
+        let src = RawDev::<T>::new(input, count, &self.stream);
+        let mut dst = RawDev::<T>::new(output, count * self.comm.world_size(), &self.stream);
+        self.comm
+            .all_gather(&src, &mut dst)
+            .map(|_| ())
+            .map_err(|e| nccl_err("ncclAllGather", e))
+    }
+
+    /// `count` = input elements.
+    pub fn all_gather(&self, input: u64, output: u64, count: usize, dtype: DType) -> Result<()> {
+        match dtype {
+            DType::F32 => self.ag::<f32>(input, output, count),
+            DType::F16 => self.ag::<f16>(input, output, count),
+            _ => self.ag::<bf16>(input, output, count),
+        }
+    }
+}

@@ -1,0 +1,371 @@
+//! Algorithm selection: which algorithm (or NCCL) runs an op, by payload
+//! size, world size, topology and engine. The table is data
+//! ([`SelectionThresholds`]), agreed by every rank at setup (ranks that chose
+//! differently would deadlock), and printable
+//! ([`crate::Communicator::selection_table`]).
+
+use std::fmt;
+
+/// The engine that runs a communicator's ops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EngineKind {
+    /// The generic engine: works over any backend's
+    /// [`symm_core::SymmetricMemory`] with `read_bytes` / `write_bytes` and
+    /// the pad's barrier and signals (the host backend in symm-testkit; CI).
+    Host,
+    /// symm-cuda's collective kernels, with NCCL as the fallback where it wins.
+    Cuda,
+    /// NCCL only (chosen when the group spans hosts or is not fully connected).
+    Nccl,
+}
+
+impl fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EngineKind::Host => "host",
+            EngineKind::Cuda => "cuda",
+            EngineKind::Nccl => "nccl",
+        })
+    }
+}
+
+/// All-reduce algorithms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AllReduceAlgo {
+    /// Every rank reads every peer's input and reduces all of it.
+    OneShot,
+    /// Reduce-scatter (each rank reduces 1/world) then all-gather.
+    TwoShot,
+    /// One-shot with data as flag (push into peers' sentinel-filled slots, no
+    /// barrier); CUDA only. The host engine runs it as one-shot.
+    Lamport,
+    /// NCCL's all-reduce.
+    Nccl,
+}
+
+impl fmt::Display for AllReduceAlgo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AllReduceAlgo::OneShot => "one-shot",
+            AllReduceAlgo::TwoShot => "two-shot",
+            AllReduceAlgo::Lamport => "lamport (one-shot, data as flag)",
+            AllReduceAlgo::Nccl => "nccl",
+        })
+    }
+}
+
+/// Reduce-scatter algorithms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceScatterAlgo {
+    /// Each rank reads its segment from every peer and reduces it.
+    Symm,
+    Nccl,
+}
+
+impl fmt::Display for ReduceScatterAlgo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ReduceScatterAlgo::Symm => "symm (read peers' segment, reduce)",
+            ReduceScatterAlgo::Nccl => "nccl",
+        })
+    }
+}
+
+/// All-gather algorithms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AllGatherAlgo {
+    /// SM-driven peer copies.
+    Sm,
+    /// Copy-engine peer copies (CUDA; the host engine copies with the CPU).
+    CopyEngine,
+    Nccl,
+}
+
+impl fmt::Display for AllGatherAlgo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AllGatherAlgo::Sm => "sm copy",
+            AllGatherAlgo::CopyEngine => "copy engine",
+            AllGatherAlgo::Nccl => "nccl",
+        })
+    }
+}
+
+/// Size thresholds of the selection table, in bytes. All-reduce counts the
+/// tensor's bytes; reduce-scatter the whole unreduced input; all-gather the
+/// whole gathered output (as nccl-tests counts them). A threshold of 0
+/// disables the algorithm below it; `usize::MAX` means "no limit".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SelectionThresholds {
+    /// all_reduce up to this size: Lamport (CUDA).
+    pub lamport_max_bytes: usize,
+    /// all_reduce up to this size: one-shot.
+    pub one_shot_max_bytes: usize,
+    /// all_reduce up to this size: two-shot; larger: NCCL where it is
+    /// available, else two-shot.
+    pub two_shot_max_bytes: usize,
+    /// reduce_scatter up to this size: symmetric memory; larger: NCCL.
+    pub reduce_scatter_max_bytes: usize,
+    /// all_gather up to this size: symmetric memory; larger: NCCL.
+    pub all_gather_max_bytes: usize,
+    /// all_gather from this size on: copy engine instead of SM copies.
+    pub all_gather_copy_engine_min_bytes: usize,
+}
+
+const KIB: usize = 1024;
+const MIB: usize = 1024 * 1024;
+
+impl SelectionThresholds {
+    /// The defaults for an engine and world size.
+    ///
+    /// CUDA, world 2: from the measurements on 2 x H200 (NV18) in
+    /// DESIGN.md: PyTorch's two-shot already beats NCCL at every size up to
+    /// 256 MiB, so NCCL is never picked; Lamport covers the latency-bound
+    /// sizes. Worlds of 3 and more: provisional, after PyTorch's IntraNodeComm
+    /// and vLLM (one-shot for small, two-shot to a few MiB, NCCL beyond);
+    /// to be set from 4- and 8-GPU measurements.
+    pub fn defaults(engine: EngineKind, world_size: usize) -> Self {
+        match engine {
+            EngineKind::Host => SelectionThresholds {
+                lamport_max_bytes: 0,
+                one_shot_max_bytes: 256 * KIB,
+                two_shot_max_bytes: usize::MAX,
+                reduce_scatter_max_bytes: usize::MAX,
+                all_gather_max_bytes: usize::MAX,
+                all_gather_copy_engine_min_bytes: usize::MAX,
+            },
+            EngineKind::Nccl => SelectionThresholds {
+                lamport_max_bytes: 0,
+                one_shot_max_bytes: 0,
+                two_shot_max_bytes: 0,
+                reduce_scatter_max_bytes: 0,
+                all_gather_max_bytes: 0,
+                all_gather_copy_engine_min_bytes: usize::MAX,
+            },
+            EngineKind::Cuda => match world_size {
+                0..=2 => SelectionThresholds {
+                    lamport_max_bytes: 512 * KIB,
+                    one_shot_max_bytes: 512 * KIB,
+                    two_shot_max_bytes: usize::MAX,
+                    reduce_scatter_max_bytes: usize::MAX,
+                    all_gather_max_bytes: usize::MAX,
+                    all_gather_copy_engine_min_bytes: 4 * MIB,
+                },
+                3..=4 => SelectionThresholds {
+                    lamport_max_bytes: 128 * KIB,
+                    one_shot_max_bytes: 512 * KIB,
+                    two_shot_max_bytes: 32 * MIB,
+                    reduce_scatter_max_bytes: 32 * MIB,
+                    all_gather_max_bytes: 32 * MIB,
+                    all_gather_copy_engine_min_bytes: 4 * MIB,
+                },
+                _ => SelectionThresholds {
+                    lamport_max_bytes: 64 * KIB,
+                    one_shot_max_bytes: 256 * KIB,
+                    two_shot_max_bytes: 8 * MIB,
+                    reduce_scatter_max_bytes: 8 * MIB,
+                    all_gather_max_bytes: 8 * MIB,
+                    all_gather_copy_engine_min_bytes: 4 * MIB,
+                },
+            },
+        }
+    }
+}
+
+/// The selection in force for one communicator.
+#[derive(Debug, Clone)]
+pub(crate) struct Selector {
+    pub engine: EngineKind,
+    /// Symmetric-memory algorithms available (false: NCCL only).
+    pub symm: bool,
+    /// NCCL available as the fallback.
+    pub nccl: bool,
+    pub thresholds: SelectionThresholds,
+}
+
+impl Selector {
+    pub fn all_reduce(&self, bytes: usize) -> AllReduceAlgo {
+        let t = &self.thresholds;
+        if !self.symm {
+            return AllReduceAlgo::Nccl;
+        }
+        if self.engine != EngineKind::Cuda {
+            return if bytes <= t.one_shot_max_bytes.max(t.lamport_max_bytes) {
+                AllReduceAlgo::OneShot
+            } else {
+                AllReduceAlgo::TwoShot
+            };
+        }
+        if bytes <= t.lamport_max_bytes {
+            AllReduceAlgo::Lamport
+        } else if bytes <= t.one_shot_max_bytes {
+            AllReduceAlgo::OneShot
+        } else if bytes <= t.two_shot_max_bytes || !self.nccl {
+            AllReduceAlgo::TwoShot
+        } else {
+            AllReduceAlgo::Nccl
+        }
+    }
+
+    pub fn reduce_scatter(&self, bytes: usize) -> ReduceScatterAlgo {
+        if !self.symm || (self.nccl && bytes > self.thresholds.reduce_scatter_max_bytes) {
+            ReduceScatterAlgo::Nccl
+        } else {
+            ReduceScatterAlgo::Symm
+        }
+    }
+
+    pub fn all_gather(&self, bytes: usize) -> AllGatherAlgo {
+        let t = &self.thresholds;
+        if !self.symm || (self.nccl && bytes > t.all_gather_max_bytes) {
+            AllGatherAlgo::Nccl
+        } else if self.engine == EngineKind::Cuda && bytes >= t.all_gather_copy_engine_min_bytes {
+            AllGatherAlgo::CopyEngine
+        } else {
+            AllGatherAlgo::Sm
+        }
+    }
+
+    /// The table as text, one block per op.
+    pub fn table(&self, header: &str) -> String {
+        let t = &self.thresholds;
+        let mut s = String::new();
+        s.push_str(header);
+        s.push('\n');
+        let bounds = |extra: &[usize]| {
+            // usize::MAX (and MAX - 1 from "min" thresholds) mean "no limit".
+            let mut b: Vec<usize> = extra.iter().copied().filter(|&x| x < usize::MAX / 2).collect();
+            b.sort_unstable();
+            b.dedup();
+            b
+        };
+        let ar = bounds(&[t.lamport_max_bytes, t.one_shot_max_bytes, t.two_shot_max_bytes]);
+        block(&mut s, "all_reduce (bytes of the tensor)", &ar, |b| {
+            self.all_reduce(b).to_string()
+        });
+        let rs = bounds(&[t.reduce_scatter_max_bytes]);
+        block(&mut s, "reduce_scatter (bytes of the unreduced input)", &rs, |b| {
+            self.reduce_scatter(b).to_string()
+        });
+        let ag = bounds(&[
+            t.all_gather_max_bytes,
+            t.all_gather_copy_engine_min_bytes.saturating_sub(1),
+        ]);
+        block(&mut s, "all_gather (bytes of the gathered output)", &ag, |b| {
+            self.all_gather(b).to_string()
+        });
+        s
+    }
+}
+
+/// Human size: "512 KiB", "8 MiB", "1000 B".
+pub(crate) fn human(bytes: usize) -> String {
+    if bytes >= MIB && bytes % MIB == 0 {
+        format!("{} MiB", bytes / MIB)
+    } else if bytes >= KIB && bytes % KIB == 0 {
+        format!("{} KiB", bytes / KIB)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+/// One block of the table: rows `bytes <= bound` over the sorted upper
+/// bounds, then "larger"; adjacent rows with the same algorithm merge.
+fn block(s: &mut String, title: &str, bounds: &[usize], pick: impl Fn(usize) -> String) {
+    s.push_str("  ");
+    s.push_str(title);
+    s.push('\n');
+    // (upper bound inclusive or None for unbounded, algorithm); the probe
+    // for a range is its upper end (or one past the last bound).
+    let mut rows: Vec<(Option<usize>, String)> = Vec::new();
+    let mut lo = 1usize;
+    for &b in bounds {
+        if b < lo {
+            continue;
+        }
+        rows.push((Some(b), pick(b)));
+        lo = b.saturating_add(1);
+    }
+    rows.push((None, pick(lo)));
+    let mut merged: Vec<(Option<usize>, String)> = Vec::new();
+    for (b, a) in rows {
+        match merged.last_mut() {
+            Some(last) if last.1 == a => last.0 = b,
+            _ => merged.push((b, a)),
+        }
+    }
+    let n = merged.len();
+    for (b, a) in merged {
+        let range = match b {
+            Some(b) if b % KIB != 0 && (b + 1) % KIB == 0 => format!("< {}", human(b + 1)),
+            Some(b) => format!("<= {}", human(b)),
+            None if n == 1 => "any size".to_string(),
+            None => "larger".to_string(),
+        };
+        s.push_str(&format!("    {range:<14} {a}\n"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sel(engine: EngineKind, world: usize, nccl: bool) -> Selector {
+        Selector {
+            engine,
+            symm: engine != EngineKind::Nccl,
+            nccl,
+            thresholds: SelectionThresholds::defaults(engine, world),
+        }
+    }
+
+    #[test]
+    fn cuda_world2_never_picks_nccl() {
+        let s = sel(EngineKind::Cuda, 2, true);
+        assert_eq!(s.all_reduce(1024), AllReduceAlgo::Lamport);
+        assert_eq!(s.all_reduce(512 * KIB + 2), AllReduceAlgo::TwoShot);
+        assert_eq!(s.all_reduce(1 << 40), AllReduceAlgo::TwoShot);
+        assert_eq!(s.all_gather(64 * MIB), AllGatherAlgo::CopyEngine);
+        assert_eq!(s.all_gather(64 * KIB), AllGatherAlgo::Sm);
+    }
+
+    #[test]
+    fn cuda_world8_hands_large_to_nccl_only_if_present() {
+        let s = sel(EngineKind::Cuda, 8, true);
+        assert_eq!(s.all_reduce(32 * KIB), AllReduceAlgo::Lamport);
+        assert_eq!(s.all_reduce(128 * KIB), AllReduceAlgo::OneShot);
+        assert_eq!(s.all_reduce(MIB), AllReduceAlgo::TwoShot);
+        assert_eq!(s.all_reduce(64 * MIB), AllReduceAlgo::Nccl);
+        assert_eq!(s.reduce_scatter(64 * MIB), ReduceScatterAlgo::Nccl);
+        let s = sel(EngineKind::Cuda, 8, false);
+        assert_eq!(s.all_reduce(64 * MIB), AllReduceAlgo::TwoShot);
+        assert_eq!(s.reduce_scatter(64 * MIB), ReduceScatterAlgo::Symm);
+    }
+
+    #[test]
+    fn nccl_only_and_host() {
+        let s = sel(EngineKind::Nccl, 4, true);
+        assert_eq!(s.all_reduce(4), AllReduceAlgo::Nccl);
+        assert_eq!(s.all_gather(4), AllGatherAlgo::Nccl);
+        let h = sel(EngineKind::Host, 3, false);
+        assert_eq!(h.all_reduce(4), AllReduceAlgo::OneShot);
+        assert_eq!(h.all_reduce(MIB), AllReduceAlgo::TwoShot);
+        assert_eq!(h.all_gather(1 << 30), AllGatherAlgo::Sm);
+    }
+
+    #[test]
+    fn table_lists_every_boundary() {
+        let norm = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
+        let raw = sel(EngineKind::Cuda, 8, true).table("hdr");
+        assert!(raw.starts_with("hdr\n"), "{raw}");
+        let t = norm(&raw);
+        assert!(t.contains("<= 64 KiB lamport"), "{raw}");
+        assert!(t.contains("<= 256 KiB one-shot"), "{raw}");
+        assert!(t.contains("<= 8 MiB two-shot"), "{raw}");
+        assert!(t.contains("larger nccl"), "{raw}");
+        assert!(t.contains("< 4 MiB sm copy"), "{raw}");
+        let h = norm(&sel(EngineKind::Host, 2, false).table("h"));
+        assert!(h.contains("any size symm"), "{h}");
+        assert_eq!(human(1000), "1000 B");
+    }
+}

@@ -1,0 +1,716 @@
+//! The ops on the host backend (symm-testkit), as CI runs them: world sizes
+//! 1 to 8 (threads) and 3 (processes); every dtype x op against a float64
+//! reference; sizes from one element to 64 MiB with odd sizes and unaligned
+//! element offsets; host-slice (staged, in chunks) and symmetric (zero-copy)
+//! buffers; outputs poisoned before each run, guards around them untouched;
+//! results bitwise equal across ranks; integer inputs summing exactly; bad
+//! input, timeouts and delayed ranks.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use half::{bf16, f16};
+use symm_core::{get_symmetric_memory, DType, Device, Error, ReduceOp, SymmTensor};
+use symm_ops::{AllReduceAlgo, CommConfig, Communicator, Element, EngineKind, RawDevicePtr};
+use symm_testkit::launch::{child_ctx, run_processes, run_threads, RankCtx, TestResult};
+
+const LIMIT: Duration = Duration::from_secs(280);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    AllReduce,
+    AllReduceOut,
+    OneShotOut,
+    OneShotNew,
+    TwoShot,
+    TwoShotOut,
+    ReduceScatterOut,
+    ReduceScatterNew,
+    AllGatherOut,
+    AllGatherNew,
+}
+
+const KINDS: [Kind; 10] = [
+    Kind::AllReduce,
+    Kind::AllReduceOut,
+    Kind::OneShotOut,
+    Kind::OneShotNew,
+    Kind::TwoShot,
+    Kind::TwoShotOut,
+    Kind::ReduceScatterOut,
+    Kind::ReduceScatterNew,
+    Kind::AllGatherOut,
+    Kind::AllGatherNew,
+];
+
+impl Kind {
+    fn is_gather(self) -> bool {
+        matches!(self, Kind::AllGatherOut | Kind::AllGatherNew)
+    }
+    fn is_scatter(self) -> bool {
+        matches!(self, Kind::ReduceScatterOut | Kind::ReduceScatterNew)
+    }
+    fn in_place(self) -> bool {
+        matches!(self, Kind::AllReduce | Kind::TwoShot)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mem {
+    /// Host slices: staged through the communicator's buffer.
+    Host,
+    /// Symmetric tensors: zero-copy.
+    Symm,
+}
+
+/// One case of the matrix.
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    kind: Kind,
+    mem: Mem,
+    op: ReduceOp,
+    values: Values,
+    /// Elements per rank unit: all-reduce count, reduce-scatter output, all-gather input.
+    n: usize,
+    /// Element offset of the input (and output) inside its buffer.
+    off: usize,
+    seed: u64,
+}
+
+fn sym_write<T: Element>(t: &SymmTensor, elem_off: usize, data: &[T]) -> TestResult {
+    let mem = get_symmetric_memory(t).ok_or("not rendezvoused")?;
+    let es = T::DTYPE.size();
+    let mut b = vec![0u8; data.len() * es];
+    for (v, o) in data.iter().zip(b.chunks_exact_mut(es)) {
+        v.write_le(o);
+    }
+    mem.write_bytes(mem.rank(), t.storage_offset() + elem_off * es, &b)?;
+    Ok(())
+}
+
+fn sym_read<T: Element>(t: &SymmTensor, elem_off: usize, n: usize) -> TestResult<Vec<T>> {
+    let mem = get_symmetric_memory(t).ok_or("not rendezvoused")?;
+    let es = T::DTYPE.size();
+    let mut b = vec![0u8; n * es];
+    mem.read_bytes(mem.rank(), t.storage_offset() + elem_off * es, &mut b)?;
+    Ok(b.chunks_exact(es).map(T::read_le).collect())
+}
+
+/// A rank's symmetric scratch tensors for one dtype (input and output).
+struct SymPair {
+    input: SymmTensor,
+    output: SymmTensor,
+}
+
+fn sym_pair(comm: &Communicator, dtype: DType, cap: usize, id: u64) -> TestResult<SymPair> {
+    Ok(SymPair {
+        input: comm.persistent_buffer(id, &[cap], dtype)?,
+        output: comm.persistent_buffer(id + 1, &[cap], dtype)?,
+    })
+}
+
+/// Runs one case on this rank; returns the output's hash (None where ranks
+/// legitimately differ: reduce-scatter).
+fn run_case<T: Element>(comm: &Communicator, sym: &SymPair, c: &Case) -> TestResult<Option<u64>> {
+    let (me, w) = (comm.rank().get(), comm.world_size());
+    let n_in = if c.kind.is_scatter() { c.n * w } else { c.n };
+    let n_out = if c.kind.is_gather() { c.n * w } else { c.n };
+    let inp: Vec<T> = input(c.values, c.seed, me, n_in);
+    // The guarded output as read back: GUARD + n_out + GUARD elements.
+    let full: Vec<T> = match c.mem {
+        Mem::Host => {
+            let mut ibuf = vec![guard_value::<T>(); c.off + n_in];
+            ibuf[c.off..].copy_from_slice(&inp);
+            let x = &ibuf[c.off..];
+            let mut obuf = guarded_output::<T>(n_out);
+            if c.kind.in_place() {
+                obuf[GUARD..GUARD + n_out].copy_from_slice(&inp);
+            }
+            let o = &mut obuf[GUARD..GUARD + n_out];
+            match c.kind {
+                Kind::AllReduce => comm.all_reduce(o, c.op)?,
+                Kind::AllReduceOut => comm.all_reduce_out(x, o, c.op)?,
+                Kind::OneShotOut => comm.one_shot_all_reduce_out(x, o, c.op)?,
+                Kind::OneShotNew => o.copy_from_slice(&comm.one_shot_all_reduce::<Vec<T>>(x, c.op)?),
+                Kind::TwoShot => comm.two_shot_all_reduce(o, c.op)?,
+                Kind::TwoShotOut => comm.two_shot_all_reduce_out(x, o, c.op)?,
+                Kind::ReduceScatterOut => comm.reduce_scatter_out(x, o, c.op)?,
+                Kind::ReduceScatterNew => o.copy_from_slice(&comm.reduce_scatter::<Vec<T>>(x, c.op)?),
+                Kind::AllGatherOut => comm.all_gather_out(x, o)?,
+                Kind::AllGatherNew => o.copy_from_slice(&comm.all_gather::<Vec<T>>(x)?),
+            }
+            obuf
+        }
+        Mem::Symm => {
+            // Input at `off`, output at `off + GUARD` with guards around it.
+            sym_write(&sym.input, c.off, &inp)?;
+            let x = sym.input.narrow(c.off, n_in)?;
+            let mut init = guarded_output::<T>(n_out);
+            if c.kind.in_place() {
+                init[GUARD..GUARD + n_out].copy_from_slice(&inp);
+            }
+            sym_write(&sym.output, c.off, &init)?;
+            let o = sym.output.narrow(c.off + GUARD, n_out)?;
+            let mut host = vec![poison_value::<T>(); n_out];
+            match c.kind {
+                Kind::AllReduce => comm.all_reduce(&o, c.op)?,
+                Kind::AllReduceOut => comm.all_reduce_out(&x, &o, c.op)?,
+                Kind::OneShotOut => comm.one_shot_all_reduce_out(&x, &o, c.op)?,
+                Kind::OneShotNew => host = comm.one_shot_all_reduce::<Vec<T>>(&x, c.op)?,
+                Kind::TwoShot => comm.two_shot_all_reduce(&o, c.op)?,
+                // A symmetric input into a host output.
+                Kind::TwoShotOut => comm.two_shot_all_reduce_out(&x, &mut host[..], c.op)?,
+                Kind::ReduceScatterOut => comm.reduce_scatter_out(&x, &o, c.op)?,
+                Kind::ReduceScatterNew => host = comm.reduce_scatter::<Vec<T>>(&x, c.op)?,
+                Kind::AllGatherOut => comm.all_gather_out(&x, &o)?,
+                Kind::AllGatherNew => host = comm.all_gather::<Vec<T>>(&x)?,
+            }
+            let mut full = sym_read::<T>(&sym.output, c.off, n_out + 2 * GUARD)?;
+            if matches!(
+                c.kind,
+                Kind::OneShotNew | Kind::TwoShotOut | Kind::ReduceScatterNew | Kind::AllGatherNew
+            ) {
+                // The symmetric output was not the destination: it must be untouched.
+                if full.iter().map(|&v| to_bits(v)).ne(init.iter().map(|&v| to_bits(v))) {
+                    return Err("a symmetric output that was not the destination changed".into());
+                }
+                full[GUARD..GUARD + n_out].copy_from_slice(&host);
+            }
+            full
+        }
+    };
+    check_guards(&full).map_err(|e| format!("{c:?} {}: {e}", T::DTYPE))?;
+    let out = &full[GUARD..GUARD + n_out];
+    let r = if c.kind.is_gather() {
+        check_all_gather(c.values, c.seed, w, out)
+    } else if c.kind.is_scatter() {
+        check_reduce_scatter(c.values, c.seed, w, me, c.op, out)
+    } else {
+        check_all_reduce(c.values, c.seed, w, c.op, out)
+    };
+    r.map_err(|e| format!("rank {me}/{w} {c:?} {}: {e}", T::DTYPE))?;
+    Ok(if c.kind.is_scatter() { None } else { Some(hash(out)) })
+}
+
+fn dispatch(dtype: DType, comm: &Communicator, sym: &SymPair, c: &Case) -> TestResult<Option<u64>> {
+    match dtype {
+        DType::F32 => run_case::<f32>(comm, sym, c),
+        DType::F16 => run_case::<f16>(comm, sym, c),
+        _ => run_case::<bf16>(comm, sym, c),
+    }
+}
+
+const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+/// The matrix on one rank: returns (case label, hash) for the cross-rank check.
+fn matrix(ctx: &RankCtx, sizes: &[usize], ops: &[ReduceOp]) -> TestResult<Vec<(String, Option<u64>)>> {
+    symm_testkit::link();
+    let group = ctx.group(&ctx.unique("ops-matrix"))?;
+    let dev = Device::host(ctx.rank as u32);
+    let big = Communicator::new(&group, dev, CommConfig::default())?;
+    // A 1000-byte staging buffer: chunks of 112 f32 / 224 f16 elements, so
+    // the mid sizes run through many chunks (reduce-scatter: / world).
+    let tiny = Communicator::new(
+        &group,
+        dev,
+        CommConfig {
+            staging_bytes: 1000,
+            ..CommConfig::default()
+        },
+    )?;
+    if ctx.rank == 0 {
+        println!("{}", big.selection_table());
+    }
+    assert_eq!(big.engine_kind(), EngineKind::Host);
+    let w = ctx.world;
+    let cap = sizes.iter().max().copied().unwrap_or(1) * w + 2 * GUARD + 8;
+    let mut syms = Vec::new();
+    for (k, &d) in DTYPES.iter().enumerate() {
+        syms.push((
+            sym_pair(&big, d, cap, 10 + 4 * k as u64)?,
+            sym_pair(&tiny, d, cap, 12 + 4 * k as u64)?,
+        ));
+    }
+    let mut hashes = Vec::new();
+    let mut id = 0u64;
+    for (k, &dtype) in DTYPES.iter().enumerate() {
+        for &op in ops {
+            for (si, &n) in sizes.iter().enumerate() {
+                for kind in KINDS {
+                    // all_gather has no reduce op: run it once per dtype/size.
+                    if kind.is_gather() && op != ops[0] {
+                        continue;
+                    }
+                    for mem in [Mem::Host, Mem::Symm] {
+                        for (tiny_staging, comm) in [(false, &big), (true, &tiny)] {
+                            if tiny_staging && n > 1000 {
+                                continue;
+                            }
+                            id += 1;
+                            let c = Case {
+                                kind,
+                                mem,
+                                op,
+                                values: if si % 2 == 0 { Values::Integers } else { Values::Random },
+                                n,
+                                off: (id % 4) as usize,
+                                seed: id * 7919 + k as u64,
+                            };
+                            let sym = if tiny_staging { &syms[k].1 } else { &syms[k].0 };
+                            let h = dispatch(dtype, comm, sym, &c)?;
+                            hashes.push((format!("{dtype} {c:?} tiny={tiny_staging}"), h));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(hashes)
+}
+
+/// Checks every case's hash is equal on every rank.
+fn same_everywhere(per_rank: &[Vec<(String, Option<u64>)>]) -> Result<usize, String> {
+    let first = &per_rank[0];
+    for (r, v) in per_rank.iter().enumerate() {
+        if v.len() != first.len() {
+            return Err(format!("rank {r} ran {} cases, rank 0 {}", v.len(), first.len()));
+        }
+        for ((la, ha), (lb, hb)) in first.iter().zip(v) {
+            if la != lb || ha != hb {
+                return Err(format!("rank {r} differs from rank 0 on {la}: {ha:?} vs {hb:?}"));
+            }
+        }
+    }
+    Ok(first.len())
+}
+
+fn run_matrix(world: usize, sizes: &'static [usize]) {
+    let t = Instant::now();
+    let per_rank = run_threads(world, LIMIT, move |ctx| matrix(&ctx, sizes, &ReduceOp::ALL)).unwrap();
+    let n = same_everywhere(&per_rank).unwrap();
+    println!(
+        "SUMMARY host_matrix_w{world} ok {n} cases x {world} ranks, bitwise equal across ranks, {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+}
+
+const SIZES: &[usize] = &[1, 7, 1000, 4099];
+const SIZES_BIG_WORLD: &[usize] = &[1, 7, 1000];
+
+#[test]
+fn matrix_w1() {
+    run_matrix(1, SIZES);
+}
+#[test]
+fn matrix_w2() {
+    run_matrix(2, &[1, 7, 1000, 4099, 33_333]);
+}
+#[test]
+fn matrix_w3() {
+    run_matrix(3, SIZES);
+}
+#[test]
+fn matrix_w4() {
+    run_matrix(4, SIZES);
+}
+#[test]
+fn matrix_w5() {
+    run_matrix(5, SIZES_BIG_WORLD);
+}
+#[test]
+fn matrix_w6() {
+    run_matrix(6, SIZES_BIG_WORLD);
+}
+#[test]
+fn matrix_w7() {
+    run_matrix(7, SIZES_BIG_WORLD);
+}
+#[test]
+fn matrix_w8() {
+    run_matrix(8, SIZES_BIG_WORLD);
+}
+
+/// The matrix with one process per rank (TcpStore, memfds over FdChannel).
+#[test]
+fn matrix_processes_w3() {
+    if let Some(ctx) = child_ctx().unwrap() {
+        let mine = matrix(&ctx, &[1, 1000, 4099], &[ReduceOp::Sum, ReduceOp::Max]).unwrap();
+        let text: String = mine.iter().map(|(l, h)| format!("{l}={h:?}\n")).collect();
+        let all = ctx
+            .all_gather("matrix-hashes", text.as_bytes(), Duration::from_secs(120))
+            .unwrap();
+        for (r, t) in all.iter().enumerate() {
+            assert!(t == text.as_bytes(), "rank {r} results differ from rank {}", ctx.rank);
+        }
+        println!(
+            "SUMMARY host_matrix_processes_w3 rank {} ok {} cases",
+            ctx.rank,
+            mine.len()
+        );
+        return;
+    }
+    run_processes("matrix_processes_w3", 3, LIMIT).unwrap();
+}
+
+// ---------------------------------------------------------------- 64 MiB
+
+/// 64 MiB payloads (more than the 10 MiB staging buffer: several chunks).
+fn large(ctx: &RankCtx) -> TestResult<Vec<u64>> {
+    symm_testkit::link();
+    let group = ctx.group(&ctx.unique("ops-large"))?;
+    let comm = Communicator::new(&group, Device::host(ctx.rank as u32), CommConfig::default())?;
+    let (me, w) = (ctx.rank, ctx.world);
+    let n = 64 << 18; // 64 MiB of f32
+    let mut hashes = Vec::new();
+    // all_reduce (auto: two-shot at this size), integer inputs: exact.
+    let x: Vec<f32> = input(Values::Integers, 1, me, n);
+    let mut out = guarded_output::<f32>(n);
+    assert_eq!(comm.select_all_reduce(n * 4), AllReduceAlgo::TwoShot);
+    comm.all_reduce_out(&x[..], &mut out[GUARD..GUARD + n], ReduceOp::Sum)?;
+    check_guards(&out)?;
+    check_all_reduce(Values::Integers, 1, w, ReduceOp::Sum, &out[GUARD..GUARD + n])?;
+    hashes.push(hash(&out[GUARD..GUARD + n]));
+    // one-shot, bf16 max of random values, 64 MiB of bf16, at an odd offset.
+    let nb = 64 << 19;
+    let y: Vec<bf16> = input(Values::Random, 2, me, nb + 1);
+    let y_expected: Vec<bf16> = input(Values::Random, 2, me, nb + 1);
+    let mut out = guarded_output::<bf16>(nb);
+    comm.one_shot_all_reduce_out(&y[1..], &mut out[GUARD..GUARD + nb], ReduceOp::Max)?;
+    check_guards(&out)?;
+    // The input is y[1..]: rank r's element i is input_value(r, i + 1).
+    for (i, &g) in out[GUARD..GUARD + nb].iter().enumerate() {
+        let want = (0..w)
+            .map(|r| input_value::<bf16>(Values::Random, 2, r, i + 1).to_f32())
+            .fold(f32::NEG_INFINITY, f32::max);
+        if g.to_f32() != want {
+            return Err(format!("one-shot max element {i}: {} vs {want}", g.to_f32()).into());
+        }
+    }
+    assert!(y == y_expected, "the input changed");
+    hashes.push(hash(&out[GUARD..GUARD + nb]));
+    // all_gather of 64 MiB in total.
+    let per = n / w;
+    let z: Vec<f32> = input(Values::Random, 3, me, per);
+    let mut out = guarded_output::<f32>(per * w);
+    comm.all_gather_out(&z[..], &mut out[GUARD..GUARD + per * w])?;
+    check_guards(&out)?;
+    check_all_gather(Values::Random, 3, w, &out[GUARD..GUARD + per * w])?;
+    hashes.push(hash(&out[GUARD..GUARD + per * w]));
+    Ok(hashes)
+}
+
+fn run_large(world: usize) {
+    let t = Instant::now();
+    let h = run_threads(world, LIMIT, |ctx| large(&ctx)).unwrap();
+    assert!(h.iter().all(|x| *x == h[0]), "results differ across ranks");
+    println!(
+        "SUMMARY host_64mib_w{world} ok all_reduce f32 / one-shot bf16 / all_gather f32, {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn large_64mib_w2() {
+    run_large(2);
+}
+#[test]
+fn large_64mib_w3() {
+    run_large(3);
+}
+
+// ---------------------------------------------------------------- stress
+
+/// Back-to-back ops with a new payload each time; NaN written into the input
+/// right after an op returns never reaches any output; one rank delayed.
+#[test]
+fn back_to_back_and_nan_after_return() {
+    let t = Instant::now();
+    let iters = 150usize;
+    run_threads(3, LIMIT, move |ctx| {
+        symm_testkit::link();
+        let group = ctx.group(&ctx.unique("ops-b2b"))?;
+        let comm = Communicator::new(&group, Device::host(ctx.rank as u32), CommConfig::default())?;
+        let n = 777;
+        let x = comm.persistent_buffer(1, &[n], DType::F32)?;
+        let mut staged = vec![0f32; n];
+        let mut out = vec![0f32; n];
+        for it in 0..iters {
+            let seed = 1000 + it as u64;
+            let v: Vec<f32> = input(Values::Integers, seed, ctx.rank, n);
+            if ctx.rank == 1 && it % 50 == 7 {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            out.fill(f32::NAN);
+            let algo = [AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot][it % 2];
+            if it % 3 == 0 {
+                // staged input
+                staged.copy_from_slice(&v);
+                comm.all_reduce_with(algo, Some((&staged).into()), (&mut out).into(), ReduceOp::Sum)?;
+                staged.fill(f32::NAN);
+            } else {
+                // zero-copy input
+                sym_write(&x, 0, &v)?;
+                comm.all_reduce_with(algo, Some((&x).into()), (&mut out).into(), ReduceOp::Sum)?;
+                sym_write(&x, 0, &vec![f32::NAN; n])?;
+            }
+            check_all_reduce(Values::Integers, seed, ctx.world, ReduceOp::Sum, &out)
+                .map_err(|e| format!("iteration {it}: {e}"))?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    println!(
+        "SUMMARY host_back_to_back ok {iters} ops x 3 ranks, NaN after return never seen, {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+}
+
+// ---------------------------------------------------------------- barrier
+
+#[test]
+fn subset_barriers() {
+    run_threads(4, LIMIT, |ctx| {
+        symm_testkit::link();
+        let group = ctx.group(&ctx.unique("ops-barrier"))?;
+        let comm = Communicator::new(&group, Device::host(ctx.rank as u32), CommConfig::default())?;
+        let store = ctx.store.clone();
+        let key = format!("{}/odd-done", group.prefix());
+        let t = Instant::now();
+        match ctx.rank {
+            // {0, 2}: rank 2 arrives only after {1, 3} finished their own
+            // barrier, so a subset barrier that waited for the others would
+            // deadlock (and time out).
+            0 => {
+                comm.barrier(Some(&[2, 0]))?;
+                let waited = t.elapsed();
+                if waited < Duration::from_millis(140) {
+                    return Err(format!("rank 0 left the barrier after {waited:?}, before rank 2 came").into());
+                }
+            }
+            2 => {
+                store.wait(
+                    &[&format!("{key}/1"), &format!("{key}/3")],
+                    Some(Duration::from_secs(30)),
+                )?;
+                std::thread::sleep(Duration::from_millis(150));
+                comm.barrier(Some(&[0, 2]))?;
+            }
+            r => {
+                comm.barrier(Some(&[1, 3]))?;
+                store.set(&format!("{key}/{r}"), b"1")?;
+            }
+        }
+        comm.barrier(None)?;
+        comm.barrier(Some(&[0, 1, 2, 3]))?;
+        Ok(())
+    })
+    .unwrap();
+    println!("SUMMARY host_subset_barriers ok");
+}
+
+// ---------------------------------------------------------------- errors
+
+fn expect_err<T: std::fmt::Debug>(what: &str, r: symm_core::Result<T>, ok: impl Fn(&Error) -> bool) -> TestResult {
+    match r {
+        Err(e) if ok(&e) => Ok(()),
+        Err(e) => Err(format!("{what}: wrong error {e:?}").into()),
+        Ok(v) => Err(format!("{what}: no error ({v:?})").into()),
+    }
+}
+
+#[test]
+fn bad_input_is_an_error() {
+    run_threads(2, LIMIT, |ctx| {
+        symm_testkit::link();
+        let group = ctx.group(&ctx.unique("ops-bad"))?;
+        let dev = Device::host(ctx.rank as u32);
+        expect_err(
+            "tiny staging",
+            Communicator::new(
+                &group,
+                dev,
+                CommConfig {
+                    staging_bytes: 10,
+                    ..CommConfig::default()
+                },
+            ),
+            |e| matches!(e, Error::OutOfRange { .. }),
+        )?;
+        let comm = Communicator::new(&group, dev, CommConfig::default())?;
+        let a = vec![1f32; 10];
+        let mut b = vec![0f32; 9];
+        let mut h = vec![f16::ZERO; 10];
+        let inv = |e: &Error| matches!(e, Error::InvalidArgument(_));
+        expect_err("sizes", comm.all_reduce_out(&a[..], &mut b[..], ReduceOp::Sum), inv)?;
+        expect_err(
+            "dtypes",
+            comm.one_shot_all_reduce_out(&a[..], &mut h[..], ReduceOp::Sum),
+            inv,
+        )?;
+        expect_err(
+            "scatter",
+            comm.reduce_scatter_out(&a[..9], &mut b[..4], ReduceOp::Sum),
+            inv,
+        )?;
+        expect_err(
+            "scatter out",
+            comm.reduce_scatter_out(&a[..], &mut b[..4], ReduceOp::Sum),
+            inv,
+        )?;
+        expect_err("gather out", comm.all_gather_out(&a[..5], &mut b[..]), inv)?;
+        expect_err(
+            "device buffer",
+            comm.all_reduce(RawDevicePtr::new(4096, 4, DType::F32), ReduceOp::Sum),
+            inv,
+        )?;
+        expect_err(
+            "result type",
+            comm.one_shot_all_reduce::<Vec<bf16>>(&a[..], ReduceOp::Sum),
+            inv,
+        )?;
+        let ints = comm.persistent_buffer(1, &[8], DType::I32)?;
+        expect_err("i32", comm.all_reduce(&ints, ReduceOp::Sum), |e| {
+            matches!(e, Error::UnsupportedDType { .. })
+        })?;
+        let raw = symm_core::empty_p2p(&[8], DType::F32, dev, &group, None)?;
+        expect_err("not rendezvoused", comm.all_reduce(&raw, ReduceOp::Sum), |e| {
+            matches!(e, Error::NotRendezvoused)
+        })?;
+        let other_group = ctx.group(&ctx.unique("ops-bad-other"))?;
+        let other = symm_core::empty_p2p(&[8], DType::F32, dev, &other_group, None)?;
+        other.rendezvous(Duration::from_secs(30))?;
+        let mut o8 = vec![0f32; 8];
+        expect_err(
+            "other group",
+            comm.all_reduce_out(&other, &mut o8[..], ReduceOp::Sum),
+            inv,
+        )?;
+        expect_err(
+            "two-shot wrong group",
+            comm.two_shot_all_reduce(&other, ReduceOp::Sum),
+            inv,
+        )?;
+        expect_err(
+            "non-contiguous",
+            {
+                let t = symm_core::empty_strided_p2p(&[2, 2], &[1, 2], DType::F32, dev, &group, Some(9))?;
+                t.rendezvous(Duration::from_secs(30))?;
+                comm.all_reduce(&t, ReduceOp::Sum)
+            },
+            inv,
+        )?;
+        expect_err("barrier rank", comm.barrier(Some(&[0, 5])), |e| {
+            matches!(e, Error::OutOfRange { .. })
+        })?;
+        expect_err("barrier twice", comm.barrier(Some(&[0, 1, 1])), inv)?;
+        let other_rank = 1 - ctx.rank;
+        expect_err("barrier without me", comm.barrier(Some(&[other_rank])), inv)?;
+        // None of that hurt the communicator.
+        let mut x = vec![ctx.rank as f32 + 1.0; 10];
+        comm.all_reduce(&mut x[..], ReduceOp::Sum)?;
+        if x != vec![3.0; 10] {
+            return Err(format!("after the errors: {x:?}").into());
+        }
+        // Ranks passing different configurations are told so at setup.
+        let mismatched = CommConfig {
+            staging_bytes: 4096 * (1 + ctx.rank),
+            ..CommConfig::default()
+        };
+        expect_err("config mismatch", Communicator::new(&group, dev, mismatched), |e| {
+            matches!(e, Error::Mismatch { .. })
+        })?;
+        Ok(())
+    })
+    .unwrap();
+    println!("SUMMARY host_bad_input ok");
+}
+
+/// A rank that never arrives gives a timeout (not a hang) and the
+/// communicator refuses further ops; a rank 100 ms late is fine.
+#[test]
+fn timeouts_and_late_ranks() {
+    run_threads(2, LIMIT, |ctx| {
+        symm_testkit::link();
+        let group = ctx.group(&ctx.unique("ops-timeout"))?;
+        let cfg = CommConfig {
+            timeout: Some(Duration::from_millis(400)),
+            ..CommConfig::default()
+        };
+        let comm = Communicator::new(&group, Device::host(ctx.rank as u32), cfg)?;
+        // Late rank: 100 ms < 400 ms timeout.
+        if ctx.rank == 1 {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let mut x = vec![1f32; 100];
+        comm.all_reduce(&mut x[..], ReduceOp::Sum)?;
+        if x != vec![2.0; 100] {
+            return Err("late rank: wrong result".into());
+        }
+        let done = format!("{}/timeout-checked", group.prefix());
+        if ctx.rank == 0 {
+            let t = Instant::now();
+            let r = comm.all_reduce(&mut x[..], ReduceOp::Sum);
+            let took = t.elapsed();
+            expect_err("missing peer", r, |e| matches!(e, Error::Timeout { .. }))?;
+            if took > Duration::from_secs(5) {
+                return Err(format!("timeout took {took:?}").into());
+            }
+            expect_err("after a timeout", comm.all_reduce(&mut x[..], ReduceOp::Sum), |e| {
+                matches!(e, Error::Aborted(_))
+            })?;
+            println!("SUMMARY host_timeout ok missing peer -> Timeout after {took:?}, then Aborted");
+            ctx.store.set(&done, b"1")?;
+        } else {
+            ctx.store.wait(&[&done], Some(Duration::from_secs(60)))?;
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn persistent_buffers_keep_their_address() {
+    run_threads(2, LIMIT, |ctx| {
+        symm_testkit::link();
+        let group = ctx.group(&ctx.unique("ops-persist"))?;
+        let comm = Communicator::new(&group, Device::host(ctx.rank as u32), CommConfig::default())?;
+        let t = comm.persistent_buffer(42, &[64], DType::BF16)?;
+        let p = t.ptr();
+        expect_err("id in use", comm.persistent_buffer(42, &[64], DType::BF16), |e| {
+            matches!(e, Error::AllocIdInUse { .. })
+        })?;
+        drop(t);
+        let t = comm.persistent_buffer(42, &[64], DType::BF16)?;
+        if t.ptr() != p {
+            return Err("a persistent buffer moved".into());
+        }
+        sym_write(&t, 0, &vec![bf16::from_f32(ctx.rank as f32 + 0.5); 64])?;
+        comm.all_reduce(&t, ReduceOp::Max)?;
+        let got = sym_read::<bf16>(&t, 0, 64)?;
+        if got != vec![bf16::from_f32(1.5); 64] {
+            return Err(format!("{got:?}").into());
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn selection_table_is_printable() {
+    let tables = run_threads(2, LIMIT, |ctx| {
+        symm_testkit::link();
+        let group = ctx.group(&ctx.unique("ops-table"))?;
+        let comm = Communicator::new(&group, Device::host(ctx.rank as u32), CommConfig::default())?;
+        Ok(comm.selection_table())
+    })
+    .unwrap();
+    let t = &tables[0];
+    println!("{t}");
+    assert!(t.contains("engine host"), "{t}");
+    assert!(t.contains("one-shot") && t.contains("two-shot"), "{t}");
+    // Equal on every rank but for the device named in the header.
+    let body = |t: &str| t.lines().skip(1).collect::<Vec<_>>().join("\n");
+    assert_eq!(body(&tables[0]), body(&tables[1]));
+}
