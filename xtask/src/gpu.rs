@@ -152,6 +152,7 @@ pub fn test_multigpu(args: &[String]) -> Result<()> {
 }
 
 fn copy_exe(from: &Path, to: &Path) -> Result<()> {
+    let _ = std::fs::remove_file(to);
     std::fs::copy(from, to).map_err(|e| format!("copy {} -> {}: {e}", from.display(), to.display()))?;
     set_mode(to, 0o755)
 }
@@ -219,6 +220,7 @@ pub fn gpu_bundle(args: &[String]) -> Result<()> {
         .join("bench")
         .join("anchors_torch.py");
     if anchors.is_file() {
+        let _ = std::fs::remove_file(out.join("anchors_torch.py"));
         std::fs::copy(&anchors, out.join("anchors_torch.py")).map_err(|e| format!("copy anchors: {e}"))?;
     } else {
         eprintln!("note: {} not found; `run.sh anchors` will fail", anchors.display());
