@@ -116,14 +116,13 @@ __device__ __forceinline__ bool symm_abort_requested(const unsigned int* abort_h
 }
 
 // Polls *slot (a word of this rank's own pad that one peer writes with
-// st.release.sys) with ld.acquire.sys until it reaches `target`. Gives up,
-// latching SYMM_ERR_TIMEOUT, once %globaltimer passes `deadline`, or latching
-// SYMM_ERR_ABORTED when an abort word is set; returns early (with that code)
-// when another wait of this pad already latched an error, so one dead peer
-// costs one timeout, not one per wait. Returns 0 on success.
-__device__ __noinline__ unsigned int symm_bounded_wait(const unsigned int* slot, unsigned int target,
-                                                      unsigned long long deadline, const unsigned int* abort_host,
-                                                      unsigned int* pad) {
+// st.release.sys) with ld.acquire.sys until it reaches `target`. Gives up with
+// SYMM_ERR_TIMEOUT once %globaltimer passes `deadline`, or with
+// SYMM_ERR_ABORTED when an abort word is set. Returns 0 on success, else the
+// code; latches nothing (the caller reports it, see symm_report).
+__device__ __noinline__ unsigned int symm_bounded_wait_code(const unsigned int* slot, unsigned int target,
+                                                           unsigned long long deadline, const unsigned int* abort_host,
+                                                           unsigned int* pad) {
     unsigned int polls = 0;
     while (true) {
         if (symm_epoch_reached(symm_ld_acquire_sys(slot), target)) {
@@ -131,16 +130,35 @@ __device__ __noinline__ unsigned int symm_bounded_wait(const unsigned int* slot,
         }
         ++polls;
         if ((polls % SYMM_CHECK_EVERY) == 0u) {
-            unsigned int latched = symm_latched_error(pad);
-            if (latched != 0u) {
-                return latched;
-            }
             if ((polls % SYMM_ABORT_EVERY) == 0u && symm_abort_requested(abort_host, pad)) {
-                return symm_latch_error(pad, SYMM_ERR_ABORTED);
+                return SYMM_ERR_ABORTED;
             }
             if (symm_globaltimer() >= deadline) {
-                return symm_latch_error(pad, SYMM_ERR_TIMEOUT);
+                // One last look: the value may have landed meanwhile.
+                return symm_epoch_reached(symm_ld_acquire_sys(slot), target) ? 0u : SYMM_ERR_TIMEOUT;
             }
         }
+    }
+}
+
+// symm_bounded_wait_code, then a failure latched into the local ERROR word
+// (the host reads and clears it with CudaSymmetricMemory::check_error).
+__device__ __forceinline__ unsigned int symm_bounded_wait(const unsigned int* slot, unsigned int target,
+                                                         unsigned long long deadline, const unsigned int* abort_host,
+                                                         unsigned int* pad) {
+    unsigned int code = symm_bounded_wait_code(slot, target, deadline, abort_host, pad);
+    return code == 0u ? 0u : symm_latch_error(pad, code);
+}
+
+// Reports the outcome of one operation. With `status` (a word of pinned host
+// memory the host waits on: blocking operations), the code is stored there,
+// 0 included, and nothing is latched, so concurrent operations never see each
+// other's failures. Without it (stream-ordered operations), a failure is
+// latched into the pad's ERROR word for check_error.
+__device__ __forceinline__ void symm_report(unsigned int* pad, unsigned int* status, unsigned int code) {
+    if (status != nullptr) {
+        symm_st_release_sys(status, code);
+    } else if (code != 0u) {
+        symm_latch_error(pad, code);
     }
 }

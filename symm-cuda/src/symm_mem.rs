@@ -28,7 +28,7 @@ use symm_core::{check_range, Channel, Device, Error, Group, Rank, Result, Symmet
 
 use crate::allocator::LocalMemory;
 use crate::driver::launch::{launch, KernelArg};
-use crate::driver::mem::{dtoh_sync, htod_sync, memset_d32_async, PinnedWord};
+use crate::driver::mem::{dtoh_sync, htod_sync, memset_d32_async, PinnedWords};
 use crate::driver::vmm::Mapping;
 use crate::driver::{self, bind, from_driver};
 use crate::kernels;
@@ -39,6 +39,11 @@ const HOST_GRACE: Duration = Duration::from_secs(5);
 /// Host polling of a stream: spin this long, then sleep between queries.
 const SPIN_FOR: Duration = Duration::from_micros(200);
 const POLL_SLEEP: Duration = Duration::from_micros(50);
+/// Word of the pinned page holding the abort flag; the others are status
+/// slots of blocking operations.
+const ABORT_SLOT: usize = 0;
+/// A status slot's value before its kernel reported.
+const PENDING: u32 = u32::MAX;
 
 /// The three sync kernels, loaded once per memory.
 struct SyncFns {
@@ -47,11 +52,20 @@ struct SyncFns {
     wait_signal: CudaFunction,
 }
 
-/// What the last device wait launched was (for check_error's message).
+/// What the last stream-ordered wait launched was (for check_error's message).
 #[derive(Clone)]
 struct LastOp {
     what: String,
     timeout: Duration,
+}
+
+/// Streams for blocking operations, each with its own status slot in the
+/// pinned page: each blocking call takes one, so calls from several threads
+/// (on different channels) run concurrently and never see each other's
+/// outcomes.
+struct StreamPool {
+    idle: Vec<(Arc<CudaStream>, usize)>,
+    next_slot: usize,
 }
 
 pub(crate) struct MemInner {
@@ -60,30 +74,31 @@ pub(crate) struct MemInner {
     rank: usize,
     world: usize,
     local: Arc<LocalMemory>,
-    /// Peer mappings (None at this rank's own index, which uses `local`).
-    peers: Vec<Option<Mapping>>,
+    /// Peer mappings (None at this rank's own index, which uses `local`);
+    /// only held: dropping them unmaps the peers.
+    _peers: Vec<Option<Mapping>>,
     buffer_ptrs: Vec<u64>,
     pad_ptrs: Vec<u64>,
-    abort: PinnedWord,
+    /// Word 0: the abort flag kernels poll; words 1..: status slots.
+    host_words: PinnedWords,
     /// Stream for set_abort / check_error / read_signal_pad: never queued
     /// behind a wait.
     control: Arc<CudaStream>,
-    /// Idle streams for blocking operations: each blocking call takes its own,
-    /// so calls from several threads (on different channels) run concurrently.
-    streams: Mutex<Vec<Arc<CudaStream>>>,
+    pool: Mutex<StreamPool>,
     fns: Mutex<Option<Arc<SyncFns>>>,
     last_op: Mutex<LastOp>,
 }
 
 impl Drop for MemInner {
     fn drop(&mut self) {
-        // Let our own queued work finish (it is bounded by its deadlines)
-        // before the peers' mappings go away; then fields drop: peer mappings
-        // unmap, imported handles release, the pinned word is freed.
-        let streams = std::mem::take(self.streams.get_mut().unwrap_or_else(|e| e.into_inner()));
+        // Stop every wait of this memory still running (ours on any stream),
+        // let our own streams drain, then fields drop: peer mappings unmap,
+        // imported handles release, the pinned page is freed.
+        self.host_words.store(ABORT_SLOT, 1);
+        let pool = std::mem::take(&mut self.pool.get_mut().unwrap_or_else(|e| e.into_inner()).idle);
         let r = bind(&self.local.ctx).and_then(|()| {
             driver::stream_synchronize(&self.control)?;
-            streams.iter().try_for_each(|s| driver::stream_synchronize(s))
+            pool.iter().try_for_each(|(s, _)| driver::stream_synchronize(s))
         });
         if let Err(e) = r {
             eprintln!("symm-cuda: freeing symmetric memory: {e}");
@@ -91,9 +106,8 @@ impl Drop for MemInner {
     }
 }
 
-/// One rank's handle on a rendezvoused CUDA symmetric allocation (cheap to
-/// clone; the mappings live until the last clone and every view drop).
-#[derive(Clone)]
+/// One rank's handle on a rendezvoused CUDA symmetric allocation. The
+/// mappings live until the last handle and every [`SymmView`] dropped.
 pub struct CudaSymmetricMemory {
     inner: Arc<MemInner>,
 }
@@ -142,7 +156,7 @@ impl CudaSymmetricMemory {
             }
         }
         htod_sync(&local.stream, local.meta_ptr(), &table)?;
-        let abort = PinnedWord::new(&local.ctx)?;
+        let host_words = PinnedWords::new(&local.ctx)?;
         let control = local.ctx.new_stream().map_err(|e| from_driver(e, "cuStreamCreate"))?;
         Ok(CudaSymmetricMemory {
             inner: Arc::new(MemInner {
@@ -151,15 +165,18 @@ impl CudaSymmetricMemory {
                 rank,
                 world,
                 local,
-                peers,
+                _peers: peers,
                 buffer_ptrs,
                 pad_ptrs,
-                abort,
+                host_words,
                 control,
-                streams: Mutex::new(Vec::new()),
+                pool: Mutex::new(StreamPool {
+                    idle: Vec::new(),
+                    next_slot: ABORT_SLOT + 1,
+                }),
                 fns: Mutex::new(None),
                 last_op: Mutex::new(LastOp {
-                    what: "no device wait yet".into(),
+                    what: "no stream-ordered wait yet".into(),
                     timeout: Duration::ZERO,
                 }),
             }),
@@ -176,33 +193,10 @@ impl CudaSymmetricMemory {
         self.inner.local.ordinal
     }
 
-    /// Runs a blocking operation on an idle internal stream (created on
-    /// demand). The stream goes back to the pool only if it is idle afterwards.
-    fn with_stream<R>(&self, f: impl FnOnce(&Arc<CudaStream>) -> Result<R>) -> Result<R> {
-        bind(self.context())?;
-        let pooled = self.inner.streams.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let stream = match pooled {
-            Some(s) => s,
-            None => self
-                .context()
-                .new_stream()
-                .map_err(|e| from_driver(e, "cuStreamCreate"))?,
-        };
-        let r = f(&stream);
-        if matches!(driver::stream_query(&stream), Ok(true)) {
-            self.inner
-                .streams
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(stream);
-        }
-        r
-    }
-
     /// Device-visible address of the abort word kernels poll (pinned host
-    /// memory; non-zero = abort every wait).
+    /// memory; non-zero = abort every wait of this memory).
     pub fn abort_word_ptr(&self) -> u64 {
-        self.inner.abort.device_ptr()
+        self.inner.host_words.device_ptr(ABORT_SLOT)
     }
 
     /// Device address of this rank's `ERROR` word (in its signal pad).
@@ -210,14 +204,11 @@ impl CudaSymmetricMemory {
         self.inner.pad_ptrs[self.inner.rank] + (pad::ERROR_WORD * 4) as u64
     }
 
-    /// Number of devices mapped (one per rank).
-    pub fn num_peers_mapped(&self) -> usize {
-        self.inner.peers.iter().filter(|m| m.is_some()).count()
-    }
-
-    /// Reads and clears the `ERROR` word: `Ok(())` when no device wait failed
-    /// since the last call, [`Error::Timeout`] / [`Error::Aborted`] otherwise.
-    /// Call it after synchronising the stream of the stream-ordered ops.
+    /// Reads and clears the `ERROR` word: `Ok(())` when no stream-ordered
+    /// wait failed since the last call, [`Error::Timeout`] / [`Error::Aborted`]
+    /// otherwise. Call it after synchronising the stream of the
+    /// stream-ordered ops. (Blocking ops report their own outcome and never
+    /// latch here.)
     pub fn check_error(&self) -> Result<()> {
         let i = &self.inner;
         bind(&i.local.ctx)?;
@@ -230,20 +221,20 @@ impl CudaSymmetricMemory {
         memset_d32_async(&i.control, self.error_word_ptr(), 0, 1)?;
         driver::stream_synchronize(&i.control)?;
         let last = i.last_op.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        Err(match code {
-            pad::ERR_TIMEOUT => Error::Timeout {
-                what: format!("device wait (rank {}, last op: {})", i.rank, last.what),
-                timeout: last.timeout,
-            },
-            pad::ERR_ABORTED => {
-                Error::Aborted(format!("device wait aborted (rank {}, last op: {})", i.rank, last.what))
-            }
+        Err(self.code_error(code, &format!("device wait (last op: {})", last.what), last.timeout))
+    }
+
+    fn code_error(&self, code: u32, what: &str, timeout: Duration) -> Error {
+        let what = format!("{what} (rank {})", self.inner.rank);
+        match code {
+            pad::ERR_TIMEOUT => Error::Timeout { what, timeout },
+            pad::ERR_ABORTED => Error::Aborted(what),
             other => Error::Backend {
                 backend: driver::BACKEND,
-                call: "check_error".into(),
-                detail: format!("unknown code {other} in the ERROR word"),
+                call: what,
+                detail: format!("unknown error code {other:#x} from the device"),
             },
-        })
+        }
     }
 
     fn fns(&self) -> Result<Arc<SyncFns>> {
@@ -291,6 +282,10 @@ impl CudaSymmetricMemory {
         *self.inner.last_op.lock().unwrap_or_else(|e| e.into_inner()) = LastOp { what, timeout };
     }
 
+    fn signal_pad_ptrs_dev_impl(&self) -> u64 {
+        self.inner.local.meta_ptr() + (pad::MAX_WORLD_SIZE * 8) as u64
+    }
+
     fn common_args(&self) -> [KernelArg; 3] {
         [
             KernelArg::U64(self.signal_pad_ptrs_dev_impl()),
@@ -299,17 +294,12 @@ impl CudaSymmetricMemory {
         ]
     }
 
-    fn signal_pad_ptrs_dev_impl(&self) -> u64 {
-        self.inner.local.meta_ptr() + (pad::MAX_WORLD_SIZE * 8) as u64
-    }
+    // Kernel wrappers: the argument lists mirror the signatures in
+    // kernels/sync.cu. `status` is 0 for stream-ordered calls.
 
-    /// Enqueues a barrier with every rank on `channel` (see NOTE
-    /// [signal-pad-layout]); a peer that does not arrive within `timeout`
-    /// latches a timeout ([`Self::check_error`]).
-    pub fn barrier_on(&self, stream: &CudaStream, channel: Channel, timeout: Duration) -> Result<()> {
+    fn launch_barrier(&self, stream: &CudaStream, channel: Channel, timeout: Duration, status: u64) -> Result<()> {
         self.check_stream(stream)?;
         let f = self.fns()?;
-        self.record(format!("barrier on {channel}"), timeout);
         let threads = self.inner.world.div_ceil(32).max(1) * 32;
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
@@ -328,16 +318,14 @@ impl CudaSymmetricMemory {
                 KernelArg::U32(channel.get() as u32),
                 KernelArg::U64(duration_ns(timeout)),
                 KernelArg::U64(self.abort_word_ptr()),
+                KernelArg::U64(status),
             ],
         )
     }
 
-    /// Enqueues a signal to `dst` on `channel` (never waits).
-    pub fn put_signal_on(&self, stream: &CudaStream, dst: Rank, channel: Channel, timeout: Duration) -> Result<()> {
+    fn launch_put(&self, stream: &CudaStream, dst: usize, channel: Channel, status: u64) -> Result<()> {
         self.check_stream(stream)?;
-        let d = self.check_peer("put_signal destination rank", dst)?;
         let f = self.fns()?;
-        self.record(format!("put_signal to rank {d} on {channel}"), timeout);
         let [pads, rank, world] = self.common_args();
         launch(
             stream,
@@ -347,18 +335,23 @@ impl CudaSymmetricMemory {
                 pads,
                 rank,
                 world,
-                KernelArg::U32(d as u32),
+                KernelArg::U32(dst as u32),
                 KernelArg::U32(channel.get() as u32),
+                KernelArg::U64(status),
             ],
         )
     }
 
-    /// Enqueues a wait for one signal from `src` on `channel`, bounded by `timeout`.
-    pub fn wait_signal_on(&self, stream: &CudaStream, src: Rank, channel: Channel, timeout: Duration) -> Result<()> {
+    fn launch_wait(
+        &self,
+        stream: &CudaStream,
+        src: usize,
+        channel: Channel,
+        timeout: Duration,
+        status: u64,
+    ) -> Result<()> {
         self.check_stream(stream)?;
-        let s = self.check_peer("wait_signal source rank", src)?;
         let f = self.fns()?;
-        self.record(format!("wait_signal from rank {s} on {channel}"), timeout);
         let [pads, rank, world] = self.common_args();
         launch(
             stream,
@@ -368,18 +361,97 @@ impl CudaSymmetricMemory {
                 pads,
                 rank,
                 world,
-                KernelArg::U32(s as u32),
+                KernelArg::U32(src as u32),
                 KernelArg::U32(channel.get() as u32),
                 KernelArg::U64(duration_ns(timeout)),
                 KernelArg::U64(self.abort_word_ptr()),
+                KernelArg::U64(status),
             ],
         )
     }
 
-    /// Waits (host side) for the internal stream after a blocking op, then
-    /// reads the ERROR word. The kernel stops itself at its deadline; if it
-    /// has not finished `HOST_GRACE` after that, the host sets the abort word.
-    fn finish_blocking(&self, stream: &CudaStream, what: &str, timeout: Duration) -> Result<()> {
+    /// Enqueues a barrier with every rank on `channel` (NOTE
+    /// [signal-pad-layout]); a peer that does not arrive within `timeout`
+    /// latches a timeout into the ERROR word ([`Self::check_error`]). No host
+    /// synchronisation; capturable in a CUDA graph.
+    pub fn barrier_on(&self, stream: &CudaStream, channel: Channel, timeout: Duration) -> Result<()> {
+        self.record(format!("barrier on {channel}"), timeout);
+        self.launch_barrier(stream, channel, timeout, 0)
+    }
+
+    /// Enqueues a signal to `dst` on `channel` (never waits).
+    pub fn put_signal_on(&self, stream: &CudaStream, dst: Rank, channel: Channel, timeout: Duration) -> Result<()> {
+        let d = self.check_peer("put_signal destination rank", dst)?;
+        self.record(format!("put_signal to rank {d} on {channel}"), timeout);
+        self.launch_put(stream, d, channel, 0)
+    }
+
+    /// Enqueues a wait for one signal from `src` on `channel`, bounded by
+    /// `timeout` (a timeout is latched for [`Self::check_error`]).
+    pub fn wait_signal_on(&self, stream: &CudaStream, src: Rank, channel: Channel, timeout: Duration) -> Result<()> {
+        let s = self.check_peer("wait_signal source rank", src)?;
+        self.record(format!("wait_signal from rank {s} on {channel}"), timeout);
+        self.launch_wait(stream, s, channel, timeout, 0)
+    }
+
+    /// Runs a blocking operation on an idle internal stream with its own
+    /// status slot (both created on demand). The pair goes back to the pool
+    /// only if the stream is idle afterwards.
+    fn with_stream<R>(&self, f: impl FnOnce(&Arc<CudaStream>, usize) -> Result<R>) -> Result<R> {
+        bind(self.context())?;
+        let (stream, slot) = {
+            let mut pool = self.inner.pool.lock().unwrap_or_else(|e| e.into_inner());
+            match pool.idle.pop() {
+                Some(p) => p,
+                None => {
+                    if pool.next_slot >= PinnedWords::LEN {
+                        return Err(Error::InvalidArgument(format!(
+                            "more than {} blocking operations at once on one symmetric memory",
+                            PinnedWords::LEN - 1
+                        )));
+                    }
+                    let stream = self
+                        .context()
+                        .new_stream()
+                        .map_err(|e| from_driver(e, "cuStreamCreate"))?;
+                    pool.next_slot += 1;
+                    (stream, pool.next_slot - 1)
+                }
+            }
+        };
+        let r = f(&stream, slot);
+        if matches!(driver::stream_query(&stream), Ok(true)) {
+            self.inner
+                .pool
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .idle
+                .push((stream, slot));
+        }
+        r
+    }
+
+    /// One blocking sync op: arm the status slot, launch, wait for the
+    /// kernel's report.
+    fn blocking(
+        &self,
+        what: &str,
+        timeout: Duration,
+        launch_op: impl FnOnce(&CudaStream, u64) -> Result<()>,
+    ) -> Result<()> {
+        self.with_stream(|stream, slot| {
+            let words = &self.inner.host_words;
+            words.store(slot, PENDING);
+            launch_op(stream, words.device_ptr(slot))?;
+            self.finish_blocking(stream, slot, what, timeout)
+        })
+    }
+
+    /// Waits (host side) for a blocking op's stream, then reads the status
+    /// the kernel stored. The kernel stops itself at its deadline; if it has
+    /// not finished `HOST_GRACE` after that, the host sets the abort word.
+    fn finish_blocking(&self, stream: &CudaStream, slot: usize, what: &str, timeout: Duration) -> Result<()> {
+        let words = &self.inner.host_words;
         let start = Instant::now();
         let soft = start + timeout.saturating_add(HOST_GRACE);
         let mut aborted_by_us = false;
@@ -390,10 +462,10 @@ impl CudaSymmetricMemory {
             let now = Instant::now();
             if now >= soft && !aborted_by_us {
                 // The device deadline passed long ago: stop the wait ourselves.
-                self.inner.abort.store(1);
+                words.store(ABORT_SLOT, 1);
                 aborted_by_us = true;
             } else if aborted_by_us && now >= soft + HOST_GRACE {
-                self.inner.abort.store(0);
+                words.store(ABORT_SLOT, 0);
                 return Err(Error::Timeout {
                     what: format!("{what}: the device wait did not stop after its deadline and an abort"),
                     timeout,
@@ -406,14 +478,21 @@ impl CudaSymmetricMemory {
             }
         }
         if aborted_by_us {
-            self.inner.abort.store(0);
-            let _ = self.check_error();
+            words.store(ABORT_SLOT, 0);
             return Err(Error::Timeout {
                 what: format!("{what} (stopped by the host)"),
                 timeout,
             });
         }
-        self.check_error()
+        match words.load(slot) {
+            0 => Ok(()),
+            PENDING => Err(Error::Backend {
+                backend: driver::BACKEND,
+                call: what.to_string(),
+                detail: "the kernel finished without reporting a status".into(),
+            }),
+            code => Err(self.code_error(code, what, timeout)),
+        }
     }
 
     /// A view of `len` elements of `T` in `rank`'s buffer, starting
@@ -544,23 +623,23 @@ impl SymmetricMemory for CudaSymmetricMemory {
     fn barrier(&self, channel: Channel, timeout: Duration) -> Result<()> {
         // A rank dying here has signalled nobody: every peer's barrier times out.
         symm_core::fault_point("barrier.mid")?;
-        self.with_stream(|s| {
-            self.barrier_on(s, channel, timeout)?;
-            self.finish_blocking(s, &format!("barrier on {channel} (rank {})", self.inner.rank), timeout)
+        let what = format!("barrier on {channel}");
+        self.blocking(&what, timeout, |s, status| {
+            self.launch_barrier(s, channel, timeout, status)
         })
     }
 
     fn put_signal(&self, dst: Rank, channel: Channel, timeout: Duration) -> Result<()> {
-        self.with_stream(|s| {
-            self.put_signal_on(s, dst, channel, timeout)?;
-            self.finish_blocking(s, &format!("put_signal to rank {} on {channel}", dst.get()), timeout)
-        })
+        let d = self.check_peer("put_signal destination rank", dst)?;
+        let what = format!("put_signal to rank {d} on {channel}");
+        self.blocking(&what, timeout, |s, status| self.launch_put(s, d, channel, status))
     }
 
     fn wait_signal(&self, src: Rank, channel: Channel, timeout: Duration) -> Result<()> {
-        self.with_stream(|s| {
-            self.wait_signal_on(s, src, channel, timeout)?;
-            self.finish_blocking(s, &format!("wait_signal from rank {} on {channel}", src.get()), timeout)
+        let sr = self.check_peer("wait_signal source rank", src)?;
+        let what = format!("wait_signal from rank {sr} on {channel}");
+        self.blocking(&what, timeout, |s, status| {
+            self.launch_wait(s, sr, channel, timeout, status)
         })
     }
 
@@ -568,14 +647,14 @@ impl SymmetricMemory for CudaSymmetricMemory {
         let r = self.check_peer("read rank", rank)?;
         check_range("read", offset, out.len(), self.inner.local.size)?;
         let src = self.inner.buffer_ptrs[r] + offset as u64;
-        self.with_stream(|s| dtoh_sync(s, out, src))
+        self.with_stream(|s, _| dtoh_sync(s, out, src))
     }
 
     fn write_bytes(&self, rank: Rank, offset: usize, data: &[u8]) -> Result<()> {
         let r = self.check_peer("write rank", rank)?;
         check_range("write", offset, data.len(), self.inner.local.size)?;
         let dst = self.inner.buffer_ptrs[r] + offset as u64;
-        self.with_stream(|s| htod_sync(s, dst, data))
+        self.with_stream(|s, _| htod_sync(s, dst, data))
     }
 
     fn read_signal_pad(&self, rank: Rank, offset: usize, out: &mut [u8]) -> Result<()> {
@@ -587,9 +666,10 @@ impl SymmetricMemory for CudaSymmetricMemory {
 
     fn set_abort(&self, abort: bool) -> Result<()> {
         let i = &self.inner;
-        // Host word first: effective at once, even if the driver call below
-        // cannot run.
-        i.abort.store(u32::from(abort));
+        // The pinned host word first: effective at once, even if the driver
+        // call below cannot run. Then the pad's ABORT word (checked by every
+        // kernel when it starts), through the control stream.
+        i.host_words.store(ABORT_SLOT, u32::from(abort));
         bind(&i.local.ctx)?;
         let word = i.pad_ptrs[i.rank] + (pad::ABORT_WORD * 4) as u64;
         memset_d32_async(&i.control, word, u32::from(abort), 1)?;

@@ -72,60 +72,76 @@ pub fn memset_d32_async(stream: &CudaStream, dst: u64, value: u32, words: usize)
     )
 }
 
-/// One page of pinned, device-mapped host memory holding a `u32` the host
-/// writes and kernels poll (`cuMemHostAlloc(PORTABLE | DEVICEMAP)`). A store
-/// from the host is seen by a spinning kernel without any driver call, so it
-/// works while every stream of the device is busy.
+/// One page of pinned, device-mapped host memory holding `u32` words the
+/// host writes or reads and kernels poll or write
+/// (`cuMemHostAlloc(PORTABLE | DEVICEMAP)`). A store from the host is seen by
+/// a spinning kernel without any driver call, so it works while every stream
+/// of the device is busy; a kernel's store is seen by the host once the
+/// kernel's stream completed.
 #[derive(Debug)]
-pub struct PinnedWord {
+pub struct PinnedWords {
     host: *mut u32,
     dev: u64,
 }
 
-// SAFETY: the pointer is only accessed through atomics (`AtomicU32::from_ptr`
-// semantics via `word()`), and the allocation lives until drop.
-unsafe impl Send for PinnedWord {}
-// SAFETY: as above; concurrent access goes through an AtomicU32.
-unsafe impl Sync for PinnedWord {}
+// SAFETY: the page is only accessed through atomics (see `word`), and it
+// lives until drop.
+unsafe impl Send for PinnedWords {}
+// SAFETY: as above; concurrent host access goes through AtomicU32.
+unsafe impl Sync for PinnedWords {}
 
-impl PinnedWord {
-    /// Allocates the word (zeroed) with `ctx` current.
+impl PinnedWords {
+    /// Bytes allocated.
+    pub const BYTES: usize = 4096;
+    /// Words available.
+    pub const LEN: usize = Self::BYTES / 4;
+
+    /// Allocates the page (zeroed) with `ctx` current.
     pub fn new(ctx: &CudaContext) -> Result<Self> {
         bind(ctx)?;
         let mut p: *mut c_void = std::ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
         // SAFETY: writes the new host pointer; a context is current.
-        check(unsafe { sys::cuMemHostAlloc(&mut p, 4096, flags) }, "cuMemHostAlloc")?;
+        check(
+            unsafe { sys::cuMemHostAlloc(&mut p, Self::BYTES, flags) },
+            "cuMemHostAlloc",
+        )?;
         let host = p.cast::<u32>();
         let mut dev: sys::CUdeviceptr = 0;
         // SAFETY: `p` is a live DEVICEMAP host allocation.
         let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, p, 0) };
-        let word = PinnedWord { host, dev };
+        let words = PinnedWords { host, dev };
         check(r, "cuMemHostGetDevicePointer")?;
-        word.word().store(0, Ordering::SeqCst);
-        Ok(word)
+        for i in 0..Self::LEN {
+            words.store(i, 0);
+        }
+        Ok(words)
     }
 
-    fn word(&self) -> &AtomicU32 {
-        // SAFETY: `host` points to a live, 4096-byte, page-aligned allocation
-        // owned by self; AtomicU32 has the layout of u32; only atomics touch it
-        // on the host (the device reads/writes it with system-scope accesses).
-        unsafe { AtomicU32::from_ptr(self.host) }
+    fn word(&self, i: usize) -> &AtomicU32 {
+        let i = i.min(Self::LEN - 1);
+        // SAFETY: `host` points to a live, page-aligned allocation of LEN
+        // u32 owned by self and `i < LEN`; AtomicU32 has the layout of u32;
+        // the host touches the words only through atomics (the device with
+        // system-scope loads and stores).
+        unsafe { AtomicU32::from_ptr(self.host.add(i)) }
     }
 
-    pub fn load(&self) -> u32 {
-        self.word().load(Ordering::SeqCst)
+    /// Word `i` (clamped to the page).
+    pub fn load(&self, i: usize) -> u32 {
+        self.word(i).load(Ordering::SeqCst)
     }
-    pub fn store(&self, v: u32) {
-        self.word().store(v, Ordering::SeqCst)
+    /// Sets word `i` (clamped to the page).
+    pub fn store(&self, i: usize, v: u32) {
+        self.word(i).store(v, Ordering::SeqCst)
     }
-    /// The device address kernels use.
-    pub fn device_ptr(&self) -> u64 {
-        self.dev
+    /// The device address of word `i` (clamped to the page).
+    pub fn device_ptr(&self, i: usize) -> u64 {
+        self.dev + 4 * i.min(Self::LEN - 1) as u64
     }
 }
 
-impl Drop for PinnedWord {
+impl Drop for PinnedWords {
     fn drop(&mut self) {
         // SAFETY: allocated by cuMemHostAlloc in `new`, freed once.
         let r = unsafe { sys::cuMemFreeHost(self.host.cast::<c_void>()) };
