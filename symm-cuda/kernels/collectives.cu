@@ -92,6 +92,9 @@
 
 // Largest world size the collective kernels handle (register arrays).
 #define COLL_MAXW 8
+// Most threads per block of the Lamport, ring and reduce kernels (launch bounds: <= 128
+// registers per thread).
+#define COLL_MAX_THREADS 512
 
 // STATE words (must match layout.rs).
 #define COLL_ST_LAM_IDX 0
@@ -496,10 +499,10 @@ __device__ __forceinline__ void coll_lamport(const unsigned long long* bufs, con
         const unsigned long long prev = s_prev;
         char* cb = ws + lam_off + ((idx + 2u) % 3u) * buf_bytes;
         const uint4 s = make_uint4(COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL);
-        for (unsigned long long i = tid; i < (unsigned long long)w1 * prev; i += nth) {
-            unsigned long long j = i / prev;
-            unsigned long long v = i - j * prev;
-            coll_st_v4(cb + j * slot_bytes + v * 16, s);
+        for (unsigned int j = 0; j < w1; ++j) {
+            for (unsigned long long v = tid; v < prev; v += nth) {
+                coll_st_v4(cb + j * slot_bytes + v * 16, s);
+            }
         }
     }
 
@@ -557,7 +560,8 @@ __device__ __forceinline__ void coll_lamport(const unsigned long long* bufs, con
 }
 
 #define COLL_LAMPORT_ENTRY(NAME, DT)                                                                                  \
-    extern "C" __global__ void NAME(const unsigned long long* bufs, const unsigned long long* pads, unsigned int rank, \
+    extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1)                                                     \
+        NAME(const unsigned long long* bufs, const unsigned long long* pads, unsigned int rank,                       \
                                     unsigned int world, unsigned int op, const char* input, char* output,              \
                                     unsigned long long count, unsigned long long lam_off,                              \
                                     unsigned long long slot_bytes, unsigned long long state_off,                       \
@@ -810,7 +814,7 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
         ring_off, state_off, timeout_ns, abort_host, flags
 
 #define COLL_RING_ENTRY(NAME, DT)                                              \
-    extern "C" __global__ void __launch_bounds__(1024) NAME(COLL_RING_ARGS) {  \
+    extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1) NAME(COLL_RING_ARGS) { \
         switch (op) {                                                          \
             case COLL_SUM:                                                     \
                 coll_ring<DT, COLL_SUM>(COLL_RING_PASS);                       \
@@ -835,39 +839,52 @@ COLL_RING_ENTRY(symm_ring_bf16, COLL_BF16)
 
 // out[i] = reduce over ranks s = 0..world-1 of src_s[i] (src_rank = this rank's input, the others
 // are peers' symmetric inputs read directly over NVLink, or copies of them in the workspace).
+struct CollSrcs {
+    const char* s0;
+    const char* s1;
+    const char* s2;
+    const char* s3;
+    const char* s4;
+    const char* s5;
+    const char* s6;
+    const char* s7;
+};
+
+__device__ __forceinline__ const char* coll_pick(const CollSrcs& p, int s) {
+    switch (s) {
+        case 0:
+            return p.s0;
+        case 1:
+            return p.s1;
+        case 2:
+            return p.s2;
+        case 3:
+            return p.s3;
+        case 4:
+            return p.s4;
+        case 5:
+            return p.s5;
+        case 6:
+            return p.s6;
+        default:
+            return p.s7;
+    }
+}
+
 template <int DT, int OP>
 __device__ __forceinline__ void coll_reduce_ptrs(unsigned int rank, unsigned int world, char* out,
-                                                 unsigned long long n, const char* const* src) {
+                                                 unsigned long long n, CollSrcs src) {
     constexpr int VE = CollT<DT>::VE;
-    bool al = (reinterpret_cast<unsigned long long>(out) & 15ull) == 0;
-#pragma unroll
-    for (int s = 0; s < COLL_MAXW; ++s) {
-        if (s < (int)world) {
-            al = al && (reinterpret_cast<unsigned long long>(src[s]) & 15ull) == 0;
-        }
-    }
-    // Peer pointers in peer order (l-th peer = rank (rank+1+l) % world), picked with constant
-    // indices only, so `src` stays in registers.
-    const char* own_src = src[0];
+    // Own and peer pointers in peer order (l-th peer = rank (rank+1+l) % world).
+    const char* own_src = coll_pick(src, (int)rank);
     const char* peer_src[COLL_MAXW - 1];
+    bool al = ((reinterpret_cast<unsigned long long>(out) | reinterpret_cast<unsigned long long>(own_src)) & 15ull) == 0;
 #pragma unroll
     for (int l = 0; l < COLL_MAXW - 1; ++l) {
         peer_src[l] = nullptr;
-    }
-#pragma unroll
-    for (int s = 0; s < COLL_MAXW; ++s) {
-        if (s < (int)world) {
-            if (s == (int)rank) {
-                own_src = src[s];
-            } else {
-                const int l = (s - (int)rank - 1 + (int)world) % (int)world;
-#pragma unroll
-                for (int k = 0; k < COLL_MAXW - 1; ++k) {
-                    if (k == l) {
-                        peer_src[k] = src[s];
-                    }
-                }
-            }
+        if (l < (int)world - 1) {
+            peer_src[l] = coll_pick(src, (int)((rank + 1 + l) % world));
+            al = al && (reinterpret_cast<unsigned long long>(peer_src[l]) & 15ull) == 0;
         }
     }
     const unsigned long long nv = (n + VE - 1) / VE;
@@ -888,10 +905,11 @@ __device__ __forceinline__ void coll_reduce_ptrs(unsigned int rank, unsigned int
 }
 
 #define COLL_REDUCE_PTRS_ENTRY(NAME, DT)                                                                              \
-    extern "C" __global__ void NAME(unsigned int rank, unsigned int world, unsigned int op, char* out,                \
-                                    unsigned long long n, const char* s0, const char* s1, const char* s2,             \
-                                    const char* s3, const char* s4, const char* s5, const char* s6, const char* s7) { \
-        const char* src[COLL_MAXW] = {s0, s1, s2, s3, s4, s5, s6, s7};                                                \
+    extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1)                                                    \
+        NAME(unsigned int rank, unsigned int world, unsigned int op, char* out, unsigned long long n, const char* s0, \
+             const char* s1, const char* s2, const char* s3, const char* s4, const char* s5, const char* s6,          \
+             const char* s7) {                                                                                        \
+        const CollSrcs src = {s0, s1, s2, s3, s4, s5, s6, s7};                                                        \
         switch (op) {                                                                                                 \
             case COLL_SUM:                                                                                            \
                 coll_reduce_ptrs<DT, COLL_SUM>(rank, world, out, n, src);                                             \

@@ -446,6 +446,7 @@ impl CudaCollectives {
     // ------------------------------------------------------------------ all-reduce
 
     /// All-reduce of `count` elements from `input` into `output` (may be equal: in place).
+    #[allow(clippy::too_many_arguments)]
     pub fn all_reduce(
         &self,
         stream: &CudaStream,
@@ -781,6 +782,7 @@ impl CudaCollectives {
 
     /// Reduce-scatter: `input` holds `count * world` elements, `output` receives this rank's
     /// `count` (in place when `output == input + rank * count` elements).
+    #[allow(clippy::too_many_arguments)]
     pub fn reduce_scatter(
         &self,
         stream: &CudaStream,
@@ -842,6 +844,7 @@ impl CudaCollectives {
 
     /// All-gather: `input` holds `count` elements, `output` receives `count * world` (in place
     /// when `input == output + rank * count` elements).
+    #[allow(clippy::too_many_arguments)]
     pub fn all_gather(
         &self,
         stream: &CudaStream,
@@ -1151,6 +1154,7 @@ mod tests {
             ("COLL_OPS_BAR", layout::OPS_BAR),
             ("COLL_OPS_CHECK", layout::OPS_CHECK),
             ("COLL_MAXW", layout::MAX_WORLD),
+            ("COLL_MAX_THREADS", plan::MAX_THREADS as usize),
             ("SYMM_ERR_MISMATCH", ERR_MISMATCH as usize),
             ("COLL_MODE_AR", RingMode::AllReduce as usize),
             ("COLL_MODE_RS", RingMode::ReduceScatter as usize),

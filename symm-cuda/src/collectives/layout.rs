@@ -101,10 +101,7 @@ impl WorkspaceLayout {
         }
         let w1 = world - 1;
         let mut slots = ring_slots;
-        let (slot_bytes, ring_bytes) = if w1 == 0 {
-            (0, 0)
-        } else {
-            let per_peer = staging_bytes / w1;
+        let (slot_bytes, ring_bytes) = if let Some(per_peer) = staging_bytes.checked_div(w1) {
             if per_peer < 2 * MIN_SLOT_BYTES {
                 return Err(Error::InvalidArgument(format!(
                     "staging area of {staging_bytes} bytes is too small: {} bytes needed for {world} ranks",
@@ -116,6 +113,8 @@ impl WorkspaceLayout {
             }
             let slot = per_peer / slots / SLOT_ALIGN * SLOT_ALIGN;
             (slot, slot * slots * w1)
+        } else {
+            (0, 0)
         };
         let flags_off = STATE_BYTES;
         let flags_bytes = (2 * w1 + 1) * slots * 4;

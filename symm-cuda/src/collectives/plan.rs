@@ -10,6 +10,8 @@ use super::layout::WorkspaceLayout;
 
 /// Bytes of one vector access in the kernels.
 pub const VEC_BYTES: usize = 16;
+/// Most threads per block (`COLL_MAX_THREADS`, the kernels' launch bounds).
+pub const MAX_THREADS: u32 = 512;
 
 /// Ring kernel modes (`COLL_MODE_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +27,8 @@ pub enum RingMode {
 pub struct Tuning {
     /// Most blocks of a grid (`None`: the device's SM count). Ring grids are at most this.
     pub max_blocks: Option<u32>,
-    /// Threads per block of the Lamport and ring kernels (multiple of 32, 64..=1024).
+    /// Threads per block of the Lamport, ring and reduce kernels (multiple of 32, 64..=512: the
+    /// kernels' launch bounds).
     pub threads: u32,
     /// Smallest ring chunk, bytes (small messages are spread over blocks down to this).
     pub min_chunk_bytes: usize,
@@ -54,9 +57,9 @@ impl Default for Tuning {
 impl Tuning {
     /// Checks the knobs.
     pub fn validate(&self) -> Result<()> {
-        if self.threads < 64 || self.threads > 1024 || self.threads % 32 != 0 {
+        if self.threads < 64 || self.threads > MAX_THREADS || self.threads % 32 != 0 {
             return Err(Error::InvalidArgument(format!(
-                "threads per block must be a multiple of 32 in 64..=1024, got {}",
+                "threads per block must be a multiple of 32 in 64..={MAX_THREADS}, got {}",
                 self.threads
             )));
         }
@@ -218,7 +221,7 @@ pub fn ring_plan(
         value: nchunks as u64,
         limit: u32::MAX as u64,
     })?;
-    let n = nchunks.min(pair as u32).max(1);
+    let n = nchunks.min(pair).max(1);
     let (nsend, nrecv) = if world > 1 { (n, n) } else { (0, n) };
     Ok(RingPlan {
         mode,

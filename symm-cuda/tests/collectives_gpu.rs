@@ -1,0 +1,943 @@
+//! GPU tests of the CUDA collectives (`symm_cuda::collectives`), two ranks as threads of one
+//! process (HashStore). Each skips (printing why) without two GPUs and fails instead with
+//! `SYMM_REQUIRE_GPUS=1`; each prints `SUMMARY <test> ...` lines to stderr for the run's notes.
+//!
+//! - `coll_all_reduce_matrix`: every algorithm x dtype x op at odd sizes and unaligned offsets
+//!   (in and out of place), against a float64 reference, outputs poisoned first, guard bytes
+//!   around the output untouched, results bitwise equal on both ranks; integer-valued sums exact;
+//!   a second object with a tiny staging area makes the ring wrap many times per op.
+//! - `coll_rs_ag_matrix`: reduce-scatter and all-gather (SM ring, copy engine zero-copy and
+//!   staged), the same checks, in place too.
+//! - `coll_stress_graph_delay`: 10,000 back-to-back ops on rotating payloads with no host sync
+//!   inside a round; NaN written into zero-copy inputs right after each copy-engine op never
+//!   reaches an output; 100 ops captured in one CUDA graph, replayed 100 times, equal to eager; a
+//!   rank delayed 100 ms; subset barriers.
+//! - `coll_errors`: a peer that never arrives gives a timeout (not a hang), abort, mismatched
+//!   zero-copy offsets, bad arguments.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+use symm_core::{get_allocator, DType, Device, DeviceType, Error, Rank, ReduceOp, SymmetricMemory};
+use symm_cuda::collectives::{AllGatherPath, AllReduceAlgo, CollectivesConfig, CudaCollectives};
+use symm_testkit::launch::{run_threads, RankCtx, TestResult};
+
+const T: Duration = Duration::from_secs(60);
+const GUARD: usize = 256;
+const POISON: u8 = 0xFF;
+const GUARD_BYTE: u8 = 0xA5;
+
+fn summary(line: &str) {
+    let _ = writeln!(std::io::stderr(), "SUMMARY {line}");
+}
+
+fn gate(n: usize) -> bool {
+    symm_cuda::link();
+    symm_testkit::gpu_gate(DeviceType::Cuda, n).is_none()
+}
+
+// ---------------------------------------------------------------- host-side values
+
+const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+fn encode(dtype: DType, vals: &[f64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(vals.len() * dtype.size());
+    for &v in vals {
+        match dtype {
+            DType::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
+            DType::F16 => out.extend_from_slice(&half::f16::from_f64(v).to_bits().to_le_bytes()),
+            _ => out.extend_from_slice(&half::bf16::from_f64(v).to_bits().to_le_bytes()),
+        }
+    }
+    out
+}
+
+fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
+    match dtype {
+        DType::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
+            .collect(),
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64())
+            .collect(),
+        _ => bytes
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64())
+            .collect(),
+    }
+}
+
+/// Deterministic input of `rank` (every rank can compute every rank's input): small integers
+/// when `exact`, else values in [-1, 1) rounded to the dtype; every 97th is -0.0. No NaNs.
+fn gen_input(seed: u64, rank: usize, n: usize, dtype: DType, exact: bool) -> Vec<f64> {
+    let mut x = seed
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add((rank as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03))
+        | 1;
+    let vals: Vec<f64> = (0..n)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if i % 97 == 13 {
+                return -0.0;
+            }
+            if exact {
+                ((x >> 40) % 17) as f64 - 8.0
+            } else {
+                ((x >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
+            }
+        })
+        .collect();
+    decode(dtype, &encode(dtype, &vals))
+}
+
+fn reduce_ref(op: ReduceOp, vals: &[f64]) -> f64 {
+    match op {
+        ReduceOp::Sum => vals.iter().sum(),
+        ReduceOp::Avg => vals.iter().sum::<f64>() / vals.len() as f64,
+        ReduceOp::Max => vals.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        ReduceOp::Min => vals.iter().copied().fold(f64::INFINITY, f64::min),
+    }
+}
+
+fn tol(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => 1e-6,
+        DType::F16 => 1e-3,
+        _ => 8e-3,
+    }
+}
+
+/// Max |got - want| (relative above 1), or an error naming the first bad element.
+fn compare(what: &str, dtype: DType, got: &[f64], want: &[f64], exact: bool) -> Result<f64, String> {
+    if got.len() != want.len() {
+        return Err(format!("{what}: {} elements, expected {}", got.len(), want.len()));
+    }
+    let mut max_err = 0.0f64;
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs() / w.abs().max(1.0);
+        let bad = if exact {
+            g != w
+        } else {
+            err.is_nan() || err > tol(dtype)
+        };
+        if bad {
+            return Err(format!("{what}: element {i} is {g}, expected {w}"));
+        }
+        max_err = max_err.max(err);
+    }
+    Ok(max_err)
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+// ---------------------------------------------------------------- device buffers
+
+/// A plain (non-symmetric) device buffer with guard bytes on both sides of a window.
+struct Buf {
+    slice: CudaSlice<u8>,
+    base: u64,
+    bytes: usize,
+}
+
+impl Buf {
+    fn new(stream: &Arc<CudaStream>, bytes: usize) -> TestResult<Buf> {
+        let slice = stream.alloc_zeros::<u8>(bytes + 2 * GUARD)?;
+        let base = {
+            let (p, _sync) = slice.device_ptr(stream);
+            p
+        };
+        Ok(Buf { slice, base, bytes })
+    }
+    /// Device address of byte `off` of the window.
+    fn at(&self, off: usize) -> u64 {
+        self.base + (GUARD + off) as u64
+    }
+    /// Writes `data` at window offset `off`; the rest of the window is poisoned and the guards set.
+    fn fill(&mut self, stream: &Arc<CudaStream>, off: usize, data: &[u8]) -> TestResult {
+        let mut host = vec![GUARD_BYTE; self.bytes + 2 * GUARD];
+        host[GUARD..GUARD + self.bytes].fill(POISON);
+        host[GUARD + off..GUARD + off + data.len()].copy_from_slice(data);
+        stream.memcpy_htod(&host, &mut self.slice)?;
+        Ok(())
+    }
+    /// Reads `len` bytes at window offset `off`, checking that every byte outside
+    /// `[off, off+len)` still holds what `fill` put there (guards and poison).
+    fn read(&self, stream: &Arc<CudaStream>, off: usize, len: usize, untouched_ok: bool) -> TestResult<Vec<u8>> {
+        let host = stream.clone_dtoh(&self.slice)?;
+        for (i, b) in host.iter().enumerate() {
+            let inside = i >= GUARD + off && i < GUARD + off + len;
+            if inside {
+                continue;
+            }
+            let want = if i < GUARD || i >= GUARD + self.bytes {
+                GUARD_BYTE
+            } else {
+                POISON
+            };
+            if !untouched_ok && *b != want {
+                return Err(format!("byte {} outside the output changed: {b:#x}", i as i64 - GUARD as i64).into());
+            }
+        }
+        Ok(host[GUARD + off..GUARD + off + len].to_vec())
+    }
+}
+
+/// Everything a rank needs.
+struct Env {
+    ctx: RankCtx,
+    cuda: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    calls: AtomicUsize,
+}
+
+impl Env {
+    fn new(ctx: RankCtx) -> TestResult<Env> {
+        let cuda = symm_cuda::driver::context(ctx.local_rank)?;
+        let stream = cuda.new_stream()?;
+        Ok(Env {
+            ctx,
+            cuda,
+            stream,
+            calls: AtomicUsize::new(0),
+        })
+    }
+    fn rank(&self) -> usize {
+        self.ctx.rank
+    }
+    fn world(&self) -> usize {
+        self.ctx.world
+    }
+    /// True when every rank passes the same hash.
+    fn same_everywhere(&self, h: u64) -> TestResult<bool> {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        let all = self.ctx.all_gather(&format!("cmp-{n}"), &h.to_le_bytes(), T)?;
+        Ok(all.iter().all(|v| v.as_slice() == h.to_le_bytes()))
+    }
+    fn collectives(&self, name: &str, config: CollectivesConfig) -> TestResult<CudaCollectives> {
+        let g = self.ctx.group(&self.ctx.unique(name))?;
+        Ok(CudaCollectives::with_config(&g, &self.cuda, config)?)
+    }
+    /// A symmetric allocation of `bytes` on this group, registered with `c`.
+    fn symmetric(&self, c: &CudaCollectives, bytes: usize) -> TestResult<Arc<dyn SymmetricMemory>> {
+        let a = get_allocator(DeviceType::Cuda)?.alloc(bytes, Device::cuda(self.ctx.local_rank as u32), c.group())?;
+        let m = a.rendezvous(T)?;
+        c.register_symmetric(m.clone())?;
+        Ok(m)
+    }
+}
+
+fn config(staging: usize) -> CollectivesConfig {
+    CollectivesConfig::new(staging, Duration::from_secs(20))
+}
+
+/// Collects failures instead of stopping, so both ranks keep issuing the same op sequence.
+#[derive(Default)]
+struct Failures(Vec<String>);
+
+impl Failures {
+    fn check(&mut self, r: Result<f64, String>) -> f64 {
+        match r {
+            Ok(e) => e,
+            Err(e) => {
+                if self.0.len() < 20 {
+                    self.0.push(e);
+                }
+                0.0
+            }
+        }
+    }
+    fn push(&mut self, e: String) {
+        if self.0.len() < 20 {
+            self.0.push(e);
+        }
+    }
+    fn result(self, rank: usize) -> TestResult {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("rank {rank}: {}", self.0.join("\n")).into())
+        }
+    }
+}
+
+// ---------------------------------------------------------------- all-reduce matrix
+
+const AR_SIZES: [usize; 8] = [1, 7, 8, 9, 1023, 4097, 65_537, (1 << 20) + 5];
+
+/// One all-reduce checked against the reference. `sym` is the registered symmetric input for
+/// the copy-engine algorithm.
+#[allow(clippy::too_many_arguments)]
+fn run_all_reduce(
+    env: &Env,
+    c: &CudaCollectives,
+    algo: AllReduceAlgo,
+    dtype: DType,
+    op: ReduceOp,
+    count: usize,
+    offset: usize,
+    in_place: bool,
+    seed: u64,
+    sym: Option<&Arc<dyn SymmetricMemory>>,
+    fails: &mut Failures,
+) -> TestResult<f64> {
+    let (me, world) = (env.rank(), env.world());
+    let es = dtype.size();
+    let bytes = count * es;
+    let off = offset * es;
+    let exact = op == ReduceOp::Sum && seed % 2 == 0;
+    let inputs: Vec<Vec<f64>> = (0..world).map(|r| gen_input(seed, r, count, dtype, exact)).collect();
+    let want: Vec<f64> = (0..count)
+        .map(|i| {
+            let v: Vec<f64> = inputs.iter().map(|x| x[i]).collect();
+            reduce_ref(op, &v)
+        })
+        .collect();
+    let want = decode(dtype, &encode(dtype, &want));
+    let data = encode(dtype, &inputs[me]);
+    let mut out = Buf::new(&env.stream, bytes + off + 64)?;
+    let mut inp = Buf::new(&env.stream, bytes + off + 64)?;
+    let input = if let Some(m) = sym {
+        env.stream.synchronize()?;
+        m.write_bytes(m.rank(), off, &data)?;
+        m.buffer_ptrs()[me] + off as u64
+    } else if in_place {
+        out.fill(&env.stream, off, &data)?;
+        out.at(off)
+    } else {
+        inp.fill(&env.stream, off, &data)?;
+        inp.at(off)
+    };
+    if !in_place {
+        out.fill(&env.stream, off, &[])?;
+    }
+    c.all_reduce(&env.stream, algo, input, out.at(off), count, dtype, op)?;
+    env.stream.synchronize()?;
+    c.check_error()?;
+    let what = format!(
+        "all_reduce {} {dtype} {op} count {count} offset {offset}{}",
+        algo.name(),
+        if in_place { " in place" } else { "" }
+    );
+    let got = match out.read(&env.stream, off, bytes, false) {
+        Ok(g) => g,
+        Err(e) => {
+            fails.push(format!("{what}: {e}"));
+            return Ok(0.0);
+        }
+    };
+    if !in_place && sym.is_none() {
+        // The input is never written.
+        match inp.read(&env.stream, off, bytes, false) {
+            Ok(g) if g == data => {}
+            Ok(_) => fails.push(format!("{what}: the input changed")),
+            Err(e) => fails.push(format!("{what}: input buffer: {e}")),
+        }
+    }
+    let err = fails.check(compare(&what, dtype, &decode(dtype, &got), &want, exact));
+    if !env.same_everywhere(fnv(&got))? {
+        fails.push(format!("{what}: results differ between ranks"));
+    }
+    Ok(err)
+}
+
+fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
+    let env = Env::new(ctx)?;
+    let c = env.collectives("coll-ar", config(symm_cuda::collectives::DEFAULT_STAGING_BYTES))?;
+    // 256 KiB of staging: 16 KiB slots, so 1 MiB messages wrap the ring many times.
+    let small = env.collectives("coll-ar-small", {
+        let mut k = config(256 << 10);
+        k.lamport_bytes = Some(64 << 10);
+        k
+    })?;
+    let max_bytes = ((1 << 20) + 64) * 4;
+    let sym = env.symmetric(&c, max_bytes)?;
+    let mut fails = Failures::default();
+    let mut runs = 0usize;
+    let mut worst = 0.0f64;
+    let t0 = Instant::now();
+    let algos = [
+        AllReduceAlgo::Auto,
+        AllReduceAlgo::Lamport,
+        AllReduceAlgo::OneShot,
+        AllReduceAlgo::TwoShot,
+        AllReduceAlgo::CopyEngine,
+    ];
+    let mut seed = 1u64;
+    for (obj, name) in [(&c, "default"), (&small, "small-staging")] {
+        for algo in algos {
+            if name == "small-staging" && algo == AllReduceAlgo::CopyEngine {
+                continue;
+            }
+            for dtype in DTYPES {
+                for op in ReduceOp::ALL {
+                    for &count in &AR_SIZES {
+                        if algo == AllReduceAlgo::Lamport && count * dtype.size() > obj.lamport_max_bytes() {
+                            continue;
+                        }
+                        // The largest size only for sum, to keep the run short.
+                        if count > 100_000 && op != ReduceOp::Sum {
+                            continue;
+                        }
+                        for offset in [0usize, 1] {
+                            for in_place in [false, true] {
+                                if algo == AllReduceAlgo::CopyEngine && in_place {
+                                    continue;
+                                }
+                                let s = (algo == AllReduceAlgo::CopyEngine).then_some(&sym);
+                                seed += 1;
+                                let e = run_all_reduce(
+                                    &env, obj, algo, dtype, op, count, offset, in_place, seed, s, &mut fails,
+                                )?;
+                                worst = worst.max(e);
+                                runs += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    fails.result(env.rank())?;
+    Ok(format!(
+        "rank {}: {runs} all-reduces ok, max rel err {worst:.2e}, {:.1} s",
+        env.rank(),
+        t0.elapsed().as_secs_f64()
+    ))
+}
+
+#[test]
+fn coll_all_reduce_matrix() {
+    if !gate(2) {
+        return;
+    }
+    let out = run_threads(2, Duration::from_secs(900), body_all_reduce).expect("ranks failed");
+    summary(&format!("coll_all_reduce_matrix ok threads 2 {}", out.join("; ")));
+}
+
+// ---------------------------------------------------------------- reduce-scatter / all-gather
+
+fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
+    let env = Env::new(ctx)?;
+    let (me, world) = (env.rank(), env.world());
+    let c = env.collectives("coll-rsag", config(symm_cuda::collectives::DEFAULT_STAGING_BYTES))?;
+    let small = env.collectives("coll-rsag-small", config(256 << 10))?;
+    let sizes = [1usize, 3, 8, 9, 1000, 4097, 300_001];
+    let sym = env.symmetric(&c, (300_001 + 64) * 4 * world)?;
+    let mut fails = Failures::default();
+    let mut runs = 0usize;
+    let mut seed = 1000u64;
+    for (obj, name) in [(&c, "default"), (&small, "small")] {
+        for dtype in DTYPES {
+            for &count in &sizes {
+                for offset in [0usize, 1] {
+                    let es = dtype.size();
+                    let off = offset * es;
+                    // ---- reduce-scatter (out of place and in place), every op for small sizes
+                    for op in ReduceOp::ALL {
+                        if count > 5000 && op != ReduceOp::Sum {
+                            continue;
+                        }
+                        for in_place in [false, true] {
+                            seed += 1;
+                            let total = count * world;
+                            let exact = op == ReduceOp::Sum;
+                            let inputs: Vec<Vec<f64>> =
+                                (0..world).map(|r| gen_input(seed, r, total, dtype, exact)).collect();
+                            let want: Vec<f64> = (0..count)
+                                .map(|i| {
+                                    let v: Vec<f64> = inputs.iter().map(|x| x[me * count + i]).collect();
+                                    reduce_ref(op, &v)
+                                })
+                                .collect();
+                            let want = decode(dtype, &encode(dtype, &want));
+                            let data = encode(dtype, &inputs[me]);
+                            let mut inp = Buf::new(&env.stream, total * es + off)?;
+                            inp.fill(&env.stream, off, &data)?;
+                            let mut out = Buf::new(&env.stream, count * es + off)?;
+                            out.fill(&env.stream, off, &[])?;
+                            let (i_ptr, o_ptr) = if in_place {
+                                (inp.at(off), inp.at(off + me * count * es))
+                            } else {
+                                (inp.at(off), out.at(off))
+                            };
+                            obj.reduce_scatter(&env.stream, i_ptr, o_ptr, count, dtype, op)?;
+                            env.stream.synchronize()?;
+                            obj.check_error()?;
+                            let what = format!(
+                                "reduce_scatter ({name}) {dtype} {op} count {count} offset {offset}{}",
+                                if in_place { " in place" } else { "" }
+                            );
+                            let got = if in_place {
+                                inp.read(&env.stream, off + me * count * es, count * es, true)?
+                            } else {
+                                out.read(&env.stream, off, count * es, false)?
+                            };
+                            fails.check(compare(&what, dtype, &decode(dtype, &got), &want, exact));
+                            runs += 1;
+                        }
+                    }
+                    // ---- all-gather: SM, copy engine zero-copy, copy engine staged; in place (SM)
+                    for (path, zero_copy, in_place) in [
+                        (AllGatherPath::Sm, false, false),
+                        (AllGatherPath::Sm, false, true),
+                        (AllGatherPath::CopyEngine, true, false),
+                        (AllGatherPath::CopyEngine, false, false),
+                        (AllGatherPath::CopyEngine, false, true),
+                        (AllGatherPath::Auto, false, false),
+                    ] {
+                        if zero_copy && name == "small" {
+                            continue;
+                        }
+                        seed += 1;
+                        let inputs: Vec<Vec<f64>> =
+                            (0..world).map(|r| gen_input(seed, r, count, dtype, false)).collect();
+                        let want: Vec<f64> = inputs.concat();
+                        let data = encode(dtype, &inputs[me]);
+                        let mut out = Buf::new(&env.stream, count * world * es + off)?;
+                        let mut inp = Buf::new(&env.stream, count * es + off)?;
+                        let input = if zero_copy {
+                            env.stream.synchronize()?;
+                            sym.write_bytes(sym.rank(), off, &data)?;
+                            out.fill(&env.stream, off, &[])?;
+                            sym.buffer_ptrs()[me] + off as u64
+                        } else if in_place {
+                            let mut host = vec![POISON; count * world * es];
+                            host[me * count * es..(me + 1) * count * es].copy_from_slice(&data);
+                            out.fill(&env.stream, off, &host)?;
+                            out.at(off + me * count * es)
+                        } else {
+                            inp.fill(&env.stream, off, &data)?;
+                            out.fill(&env.stream, off, &[])?;
+                            inp.at(off)
+                        };
+                        obj.all_gather(&env.stream, input, out.at(off), count, dtype, path)?;
+                        env.stream.synchronize()?;
+                        obj.check_error()?;
+                        let what = format!(
+                            "all_gather ({name}) {} {dtype} count {count} offset {offset}{}{}",
+                            path.name(),
+                            if zero_copy { " zero-copy" } else { "" },
+                            if in_place { " in place" } else { "" }
+                        );
+                        let got = out.read(&env.stream, off, count * world * es, false)?;
+                        // Bits, not values: compare the bytes exactly.
+                        if got != encode(dtype, &want) {
+                            fails.push(format!("{what}: wrong bytes"));
+                        }
+                        runs += 1;
+                    }
+                }
+            }
+        }
+    }
+    fails.result(me)?;
+    Ok(format!("rank {me}: {runs} reduce-scatters / all-gathers ok"))
+}
+
+#[test]
+fn coll_rs_ag_matrix() {
+    if !gate(2) {
+        return;
+    }
+    let out = run_threads(2, Duration::from_secs(900), body_rs_ag).expect("ranks failed");
+    summary(&format!("coll_rs_ag_matrix ok threads 2 {}", out.join("; ")));
+}
+
+// ---------------------------------------------------------------- stress, graphs, delay
+
+/// Pool of `p` inputs (rank-specific payloads) and `q` outputs of `count` elements.
+struct Pool {
+    inputs: Vec<CudaSlice<u8>>,
+    in_ptrs: Vec<u64>,
+    outputs: CudaSlice<u8>,
+    out_base: u64,
+    payloads: Vec<Vec<Vec<f64>>>, // [input][rank]
+}
+
+fn pool(env: &Env, p: usize, q: usize, count: usize, dtype: DType, seed: u64) -> TestResult<Pool> {
+    let mut inputs = Vec::new();
+    let mut in_ptrs = Vec::new();
+    let mut payloads = Vec::new();
+    for k in 0..p {
+        let per_rank: Vec<Vec<f64>> = (0..env.world())
+            .map(|r| gen_input(seed + k as u64, r, count, dtype, true))
+            .collect();
+        let s = env.stream.clone_htod(&encode(dtype, &per_rank[env.rank()]))?;
+        let ptr = {
+            let (p, _g) = s.device_ptr(&env.stream);
+            p
+        };
+        in_ptrs.push(ptr);
+        inputs.push(s);
+        payloads.push(per_rank);
+    }
+    let outputs = env.stream.alloc_zeros::<u8>(q * count * dtype.size())?;
+    let out_base = {
+        let (p, _g) = outputs.device_ptr(&env.stream);
+        p
+    };
+    Ok(Pool {
+        inputs,
+        in_ptrs,
+        outputs,
+        out_base,
+        payloads,
+    })
+}
+
+fn sum_ref(dtype: DType, per_rank: &[Vec<f64>]) -> Vec<u8> {
+    let n = per_rank[0].len();
+    let v: Vec<f64> = (0..n).map(|i| per_rank.iter().map(|x| x[i]).sum()).collect();
+    encode(dtype, &v)
+}
+
+fn body_stress(ctx: RankCtx) -> TestResult<String> {
+    let env = Env::new(ctx)?;
+    let me = env.rank();
+    let c = env.collectives("coll-stress", config(symm_cuda::collectives::DEFAULT_STAGING_BYTES))?;
+    let mut notes = Vec::new();
+    let dtype = DType::BF16;
+    // ---- 10,000 back-to-back all-reduces per algorithm, rotating payloads, one host sync per
+    // round of Q ops.
+    for (algo, count, total_ops) in [
+        (AllReduceAlgo::Lamport, 2048usize, 10_000usize),
+        (AllReduceAlgo::OneShot, 65_536, 10_000),
+        (AllReduceAlgo::TwoShot, 65_536 + 5, 2_000),
+    ] {
+        const P: usize = 7;
+        const Q: usize = 100;
+        let pl = pool(&env, P, Q, count, dtype, 77)?;
+        let bytes = count * dtype.size();
+        let expected: Vec<Vec<u8>> = (0..P).map(|k| sum_ref(dtype, &pl.payloads[k])).collect();
+        let t0 = Instant::now();
+        let mut bad = 0usize;
+        for round in 0..total_ops / Q {
+            for j in 0..Q {
+                let i = round * Q + j;
+                c.all_reduce(
+                    &env.stream,
+                    algo,
+                    pl.in_ptrs[i % P],
+                    pl.out_base + (j * bytes) as u64,
+                    count,
+                    dtype,
+                    ReduceOp::Sum,
+                )?;
+            }
+            let host = env.stream.clone_dtoh(&pl.outputs)?;
+            for j in 0..Q {
+                let i = round * Q + j;
+                if host[j * bytes..(j + 1) * bytes] != expected[i % P][..] {
+                    bad += 1;
+                }
+            }
+        }
+        c.check_error()?;
+        if bad > 0 {
+            return Err(format!("{}: {bad} of {total_ops} back-to-back results wrong", algo.name()).into());
+        }
+        notes.push(format!(
+            "{} x{total_ops} ok ({:.1} us/op incl. checks)",
+            algo.name(),
+            t0.elapsed().as_secs_f64() * 1e6 / total_ops as f64
+        ));
+        drop(pl.inputs);
+    }
+
+    // ---- zero-copy copy-engine ops: NaN written into the input right after each op returns
+    // (stream-ordered) never reaches an output.
+    {
+        let count = 1 << 20;
+        let bytes = count * dtype.size();
+        let sym = env.symmetric(&c, 2 * bytes)?;
+        let pl = pool(&env, 3, 1, count, dtype, 555)?;
+        let nan = env.stream.clone_htod(&vec![0xFFu8; bytes])?;
+        let nan_ptr = {
+            let (p, _g) = nan.device_ptr(&env.stream);
+            p
+        };
+        let sym_in = sym.buffer_ptrs()[me];
+        let mut bad = 0;
+        for i in 0..60 {
+            let k = i % 3;
+            symm_cuda::driver::mem::dtod_async(&env.stream, sym_in, pl.in_ptrs[k], bytes)?;
+            if i % 2 == 0 {
+                c.all_reduce(
+                    &env.stream,
+                    AllReduceAlgo::CopyEngine,
+                    sym_in,
+                    pl.out_base,
+                    count,
+                    dtype,
+                    ReduceOp::Sum,
+                )?;
+            } else {
+                c.all_gather(
+                    &env.stream,
+                    sym_in,
+                    pl.out_base,
+                    count / 2,
+                    dtype,
+                    AllGatherPath::CopyEngine,
+                )?;
+            }
+            symm_cuda::driver::mem::dtod_async(&env.stream, sym_in, nan_ptr, bytes)?;
+            let host = env.stream.clone_dtoh(&pl.outputs)?;
+            let want = if i % 2 == 0 {
+                sum_ref(dtype, &pl.payloads[k])
+            } else {
+                let half_bytes = count / 2 * dtype.size();
+                (0..env.world())
+                    .flat_map(|r| encode(dtype, &pl.payloads[k][r])[..half_bytes].to_vec())
+                    .collect()
+            };
+            if host != want {
+                bad += 1;
+            }
+        }
+        c.check_error()?;
+        if bad > 0 {
+            return Err(format!("copy-engine ops with NaN written after them: {bad} of 60 wrong").into());
+        }
+        notes.push("copy-engine x60 with NaN after each ok".into());
+    }
+
+    // ---- 100 ops captured in one graph, replayed 100 times, equal to eager.
+    {
+        let count = 4099;
+        let bytes = count * dtype.size();
+        const OPS: usize = 100;
+        let pl = pool(&env, 5, OPS, count, dtype, 999)?;
+        let algos = [
+            AllReduceAlgo::Lamport,
+            AllReduceAlgo::OneShot,
+            AllReduceAlgo::TwoShot,
+            AllReduceAlgo::Auto,
+        ];
+        let issue = |stream: &Arc<CudaStream>| -> TestResult {
+            for j in 0..OPS {
+                c.all_reduce(
+                    stream,
+                    algos[j % algos.len()],
+                    pl.in_ptrs[j % 5],
+                    pl.out_base + (j * bytes) as u64,
+                    count,
+                    dtype,
+                    ReduceOp::Sum,
+                )?;
+            }
+            Ok(())
+        };
+        issue(&env.stream)?;
+        let eager = env.stream.clone_dtoh(&pl.outputs)?;
+        for j in 0..OPS {
+            if eager[j * bytes..(j + 1) * bytes] != sum_ref(dtype, &pl.payloads[j % 5])[..] {
+                return Err(format!("eager op {j} before the graph is wrong").into());
+            }
+        }
+        let cap = env.cuda.new_stream()?;
+        cap.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        issue(&cap)?;
+        let graph = cap
+            .end_capture(CUgraphInstantiate_flags(0))?
+            .ok_or("capture gave no graph")?;
+        graph.upload()?;
+        let zeros = vec![0u8; OPS * bytes];
+        let mut outputs = pl.outputs;
+        env.stream.memcpy_htod(&zeros, &mut outputs)?;
+        env.stream.synchronize()?;
+        let t0 = Instant::now();
+        for _ in 0..100 {
+            graph.launch()?;
+        }
+        cap.synchronize()?;
+        let us = t0.elapsed().as_secs_f64() * 1e6 / (100 * OPS) as f64;
+        c.check_error()?;
+        let replayed = env.stream.clone_dtoh(&outputs)?;
+        if replayed != eager {
+            return Err("graph replay results differ from eager".into());
+        }
+        notes.push(format!("graph 100 ops x 100 replays = eager ({us:.2} us/op)"));
+        drop(graph);
+    }
+
+    // ---- a rank delayed 100 ms still completes; subset barriers.
+    {
+        let count = 1000;
+        let pl = pool(&env, 1, 1, count, dtype, 4242)?;
+        env.stream.synchronize()?;
+        env.ctx.barrier("delay", T)?;
+        if me == 1 {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for algo in [AllReduceAlgo::Lamport, AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot] {
+            c.all_reduce(
+                &env.stream,
+                algo,
+                pl.in_ptrs[0],
+                pl.out_base,
+                count,
+                dtype,
+                ReduceOp::Sum,
+            )?;
+            env.stream.synchronize()?;
+            if env.stream.clone_dtoh(&pl.outputs)? != sum_ref(dtype, &pl.payloads[0]) {
+                return Err(format!("{} with a delayed rank is wrong", algo.name()).into());
+            }
+        }
+        let all: Vec<Rank> = (0..env.world())
+            .map(|r| Rank::new(r, env.world()))
+            .collect::<Result<_, _>>()?;
+        let myself = [Rank::new(me, env.world())?];
+        let t0 = Instant::now();
+        for _ in 0..1000 {
+            c.barrier(&env.stream, &all)?;
+            c.barrier(&env.stream, &myself)?;
+        }
+        env.stream.synchronize()?;
+        c.check_error()?;
+        notes.push(format!(
+            "delayed rank ok; 1000 barriers {:.2} us each (eager)",
+            t0.elapsed().as_secs_f64() * 1e6 / 1000.0
+        ));
+    }
+    Ok(format!("rank {me}: {}", notes.join(", ")))
+}
+
+#[test]
+fn coll_stress_graph_delay() {
+    if !gate(2) {
+        return;
+    }
+    let out = run_threads(2, Duration::from_secs(900), body_stress).expect("ranks failed");
+    summary(&format!("coll_stress_graph_delay ok threads 2 {}", out.join("; ")));
+}
+
+// ---------------------------------------------------------------- errors
+
+fn body_errors(ctx: RankCtx) -> TestResult<String> {
+    let env = Env::new(ctx)?;
+    let me = env.rank();
+    let dtype = DType::F32;
+    let pl = pool(&env, 1, 2, 4096, dtype, 7)?;
+    let (inp, out) = (pl.in_ptrs[0], pl.out_base);
+    // ---- bad arguments: host-side errors, nothing launched.
+    let c = env.collectives("coll-err", config(symm_cuda::collectives::DEFAULT_STAGING_BYTES))?;
+    let s = &env.stream;
+    let bad = [
+        c.all_reduce(s, AllReduceAlgo::OneShot, inp + 2, out, 10, dtype, ReduceOp::Sum),
+        c.all_reduce(s, AllReduceAlgo::OneShot, inp, inp + 8, 100, dtype, ReduceOp::Sum),
+        c.all_reduce(s, AllReduceAlgo::OneShot, inp, out, 10, DType::F64, ReduceOp::Sum),
+        c.all_reduce(s, AllReduceAlgo::Lamport, inp, out, 2 << 20, dtype, ReduceOp::Sum),
+        c.all_reduce(s, AllReduceAlgo::CopyEngine, inp, out, 10, dtype, ReduceOp::Sum),
+        c.all_gather(s, inp, inp + 4, 10, dtype, AllGatherPath::Sm),
+        c.barrier(s, &[Rank::new(1 - me, 2)?]),
+    ];
+    for (i, r) in bad.iter().enumerate() {
+        if r.is_ok() {
+            return Err(format!("bad argument case {i} was accepted").into());
+        }
+    }
+    // ---- a peer that never arrives: timeout, not a hang (object with a 200 ms timeout).
+    let short = env.collectives("coll-timeout", {
+        let mut k = config(1 << 20);
+        k.timeout = Duration::from_millis(200);
+        k
+    })?;
+    env.ctx.barrier("timeout-start", T)?;
+    if me == 0 {
+        let t0 = Instant::now();
+        short.all_reduce(s, AllReduceAlgo::Lamport, inp, out, 1000, dtype, ReduceOp::Sum)?;
+        short.all_reduce(s, AllReduceAlgo::OneShot, inp, out, 1000, dtype, ReduceOp::Sum)?;
+        short.barrier(s, &[Rank::new(0, 2)?, Rank::new(1, 2)?])?;
+        s.synchronize()?;
+        let ms = t0.elapsed().as_millis();
+        match short.check_error() {
+            Err(Error::Timeout { .. }) => {}
+            other => return Err(format!("a missing peer gave {other:?}").into()),
+        }
+        short.check_error()?;
+        if ms > 5000 {
+            return Err(format!("the timeouts took {ms} ms").into());
+        }
+    }
+    env.ctx.barrier("timeout-end", T)?;
+    // ---- abort: a wait on a peer that never comes ends at once with Aborted.
+    let ab = env.collectives("coll-abort", config(1 << 20))?;
+    env.ctx.barrier("abort-start", T)?;
+    if me == 0 {
+        ab.set_abort(true)?;
+        ab.all_reduce(s, AllReduceAlgo::OneShot, inp, out, 1000, dtype, ReduceOp::Sum)?;
+        s.synchronize()?;
+        ab.set_abort(false)?;
+        match ab.check_error() {
+            Err(Error::Aborted(_)) => {}
+            other => return Err(format!("an aborted wait gave {other:?}").into()),
+        }
+    }
+    env.ctx.barrier("abort-end", T)?;
+    // ---- zero-copy inputs at different offsets on the two ranks: a mismatch error.
+    let sym = env.symmetric(&c, 1 << 20)?;
+    let base = sym.buffer_ptrs()[me];
+    c.all_gather(s, base + (me as u64) * 4096, out, 100, dtype, AllGatherPath::CopyEngine)?;
+    s.synchronize()?;
+    match c.check_error() {
+        Err(Error::Mismatch { .. }) => {}
+        other => return Err(format!("mismatched zero-copy offsets gave {other:?}").into()),
+    }
+    c.check_error()?;
+    // The object still works afterwards (the barriers completed).
+    c.all_reduce(s, AllReduceAlgo::OneShot, inp, out, 4096, dtype, ReduceOp::Sum)?;
+    s.synchronize()?;
+    c.check_error()?;
+    let got = s.clone_dtoh(&pl.outputs)?;
+    if got[..4096 * 4] != sum_ref(dtype, &pl.payloads[0])[..] {
+        return Err("all-reduce after the mismatch is wrong".into());
+    }
+    Ok(format!(
+        "rank {me}: bad arguments, timeout, abort and mismatch reported"
+    ))
+}
+
+#[test]
+fn coll_errors() {
+    if !gate(2) {
+        return;
+    }
+    let out = run_threads(2, Duration::from_secs(300), body_errors).expect("ranks failed");
+    summary(&format!("coll_errors ok threads 2 {}", out.join("; ")));
+}
+
+/// Not a GPU test: the host-side helpers above agree with each other.
+#[test]
+fn helpers_round_trip() {
+    for dtype in DTYPES {
+        let v = gen_input(3, 1, 1000, dtype, false);
+        assert_eq!(decode(dtype, &encode(dtype, &v)), v);
+        let e = gen_input(3, 1, 1000, dtype, true);
+        assert!(e.iter().all(|x| x.fract() == 0.0 && x.abs() <= 8.0));
+        assert!(compare("x", dtype, &v, &v, true).is_ok());
+        let mut w = v.clone();
+        w[5] += 0.5;
+        assert!(compare("x", dtype, &w, &v, false).is_err());
+    }
+    assert_eq!(reduce_ref(ReduceOp::Avg, &[1.0, 3.0]), 2.0);
+    assert_eq!(reduce_ref(ReduceOp::Max, &[1.0, 3.0]), 3.0);
+    assert_eq!(reduce_ref(ReduceOp::Min, &[1.0, -3.0]), -3.0);
+    assert_ne!(fnv(b"ab"), fnv(b"ba"));
+}
