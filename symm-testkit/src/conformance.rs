@@ -1,5 +1,5 @@
 //! The conformance suite: what every backend's `SymmetricMemory` must do,
-//! written once and instantiated per backend with [`conformance_tests!`].
+//! written once and instantiated per backend with [`conformance_tests!`](crate::conformance_tests).
 //!
 //! ```no_run
 //! // symm-testkit/tests/host_conformance.rs

@@ -2,16 +2,23 @@
 //!
 //! Testing infrastructure for symm, and a backend that needs no GPU:
 //!
-//! - [`host`]: the host backend (memfd + mmap buffers mapped by every rank,
-//!   signal pads of atomics with the GPU kernels' protocol), registered for
-//!   `DeviceType::Host`.
+//! - [`host`]: the host backend (one memfd per allocation, mapped by every
+//!   rank: shared directly among threads, passed through `FdChannel` among
+//!   processes; signal pads of atomics with the GPU kernels' protocol),
+//!   registered for `DeviceType::Host`; call [`link`] to link it.
 //! - [`launch`]: ranks as threads ([`run_threads`]) or as processes
-//!   re-executing the test binary ([`run_processes`], torchrun's variables).
-//! - [`fault`]: fault injection (`SYMM_FAULT=kill:<rank>:<point>`).
+//!   re-executing the test binary with torchrun's variables
+//!   ([`run_processes`]; children branch on [`child_ctx`]); the `symmrun`
+//!   binary runs any program that way around a TcpStore it hosts.
+//! - [`fault`]: fault injection (`SYMM_FAULT=kill:<rank>:<point>`, or a
+//!   thread-armed fault), at points backends mark with [`fault_point`].
 //! - [`gate`]: [`gpu_gate`], skipping GPU tests without GPUs (failing them
 //!   with `SYMM_REQUIRE_GPUS=1`).
 //! - [`conformance`]: the conformance suite, written once, instantiated per
-//!   backend with [`conformance_tests!`].
+//!   backend with [`conformance_tests!`]:
+//!   `symm_testkit::conformance_tests!(host, symm_testkit::conformance::Backend::host(), [1, 2, 3, 5, 8]);`
+//!
+//! See `docs/testkit.md` for the internals.
 #![deny(unsafe_code)]
 
 pub mod conformance;

@@ -125,3 +125,20 @@ fn fd_exhaustion_is_a_clear_error_and_leaks_nothing() {
     })
     .unwrap();
 }
+
+#[test]
+fn registered_for_host_with_a_fully_connected_shm_matrix() {
+    symm_testkit::link();
+    let a = get_allocator(DeviceType::Host).unwrap();
+    assert_eq!(a.name(), symm_testkit::host::BACKEND_NAME);
+    assert_eq!(a.device_type(), DeviceType::Host);
+    assert!(!a.has_multicast_support(Device::host(0)));
+    let c = symm_core::get_connectivity(DeviceType::Host, "shm").unwrap();
+    let devices: Vec<usize> = (0..8).collect();
+    assert_eq!(
+        symm_core::detect_topology(&c.matrix, &devices),
+        symm_core::Topology::FullyConnected
+    );
+    assert_eq!(c.matrix.len(), pad::MAX_WORLD_SIZE);
+    assert!(symm_testkit::gpu_gate(DeviceType::Host, 8).is_none());
+}

@@ -10,9 +10,9 @@
 //!    same records, so all fail the same way, before anything is mapped.
 //! 3. Fault point `rendezvous.before_send`. Then, if every rank is in this
 //!    process (threads), each rank publishes its region in a process-wide
-//!    table, a store barrier `sent` follows, and each rank takes the peers'
+//!    table, a store barrier `sent` follows, each rank takes the peers'
 //!    regions from the table (the same mapping, so the same addresses in
-//!    every rank). Otherwise the memfds go through an [`FdChannel`]
+//!    every rank), and a store barrier `taken` follows. Otherwise the memfds go through an [`FdChannel`]
 //!    (`all_gather_fds`) and every rank maps every peer's memfd after
 //!    checking its kind and size.
 //! 4. Fault points `rendezvous.after_send` (fds exchanged, nothing mapped)
@@ -347,8 +347,15 @@ impl HostAllocation {
                 })
                 .collect::<Result<Vec<_>>>()?;
             drop(table);
+            // Nobody leaves (and drops its region) before every rank has taken
+            // every region, so a rank that fails later cannot make a peer's
+            // lookup fail and be misreported.
+            StoreExchange::new(store.clone(), format!("{prefix}/taken")).barrier(
+                rank,
+                world,
+                remaining(deadline, timeout, "rendezvous")?,
+            )?;
             fault_point("rendezvous.after_map")?;
-            // Keep the table entry until every rank has taken it.
             StoreExchange::new(store.clone(), format!("{prefix}/done")).barrier(
                 rank,
                 world,

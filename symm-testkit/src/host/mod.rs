@@ -11,7 +11,7 @@
 //! - [`connectivity`]: the `shm` detector (fully connected).
 //! - `mapping` (private): all unsafe code (memfd, mmap/munmap, atomic views).
 //!
-//! Registered for [`DeviceType::Host`](symm_core::DeviceType::Host); call
+//! Registered for [`symm_core::DeviceType::Host`]; call
 //! [`link`] from a binary that only names the backend through symm-core.
 
 pub mod allocator;
