@@ -70,7 +70,7 @@ const PAD_ALIGN: usize = 4096;
 #[derive(Debug, Default, Clone, Copy)]
 pub struct CudaAllocator;
 
-fn make_allocator() -> Result<Arc<dyn SymmetricAllocator>> {
+pub(crate) fn make_allocator() -> Result<Arc<dyn SymmetricAllocator>> {
     Ok(Arc::new(CudaAllocator))
 }
 

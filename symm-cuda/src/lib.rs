@@ -41,11 +41,14 @@ pub use allocator::{CudaAllocation, CudaAllocator};
 pub use symm_mem::{CudaSymmetricMemory, SymmView};
 
 /// Forces this crate (and so its `inventory` registrations: the allocator
-/// and the NVLink detector) to be linked into a binary. Call it once.
+/// and the NVLink detector) to be linked into a binary. Call it once, e.g.
+/// at the start of `main` or of a test.
+#[inline(never)]
 pub fn link() {
-    // Referencing a function of the crate is enough for the linker to keep
-    // the crate's statics; black_box keeps the call from being optimised out.
-    std::hint::black_box(allocator::BACKEND_NAME);
+    // Function pointers from the modules that hold the registrations, so the
+    // linker keeps their object files (and the registrations with them).
+    std::hint::black_box(allocator::make_allocator as fn() -> symm_core::Result<_>);
+    std::hint::black_box(connectivity::detect_nvlink as fn() -> symm_core::Result<_>);
 }
 
 /// Number of CUDA devices, or [`symm_core::Error::Unavailable`] with the

@@ -486,3 +486,19 @@ fn pattern_helpers_agree() {
     assert!(check(0, 10, &b).is_err());
     assert!(check(1, 11, &b).is_err());
 }
+
+/// Not a GPU test: `link()` makes the allocator and the NVLink detector
+/// visible to symm-core's registries.
+#[test]
+fn backend_and_detector_are_registered() {
+    symm_cuda::link();
+    assert!(symm_core::has_allocator(DeviceType::Cuda));
+    let a = get_allocator(DeviceType::Cuda).expect("allocator");
+    assert_eq!(a.name(), "symm-cuda");
+    assert!(!a.has_multicast_support(Device::cuda(0)));
+    match get_connectivity(DeviceType::Cuda, "nvlink") {
+        Err(Error::NoDetector { .. }) => panic!("the nvlink detector is not registered"),
+        Ok(c) => println!("nvlink: {:?} ({})", c.matrix.rows(), c.detector),
+        Err(e) => println!("nvlink detection unavailable here: {e}"),
+    }
+}
