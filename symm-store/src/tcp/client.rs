@@ -71,7 +71,7 @@ impl Default for TcpStoreOptions {
 #[derive(Debug)]
 pub struct TcpStore {
     addr: SocketAddr,
-    conn: Mutex<Option<TcpStream>>,
+    conn: Mutex<Option<Conn>>,
     timeout: Mutex<Duration>,
     limits: Limits,
     // Declared after `conn` so the client disconnects before the server stops.
@@ -91,16 +91,50 @@ fn deadline_after(t: Duration) -> Instant {
         .unwrap_or_else(|| Instant::now() + Duration::from_secs(86400 * 365))
 }
 
+/// A connection whose socket timeouts are only lowered when a deadline needs it (a read
+/// that outlives the socket timeout just loops and re-checks the deadline), so steady
+/// state costs no setsockopt per request.
+#[derive(Debug)]
+struct Conn {
+    s: TcpStream,
+    rto: Option<Duration>,
+    wto: Option<Duration>,
+}
+
+impl Conn {
+    fn new(s: TcpStream) -> Conn {
+        Conn { s, rto: None, wto: None }
+    }
+
+    fn bound_reads(&mut self, left: Duration) -> io::Result<()> {
+        let left = left.max(Duration::from_millis(1));
+        if self.rto.is_none_or(|t| t > left) {
+            self.s.set_read_timeout(Some(left))?;
+            self.rto = Some(left);
+        }
+        Ok(())
+    }
+
+    fn bound_writes(&mut self, left: Duration) -> io::Result<()> {
+        let left = left.max(Duration::from_millis(1));
+        if self.wto.is_none_or(|t| t > left) {
+            self.s.set_write_timeout(Some(left))?;
+            self.wto = Some(left);
+        }
+        Ok(())
+    }
+}
+
 /// Reads exactly `buf.len()` bytes by `deadline` (TimedOut otherwise).
-fn read_exact_by(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+fn read_exact_by(s: &mut Conn, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
     let mut pos = 0;
     while pos < buf.len() {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(io::Error::new(io::ErrorKind::TimedOut, "store reply deadline passed"));
         }
-        s.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
-        match s.read(&mut buf[pos..]) {
+        s.bound_reads(left)?;
+        match s.s.read(&mut buf[pos..]) {
             Ok(0) => {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
@@ -116,27 +150,38 @@ fn read_exact_by(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> io::Re
     Ok(())
 }
 
-fn write_all_by(s: &mut TcpStream, buf: &[u8], deadline: Instant) -> io::Result<()> {
-    let left = deadline
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_millis(1));
-    s.set_write_timeout(Some(left))?;
-    s.write_all(buf)
+fn write_all_by(s: &mut Conn, buf: &[u8], deadline: Instant) -> io::Result<()> {
+    let mut pos = 0;
+    while pos < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "store request deadline passed"));
+        }
+        s.bound_writes(left)?;
+        match s.s.write(&buf[pos..]) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "store connection closed")),
+            Ok(n) => pos += n,
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
-fn read_u8(s: &mut TcpStream, d: Instant) -> io::Result<u8> {
+fn read_u8(s: &mut Conn, d: Instant) -> io::Result<u8> {
     let mut b = [0u8; 1];
     read_exact_by(s, &mut b, d)?;
     Ok(b[0])
 }
 
-fn read_i64(s: &mut TcpStream, d: Instant) -> io::Result<i64> {
+fn read_i64(s: &mut Conn, d: Instant) -> io::Result<i64> {
     let mut b = [0u8; 8];
     read_exact_by(s, &mut b, d)?;
     Ok(i64::from_le_bytes(b))
 }
 
-fn read_vec(s: &mut TcpStream, d: Instant) -> io::Result<Vec<u8>> {
+fn read_vec(s: &mut Conn, d: Instant) -> io::Result<Vec<u8>> {
     let mut b = [0u8; 8];
     read_exact_by(s, &mut b, d)?;
     let len = u64::from_le_bytes(b);
@@ -159,7 +204,7 @@ fn read_vec(s: &mut TcpStream, d: Instant) -> io::Result<Vec<u8>> {
 }
 
 /// Connects with retry and backoff until `deadline`, then VALIDATE + PING.
-fn connect_handshake(addr: SocketAddr, deadline: Instant) -> Result<TcpStream> {
+fn connect_handshake(addr: SocketAddr, deadline: Instant) -> Result<Conn> {
     let mut backoff = Duration::from_millis(10);
     let mut last_err: io::Error;
     loop {
@@ -171,8 +216,8 @@ fn connect_handshake(addr: SocketAddr, deadline: Instant) -> Result<TcpStream> {
             });
         }
         match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(1))) {
-            Ok(mut s) => match handshake(&mut s, deadline) {
-                Ok(()) => return Ok(s),
+            Ok(s) => match handshake(Conn::new(s), deadline) {
+                Ok(c) => return Ok(c),
                 Err(e) => last_err = e,
             },
             Err(e) => last_err = e,
@@ -186,8 +231,9 @@ fn connect_handshake(addr: SocketAddr, deadline: Instant) -> Result<TcpStream> {
     }
 }
 
-fn handshake(s: &mut TcpStream, deadline: Instant) -> io::Result<()> {
-    s.set_nodelay(true)?;
+fn handshake(mut c: Conn, deadline: Instant) -> io::Result<Conn> {
+    let s = &mut c;
+    s.s.set_nodelay(true)?;
     let nonce = std::process::id();
     let mut buf = Vec::with_capacity(16);
     encode_request(&Request::Validate(VALIDATION_MAGIC), &mut buf);
@@ -201,7 +247,7 @@ fn handshake(s: &mut TcpStream, deadline: Instant) -> io::Result<()> {
             "PING reply does not echo the nonce",
         ));
     }
-    Ok(())
+    Ok(c)
 }
 
 fn resolve(host: &str, port: u16) -> Result<SocketAddr> {
@@ -363,7 +409,7 @@ impl TcpStore {
         self.server.as_ref()
     }
 
-    fn lock_conn(&self) -> MutexGuard<'_, Option<TcpStream>> {
+    fn lock_conn(&self) -> MutexGuard<'_, Option<Conn>> {
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -413,7 +459,7 @@ impl TcpStore {
         &self,
         what: &str,
         timeout: Duration,
-        f: impl FnOnce(&mut TcpStream, Instant) -> io::Result<T>,
+        f: impl FnOnce(&mut Conn, Instant) -> io::Result<T>,
     ) -> Result<T> {
         let mut g = self.lock_conn();
         let Some(s) = g.as_mut() else {

@@ -1,4 +1,4 @@
-//! The TCPStore server: one thread, `poll(2)` over every client socket.
+//! The TCPStore server: one thread, `epoll(7)` over every client socket.
 //!
 //! Requests are parsed incrementally (see [`super::protocol`]); WAIT replies are
 //! deferred until the last awaited key appears; a client that sends a malformed frame,
@@ -8,14 +8,13 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 
 use super::protocol::{
     parse_request, put_bytes, FrameError, Limits, Parsed, Request, CHECK_NOT_READY, CHECK_READY, STOP_WAITING,
@@ -114,16 +113,21 @@ impl TcpServer {
         wake_rx.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let counters = Arc::new(Counters::default());
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(io::Error::from)?;
+        epoll.add(&wake_rx, EpollEvent::new(EpollFlags::EPOLLIN, WAKE_TOKEN)).map_err(io::Error::from)?;
+        epoll.add(&listener, EpollEvent::new(EpollFlags::EPOLLIN, LISTEN_TOKEN)).map_err(io::Error::from)?;
         let mut srv = Server {
+            epoll,
             listener,
             wake_rx,
             stop: stop.clone(),
             counters: counters.clone(),
             opts,
             clients: HashMap::new(),
-            next_id: 1,
+            next_id: FIRST_CLIENT_TOKEN,
             db: Db::default(),
             accept_paused_until: None,
+            chunk: vec![0u8; READ_CHUNK],
         };
         let thread = std::thread::Builder::new()
             .name(format!("symm-store-server:{}", local.port()))
@@ -193,6 +197,8 @@ struct Client {
     out: Vec<u8>,
     out_pos: usize,
     validated: bool,
+    /// Registered for EPOLLOUT (replies are waiting for socket space).
+    want_out: bool,
 }
 
 #[derive(Default)]
@@ -265,6 +271,7 @@ enum Drop_ {
 }
 
 struct Server {
+    epoll: Epoll,
     listener: TcpListener,
     wake_rx: UnixStream,
     stop: Arc<AtomicBool>,
@@ -274,8 +281,13 @@ struct Server {
     next_id: ClientId,
     db: Db,
     accept_paused_until: Option<Instant>,
+    /// Reused read buffer.
+    chunk: Vec<u8>,
 }
 
+const WAKE_TOKEN: u64 = 0;
+const LISTEN_TOKEN: u64 = 1;
+const FIRST_CLIENT_TOKEN: u64 = 2;
 const READ_CHUNK: usize = 64 * 1024;
 /// Most bytes read from one client per poll round (fairness).
 const READ_BUDGET: usize = 4 << 20;
@@ -286,60 +298,44 @@ fn i64_of(n: usize) -> i64 {
 
 impl Server {
     fn run(&mut self) {
-        let tick = Duration::from_millis(100);
+        let tick = EpollTimeout::from(100u16);
+        let mut events = vec![EpollEvent::empty(); 256];
         while !self.stop.load(Ordering::SeqCst) {
-            let now = Instant::now();
-            let listen = self.accept_paused_until.is_none_or(|t| now >= t);
-            let ids: Vec<ClientId> = self.clients.keys().copied().collect();
-            let mut ready: Vec<(ClientId, PollFlags)> = Vec::new();
-            let (wake_ready, listen_ready) = {
-                let mut pfds = Vec::with_capacity(ids.len() + 2);
-                pfds.push(PollFd::new(self.wake_rx.as_fd(), PollFlags::POLLIN));
-                pfds.push(PollFd::new(
-                    self.listener.as_fd(),
-                    if listen { PollFlags::POLLIN } else { PollFlags::empty() },
-                ));
-                for id in &ids {
-                    let c = &self.clients[id];
-                    let mut fl = PollFlags::POLLIN;
-                    if c.out_pos < c.out.len() {
-                        fl |= PollFlags::POLLOUT;
+            if let Some(t) = self.accept_paused_until {
+                if Instant::now() >= t {
+                    self.accept_paused_until = None;
+                    let _ = self.epoll.add(&self.listener, EpollEvent::new(EpollFlags::EPOLLIN, LISTEN_TOKEN));
+                }
+            }
+            let n = match self.epoll.wait(&mut events, tick) {
+                Ok(n) => n,
+                Err(nix::errno::Errno::EINTR) => 0,
+                Err(_) => {
+                    std::thread::sleep(Duration::from_millis(10));
+                    0
+                }
+            };
+            let mut dirty: HashSet<ClientId> = HashSet::new();
+            for ev in &events[..n] {
+                let flags = ev.events();
+                match ev.data() {
+                    WAKE_TOKEN => {
+                        let mut b = [0u8; 64];
+                        while matches!((&self.wake_rx).read(&mut b), Ok(n) if n > 0) {}
                     }
-                    pfds.push(PollFd::new(c.stream.as_fd(), fl));
-                }
-                let timeout = PollTimeout::from(u16::try_from(tick.as_millis()).unwrap_or(100));
-                match nix::poll::poll(&mut pfds, timeout) {
-                    Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
-                }
-                for (i, id) in ids.iter().enumerate() {
-                    if let Some(re) = pfds[i + 2].revents() {
-                        if !re.is_empty() {
-                            ready.push((*id, re));
+                    LISTEN_TOKEN => self.accept_all(),
+                    id => {
+                        if flags.intersects(EpollFlags::EPOLLIN | EpollFlags::EPOLLHUP | EpollFlags::EPOLLERR) {
+                            self.on_readable(id, &mut dirty);
+                        }
+                        if flags.contains(EpollFlags::EPOLLOUT) {
+                            dirty.insert(id);
                         }
                     }
                 }
-                let r = |p: &PollFd| p.revents().is_some_and(|r| !r.is_empty());
-                (r(&pfds[0]), r(&pfds[1]))
-            };
-            if wake_ready {
-                let mut b = [0u8; 64];
-                while matches!((&self.wake_rx).read(&mut b), Ok(n) if n > 0) {}
             }
             if self.stop.load(Ordering::SeqCst) {
                 break;
-            }
-            if listen_ready {
-                self.accept_all();
-            }
-            let mut dirty: HashSet<ClientId> = HashSet::new();
-            for (id, re) in ready {
-                if re.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR) {
-                    self.on_readable(id, &mut dirty);
-                }
-                if re.contains(PollFlags::POLLOUT) {
-                    dirty.insert(id);
-                }
             }
             for id in dirty {
                 self.flush(id);
@@ -364,6 +360,9 @@ impl Server {
                     let _ = s.set_nodelay(true);
                     let id = self.next_id;
                     self.next_id += 1;
+                    if self.epoll.add(&s, EpollEvent::new(EpollFlags::EPOLLIN, id)).is_err() {
+                        continue;
+                    }
                     self.clients.insert(
                         id,
                         Client {
@@ -374,6 +373,7 @@ impl Server {
                             out: Vec::new(),
                             out_pos: 0,
                             validated: false,
+                            want_out: false,
                         },
                     );
                     self.counters.accepted.fetch_add(1, Ordering::Relaxed);
@@ -384,6 +384,7 @@ impl Server {
                 Err(_) => {
                     // EMFILE and friends: the connection stays queued; retry shortly
                     // instead of spinning on a listener that stays readable.
+                    let _ = self.epoll.delete(&self.listener);
                     self.accept_paused_until = Some(Instant::now() + Duration::from_millis(50));
                     return;
                 }
@@ -420,17 +421,27 @@ impl Server {
             }
         }
         self.db.clear_wait(id);
-        self.clients.remove(&id);
+        if let Some(cl) = self.clients.remove(&id) {
+            let _ = self.epoll.delete(&cl.stream);
+        }
         c.active.store(self.clients.len() as u64, Ordering::Relaxed);
     }
 
     fn on_readable(&mut self, id: ClientId, dirty: &mut HashSet<ClientId>) {
+        let mut chunk = std::mem::take(&mut self.chunk);
+        if chunk.len() != READ_CHUNK {
+            chunk = vec![0u8; READ_CHUNK];
+        }
+        self.read_client(id, &mut chunk, dirty);
+        self.chunk = chunk;
+    }
+
+    fn read_client(&mut self, id: ClientId, chunk: &mut [u8], dirty: &mut HashSet<ClientId>) {
         let Some(mut c) = self.clients.remove(&id) else { return };
         let mut eof = false;
         let mut budget = READ_BUDGET;
-        let mut chunk = [0u8; READ_CHUNK];
         while budget > 0 {
-            match c.stream.read(&mut chunk) {
+            match c.stream.read(chunk) {
                 Ok(0) => {
                     eof = true;
                     break;
@@ -653,9 +664,15 @@ impl Server {
             c.out.drain(..c.out_pos);
             c.out_pos = 0;
         }
-        if c.out.len() - c.out_pos > self.opts.max_out_buffer {
-            let n = c.out.len() - c.out_pos;
-            self.drop_client(id, Drop_::Overflow(format!("{n} bytes of unread replies")));
+        let pending = c.out.len() - c.out_pos;
+        if pending > self.opts.max_out_buffer {
+            self.drop_client(id, Drop_::Overflow(format!("{pending} bytes of unread replies")));
+            return;
+        }
+        if (pending > 0) != c.want_out {
+            c.want_out = pending > 0;
+            let fl = if c.want_out { EpollFlags::EPOLLIN | EpollFlags::EPOLLOUT } else { EpollFlags::EPOLLIN };
+            let _ = self.epoll.modify(&c.stream, &mut EpollEvent::new(fl, id));
         }
     }
 
