@@ -412,7 +412,7 @@ mod tests {
 
     #[test]
     fn conversions_describe_buffers() {
-        let v = vec![f16::ZERO; 5];
+        let v = [f16::ZERO; 5];
         let b: Buf<'_> = (&v[1..]).into();
         assert_eq!((b.len(), b.dtype()), (4, DType::F16));
         let mut w = vec![0f32; 3];

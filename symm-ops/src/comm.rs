@@ -66,6 +66,8 @@ impl CommConfig {
     }
 }
 
+// One per communicator: the size difference does not matter.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Engine {
     Host(HostEngine),
     #[cfg(feature = "cuda")]
@@ -173,6 +175,7 @@ impl Communicator {
         config: CommConfig,
         #[cfg(feature = "cuda")] stream: Option<Arc<cudarc::driver::CudaStream>>,
     ) -> Result<Communicator> {
+        crate::link();
         if config.staging_bytes < 128 {
             return Err(Error::OutOfRange {
                 what: "staging bytes (at least 128)",
@@ -264,13 +267,20 @@ impl Communicator {
             #[cfg(feature = "cuda")]
             Engine::Cuda(c) => (c.has_symm(), c.has_nccl()),
         };
+        #[allow(unused_mut)]
+        let mut thresholds = config
+            .selection
+            .unwrap_or_else(|| SelectionThresholds::defaults(kind, world));
+        #[cfg(feature = "cuda")]
+        if let Engine::Cuda(c) = &engine {
+            // Lamport takes what its buffers hold (the same on every rank).
+            thresholds.lamport_max_bytes = thresholds.lamport_max_bytes.min(c.lamport_max_bytes());
+        }
         let selector = Selector {
             engine: kind,
             symm,
             nccl,
-            thresholds: config
-                .selection
-                .unwrap_or_else(|| SelectionThresholds::defaults(kind, world)),
+            thresholds,
         };
         Ok(Communicator {
             group: group.clone(),
@@ -412,15 +422,13 @@ impl Communicator {
     }
 
     /// Sets (or clears) the abort word: every wait of this communicator's
-    /// ops ends with [`Error::Aborted`] while set (host engine; the CUDA
-    /// engine's kernels poll the abort word of symm-cuda's memory).
+    /// ops (host waits, device waits) ends with [`Error::Aborted`] while set.
+    /// Not available on an nccl-only communicator.
     pub fn set_abort(&self, abort: bool) -> Result<()> {
         match &self.engine {
             Engine::Host(h) => h.set_abort(abort),
             #[cfg(feature = "cuda")]
-            Engine::Cuda(_) => Err(Error::Unavailable(
-                "set_abort on the CUDA engine: use symm-cuda's memory handle".into(),
-            )),
+            Engine::Cuda(c) => c.set_abort(abort),
         }
     }
 

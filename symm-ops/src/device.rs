@@ -141,3 +141,45 @@ impl<'a, 'b: 'a, T: Element + DeviceRepr> From<&'a mut CudaViewMut<'b, T>> for B
         BufMut::Device(s)
     }
 }
+
+/// symm-cuda's typed views of symmetric memory (any rank's buffer).
+impl<T: Element> DeviceInput for symm_cuda::SymmView<T> {
+    fn dtype(&self) -> DType {
+        T::DTYPE
+    }
+    fn len(&self) -> usize {
+        DeviceSlice::len(self)
+    }
+    fn context(&self) -> &Arc<CudaContext> {
+        DeviceSlice::stream(self).context()
+    }
+    fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
+        self.device_ptr(stream)
+    }
+}
+
+impl<T: Element> DeviceOutput for symm_cuda::SymmView<T> {
+    fn dtype(&self) -> DType {
+        T::DTYPE
+    }
+    fn len(&self) -> usize {
+        DeviceSlice::len(self)
+    }
+    fn context(&self) -> &Arc<CudaContext> {
+        DeviceSlice::stream(self).context()
+    }
+    fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
+        self.device_ptr_mut(stream)
+    }
+}
+
+impl<'a, T: Element> From<&'a symm_cuda::SymmView<T>> for Buf<'a> {
+    fn from(s: &'a symm_cuda::SymmView<T>) -> Self {
+        Buf::Device(s)
+    }
+}
+impl<'a, T: Element> From<&'a mut symm_cuda::SymmView<T>> for BufMut<'a> {
+    fn from(s: &'a mut symm_cuda::SymmView<T>) -> Self {
+        BufMut::Device(s)
+    }
+}

@@ -49,3 +49,18 @@ pub use half;
 pub use symm_core;
 #[cfg(feature = "cuda")]
 pub use symm_cuda;
+
+/// Forces linkage of the backends this build enables (symm-cuda with the
+/// `cuda` feature), so their `inventory` registrations (allocator,
+/// connectivity detector) are seen. [`Communicator::new`] calls it.
+pub fn link() {
+    #[cfg(feature = "cuda")]
+    symm_cuda::link();
+    #[cfg(feature = "rocm")]
+    symm_rocm_link();
+}
+
+#[cfg(feature = "rocm")]
+fn symm_rocm_link() {
+    symm_rocm::link();
+}

@@ -39,6 +39,10 @@ pub enum AllReduceAlgo {
     /// One-shot with data as flag (push into peers' sentinel-filled slots, no
     /// barrier); CUDA only. The host engine runs it as one-shot.
     Lamport,
+    /// Zero-copy pull by the copy engine (CUDA; explicit only: the input must
+    /// be a symmetric tensor from [`crate::Communicator::persistent_buffer`]).
+    /// The host engine runs it as one-shot.
+    CopyEngine,
     /// NCCL's all-reduce.
     Nccl,
 }
@@ -49,6 +53,7 @@ impl fmt::Display for AllReduceAlgo {
             AllReduceAlgo::OneShot => "one-shot",
             AllReduceAlgo::TwoShot => "two-shot",
             AllReduceAlgo::Lamport => "lamport (one-shot, data as flag)",
+            AllReduceAlgo::CopyEngine => "copy-engine pull",
             AllReduceAlgo::Nccl => "nccl",
         })
     }
@@ -118,12 +123,14 @@ const MIB: usize = 1024 * 1024;
 impl SelectionThresholds {
     /// The defaults for an engine and world size.
     ///
-    /// CUDA, world 2: from the measurements on 2 x H200 (NV18) in
-    /// DESIGN.md: PyTorch's two-shot already beats NCCL at every size up to
-    /// 256 MiB, so NCCL is never picked; Lamport covers the latency-bound
-    /// sizes. Worlds of 3 and more: provisional, after PyTorch's IntraNodeComm
-    /// and vLLM (one-shot for small, two-shot to a few MiB, NCCL beyond);
-    /// to be set from 4- and 8-GPU measurements.
+    /// CUDA: the Lamport and one-shot bounds are symm-cuda's own defaults
+    /// (`symm_cuda::collectives::Selection`; Lamport is further capped by the
+    /// workspace's Lamport buffers at setup); with two ranks one-shot and
+    /// two-shot move the same bytes, so one-shot runs every size. NCCL takes
+    /// over above `two_shot_max_bytes`: never on two ranks (on 2 x H200, NV18,
+    /// PyTorch's symmetric-memory two-shot already beats NCCL at every size up
+    /// to 256 MiB, DESIGN.md), provisional bounds for more ranks (after
+    /// PyTorch's IntraNodeComm and vLLM) until 4- and 8-GPU measurements.
     pub fn defaults(engine: EngineKind, world_size: usize) -> Self {
         match engine {
             EngineKind::Host => SelectionThresholds {
@@ -142,34 +149,37 @@ impl SelectionThresholds {
                 all_gather_max_bytes: 0,
                 all_gather_copy_engine_min_bytes: usize::MAX,
             },
-            EngineKind::Cuda => match world_size {
-                0..=2 => SelectionThresholds {
-                    lamport_max_bytes: 512 * KIB,
-                    one_shot_max_bytes: 512 * KIB,
-                    two_shot_max_bytes: usize::MAX,
-                    reduce_scatter_max_bytes: usize::MAX,
-                    all_gather_max_bytes: usize::MAX,
-                    all_gather_copy_engine_min_bytes: 4 * MIB,
-                },
-                3..=4 => SelectionThresholds {
-                    lamport_max_bytes: 128 * KIB,
-                    one_shot_max_bytes: 512 * KIB,
-                    two_shot_max_bytes: 32 * MIB,
-                    reduce_scatter_max_bytes: 32 * MIB,
-                    all_gather_max_bytes: 32 * MIB,
-                    all_gather_copy_engine_min_bytes: 4 * MIB,
-                },
-                _ => SelectionThresholds {
-                    lamport_max_bytes: 64 * KIB,
-                    one_shot_max_bytes: 256 * KIB,
-                    two_shot_max_bytes: 8 * MIB,
-                    reduce_scatter_max_bytes: 8 * MIB,
-                    all_gather_max_bytes: 8 * MIB,
-                    all_gather_copy_engine_min_bytes: 4 * MIB,
-                },
-            },
+            EngineKind::Cuda => {
+                let (lamport, one_shot) = kernel_defaults();
+                let nccl_above = match world_size {
+                    0..=2 => usize::MAX,
+                    3..=4 => 32 * MIB,
+                    _ => 8 * MIB,
+                };
+                SelectionThresholds {
+                    lamport_max_bytes: lamport,
+                    one_shot_max_bytes: if world_size <= 2 { usize::MAX } else { one_shot },
+                    two_shot_max_bytes: nccl_above,
+                    reduce_scatter_max_bytes: nccl_above,
+                    all_gather_max_bytes: nccl_above,
+                    all_gather_copy_engine_min_bytes: usize::MAX,
+                }
+            }
         }
     }
+}
+
+/// symm-cuda's default (Lamport max, one-shot max) for more than two ranks.
+#[cfg(feature = "cuda")]
+fn kernel_defaults() -> (usize, usize) {
+    let s = symm_cuda::collectives::Selection::default();
+    (s.lamport_max, s.one_shot_max)
+}
+
+/// The same values as symm-cuda's defaults, for builds without it.
+#[cfg(not(feature = "cuda"))]
+fn kernel_defaults() -> (usize, usize) {
+    (MIB, 256 * KIB)
 }
 
 /// The selection in force for one communicator.
@@ -322,16 +332,23 @@ mod tests {
     #[test]
     fn cuda_world2_never_picks_nccl() {
         let s = sel(EngineKind::Cuda, 2, true);
+        let (lamport, _) = kernel_defaults();
         assert_eq!(s.all_reduce(1024), AllReduceAlgo::Lamport);
-        assert_eq!(s.all_reduce(512 * KIB + 2), AllReduceAlgo::TwoShot);
-        assert_eq!(s.all_reduce(1 << 40), AllReduceAlgo::TwoShot);
+        assert_eq!(s.all_reduce(lamport + 2), AllReduceAlgo::OneShot);
+        assert_eq!(s.all_reduce(1 << 40), AllReduceAlgo::OneShot);
+        assert_eq!(s.reduce_scatter(1 << 40), ReduceScatterAlgo::Symm);
+        assert_eq!(s.all_gather(64 * MIB), AllGatherAlgo::Sm);
+        let mut s = s;
+        s.thresholds.all_gather_copy_engine_min_bytes = 4 * MIB;
         assert_eq!(s.all_gather(64 * MIB), AllGatherAlgo::CopyEngine);
         assert_eq!(s.all_gather(64 * KIB), AllGatherAlgo::Sm);
     }
 
     #[test]
     fn cuda_world8_hands_large_to_nccl_only_if_present() {
-        let s = sel(EngineKind::Cuda, 8, true);
+        let mut s = sel(EngineKind::Cuda, 8, true);
+        s.thresholds.lamport_max_bytes = 64 * KIB;
+        s.thresholds.one_shot_max_bytes = 256 * KIB;
         assert_eq!(s.all_reduce(32 * KIB), AllReduceAlgo::Lamport);
         assert_eq!(s.all_reduce(128 * KIB), AllReduceAlgo::OneShot);
         assert_eq!(s.all_reduce(MIB), AllReduceAlgo::TwoShot);
@@ -356,7 +373,11 @@ mod tests {
     #[test]
     fn table_lists_every_boundary() {
         let norm = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
-        let raw = sel(EngineKind::Cuda, 8, true).table("hdr");
+        let mut s = sel(EngineKind::Cuda, 8, true);
+        s.thresholds.lamport_max_bytes = 64 * KIB;
+        s.thresholds.one_shot_max_bytes = 256 * KIB;
+        s.thresholds.all_gather_copy_engine_min_bytes = 4 * MIB;
+        let raw = s.table("hdr");
         assert!(raw.starts_with("hdr\n"), "{raw}");
         let t = norm(&raw);
         assert!(t.contains("<= 64 KiB lamport"), "{raw}");
@@ -364,6 +385,7 @@ mod tests {
         assert!(t.contains("<= 8 MiB two-shot"), "{raw}");
         assert!(t.contains("larger nccl"), "{raw}");
         assert!(t.contains("< 4 MiB sm copy"), "{raw}");
+        assert!(t.contains("<= 8 MiB copy engine"), "{raw}");
         let h = norm(&sel(EngineKind::Host, 2, false).table("h"));
         assert!(h.contains("any size symm"), "{h}");
         assert_eq!(human(1000), "1000 B");

@@ -539,9 +539,9 @@ fn bad_input_is_an_error() {
             |e| matches!(e, Error::OutOfRange { .. }),
         )?;
         let comm = Communicator::new(&group, dev, CommConfig::default())?;
-        let a = vec![1f32; 10];
-        let mut b = vec![0f32; 9];
-        let mut h = vec![f16::ZERO; 10];
+        let a = [1f32; 10];
+        let mut b = [0f32; 9];
+        let mut h = [f16::ZERO; 10];
         let inv = |e: &Error| matches!(e, Error::InvalidArgument(_));
         expect_err("sizes", comm.all_reduce_out(&a[..], &mut b[..], ReduceOp::Sum), inv)?;
         expect_err(

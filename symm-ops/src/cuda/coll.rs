@@ -1,74 +1,104 @@
-//! Adapter over symm-cuda's collective kernels (`CudaCollectives`). Until
-//! that lands, setup reports the engine as unavailable (force the nccl
-//! engine meanwhile).
+//! Adapter over symm-cuda's collective kernels ([`CudaCollectives`]):
+//! maps symm-ops' algorithm names onto the kernels' and keeps the
+//! communicator's stream as the only stream ops are enqueued on.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaStream};
-use symm_core::{DType, Error, Group, Rank, ReduceOp, Result, SymmTensor};
+use symm_core::{get_symmetric_memory, DType, Error, Group, Rank, ReduceOp, Result, SymmTensor};
+use symm_cuda::collectives::{AllGatherPath, AllReduceAlgo as KernelAlgo, CudaCollectives};
 
 use crate::select::{AllGatherAlgo, AllReduceAlgo};
 
 pub(crate) struct Coll {
-    _never: std::convert::Infallible,
+    inner: CudaCollectives,
 }
 
 impl Coll {
-    pub fn new(
-        _group: &Arc<Group>,
-        _ctx: &Arc<CudaContext>,
-        _staging_bytes: usize,
-        _timeout: Duration,
-    ) -> Result<Self> {
-        Err(Error::Unavailable(
-            "symm-cuda's collective kernels are not built in yet; use CommConfig { force_engine: Some(EngineKind::Nccl), .. }"
-                .into(),
-        ))
+    /// Collective setup (allocates and rendezvouses the workspace).
+    pub fn new(group: &Arc<Group>, ctx: &Arc<CudaContext>, staging_bytes: usize, timeout: Duration) -> Result<Self> {
+        Ok(Coll {
+            inner: CudaCollectives::new(group, ctx, staging_bytes, timeout)?,
+        })
     }
+
+    /// Largest payload the Lamport algorithm takes.
+    pub fn lamport_max_bytes(&self) -> usize {
+        self.inner.lamport_max_bytes()
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub fn all_reduce(
         &self,
-        _stream: &CudaStream,
-        _algo: AllReduceAlgo,
-        _input: u64,
-        _output: u64,
-        _count: usize,
-        _dtype: DType,
-        _op: ReduceOp,
+        stream: &CudaStream,
+        algo: AllReduceAlgo,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
     ) -> Result<()> {
-        match self._never {}
+        let k = match algo {
+            AllReduceAlgo::OneShot => KernelAlgo::OneShot,
+            AllReduceAlgo::TwoShot => KernelAlgo::TwoShot,
+            AllReduceAlgo::Lamport => KernelAlgo::Lamport,
+            AllReduceAlgo::CopyEngine => KernelAlgo::CopyEngine,
+            AllReduceAlgo::Nccl => {
+                return Err(Error::InvalidArgument(
+                    "internal: nccl is not a kernel algorithm".into(),
+                ))
+            }
+        };
+        self.inner.all_reduce(stream, k, input, output, count, dtype, op)
     }
-    #[allow(clippy::too_many_arguments)]
+
+    /// `count` = output elements.
     pub fn reduce_scatter(
         &self,
-        _stream: &CudaStream,
-        _input: u64,
-        _output: u64,
-        _count: usize,
-        _dtype: DType,
-        _op: ReduceOp,
+        stream: &CudaStream,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
     ) -> Result<()> {
-        match self._never {}
+        self.inner.reduce_scatter(stream, input, output, count, dtype, op)
     }
+
+    /// `count` = input elements.
     pub fn all_gather(
         &self,
-        _stream: &CudaStream,
-        _input: u64,
-        _output: u64,
-        _count: usize,
-        _dtype: DType,
-        _algo: AllGatherAlgo,
+        stream: &CudaStream,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        algo: AllGatherAlgo,
     ) -> Result<()> {
-        match self._never {}
+        let path = match algo {
+            AllGatherAlgo::CopyEngine => AllGatherPath::CopyEngine,
+            _ => AllGatherPath::Sm,
+        };
+        self.inner.all_gather(stream, input, output, count, dtype, path)
     }
-    pub fn barrier(&self, _stream: &CudaStream, _ranks: &[Rank]) -> Result<()> {
-        match self._never {}
+
+    pub fn barrier(&self, stream: &CudaStream, ranks: &[Rank]) -> Result<()> {
+        self.inner.barrier(stream, ranks)
     }
-    pub fn register(&self, _t: &SymmTensor) -> Result<()> {
-        match self._never {}
+
+    /// Registers a rendezvoused symmetric tensor's allocation for the
+    /// zero-copy (copy-engine) paths.
+    pub fn register(&self, t: &SymmTensor) -> Result<()> {
+        let mem = get_symmetric_memory(t).ok_or(Error::NotRendezvoused)?;
+        self.inner.register_symmetric(mem)
     }
+
     pub fn check_error(&self) -> Result<()> {
-        match self._never {}
+        self.inner.check_error()
+    }
+
+    pub fn set_abort(&self, abort: bool) -> Result<()> {
+        self.inner.set_abort(abort)
     }
 }

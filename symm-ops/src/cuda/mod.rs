@@ -17,7 +17,7 @@ use crate::buf::{Buf, BufMut, Element};
 use crate::comm::{CommConfig, Communicator, NewOutput};
 use crate::select::{AllGatherAlgo, AllReduceAlgo, ReduceScatterAlgo};
 use coll::Coll;
-use nccl::{guarded, Nccl};
+use nccl::Nccl;
 
 fn drv_err(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
     move |e| Error::Backend {
@@ -63,14 +63,12 @@ impl CudaEngine {
         let stream = match stream {
             Some(s) => s,
             None => {
-                let n = guarded("libcuda", || {
-                    CudaContext::device_count().map_err(drv_err("cuDeviceGetCount"))
-                })?;
-                if device.index as i64 >= n as i64 {
+                let n = symm_cuda::cuda_available()?;
+                if device.index as usize >= n {
                     return Err(Error::OutOfRange {
                         what: "CUDA device index",
                         value: device.index as u64,
-                        limit: n.max(0) as u64,
+                        limit: n as u64,
                     });
                 }
                 let ctx = CudaContext::new(device.index as usize).map_err(drv_err("cuDevicePrimaryCtxRetain"))?;
@@ -308,6 +306,18 @@ impl CudaEngine {
         match &self.coll {
             Some(c) => c.check_error(),
             None => Ok(()),
+        }
+    }
+
+    /// Largest all-reduce payload the Lamport kernels take (0 without kernels).
+    pub fn lamport_max_bytes(&self) -> usize {
+        self.coll.as_ref().map_or(0, |c| c.lamport_max_bytes())
+    }
+
+    pub fn set_abort(&self, abort: bool) -> Result<()> {
+        match &self.coll {
+            Some(c) => c.set_abort(abort),
+            None => Err(Error::Unavailable("set_abort on an nccl-only communicator".into())),
         }
     }
 }

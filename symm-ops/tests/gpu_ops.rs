@@ -1,0 +1,823 @@
+//! The ops on CUDA GPUs (two ranks, as threads and as processes): the host
+//! suite's matrix (every dtype x op x algorithm against a float64
+//! reference, odd sizes and offsets, poisoned outputs, guards, bitwise
+//! equality across ranks, exact integer sums); 10,000 back-to-back ops with a
+//! new payload each and no host synchronisation; NaN written into the input
+//! right after an op never reaching an output; a rank 100 ms late; a rank
+//! that never arrives (timeout, no hang); 100 ops captured in one CUDA graph
+//! and replayed 100 times equal to eager; the selection table. Every test
+//! prints a `SUMMARY <name> <result> <figures>` line.
+//!
+//! Without two GPUs every test skips and says why; with
+//! `SYMM_REQUIRE_GPUS=1` it fails instead.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use half::{bf16, f16};
+use symm_core::{get_symmetric_memory, DType, DeviceType, Error, ReduceOp, SymmTensor};
+use symm_ops::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use symm_ops::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use symm_ops::symm_cuda::SymmView;
+use symm_ops::{AllReduceAlgo, CommConfig, Communicator, Element, RawDevicePtr};
+use symm_testkit::launch::{child_ctx, run_processes, run_threads, RankCtx, TestResult};
+
+const WORLD: usize = 2;
+const LIMIT: Duration = Duration::from_secs(540);
+
+/// True when the test can run; else prints why (the gate itself fails the
+/// test when SYMM_REQUIRE_GPUS=1).
+fn gate(name: &str) -> bool {
+    symm_ops::link();
+    match symm_testkit::gpu_gate(DeviceType::Cuda, WORLD) {
+        None => true,
+        Some(reason) => {
+            println!("SUMMARY {name} skipped {reason}");
+            false
+        }
+    }
+}
+
+/// One rank's GPU, stream and communicator.
+struct Rig {
+    stream: Arc<CudaStream>,
+    comm: Communicator,
+    _ctx: Arc<CudaContext>,
+}
+
+fn rig(rc: &RankCtx, name: &str, config: CommConfig) -> TestResult<Rig> {
+    symm_ops::link();
+    let ctx = CudaContext::new(rc.local_rank)?;
+    // SAFETY: every cudarc buffer of these tests is used on `stream` only
+    // (the host reads results after synchronising it), so cudarc's
+    // cross-stream events are not needed; without them the ops can be
+    // captured in a CUDA graph (a capturing stream may not wait on events
+    // recorded outside the capture).
+    unsafe { ctx.disable_event_tracking() };
+    let stream = ctx.new_stream()?;
+    let group = rc.group(&rc.unique(name))?;
+    let comm = Communicator::with_stream(&group, stream.clone(), config)?;
+    Ok(Rig {
+        stream,
+        comm,
+        _ctx: ctx,
+    })
+}
+
+/// A view of `n` elements of this rank's part of a symmetric tensor.
+fn sym_view<T>(t: &SymmTensor, elem_off: usize, n: usize, stream: &Arc<CudaStream>) -> TestResult<SymmView<T>> {
+    let mem = get_symmetric_memory(t).ok_or("not rendezvoused")?;
+    let cuda = symm_ops::symm_cuda::as_cuda(mem.as_ref()).ok_or("not CUDA memory")?;
+    let off = t.storage_offset() + elem_off * std::mem::size_of::<T>();
+    Ok(cuda.view::<T>(mem.rank().get(), off, n, stream)?)
+}
+
+fn sym_write<T: DeviceRepr>(rig: &Rig, t: &SymmTensor, elem_off: usize, data: &[T]) -> TestResult {
+    let mut v = sym_view::<T>(t, elem_off, data.len(), &rig.stream)?;
+    rig.stream.memcpy_htod(data, &mut v)?;
+    Ok(())
+}
+
+fn sym_read<T: DeviceRepr + Clone + Default>(
+    rig: &Rig,
+    t: &SymmTensor,
+    elem_off: usize,
+    n: usize,
+) -> TestResult<Vec<T>> {
+    let v = sym_view::<T>(t, elem_off, n, &rig.stream)?;
+    let mut out = vec![T::default(); n];
+    rig.stream.memcpy_dtoh(&v, &mut out)?;
+    rig.stream.synchronize()?;
+    Ok(out)
+}
+
+trait Gpu: Element + DeviceRepr + ValidAsZeroBits {}
+impl Gpu for f32 {}
+impl Gpu for f16 {}
+impl Gpu for bf16 {}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    AllReduce,
+    AllReduceOut,
+    OneShotOut,
+    OneShotNew,
+    TwoShot,
+    TwoShotOut,
+    /// all_reduce_with an explicit algorithm (Lamport, CopyEngine, Nccl).
+    Algo(AllReduceAlgo),
+    ReduceScatterOut,
+    ReduceScatterNew,
+    AllGatherOut,
+    AllGatherNew,
+}
+
+impl Kind {
+    fn is_gather(self) -> bool {
+        matches!(self, Kind::AllGatherOut | Kind::AllGatherNew)
+    }
+    fn is_scatter(self) -> bool {
+        matches!(self, Kind::ReduceScatterOut | Kind::ReduceScatterNew)
+    }
+    fn in_place(self) -> bool {
+        matches!(self, Kind::AllReduce | Kind::TwoShot)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mem {
+    /// cudarc slices (views at an element offset).
+    Device,
+    /// Symmetric tensors from the communicator's persistent pool.
+    Symm,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    kind: Kind,
+    mem: Mem,
+    op: ReduceOp,
+    values: Values,
+    n: usize,
+    off: usize,
+    seed: u64,
+}
+
+struct SymPair {
+    input: SymmTensor,
+    output: SymmTensor,
+}
+
+fn run_case<T: Gpu>(rig: &Rig, sym: &SymPair, c: &Case) -> TestResult<Option<u64>> {
+    let (s, comm) = (&rig.stream, &rig.comm);
+    let (me, w) = (comm.rank().get(), comm.world_size());
+    let n_in = if c.kind.is_scatter() { c.n * w } else { c.n };
+    let n_out = if c.kind.is_gather() { c.n * w } else { c.n };
+    let inp: Vec<T> = input(c.values, c.seed, me, n_in);
+    let mut init = guarded_output::<T>(n_out);
+    if c.kind.in_place() {
+        init[GUARD..GUARD + n_out].copy_from_slice(&inp);
+    }
+    let full: Vec<T> = match c.mem {
+        Mem::Device => {
+            let mut host_in = vec![guard_value::<T>(); c.off + n_in];
+            host_in[c.off..].copy_from_slice(&inp);
+            let din = s.clone_htod(&host_in)?;
+            let x = din.slice(c.off..);
+            let mut dout = s.clone_htod(&init)?;
+            {
+                let mut o = dout.slice_mut(GUARD..GUARD + n_out);
+                match c.kind {
+                    Kind::AllReduce => comm.all_reduce(&mut o, c.op)?,
+                    Kind::AllReduceOut => comm.all_reduce_out(&x, &mut o, c.op)?,
+                    Kind::OneShotOut => comm.one_shot_all_reduce_out(&x, &mut o, c.op)?,
+                    Kind::OneShotNew => {
+                        let r: CudaSlice<T> = comm.one_shot_all_reduce(&x, c.op)?;
+                        s.memcpy_dtod(&r, &mut o)?;
+                    }
+                    Kind::TwoShot => comm.two_shot_all_reduce(&mut o, c.op)?,
+                    Kind::TwoShotOut => comm.two_shot_all_reduce_out(&x, &mut o, c.op)?,
+                    Kind::Algo(a) => comm.all_reduce_with(a, Some((&x).into()), (&mut o).into(), c.op)?,
+                    Kind::ReduceScatterOut => comm.reduce_scatter_out(&x, &mut o, c.op)?,
+                    Kind::ReduceScatterNew => {
+                        let r: CudaSlice<T> = comm.reduce_scatter(&x, c.op)?;
+                        s.memcpy_dtod(&r, &mut o)?;
+                    }
+                    Kind::AllGatherOut => comm.all_gather_out(&x, &mut o)?,
+                    Kind::AllGatherNew => {
+                        let r: CudaSlice<T> = comm.all_gather(&x)?;
+                        s.memcpy_dtod(&r, &mut o)?;
+                    }
+                }
+            }
+            s.synchronize()?;
+            comm.check_error()?;
+            s.clone_dtoh(&dout)?
+        }
+        Mem::Symm => {
+            sym_write(rig, &sym.input, c.off, &inp)?;
+            let x = sym.input.narrow(c.off, n_in)?;
+            sym_write(rig, &sym.output, c.off, &init)?;
+            let o = sym.output.narrow(c.off + GUARD, n_out)?;
+            let mut result: Option<CudaSlice<T>> = None;
+            match c.kind {
+                Kind::AllReduce => comm.all_reduce(&o, c.op)?,
+                Kind::AllReduceOut => comm.all_reduce_out(&x, &o, c.op)?,
+                Kind::OneShotOut => comm.one_shot_all_reduce_out(&x, &o, c.op)?,
+                Kind::OneShotNew => result = Some(comm.one_shot_all_reduce(&x, c.op)?),
+                Kind::TwoShot => comm.two_shot_all_reduce(&o, c.op)?,
+                Kind::TwoShotOut => comm.two_shot_all_reduce_out(&x, &o, c.op)?,
+                Kind::Algo(a) => comm.all_reduce_with(a, Some((&x).into()), (&o).into(), c.op)?,
+                Kind::ReduceScatterOut => comm.reduce_scatter_out(&x, &o, c.op)?,
+                Kind::ReduceScatterNew => result = Some(comm.reduce_scatter(&x, c.op)?),
+                Kind::AllGatherOut => comm.all_gather_out(&x, &o)?,
+                Kind::AllGatherNew => result = Some(comm.all_gather(&x)?),
+            }
+            s.synchronize()?;
+            comm.check_error()?;
+            let mut full = sym_read::<T>(rig, &sym.output, c.off, n_out + 2 * GUARD)?;
+            if let Some(r) = result {
+                if full.iter().map(|&v| to_bits(v)).ne(init.iter().map(|&v| to_bits(v))) {
+                    return Err("a symmetric output that was not the destination changed".into());
+                }
+                full[GUARD..GUARD + n_out].copy_from_slice(&s.clone_dtoh(&r)?);
+            }
+            full
+        }
+    };
+    check_guards(&full).map_err(|e| format!("{c:?} {}: {e}", T::DTYPE))?;
+    let out = &full[GUARD..GUARD + n_out];
+    let r = if c.kind.is_gather() {
+        check_all_gather(c.values, c.seed, w, out)
+    } else if c.kind.is_scatter() {
+        check_reduce_scatter(c.values, c.seed, w, me, c.op, out)
+    } else {
+        check_all_reduce(c.values, c.seed, w, c.op, out)
+    };
+    r.map_err(|e| format!("rank {me}/{w} {c:?} {}: {e}", T::DTYPE))?;
+    Ok(if c.kind.is_scatter() { None } else { Some(hash(out)) })
+}
+
+const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+fn matrix(rc: &RankCtx, sizes: &[usize]) -> TestResult<Vec<(String, Option<u64>)>> {
+    let rig = rig(rc, "gpu-matrix", CommConfig::default())?;
+    let comm = &rig.comm;
+    if rc.rank == 0 {
+        println!("{}", comm.selection_table());
+    }
+    let w = comm.world_size();
+    let cap = sizes.iter().max().copied().unwrap_or(1) * w + 2 * GUARD + 8;
+    let mut syms = Vec::new();
+    for (k, &d) in DTYPES.iter().enumerate() {
+        syms.push(SymPair {
+            input: comm.persistent_buffer(100 + 2 * k as u64, &[cap], d)?,
+            output: comm.persistent_buffer(101 + 2 * k as u64, &[cap], d)?,
+        });
+    }
+    let mut kinds = vec![
+        Kind::AllReduce,
+        Kind::AllReduceOut,
+        Kind::OneShotOut,
+        Kind::OneShotNew,
+        Kind::TwoShot,
+        Kind::TwoShotOut,
+        Kind::Algo(AllReduceAlgo::Lamport),
+        Kind::Algo(AllReduceAlgo::CopyEngine),
+        Kind::ReduceScatterOut,
+        Kind::ReduceScatterNew,
+        Kind::AllGatherOut,
+        Kind::AllGatherNew,
+    ];
+    if comm.has_nccl() {
+        kinds.push(Kind::Algo(AllReduceAlgo::Nccl));
+    }
+    let lamport_max = comm.thresholds().lamport_max_bytes;
+    let mut out = Vec::new();
+    let mut id = 0u64;
+    for (k, &dtype) in DTYPES.iter().enumerate() {
+        for op in ReduceOp::ALL {
+            for (si, &n) in sizes.iter().enumerate() {
+                for &kind in &kinds {
+                    if kind.is_gather() && op != ReduceOp::Sum {
+                        continue;
+                    }
+                    if kind == Kind::Algo(AllReduceAlgo::Lamport) && n * dtype.size() > lamport_max {
+                        continue;
+                    }
+                    for mem in [Mem::Device, Mem::Symm] {
+                        // The copy-engine pull reads peers' inputs in place.
+                        if kind == Kind::Algo(AllReduceAlgo::CopyEngine) && mem != Mem::Symm {
+                            continue;
+                        }
+                        id += 1;
+                        let c = Case {
+                            kind,
+                            mem,
+                            op,
+                            values: if si % 2 == 0 { Values::Integers } else { Values::Random },
+                            n,
+                            off: (id % 4) as usize,
+                            seed: id * 7919 + k as u64,
+                        };
+                        let h = match dtype {
+                            DType::F32 => run_case::<f32>(&rig, &syms[k], &c),
+                            DType::F16 => run_case::<f16>(&rig, &syms[k], &c),
+                            _ => run_case::<bf16>(&rig, &syms[k], &c),
+                        }
+                        .map_err(|e| format!("{dtype} {c:?}: {e}"))?;
+                        out.push((format!("{dtype} {c:?}"), h));
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn same_everywhere(per_rank: &[Vec<(String, Option<u64>)>]) -> Result<usize, String> {
+    for (r, v) in per_rank.iter().enumerate() {
+        if v != &per_rank[0] {
+            let bad = v.iter().zip(&per_rank[0]).find(|(a, b)| a != b);
+            return Err(format!("rank {r} differs from rank 0: {bad:?}"));
+        }
+    }
+    Ok(per_rank[0].len())
+}
+
+const SIZES: &[usize] = &[1, 7, 1000, 4099, 33_333, (1 << 18) + 3];
+
+#[test]
+fn gpu_matrix_threads() {
+    if !gate("gpu_matrix_threads") {
+        return;
+    }
+    let t = Instant::now();
+    let per_rank = run_threads(WORLD, LIMIT, |rc| matrix(&rc, SIZES)).unwrap();
+    let n = same_everywhere(&per_rank).unwrap();
+    println!(
+        "SUMMARY gpu_matrix_threads ok {n} cases x {WORLD} ranks (3 dtypes x 4 ops x {} sizes x all algorithms), \
+         bitwise equal across ranks, {:.1} s",
+        SIZES.len(),
+        t.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn gpu_matrix_processes() {
+    if !gate("gpu_matrix_processes") {
+        return;
+    }
+    if let Some(rc) = child_ctx().unwrap() {
+        let mine = matrix(&rc, &[7, 4099, 33_333]).unwrap();
+        let text: String = mine.iter().map(|(l, h)| format!("{l}={h:?}\n")).collect();
+        let all = rc
+            .all_gather("gpu-matrix", text.as_bytes(), Duration::from_secs(300))
+            .unwrap();
+        assert!(all.iter().all(|t| t == text.as_bytes()), "results differ across ranks");
+        println!("rank {} ok {} cases", rc.rank, mine.len());
+        return;
+    }
+    let t = Instant::now();
+    run_processes("gpu_matrix_processes", WORLD, LIMIT).unwrap();
+    println!(
+        "SUMMARY gpu_matrix_processes ok {WORLD} processes, bitwise equal across ranks, {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+}
+
+/// 64 MiB payloads: several trips through the 10 MiB staging ring.
+#[test]
+fn gpu_64mib() {
+    if !gate("gpu_64mib") {
+        return;
+    }
+    let t = Instant::now();
+    let h = run_threads(WORLD, LIMIT, |rc| {
+        let rig = rig(&rc, "gpu-64mib", CommConfig::default())?;
+        let (s, comm) = (&rig.stream, &rig.comm);
+        let me = rc.rank;
+        let mut hashes = Vec::new();
+        let n = 64 << 18; // f32
+        let x = s.clone_htod(&input::<f32>(Values::Integers, 1, me, n))?;
+        for algo in [
+            comm.select_all_reduce(n * 4),
+            AllReduceAlgo::OneShot,
+            AllReduceAlgo::TwoShot,
+            AllReduceAlgo::Nccl,
+        ] {
+            if algo == AllReduceAlgo::Nccl && !comm.has_nccl() {
+                continue;
+            }
+            let mut out = s.clone_htod(&vec![f32::NAN; n])?;
+            comm.all_reduce_with(algo, Some((&x).into()), (&mut out).into(), ReduceOp::Sum)?;
+            s.synchronize()?;
+            comm.check_error()?;
+            let got = s.clone_dtoh(&out)?;
+            check_all_reduce(Values::Integers, 1, WORLD, ReduceOp::Sum, &got).map_err(|e| format!("{algo}: {e}"))?;
+            hashes.push(hash(&got));
+        }
+        let nb = 64 << 19; // bf16
+        let y = s.clone_htod(&input::<bf16>(Values::Random, 2, me, nb))?;
+        let mut out = s.clone_htod(&vec![bf16::NAN; nb])?;
+        comm.two_shot_all_reduce_out(&y, &mut out, ReduceOp::Avg)?;
+        s.synchronize()?;
+        comm.check_error()?;
+        let got = s.clone_dtoh(&out)?;
+        check_all_reduce(Values::Random, 2, WORLD, ReduceOp::Avg, &got)?;
+        hashes.push(hash(&got));
+        let per = n / WORLD;
+        let z = s.clone_htod(&input::<f32>(Values::Random, 3, me, per))?;
+        let mut out = s.clone_htod(&vec![f32::NAN; n])?;
+        comm.all_gather_out(&z, &mut out)?;
+        let mut seg = s.clone_htod(&vec![f32::NAN; per])?;
+        comm.reduce_scatter_out(&x, &mut seg, ReduceOp::Max)?;
+        s.synchronize()?;
+        comm.check_error()?;
+        let got = s.clone_dtoh(&out)?;
+        check_all_gather(Values::Random, 3, WORLD, &got)?;
+        hashes.push(hash(&got));
+        let got = s.clone_dtoh(&seg)?;
+        check_reduce_scatter(Values::Integers, 1, WORLD, me, ReduceOp::Max, &got)?;
+        Ok(hashes)
+    })
+    .unwrap();
+    assert!(h.iter().all(|x| *x == h[0]), "results differ across ranks");
+    println!(
+        "SUMMARY gpu_64mib ok all_reduce f32 (auto, one-shot, two-shot, nccl) / two-shot bf16 avg / all_gather / \
+         reduce_scatter, bitwise equal across ranks, {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+}
+
+/// 10,000 ops back to back, each with its own payload and output, no host
+/// synchronisation between them; then every output checked.
+#[test]
+fn gpu_10000_back_to_back() {
+    if !gate("gpu_10000_back_to_back") {
+        return;
+    }
+    const OPS: usize = 10_000;
+    const N: usize = 1000;
+    let t = Instant::now();
+    let rates = run_threads(WORLD, LIMIT, |rc| {
+        let rig = rig(&rc, "gpu-b2b", CommConfig::default())?;
+        let (s, comm) = (&rig.stream, &rig.comm);
+        let me = rc.rank;
+        let mut bank = Vec::with_capacity(OPS * N);
+        for i in 0..OPS {
+            bank.extend(input::<f32>(Values::Integers, 50_000 + i as u64, me, N));
+        }
+        let bank = s.clone_htod(&bank)?;
+        let mut outs = s.clone_htod(&vec![f32::NAN; OPS * N])?;
+        let algos = [
+            None,
+            Some(AllReduceAlgo::Lamport),
+            Some(AllReduceAlgo::OneShot),
+            Some(AllReduceAlgo::TwoShot),
+        ];
+        s.synchronize()?;
+        let t0 = Instant::now();
+        for i in 0..OPS {
+            let x = bank.slice(i * N..(i + 1) * N);
+            let mut o = outs.slice_mut(i * N..(i + 1) * N);
+            match algos[i % algos.len()] {
+                None => comm.all_reduce_out(&x, &mut o, ReduceOp::Sum)?,
+                Some(a) => comm.all_reduce_with(a, Some((&x).into()), (&mut o).into(), ReduceOp::Sum)?,
+            }
+        }
+        let enqueued = t0.elapsed();
+        s.synchronize()?;
+        let total = t0.elapsed();
+        comm.check_error()?;
+        let got = s.clone_dtoh(&outs)?;
+        for i in 0..OPS {
+            check_all_reduce(
+                Values::Integers,
+                50_000 + i as u64,
+                WORLD,
+                ReduceOp::Sum,
+                &got[i * N..(i + 1) * N],
+            )
+            .map_err(|e| format!("op {i}: {e}"))?;
+        }
+        Ok((enqueued, total))
+    })
+    .unwrap();
+    println!(
+        "SUMMARY gpu_10000_back_to_back ok {OPS} all-reduces of {N} f32 (auto/lamport/one-shot/two-shot), all \
+         correct; enqueue {:?}, complete {:?} (rank 0: {:.2} us/op), {:.1} s",
+        rates[0].0,
+        rates[0].1,
+        rates[0].1.as_secs_f64() * 1e6 / OPS as f64,
+        t.elapsed().as_secs_f64()
+    );
+}
+
+/// NaN copied (stream-ordered) into the input right after each op returns
+/// never reaches an output: for staged cudarc inputs and zero-copy
+/// symmetric ones, every algorithm.
+#[test]
+fn gpu_nan_after_return() {
+    if !gate("gpu_nan_after_return") {
+        return;
+    }
+    const ITERS: usize = 400;
+    const N: usize = 4099;
+    let t = Instant::now();
+    run_threads(WORLD, LIMIT, |rc| {
+        let rig = rig(&rc, "gpu-nan", CommConfig::default())?;
+        let (s, comm) = (&rig.stream, &rig.comm);
+        let me = rc.rank;
+        let mut bank = Vec::with_capacity(ITERS * N);
+        for i in 0..ITERS {
+            bank.extend(input::<f32>(Values::Integers, 70_000 + i as u64, me, N));
+        }
+        let bank = s.clone_htod(&bank)?;
+        let nans = s.clone_htod(&vec![f32::NAN; N])?;
+        let mut x = s.alloc_zeros::<f32>(N)?;
+        let sx = comm.persistent_buffer(7, &[N], DType::F32)?;
+        let mut sxv = sym_view::<f32>(&sx, 0, N, s)?;
+        let mut outs = s.clone_htod(&vec![0f32; ITERS * N])?;
+        let mut algos = vec![
+            AllReduceAlgo::Lamport,
+            AllReduceAlgo::OneShot,
+            AllReduceAlgo::TwoShot,
+            AllReduceAlgo::CopyEngine,
+        ];
+        if comm.has_nccl() {
+            algos.push(AllReduceAlgo::Nccl);
+        }
+        for i in 0..ITERS {
+            let a = algos[i % algos.len()];
+            let src = bank.slice(i * N..(i + 1) * N);
+            let mut o = outs.slice_mut(i * N..(i + 1) * N);
+            if a == AllReduceAlgo::CopyEngine || i % 2 == 1 {
+                s.memcpy_dtod(&src, &mut sxv)?;
+                comm.all_reduce_with(a, Some((&sx).into()), (&mut o).into(), ReduceOp::Sum)?;
+                s.memcpy_dtod(&nans, &mut sxv)?;
+            } else {
+                s.memcpy_dtod(&src, &mut x)?;
+                comm.all_reduce_with(a, Some((&x).into()), (&mut o).into(), ReduceOp::Sum)?;
+                s.memcpy_dtod(&nans, &mut x)?;
+            }
+        }
+        s.synchronize()?;
+        comm.check_error()?;
+        let got = s.clone_dtoh(&outs)?;
+        for i in 0..ITERS {
+            check_all_reduce(
+                Values::Integers,
+                70_000 + i as u64,
+                WORLD,
+                ReduceOp::Sum,
+                &got[i * N..(i + 1) * N],
+            )
+            .map_err(|e| format!("op {i} ({}): {e}", algos[i % algos.len()]))?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    println!(
+        "SUMMARY gpu_nan_after_return ok {ITERS} ops, NaN written into the input after each never reached an \
+         output, {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+}
+
+/// One rank launches 100 ms late: every op still completes, correctly.
+#[test]
+fn gpu_delayed_rank() {
+    if !gate("gpu_delayed_rank") {
+        return;
+    }
+    run_threads(WORLD, LIMIT, |rc| {
+        let rig = rig(&rc, "gpu-delay", CommConfig::default())?;
+        let (s, comm) = (&rig.stream, &rig.comm);
+        let me = rc.rank;
+        let n = 33_333;
+        let sx = comm.persistent_buffer(3, &[n], DType::F32)?;
+        let v = input::<f32>(Values::Integers, 9, me, n);
+        sym_write(&rig, &sx, 0, &v)?;
+        let x = s.clone_htod(&v)?;
+        let mut algos = vec![
+            AllReduceAlgo::Lamport,
+            AllReduceAlgo::OneShot,
+            AllReduceAlgo::TwoShot,
+            AllReduceAlgo::CopyEngine,
+        ];
+        if comm.has_nccl() {
+            algos.push(AllReduceAlgo::Nccl);
+        }
+        for a in algos {
+            if a == AllReduceAlgo::Lamport && n * 4 > comm.thresholds().lamport_max_bytes {
+                continue;
+            }
+            s.synchronize()?;
+            if me == 1 {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let mut out = s.clone_htod(&vec![f32::NAN; n])?;
+            if a == AllReduceAlgo::CopyEngine {
+                comm.all_reduce_with(a, Some((&sx).into()), (&mut out).into(), ReduceOp::Sum)?;
+            } else {
+                comm.all_reduce_with(a, Some((&x).into()), (&mut out).into(), ReduceOp::Sum)?;
+            }
+            s.synchronize()?;
+            comm.check_error()?;
+            check_all_reduce(Values::Integers, 9, WORLD, ReduceOp::Sum, &s.clone_dtoh(&out)?)
+                .map_err(|e| format!("{a}: {e}"))?;
+        }
+        if me == 1 {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        comm.barrier(None)?;
+        s.synchronize()?;
+        comm.check_error()?;
+        Ok(())
+    })
+    .unwrap();
+    println!("SUMMARY gpu_delayed_rank ok every algorithm and a barrier completed with rank 1 100 ms late");
+}
+
+/// A rank that never arrives: the device wait gives up at the timeout and
+/// the error is reported; no hang.
+#[test]
+fn gpu_missing_rank_times_out() {
+    if !gate("gpu_missing_rank_times_out") {
+        return;
+    }
+    let took = run_threads(WORLD, LIMIT, |rc| {
+        let cfg = CommConfig {
+            timeout: Some(Duration::from_secs(2)),
+            nccl: false,
+            ..CommConfig::default()
+        };
+        let rig = rig(&rc, "gpu-timeout", cfg)?;
+        let (s, comm) = (&rig.stream, &rig.comm);
+        let done = format!("gpu-timeout-{}/checked", rc.launch_id);
+        if rc.rank == 0 {
+            let x = s.clone_htod(&vec![1f32; 1000])?;
+            let mut out = s.alloc_zeros::<f32>(1000)?;
+            let t = Instant::now();
+            comm.one_shot_all_reduce_out(&x, &mut out, ReduceOp::Sum)?;
+            s.synchronize()?;
+            let took = t.elapsed();
+            let r = comm.check_error();
+            rc.store.set(&done, b"1")?;
+            match r {
+                Err(Error::Timeout { .. }) if took < Duration::from_secs(30) => Ok(Some(took)),
+                other => Err(format!("expected a timeout within 30 s, got {other:?} after {took:?}").into()),
+            }
+        } else {
+            rc.store.wait(&[&done], Some(Duration::from_secs(120)))?;
+            Ok(None)
+        }
+    })
+    .unwrap();
+    println!(
+        "SUMMARY gpu_missing_rank_times_out ok Timeout after {:?} (limit 2 s), no hang",
+        took[0].unwrap_or_default()
+    );
+}
+
+/// 100 ops (every algorithm, reduce-scatter, all-gather, a barrier) captured
+/// in one CUDA graph, replayed 100 times: every replay equals the eager run.
+#[test]
+fn gpu_graph_capture() {
+    if !gate("gpu_graph_capture") {
+        return;
+    }
+    const OPS: usize = 100;
+    const N: usize = 2048;
+    const REPLAYS: usize = 100;
+    let t = Instant::now();
+    run_threads(WORLD, LIMIT, |rc| {
+        let rig = rig(&rc, "gpu-graph", CommConfig::default())?;
+        let (s, comm) = (&rig.stream, &rig.comm);
+        let me = rc.rank;
+        let mut bank = Vec::with_capacity(OPS * N * WORLD);
+        for i in 0..OPS {
+            bank.extend(input::<bf16>(Values::Random, 90_000 + i as u64, me, N * WORLD));
+        }
+        let bank = s.clone_htod(&bank)?;
+        let mut outs = s.clone_htod(&vec![bf16::NAN; OPS * N * WORLD])?;
+        let mut algos = vec![AllReduceAlgo::Lamport, AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot];
+        if comm.has_nccl() {
+            algos.push(AllReduceAlgo::Nccl);
+        }
+        let issue = |outs: &mut CudaSlice<bf16>| -> symm_core::Result<()> {
+            for i in 0..OPS {
+                let span = i * N * WORLD..(i + 1) * N * WORLD;
+                let x = bank.slice(span.clone());
+                let mut o = outs.slice_mut(span);
+                match i % 6 {
+                    4 => comm.reduce_scatter_out(&x, &mut o.slice_mut(..N), ReduceOp::Sum)?,
+                    5 => comm.all_gather_out(&x.slice(..N), &mut o)?,
+                    k => {
+                        let a = algos[k % algos.len()];
+                        comm.all_reduce_with(a, Some((&x).into()), (&mut o).into(), ReduceOp::Sum)?
+                    }
+                }
+                if i % 25 == 24 {
+                    comm.barrier(None)?;
+                }
+            }
+            Ok(())
+        };
+        issue(&mut outs)?;
+        s.synchronize()?;
+        comm.check_error()?;
+        let eager = s.clone_dtoh(&outs)?;
+        // Spot-check the eager run against the reference.
+        for i in 0..OPS {
+            let o = &eager[i * N * WORLD..(i + 1) * N * WORLD];
+            let seed = 90_000 + i as u64;
+            match i % 6 {
+                4 => check_reduce_scatter(Values::Random, seed, WORLD, me, ReduceOp::Sum, &o[..N])?,
+                5 => check_all_gather(Values::Random, seed, WORLD, o)?,
+                _ => check_all_reduce(Values::Random, seed, WORLD, ReduceOp::Sum, o)?,
+            }
+        }
+        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let issued = issue(&mut outs);
+        let graph = s.end_capture(CUgraphInstantiate_flags(0))?;
+        issued?;
+        let graph = graph.ok_or("the capture produced no graph")?;
+        let poison = vec![bf16::NAN; OPS * N * WORLD];
+        for rep in 0..REPLAYS {
+            s.memcpy_htod(&poison, &mut outs)?;
+            graph.launch()?;
+            s.synchronize()?;
+            comm.check_error()?;
+            let got = s.clone_dtoh(&outs)?;
+            if got.iter().map(|&v| to_bits(v)).ne(eager.iter().map(|&v| to_bits(v))) {
+                let i = got
+                    .iter()
+                    .zip(&eager)
+                    .position(|(a, b)| to_bits(*a) != to_bits(*b))
+                    .unwrap_or(0);
+                return Err(format!("replay {rep} differs from eager at element {i}").into());
+            }
+        }
+        Ok(())
+    })
+    .unwrap();
+    println!(
+        "SUMMARY gpu_graph_capture ok {OPS} ops (lamport/one-shot/two-shot/nccl all-reduce, reduce-scatter, \
+         all-gather, barriers) in one graph, {REPLAYS} replays bitwise equal to eager, {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn gpu_selection_table() {
+    if !gate("gpu_selection_table") {
+        return;
+    }
+    let tables = run_threads(WORLD, LIMIT, |rc| {
+        let rig = rig(&rc, "gpu-table", CommConfig::default())?;
+        Ok((rig.comm.selection_table(), rig.comm.engine_kind(), rig.comm.topology()))
+    })
+    .unwrap();
+    println!("{}", tables[0].0);
+    println!(
+        "SUMMARY gpu_selection_table ok engine {} topology {:?}",
+        tables[0].1, tables[0].2
+    );
+}
+
+#[test]
+fn gpu_bad_input_is_an_error() {
+    if !gate("gpu_bad_input_is_an_error") {
+        return;
+    }
+    run_threads(WORLD, LIMIT, |rc| {
+        let rig = rig(&rc, "gpu-bad", CommConfig::default())?;
+        let (s, comm) = (&rig.stream, &rig.comm);
+        let x = s.clone_htod(&vec![1f32; 64])?;
+        let mut y = s.alloc_zeros::<f32>(63)?;
+        let mut h = s.alloc_zeros::<f16>(64)?;
+        let host = vec![1f32; 64];
+        let inv = |r: symm_core::Result<()>| matches!(r, Err(Error::InvalidArgument(_)));
+        let mut failures = Vec::new();
+        if !inv(comm.all_reduce_out(&x, &mut y, ReduceOp::Sum)) {
+            failures.push("sizes");
+        }
+        if !inv(comm.one_shot_all_reduce_out(&x, &mut h, ReduceOp::Sum)) {
+            failures.push("dtypes");
+        }
+        if !inv(comm.all_reduce_out(&host[..], &mut y, ReduceOp::Sum)) {
+            failures.push("host slice");
+        }
+        let (p, _g) = {
+            use symm_ops::cudarc::driver::DevicePtr;
+            x.device_ptr(s)
+        };
+        let r = comm.all_reduce(RawDevicePtr::new(p + 2, 8, DType::F32), ReduceOp::Sum);
+        if !matches!(r, Err(Error::Misaligned { .. })) {
+            failures.push("misaligned");
+        }
+        if !matches!(comm.barrier(Some(&[0, 7])), Err(Error::OutOfRange { .. })) {
+            failures.push("barrier rank");
+        }
+        // The communicator still works.
+        let mut z = s.clone_htod(&vec![1f32; 64])?;
+        comm.all_reduce(&mut z, ReduceOp::Sum)?;
+        s.synchronize()?;
+        comm.check_error()?;
+        if s.clone_dtoh(&z)? != vec![2f32; 64] {
+            failures.push("after the errors");
+        }
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("no (or the wrong) error for: {failures:?}").into())
+        }
+    })
+    .unwrap();
+    println!("SUMMARY gpu_bad_input_is_an_error ok");
+}
