@@ -16,19 +16,36 @@ fn main() {
     let mut out = String::new();
     let mut names = Vec::new();
     for p in &pages {
-        let stem = p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let stem = p
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let module: String = stem
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '_'
+                }
+            })
             .collect();
         if module.is_empty() || module.starts_with(|c: char| c.is_ascii_digit()) {
             continue;
         }
         println!("cargo:rerun-if-changed={}", p.display());
-        let _ = writeln!(out, "#[doc = include_str!({:?})]\npub mod {module} {{}}\n", p.display().to_string());
+        let _ = writeln!(
+            out,
+            "#[doc = include_str!({:?})]\npub mod {module} {{}}\n",
+            p.display().to_string()
+        );
         names.push(format!("{:?}", format!("{stem}.md")));
     }
-    let _ = writeln!(out, "/// The pages included, by file name.\npub const PAGES: &[&str] = &[{}];", names.join(", "));
+    let _ = writeln!(
+        out,
+        "/// The pages included, by file name.\npub const PAGES: &[&str] = &[{}];",
+        names.join(", ")
+    );
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap_or_else(|_| ".".into()));
     if let Err(e) = std::fs::write(out_dir.join("pages.rs"), out) {
         panic!("symm-docs build script: cannot write pages.rs: {e}");
