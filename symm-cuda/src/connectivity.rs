@@ -7,9 +7,11 @@
 //! not (masked as `FFFFFFFF:FF:FF.0`, as in the 2 x H200 VM, or an NVSwitch),
 //! the link is "unresolved", and a pair of devices that both have unresolved
 //! links is counted as connected (with `min` of their unresolved link
-//! counts) when NVML's P2P status for the NVLink capability is OK, or, when
-//! NVML cannot say, when CUDA reports peer access and native atomics between
-//! them. Everything here except [`detect_nvlink`] is a pure function.
+//! counts) when NVML's P2P status for the NVLink capability is OK, or when
+//! CUDA reports peer access and native atomics both ways between them (either
+//! source suffices: a VM may mask one of them; without active NVLinks on both
+//! sides nothing is counted, so PCIe peers never are). Everything here except
+//! [`detect_nvlink`] is a pure function.
 
 #![forbid(unsafe_code)]
 
@@ -119,7 +121,7 @@ pub fn nvlink_matrix(f: &LinkFacts) -> Result<LinkMatrix> {
                     && f.cuda_p2p[b][a].access
                     && f.cuda_p2p[a][b].native_atomics
                     && f.cuda_p2p[b][a].native_atomics;
-                let linked = nvml_p2p(a, b).unwrap_or(cuda_ok);
+                let linked = nvml_p2p(a, b) == Some(true) || cuda_ok;
                 if linked {
                     unresolved[a].min(unresolved[b])
                 } else {
@@ -240,17 +242,26 @@ mod tests {
         assert_eq!(m.rows(), vec![vec![0, 18], vec![18, 0]]);
         assert_eq!(detect_topology(&m, &[0, 1]), Topology::FullyConnected);
 
-        // NVML says no NVLink: not connected, whatever CUDA says.
-        let mut no = facts.clone();
-        no.nvml.p2p_nvlink = vec![vec![None, Some(false)], vec![Some(false), None]];
-        assert_eq!(nvlink_matrix(&no).unwrap().rows(), vec![vec![0, 0], vec![0, 0]]);
+        // NVML OK alone suffices (CUDA without native atomics).
+        let mut nvml_only = facts.clone();
+        nvml_only.cuda_p2p = p2p(2, true, false);
+        assert_eq!(nvlink_matrix(&nvml_only).unwrap().get(0, 1), 18);
 
-        // NVML cannot say: CUDA access + native atomics decide.
-        let mut unknown = facts.clone();
-        unknown.nvml.p2p_nvlink = vec![vec![None, None], vec![None, None]];
-        assert_eq!(nvlink_matrix(&unknown).unwrap().get(0, 1), 18);
-        unknown.cuda_p2p = p2p(2, true, false);
-        assert_eq!(nvlink_matrix(&unknown).unwrap().get(0, 1), 0);
+        // NVML says no or cannot say: CUDA access + native atomics decide.
+        for status in [Some(false), None] {
+            let mut other = facts.clone();
+            other.nvml.p2p_nvlink = vec![vec![None, status], vec![status, None]];
+            assert_eq!(nvlink_matrix(&other).unwrap().get(0, 1), 18, "{status:?}");
+            other.cuda_p2p = p2p(2, true, false);
+            assert_eq!(nvlink_matrix(&other).unwrap().get(0, 1), 0, "{status:?}");
+            other.cuda_p2p = p2p(2, false, true);
+            assert_eq!(nvlink_matrix(&other).unwrap().get(0, 1), 0, "{status:?}");
+        }
+
+        // No active NVLink on one side: never connected.
+        let mut one_sided = facts.clone();
+        one_sided.nvml.devices[1].active_links.clear();
+        assert_eq!(nvlink_matrix(&one_sided).unwrap().get(0, 1), 0);
     }
 
     /// Remote ids visible: links count per pair; CUDA/NVML orders differ.
