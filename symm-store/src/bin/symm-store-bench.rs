@@ -110,12 +110,19 @@ fn torch_clients(a: &Args, n: usize, connect: Option<SocketAddr>) -> Result<(u64
     if let Some(c) = connect {
         cmd.args(["--connect", &c.to_string()]);
     }
-    let out = cmd.stderr(Stdio::inherit()).output().map_err(|e| format!("running {}: {e}", a.python))?;
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running {}: {e}", a.python))?;
     if !out.status.success() {
         return Err(format!("torch bench failed: {}", out.status));
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().rev().find(|l| l.starts_with('{')).ok_or("no JSON line from the torch bench")?;
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .ok_or("no JSON line from the torch bench")?;
     let num = |key: &str| -> Option<f64> {
         let i = line.find(&format!("\"{key}\":"))? + key.len() + 3;
         line[i..].trim_start().split([',', '}']).next()?.trim().parse().ok()
@@ -130,7 +137,11 @@ fn row(server: &str, client: &str, n: usize, r: Result<(u64, f64), String>) {
     match r {
         Ok((pairs, secs)) => {
             let rate = pairs as f64 / secs;
-            let lat_us = if pairs > 0 { secs * 1e6 * n as f64 / pairs as f64 } else { f64::NAN };
+            let lat_us = if pairs > 0 {
+                secs * 1e6 * n as f64 / pairs as f64
+            } else {
+                f64::NAN
+            };
             println!("| {server:<6} | {client:<6} | {n:>7} | {rate:>12.0} | {lat_us:>14.1} |");
         }
         Err(e) => println!("| {server:<6} | {client:<6} | {n:>7} | error: {e} |"),
@@ -151,7 +162,10 @@ fn main() -> ExitCode {
             .output()
             .map(|o| o.status.success())
             .unwrap_or(false);
-    println!("set/get pairs per second ({} s per row, {}-byte values)", a.seconds, a.value_bytes);
+    println!(
+        "set/get pairs per second ({} s per row, {}-byte values)",
+        a.seconds, a.value_bytes
+    );
     println!("| server | client | clients | pairs/s      | us/pair/client |");
     println!("| ------ | ------ | ------: | -----------: | -------------: |");
     let ours = match TcpServer::bind(SocketAddr::from(([127, 0, 0, 1], 0))) {
@@ -198,7 +212,10 @@ fn main() -> ExitCode {
         }
     }
     if !has_torch {
-        println!("torch rows skipped: `{} -c 'import torch.distributed'` failed (use --python)", a.python);
+        println!(
+            "torch rows skipped: `{} -c 'import torch.distributed'` failed (use --python)",
+            a.python
+        );
     }
     if let Some((mut child, _)) = torch_srv {
         if let Some(mut stdin) = child.stdin.take() {

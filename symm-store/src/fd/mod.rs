@@ -235,6 +235,10 @@ impl FdChannel {
                 name: parts[3].to_owned(),
             });
         }
+        // Abort records are per channel instance (rank 0's random socket name), so a
+        // recycled prefix never sees an old instance's aborts.
+        let instance = peers[0].name.trim_start_matches("symm-fd/").to_owned();
+        let abort_prefix = format!("{prefix}/fdchannel/abort/{instance}");
         Ok(FdChannel {
             rank,
             world,
@@ -244,7 +248,7 @@ impl FdChannel {
             peers,
             state: Mutex::new(OpState::default()),
             store,
-            abort_prefix: format!("{prefix}/fdchannel/abort"),
+            abort_prefix,
         })
     }
 

@@ -103,7 +103,11 @@ struct Conn {
 
 impl Conn {
     fn new(s: TcpStream) -> Conn {
-        Conn { s, rto: None, wto: None }
+        Conn {
+            s,
+            rto: None,
+            wto: None,
+        }
     }
 
     fn bound_reads(&mut self, left: Duration) -> io::Result<()> {

@@ -114,8 +114,12 @@ impl TcpServer {
         let stop = Arc::new(AtomicBool::new(false));
         let counters = Arc::new(Counters::default());
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(io::Error::from)?;
-        epoll.add(&wake_rx, EpollEvent::new(EpollFlags::EPOLLIN, WAKE_TOKEN)).map_err(io::Error::from)?;
-        epoll.add(&listener, EpollEvent::new(EpollFlags::EPOLLIN, LISTEN_TOKEN)).map_err(io::Error::from)?;
+        epoll
+            .add(&wake_rx, EpollEvent::new(EpollFlags::EPOLLIN, WAKE_TOKEN))
+            .map_err(io::Error::from)?;
+        epoll
+            .add(&listener, EpollEvent::new(EpollFlags::EPOLLIN, LISTEN_TOKEN))
+            .map_err(io::Error::from)?;
         let mut srv = Server {
             epoll,
             listener,
@@ -263,7 +267,7 @@ impl Db {
     }
 }
 
-enum Drop_ {
+enum DropReason {
     Malformed(String),
     Slow(String),
     Overflow(String),
@@ -304,7 +308,9 @@ impl Server {
             if let Some(t) = self.accept_paused_until {
                 if Instant::now() >= t {
                     self.accept_paused_until = None;
-                    let _ = self.epoll.add(&self.listener, EpollEvent::new(EpollFlags::EPOLLIN, LISTEN_TOKEN));
+                    let _ = self
+                        .epoll
+                        .add(&self.listener, EpollEvent::new(EpollFlags::EPOLLIN, LISTEN_TOKEN));
                 }
             }
             let n = match self.epoll.wait(&mut events, tick) {
@@ -392,22 +398,22 @@ impl Server {
         }
     }
 
-    fn drop_client(&mut self, id: ClientId, why: Drop_) {
+    fn drop_client(&mut self, id: ClientId, why: DropReason) {
         let c = &self.counters;
         let reason = match why {
-            Drop_::Malformed(r) => {
+            DropReason::Malformed(r) => {
                 c.dropped_malformed.fetch_add(1, Ordering::Relaxed);
                 Some(r)
             }
-            Drop_::Slow(r) => {
+            DropReason::Slow(r) => {
                 c.dropped_slow.fetch_add(1, Ordering::Relaxed);
                 Some(r)
             }
-            Drop_::Overflow(r) => {
+            DropReason::Overflow(r) => {
                 c.dropped_overflow.fetch_add(1, Ordering::Relaxed);
                 Some(r)
             }
-            Drop_::Closed => {
+            DropReason::Closed => {
                 c.closed.fetch_add(1, Ordering::Relaxed);
                 None
             }
@@ -469,7 +475,7 @@ impl Server {
         }
         self.clients.insert(id, c);
         if eof {
-            self.drop_client(id, Drop_::Closed);
+            self.drop_client(id, DropReason::Closed);
         } else {
             dirty.insert(id);
         }
@@ -481,7 +487,7 @@ impl Server {
         id: ClientId,
         c: &mut Client,
         dirty: &mut HashSet<ClientId>,
-    ) -> std::result::Result<(), Drop_> {
+    ) -> std::result::Result<(), DropReason> {
         let mut off = 0usize;
         let mut progressed = false;
         loop {
@@ -500,7 +506,7 @@ impl Server {
                     c.need = need;
                     break;
                 }
-                Err(e) => return Err(Drop_::Malformed(frame_reason(&e))),
+                Err(e) => return Err(DropReason::Malformed(frame_reason(&e))),
             }
         }
         c.inbuf.drain(..off);
@@ -510,7 +516,7 @@ impl Server {
             c.partial_since = Some(Instant::now());
         }
         if c.out.len() - c.out_pos > self.opts.max_out_buffer {
-            return Err(Drop_::Overflow(format!(
+            return Err(DropReason::Overflow(format!(
                 "{} bytes of unread replies",
                 c.out.len() - c.out_pos
             )));
@@ -524,15 +530,15 @@ impl Server {
         c: &mut Client,
         req: Request,
         dirty: &mut HashSet<ClientId>,
-    ) -> std::result::Result<(), Drop_> {
+    ) -> std::result::Result<(), DropReason> {
         if !c.validated {
             return match req {
                 Request::Validate(VALIDATION_MAGIC) => {
                     c.validated = true;
                     Ok(())
                 }
-                Request::Validate(m) => Err(Drop_::Malformed(format!("bad VALIDATE magic {m:#x}"))),
-                _ => Err(Drop_::Malformed("first request is not VALIDATE".into())),
+                Request::Validate(m) => Err(DropReason::Malformed(format!("bad VALIDATE magic {m:#x}"))),
+                _ => Err(DropReason::Malformed("first request is not VALIDATE".into())),
             };
         }
         let db = &mut self.db;
@@ -555,7 +561,7 @@ impl Server {
                 let base = match db.kv.get(&key) {
                     None => 0,
                     Some(v) => parse_decimal(v)
-                        .ok_or_else(|| Drop_::Malformed("ADD on a value that is not a decimal integer".into()))?,
+                        .ok_or_else(|| DropReason::Malformed("ADD on a value that is not a decimal integer".into()))?,
                 };
                 let v = base.wrapping_add(delta);
                 db.kv.insert(key.clone(), v.to_string().into_bytes());
@@ -595,7 +601,7 @@ impl Server {
                 for k in keys {
                     put_bytes(out, db.kv.get(&k).map_or(&[][..], |v| v.as_slice()));
                     if out.len() - c.out_pos > self.opts.max_out_buffer {
-                        return Err(Drop_::Overflow(
+                        return Err(DropReason::Overflow(
                             "MULTI_GET reply exceeds the output buffer limit".into(),
                         ));
                     }
@@ -652,7 +658,7 @@ impl Server {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(_) => {
-                    self.drop_client(id, Drop_::Closed);
+                    self.drop_client(id, DropReason::Closed);
                     return;
                 }
             }
@@ -666,12 +672,16 @@ impl Server {
         }
         let pending = c.out.len() - c.out_pos;
         if pending > self.opts.max_out_buffer {
-            self.drop_client(id, Drop_::Overflow(format!("{pending} bytes of unread replies")));
+            self.drop_client(id, DropReason::Overflow(format!("{pending} bytes of unread replies")));
             return;
         }
         if (pending > 0) != c.want_out {
             c.want_out = pending > 0;
-            let fl = if c.want_out { EpollFlags::EPOLLIN | EpollFlags::EPOLLOUT } else { EpollFlags::EPOLLIN };
+            let fl = if c.want_out {
+                EpollFlags::EPOLLIN | EpollFlags::EPOLLOUT
+            } else {
+                EpollFlags::EPOLLIN
+            };
             let _ = self.epoll.modify(&c.stream, &mut EpollEvent::new(fl, id));
         }
     }
@@ -688,7 +698,7 @@ impl Server {
         for id in slow {
             self.drop_client(
                 id,
-                Drop_::Slow(format!("frame left incomplete for more than {limit:?}")),
+                DropReason::Slow(format!("frame left incomplete for more than {limit:?}")),
             );
         }
     }
