@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaStream};
 use symm_core::pad::{self, SIGNAL_PAD_SIZE};
-use symm_core::symm_store::{FdChannel, StoreExchange};
+use symm_core::symm_store::{FdChannel, StoreError, StoreExchange};
 use symm_core::{
     check_distinct_devices, check_same_host, fault_point, Allocation, BackendRegistration, Device, DeviceType, Error,
     Group, Result, SymmetricAllocator, SymmetricMemory,
@@ -358,6 +358,15 @@ pub fn same_process(infos: &[RankInfo], rank: usize) -> Vec<bool> {
         .collect()
 }
 
+/// The rank a store error says is missing or lost, if any.
+fn missing_rank(e: &StoreError) -> Option<usize> {
+    match e {
+        StoreError::MissingRanks { missing, .. } => missing.first().copied(),
+        StoreError::PeerLost { rank, .. } => Some(*rank),
+        _ => None,
+    }
+}
+
 fn remaining(deadline: Instant, timeout: Duration, what: &str) -> Result<Duration> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
@@ -631,7 +640,21 @@ impl CudaAllocation {
             &status,
             remaining(deadline, timeout, "rendezvous status exchange").unwrap_or(Duration::from_millis(1)),
         );
-        let (mem, _published) = outcome?;
+        let (mem, _published) = match (outcome, &all) {
+            (Ok(m), _) => m,
+            // A local failure (an import or a mapping) while a peer vanished:
+            // the vanished peer is the likely cause; name it.
+            (Err(e), Err(se)) if !matches!(e, Error::Store(_) | Error::Timeout { .. } | Error::PeerLost { .. }) => {
+                return Err(match missing_rank(se) {
+                    Some(rank) => Error::PeerLost {
+                        rank,
+                        reason: format!("it did not finish rendezvous; here: {e}"),
+                    },
+                    None => e,
+                });
+            }
+            (Err(e), _) => return Err(e),
+        };
         let all = all?;
         if let Some((r, s)) = all.iter().enumerate().find(|(_, s)| s.as_slice() != b"ok") {
             return Err(Error::Backend {
@@ -786,6 +809,23 @@ mod tests {
                 Err(Error::OverlappingDevices { a: 0, b: 1, .. })
             ));
         }
+    }
+
+    #[test]
+    fn missing_ranks_are_named() {
+        let t = Duration::from_secs(1);
+        let e = StoreError::MissingRanks {
+            what: "x".into(),
+            missing: vec![3, 4],
+            timeout: t,
+        };
+        assert_eq!(missing_rank(&e), Some(3));
+        let e = StoreError::PeerLost {
+            rank: 2,
+            reason: "gone".into(),
+        };
+        assert_eq!(missing_rank(&e), Some(2));
+        assert_eq!(missing_rank(&StoreError::Protocol("p".into())), None);
     }
 
     #[test]

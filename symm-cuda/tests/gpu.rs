@@ -45,11 +45,9 @@ fn ch(c: usize) -> Channel {
     Channel::new(c).expect("channel")
 }
 
-fn memory(
-    ctx: &RankCtx,
-    name: &str,
-    size: usize,
-) -> TestResult<(Arc<Group>, Arc<dyn Allocation>, Arc<dyn SymmetricMemory>)> {
+type Memory = (Arc<Group>, Arc<dyn Allocation>, Arc<dyn SymmetricMemory>);
+
+fn memory(ctx: &RankCtx, name: &str, size: usize) -> TestResult<Memory> {
     let g = ctx.group(&ctx.unique(name))?;
     let a = get_allocator(DeviceType::Cuda)?.alloc(size, Device::cuda(ctx.local_rank as u32), &g)?;
     let m = a.rendezvous(T)?;
@@ -288,7 +286,7 @@ fn body_killed(ctx: &RankCtx) -> TestResult {
     // The error was latched and cleared; the context still works.
     cm.check_error()?;
     let g1 = Group::new(
-        &ctx.unique("after-death"),
+        ctx.unique("after-death"),
         0,
         1,
         symm_core::symm_store::HashStore::new(T),
