@@ -597,7 +597,11 @@ impl CudaAllocation {
     }
 
     fn do_rendezvous(&self, timeout: Duration) -> Result<CudaSymmetricMemory> {
-        let deadline = Instant::now() + timeout;
+        // A timeout too large for an Instant means "a year": effectively none.
+        let now = Instant::now();
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
         let g = &self.group;
         let (rank, world) = (g.rank().get(), g.world_size());
         let prefix = g.next_prefix("cuda-rendezvous");

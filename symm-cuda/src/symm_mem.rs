@@ -453,18 +453,20 @@ impl CudaSymmetricMemory {
     fn finish_blocking(&self, stream: &CudaStream, slot: usize, what: &str, timeout: Duration) -> Result<()> {
         let words = &self.inner.host_words;
         let start = Instant::now();
-        let soft = start + timeout.saturating_add(HOST_GRACE);
+        // None: a timeout too large to express; the device deadline alone applies.
+        let soft = start.checked_add(timeout.saturating_add(HOST_GRACE));
+        let hard = soft.and_then(|s| s.checked_add(HOST_GRACE));
         let mut aborted_by_us = false;
         loop {
             if driver::stream_query(stream)? {
                 break;
             }
             let now = Instant::now();
-            if now >= soft && !aborted_by_us {
+            if soft.is_some_and(|s| now >= s) && !aborted_by_us {
                 // The device deadline passed long ago: stop the wait ourselves.
                 words.store(ABORT_SLOT, 1);
                 aborted_by_us = true;
-            } else if aborted_by_us && now >= soft + HOST_GRACE {
+            } else if aborted_by_us && hard.is_some_and(|h| now >= h) {
                 words.store(ABORT_SLOT, 0);
                 return Err(Error::Timeout {
                     what: format!("{what}: the device wait did not stop after its deadline and an abort"),
