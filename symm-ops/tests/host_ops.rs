@@ -581,7 +581,7 @@ fn bad_input_is_an_error() {
         let other_group = ctx.group(&ctx.unique("ops-bad-other"))?;
         let other = symm_core::empty_p2p(&[8], DType::F32, dev, &other_group, None)?;
         other.rendezvous(Duration::from_secs(30))?;
-        let mut o8 = vec![0f32; 8];
+        let mut o8 = [0f32; 8];
         expect_err(
             "other group",
             comm.all_reduce_out(&other, &mut o8[..], ReduceOp::Sum),
@@ -686,7 +686,7 @@ fn persistent_buffers_keep_their_address() {
         if t.ptr() != p {
             return Err("a persistent buffer moved".into());
         }
-        sym_write(&t, 0, &vec![bf16::from_f32(ctx.rank as f32 + 0.5); 64])?;
+        sym_write(&t, 0, &[bf16::from_f32(ctx.rank as f32 + 0.5); 64])?;
         comm.all_reduce(&t, ReduceOp::Max)?;
         let got = sym_read::<bf16>(&t, 0, 64)?;
         if got != vec![bf16::from_f32(1.5); 64] {
