@@ -57,6 +57,11 @@ fn frame_like() -> impl Strategy<Value = Vec<u8>> {
         })
 }
 
+/// Cases per proptest target: `default`, or SYMM_PROPTEST_CASES for a longer campaign.
+fn cases(default: u32) -> u32 {
+    std::env::var("SYMM_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 fn check_arbitrary(buf: &[u8], limits: &Limits) -> Result<(), TestCaseError> {
     match parse_request(buf, limits) {
         Ok(Parsed::Complete(req, n)) => {
@@ -75,7 +80,7 @@ fn check_arbitrary(buf: &[u8], limits: &Limits) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 20_000, failure_persistence: None, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(20_000), failure_persistence: None, .. ProptestConfig::default() })]
 
     #[test]
     fn fuzz_arbitrary_bytes(buf in bytes(512)) {
@@ -91,7 +96,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 5_000, failure_persistence: None, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(5_000), failure_persistence: None, .. ProptestConfig::default() })]
 
     #[test]
     fn fuzz_round_trip(req in request()) {
@@ -114,7 +119,9 @@ proptest! {
 
 #[test]
 fn fuzz_budget_report() {
-    // A fixed-seed sweep with timing, for docs/store.md.
+    // A fixed-seed sweep with timing, for docs/store.md: frame-like inputs (a type byte,
+    // then well-formed length-prefixed fields, raw integers and noise in random order),
+    // checked with the same properties as the proptest targets.
     let t0 = Instant::now();
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = || {
@@ -125,16 +132,37 @@ fn fuzz_budget_report() {
     };
     let l = Limits::default();
     let (mut complete, mut incomplete, mut rejected) = (0u64, 0u64, 0u64);
-    let n = 200_000;
+    // SYMM_FUZZ_SWEEP=N runs a longer campaign (docs/store.md records one).
+    let n: u64 = std::env::var("SYMM_FUZZ_SWEEP").ok().and_then(|v| v.parse().ok()).unwrap_or(200_000);
+    let mut buf = Vec::with_capacity(512);
     for _ in 0..n {
-        let len = (next() % 96) as usize;
-        let mut buf: Vec<u8> = (0..len).map(|_| next() as u8).collect();
-        if !buf.is_empty() {
-            buf[0] %= 18;
+        buf.clear();
+        buf.push((next() % 19) as u8);
+        for _ in 0..next() % 7 {
+            match next() % 5 {
+                0 | 1 => {
+                    let len = next() % 24;
+                    buf.extend_from_slice(&len.to_le_bytes());
+                    buf.extend((0..len).map(|_| next() as u8));
+                }
+                2 => buf.extend_from_slice(&(next() % 4).to_le_bytes()),
+                3 => buf.extend_from_slice(&next().to_le_bytes()),
+                _ => buf.extend((0..next() % 9).map(|_| next() as u8)),
+            }
         }
-        match parse_request(&buf, &l) {
-            Ok(Parsed::Complete(..)) => complete += 1,
-            Ok(Parsed::Incomplete { .. }) => incomplete += 1,
+        let cut = if next() % 4 == 0 { (next() as usize) % (buf.len() + 1) } else { buf.len() };
+        let input = &buf[..cut];
+        match parse_request(input, &l) {
+            Ok(Parsed::Complete(req, used)) => {
+                complete += 1;
+                let mut re = Vec::new();
+                encode_request(&req, &mut re);
+                assert_eq!(&re[..], &input[..used]);
+            }
+            Ok(Parsed::Incomplete { need }) => {
+                incomplete += 1;
+                assert!(need > input.len());
+            }
             Err(FrameError::UnknownType(_)) | Err(_) => rejected += 1,
         }
     }
