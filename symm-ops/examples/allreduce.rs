@@ -54,17 +54,15 @@ fn main() -> Res {
     };
     let group = set_group_info("world", rank, world, store)?;
 
+    #[cfg(feature = "cuda")]
     match symm_ops::symm_cuda::cuda_available() {
-        Ok(n) if n > local_rank => on_gpu(&group, local_rank),
-        Ok(n) => {
-            println!("rank {rank}: {n} GPU(s), none for local rank {local_rank}: using the host backend");
-            on_host(&group)
-        }
-        Err(why) => {
-            println!("rank {rank}: {why}: using the host backend");
-            on_host(&group)
-        }
+        Ok(n) if n > local_rank => return on_gpu(&group, local_rank),
+        Ok(n) => println!("rank {rank}: {n} GPU(s), none for local rank {local_rank}: using the host backend"),
+        Err(why) => println!("rank {rank}: {why}: using the host backend"),
     }
+    #[cfg(not(feature = "cuda"))]
+    let _ = local_rank;
+    on_host(&group)
 }
 
 fn expect(rank: usize, what: &str, got: &[bf16], want: f32) -> Res {
@@ -77,6 +75,7 @@ fn expect(rank: usize, what: &str, got: &[bf16], want: f32) -> Res {
     }
 }
 
+#[cfg(feature = "cuda")]
 fn on_gpu(group: &Arc<Group>, local_rank: usize) -> Res {
     use symm_ops::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     use symm_ops::cudarc::driver::CudaContext;

@@ -184,10 +184,32 @@ impl Communicator {
             });
         }
         let timeout = config.timeout.unwrap_or_else(|| group.timeout());
+        // CUDA: the stream (and so the context) first, for the device's UUID.
+        #[cfg(feature = "cuda")]
+        let stream = match (device.ty, stream) {
+            (DeviceType::Cuda, Some(s)) => Some(s),
+            (DeviceType::Cuda, None) => Some(crate::cuda::new_stream(device)?),
+            _ => None,
+        };
+        let device_id = match device.ty {
+            #[cfg(feature = "cuda")]
+            DeviceType::Cuda => match &stream {
+                Some(s) => crate::cuda::device_uuid(s)?,
+                None => device.to_string(),
+            },
+            #[cfg(not(feature = "cuda"))]
+            DeviceType::Cuda => {
+                return Err(Error::Unavailable(
+                    "CUDA devices: symm-ops was built without its `cuda` feature".into(),
+                ))
+            }
+            _ => device.to_string(),
+        };
         let me = PeerInfo {
             host: setup::host_id(),
             device_type: setup::device_type_name(device.ty),
             device_index: device.index,
+            device_id,
             fingerprint: config.fingerprint(),
         };
         let peers = setup::exchange(group, &me, timeout)?;
@@ -220,12 +242,17 @@ impl Communicator {
             }
             DeviceType::Cuda => {
                 let topology = if same_host {
+                    let ids: Vec<String> = peers.iter().map(|p| p.device_id.clone()).collect();
+                    symm_core::check_distinct_devices(&ids)?;
+                    // The link matrix is indexed by CUDA ordinal; ordinals that
+                    // collide (per-process CUDA_VISIBLE_DEVICES) say nothing.
                     let devices: Vec<usize> = peers.iter().map(|p| p.device_index as usize).collect();
-                    let distinct: Vec<String> = devices.iter().map(|d| d.to_string()).collect();
-                    symm_core::check_distinct_devices(&distinct)?;
+                    let mut sorted = devices.clone();
+                    sorted.sort_unstable();
+                    sorted.dedup();
                     match get_connectivity(DeviceType::Cuda, "nvlink") {
-                        Ok(c) => detect_topology(&c.matrix, &devices),
-                        Err(_) => Topology::Unknown,
+                        Ok(c) if sorted.len() == devices.len() => detect_topology(&c.matrix, &devices),
+                        _ => Topology::Unknown,
                     }
                 } else {
                     Topology::Unknown
@@ -250,7 +277,7 @@ impl Communicator {
             EngineKind::Cuda | EngineKind::Nccl => Engine::Cuda(crate::cuda::CudaEngine::new(
                 group,
                 device,
-                stream,
+                stream.ok_or_else(|| Error::InvalidArgument("internal: no stream for a CUDA engine".into()))?,
                 &config,
                 timeout,
                 kind == EngineKind::Cuda,
@@ -404,6 +431,21 @@ impl Communicator {
             c.register(&t)?;
         }
         Ok(t)
+    }
+
+    /// Makes a rendezvoused symmetric tensor of this group known to the
+    /// engine for the zero-copy copy-engine paths (CUDA; tensors from
+    /// [`Self::persistent_buffer`] already are). Local, setup-time (it may
+    /// allocate); a no-op on the host engine.
+    pub fn register_buffer(&self, t: &SymmTensor) -> Result<()> {
+        if symm_core::get_symmetric_memory(t).is_none() {
+            return Err(Error::NotRendezvoused);
+        }
+        match &self.engine {
+            Engine::Host(_) => Ok(()),
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(c) => c.register(t),
+        }
     }
 
     fn run(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {

@@ -13,28 +13,32 @@ pub(crate) struct PeerInfo {
     pub host: String,
     pub device_type: String,
     pub device_index: u32,
+    /// A device identity unique on the host (CUDA: the UUID).
+    pub device_id: String,
     pub fingerprint: String,
 }
 
 impl PeerInfo {
     fn encode(&self) -> String {
         format!(
-            "{}\n{}\n{}\n{}",
-            self.host, self.device_type, self.device_index, self.fingerprint
+            "{}\n{}\n{}\n{}\n{}",
+            self.host, self.device_type, self.device_index, self.device_id, self.fingerprint
         )
     }
     fn decode(rank: usize, b: &[u8]) -> Result<Self> {
         let text = String::from_utf8_lossy(b);
-        let mut it = text.splitn(4, '\n');
+        let mut it = text.splitn(5, '\n');
         let bad = || Error::InvalidArgument(format!("rank {rank} published a malformed communicator record"));
         let host = it.next().ok_or_else(bad)?.to_string();
         let device_type = it.next().ok_or_else(bad)?.to_string();
         let device_index = it.next().ok_or_else(bad)?.parse().map_err(|_| bad())?;
+        let device_id = it.next().ok_or_else(bad)?.to_string();
         let fingerprint = it.next().ok_or_else(bad)?.to_string();
         Ok(PeerInfo {
             host,
             device_type,
             device_index,
+            device_id,
             fingerprint,
         })
     }
@@ -109,6 +113,7 @@ mod tests {
             host: host.into(),
             device_type: "host".into(),
             device_index: 0,
+            device_id: "d".into(),
             fingerprint: fp.into(),
         }
     }

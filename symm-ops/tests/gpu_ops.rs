@@ -9,7 +9,8 @@
 //! prints a `SUMMARY <name> <result> <figures>` line.
 //!
 //! Without two GPUs every test skips and says why; with
-//! `SYMM_REQUIRE_GPUS=1` it fails instead.
+//! `SYMM_REQUIRE_GPUS=1` it fails instead. Built with the `cuda` feature.
+#![cfg(feature = "cuda")]
 
 mod common;
 

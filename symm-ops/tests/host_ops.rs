@@ -714,3 +714,53 @@ fn selection_table_is_printable() {
     let body = |t: &str| t.lines().skip(1).collect::<Vec<_>>().join("\n");
     assert_eq!(body(&tables[0]), body(&tables[1]));
 }
+
+// ---------------------------------------------------------------- example
+
+/// `examples/allreduce.rs` (built by `cargo test`) runs as one rank and as
+/// two processes set up the torchrun way (rank 0 hosting the TcpStore).
+#[test]
+fn example_allreduce_runs() {
+    let exe = std::env::current_exe().unwrap();
+    let Some(example) = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|dir| dir.join("examples").join("allreduce"))
+        .filter(|p| p.exists())
+    else {
+        println!("SUMMARY example_allreduce skipped: the example is not built (run `cargo test -p symm-ops`)");
+        return;
+    };
+    let run = |rank: usize, world: usize, port: u16| {
+        let mut cmd = std::process::Command::new(&example);
+        cmd.env("RANK", rank.to_string())
+            .env("WORLD_SIZE", world.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env_remove("TORCHELASTIC_USE_AGENT_STORE")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        if world > 1 {
+            cmd.env("MASTER_ADDR", "127.0.0.1").env("MASTER_PORT", port.to_string());
+        } else {
+            cmd.env_remove("MASTER_ADDR").env_remove("MASTER_PORT");
+        }
+        cmd.spawn().unwrap()
+    };
+    let out = run(0, 1, 0).wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("elements = 1"), "{text}");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let children: Vec<_> = (0..2).map(|r| run(r, 2, port)).collect();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(text.contains("elements = 3"), "{text}");
+    }
+    println!("SUMMARY example_allreduce ok one rank, and two processes over a TcpStore");
+}

@@ -300,7 +300,10 @@ impl Args {
 
 /// Input element `j` of `rank`: k/128 for k in -128..=128 (exact in bf16, f16, f32).
 fn value(rank: usize, j: usize) -> f64 {
-    let mut z = (j as u64).wrapping_mul(64).wrapping_add(rank as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = (j as u64)
+        .wrapping_mul(64)
+        .wrapping_add(rank as u64)
+        .wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^= z >> 31;
@@ -538,7 +541,14 @@ struct SetupCost {
     median_ms: f64,
 }
 
-fn write_json(path: &PathBuf, backend: &str, world: usize, args: &Args, rows: &[Row], setup: &[SetupCost]) -> BoxResult<()> {
+fn write_json(
+    path: &PathBuf,
+    backend: &str,
+    world: usize,
+    args: &Args,
+    rows: &[Row],
+    setup: &[SetupCost],
+) -> BoxResult<()> {
     let mut s = String::from("{\n");
     let _ = writeln!(s, "  \"tool\": \"symm-bench\",");
     let _ = writeln!(s, "  \"backend\": {},", json_str(backend));
@@ -643,14 +653,23 @@ fn combine(
     note: &str,
 ) -> BoxResult<Row> {
     let all = gather_f64s(sh, rank, key, &[time_us, max_err, if ok { 1.0 } else { 0.0 }])?;
-    let time = all.iter().map(|v| v.first().copied().unwrap_or(f64::NAN)).fold(0.0f64, |a, b| {
-        if a.is_nan() || b.is_nan() {
-            f64::NAN
-        } else {
-            a.max(b)
-        }
-    });
-    let err = all.iter().map(|v| v.get(1).copied().unwrap_or(f64::INFINITY)).fold(0.0f64, f64::max);
+    let time = all
+        .iter()
+        .map(|v| v.first().copied().unwrap_or(f64::NAN))
+        .fold(
+            0.0f64,
+            |a, b| {
+                if a.is_nan() || b.is_nan() {
+                    f64::NAN
+                } else {
+                    a.max(b)
+                }
+            },
+        );
+    let err = all
+        .iter()
+        .map(|v| v.get(1).copied().unwrap_or(f64::INFINITY))
+        .fold(0.0f64, f64::max);
     let all_ok = all.iter().all(|v| v.get(2).copied() == Some(1.0));
     Ok(Row {
         op,
@@ -714,23 +733,21 @@ where
     let mut handles = Vec::new();
     for rank in 0..shared.world {
         let (sh, body) = (shared.clone(), body.clone());
-        handles.push(
-            std::thread::Builder::new()
-                .name(format!("rank-{rank}"))
-                .spawn(move || -> Result<(Vec<Row>, Vec<SetupCost>), String> {
-                    match catch_unwind(AssertUnwindSafe(|| body(rank, &sh))) {
-                        Ok(Ok(v)) => Ok(v),
-                        Ok(Err(e)) => Err(format!("rank {rank}: {e}")),
-                        Err(p) => Err(format!(
-                            "rank {rank} panicked: {}",
-                            p.downcast_ref::<String>()
-                                .cloned()
-                                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                                .unwrap_or_default()
-                        )),
-                    }
-                })?,
-        );
+        handles.push(std::thread::Builder::new().name(format!("rank-{rank}")).spawn(
+            move || -> Result<(Vec<Row>, Vec<SetupCost>), String> {
+                match catch_unwind(AssertUnwindSafe(|| body(rank, &sh))) {
+                    Ok(Ok(v)) => Ok(v),
+                    Ok(Err(e)) => Err(format!("rank {rank}: {e}")),
+                    Err(p) => Err(format!(
+                        "rank {rank} panicked: {}",
+                        p.downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_default()
+                    )),
+                }
+            },
+        )?);
     }
     let mut first = None;
     let mut errors = Vec::new();
@@ -753,8 +770,14 @@ where
 }
 
 fn report(backend: &str, world: usize, args: &Args, rows: &[Row], setup: &[SetupCost]) -> BoxResult<()> {
-    println!("# symm-bench: {backend}, {world} ranks, dtype {}, redop {}", args.dtype, args.redop);
-    println!("# time_us: median over {} rounds of the slowest rank; algbw/busbw GB/s (nccl-tests)", args.rounds);
+    println!(
+        "# symm-bench: {backend}, {world} ranks, dtype {}, redop {}",
+        args.dtype, args.redop
+    );
+    println!(
+        "# time_us: median over {} rounds of the slowest rank; algbw/busbw GB/s (nccl-tests)",
+        args.rounds
+    );
     for op in &args.ops {
         let mine: Vec<&Row> = rows.iter().filter(|r| r.op == *op).collect();
         if mine.is_empty() {
@@ -867,9 +890,7 @@ mod host {
                         }
                     };
                     let path = match op {
-                        Op::AllReduce if spec.base == "auto" => {
-                            comm.select_all_reduce(g.bytes).to_string()
-                        }
+                        Op::AllReduce if spec.base == "auto" => comm.select_all_reduce(g.bytes).to_string(),
                         Op::AllGather if spec.base == "auto" => {
                             let a: AllGatherAlgo = comm.select_all_gather(g.bytes);
                             a.to_string()
@@ -945,7 +966,7 @@ mod gpu {
     use symm_ops::symm_cuda::collectives::{
         AllGatherPath, AllReduceAlgo as KAlgo, CollectivesConfig, CudaCollectives, Tuning,
     };
-    use symm_ops::symm_cuda::driver::mem::{dtoh_sync, dtod_async, htod_sync, memset_d32_async};
+    use symm_ops::symm_cuda::driver::mem::{dtod_async, dtoh_sync, htod_sync, memset_d32_async};
     use symm_ops::{CommConfig, Communicator, RawDevicePtr};
 
     /// Rotating inputs per point.
@@ -959,7 +980,13 @@ mod gpu {
             .filter(|s| !s.is_empty())
             .map(PathBuf::from)
             .collect();
-        for d in ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/cuda/lib64", "/usr/local/lib"] {
+        for d in [
+            "/usr/lib/x86_64-linux-gnu",
+            "/usr/lib64",
+            "/usr/lib",
+            "/usr/local/cuda/lib64",
+            "/usr/local/lib",
+        ] {
             dirs.push(PathBuf::from(d));
         }
         for d in &dirs {
@@ -970,9 +997,11 @@ mod gpu {
                 }
             }
         }
-        Err("libnccl.so.2 not found on LD_LIBRARY_PATH or in the system library folders (pip install \
+        Err(
+            "libnccl.so.2 not found on LD_LIBRARY_PATH or in the system library folders (pip install \
              nvidia-nccl-cu13 and add site-packages/nvidia/nccl/lib to LD_LIBRARY_PATH)"
-            .into())
+                .into(),
+        )
     }
 
     /// A device address as a cudarc `DevicePtr` without event tracking (ordered by our stream).
@@ -1105,7 +1134,12 @@ mod gpu {
         report(&format!("{world} x {name}"), world, &args, &rows, &setup)
     }
 
-    fn setup_costs(rank: usize, sh: &Shared, ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>) -> BoxResult<Vec<SetupCost>> {
+    fn setup_costs(
+        rank: usize,
+        sh: &Shared,
+        ctx: &Arc<CudaContext>,
+        stream: &Arc<CudaStream>,
+    ) -> BoxResult<Vec<SetupCost>> {
         let world = sh.world;
         let mut out = Vec::new();
         let mut measure = |what: &str, bytes: usize, f: &mut dyn FnMut(usize) -> BoxResult<()>| -> BoxResult<()> {
@@ -1128,7 +1162,12 @@ mod gpu {
         };
         for bytes in [MIB, 1024 * MIB] {
             measure("symmetric alloc + rendezvous", bytes, &mut |i| {
-                let g = Group::new(format!("{}-alloc-{bytes}-{i}", sh.run_id), rank, world, sh.store.clone())?;
+                let g = Group::new(
+                    format!("{}-alloc-{bytes}-{i}", sh.run_id),
+                    rank,
+                    world,
+                    sh.store.clone(),
+                )?;
                 let a = get_allocator(DeviceType::Cuda)?.alloc(bytes, Device::cuda(rank as u32), &g)?;
                 let _m = a.rendezvous(T_STORE)?;
                 Ok(())
@@ -1166,7 +1205,10 @@ mod gpu {
         } else {
             Vec::new()
         };
-        let wants_auto = args.ops.iter().any(|&op| args.algos_for(op).iter().any(|a| a.base == "auto"));
+        let wants_auto = args
+            .ops
+            .iter()
+            .any(|&op| args.algos_for(op).iter().any(|a| a.base == "auto"));
         let (comm, comm_err) = if wants_auto {
             let g = Group::new(format!("{}-comm", sh.run_id), rank, world, sh.store.clone())?;
             let cfg = CommConfig {
@@ -1181,7 +1223,10 @@ mod gpu {
         } else {
             (None, String::new())
         };
-        let wants_nccl = args.ops.iter().any(|&op| args.algos_for(op).iter().any(|a| a.base == "nccl"));
+        let wants_nccl = args
+            .ops
+            .iter()
+            .any(|&op| args.algos_for(op).iter().any(|a| a.base == "nccl"));
         let (nccl, nccl_err) = if wants_nccl && nccl_ok {
             match make_nccl(rank, sh, &stream) {
                 Ok(c) => (Some(c), String::new()),
@@ -1324,9 +1369,13 @@ mod gpu {
                     "two_shot" => KAlgo::TwoShot,
                     _ => KAlgo::CopyEngine,
                 };
-                Ok(st.coll.all_reduce_tuned(s, algo, tuning, input, out, g.count, dtype, redop)?)
+                Ok(st
+                    .coll
+                    .all_reduce_tuned(s, algo, tuning, input, out, g.count, dtype, redop)?)
             }
-            (Op::ReduceScatter, _) => Ok(st.coll.reduce_scatter_tuned(s, tuning, input, out, g.count, dtype, redop)?),
+            (Op::ReduceScatter, _) => Ok(st
+                .coll
+                .reduce_scatter_tuned(s, tuning, input, out, g.count, dtype, redop)?),
             (Op::AllGather, base) => {
                 let (path, inp) = match base {
                     "copy_engine" => (AllGatherPath::CopyEngine, input),
@@ -1395,7 +1444,20 @@ mod gpu {
                 let key = sh.next_key("row");
                 sh.seq.fetch_add(1, Ordering::Relaxed);
                 let ok = all_ok && time.is_finite();
-                rows.push(combine(sh, st.rank, &key, op, &g, &spec.label, &path, mode, time, err, ok, &note)?);
+                rows.push(combine(
+                    sh,
+                    st.rank,
+                    &key,
+                    op,
+                    &g,
+                    &spec.label,
+                    &path,
+                    mode,
+                    time,
+                    err,
+                    ok,
+                    &note,
+                )?);
             }
             if !all_ok {
                 // A failed op may leave the ranks' protocol state out of step: stop this op.
@@ -1568,7 +1630,10 @@ mod tests {
         // A correct all-gather output has zero error; a corrupted one does not.
         let g = geometry(Op::AllGather, 64, DType::F32, 2);
         let good = encode(DType::F32, g.out_elems, |i| value(i / g.count, i % g.count));
-        assert_eq!(max_error(Op::AllGather, ReduceOp::Sum, DType::F32, &g, 0, 2, &good), 0.0);
+        assert_eq!(
+            max_error(Op::AllGather, ReduceOp::Sum, DType::F32, &g, 0, 2, &good),
+            0.0
+        );
         let mut bad = good.clone();
         bad[0] ^= 0x40;
         bad[3] ^= 0x40;

@@ -27,6 +27,28 @@ fn drv_err(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error 
     }
 }
 
+/// A new stream on `device`'s primary context (checks the driver and the
+/// device first: cudarc panics without them).
+pub(crate) fn new_stream(device: Device) -> Result<Arc<CudaStream>> {
+    let n = symm_cuda::cuda_available()?;
+    if device.index as usize >= n {
+        return Err(Error::OutOfRange {
+            what: "CUDA device index",
+            value: device.index as u64,
+            limit: n as u64,
+        });
+    }
+    let ctx = CudaContext::new(device.index as usize).map_err(drv_err("cuDevicePrimaryCtxRetain"))?;
+    ctx.new_stream().map_err(drv_err("cuStreamCreate"))
+}
+
+/// The device's UUID (unique across processes, whatever
+/// CUDA_VISIBLE_DEVICES says), as hex.
+pub(crate) fn device_uuid(stream: &CudaStream) -> Result<String> {
+    let u = stream.context().uuid().map_err(drv_err("cuDeviceGetUuid"))?;
+    Ok(u.bytes.iter().map(|&b| format!("{:02x}", b as u8)).collect())
+}
+
 fn check_align(what: &'static str, ptr: u64, dtype: DType) -> Result<()> {
     let a = dtype.size() as u64;
     if ptr % a != 0 {
@@ -50,37 +72,16 @@ pub(crate) struct CudaEngine {
 }
 
 impl CudaEngine {
-    /// Collective setup. `symm`: build the symmetric-memory kernels (one host,
-    /// fully connected); else NCCL only.
+    /// Collective setup on `stream` (of `device`). `symm`: build the
+    /// symmetric-memory kernels (one host, fully connected); else NCCL only.
     pub fn new(
         group: &Arc<Group>,
         device: Device,
-        stream: Option<Arc<CudaStream>>,
+        stream: Arc<CudaStream>,
         config: &CommConfig,
         timeout: Duration,
         symm: bool,
     ) -> Result<Self> {
-        let stream = match stream {
-            Some(s) => s,
-            None => {
-                let n = symm_cuda::cuda_available()?;
-                if device.index as usize >= n {
-                    return Err(Error::OutOfRange {
-                        what: "CUDA device index",
-                        value: device.index as u64,
-                        limit: n as u64,
-                    });
-                }
-                let ctx = CudaContext::new(device.index as usize).map_err(drv_err("cuDevicePrimaryCtxRetain"))?;
-                ctx.new_stream().map_err(drv_err("cuStreamCreate"))?
-            }
-        };
-        if stream.context().ordinal() != device.index as usize {
-            return Err(Error::InvalidArgument(format!(
-                "stream of device {} for a communicator on {device}",
-                stream.context().ordinal()
-            )));
-        }
         if !symm && !config.nccl {
             return Err(Error::Unavailable(
                 "the nccl engine with CommConfig::nccl = false: nothing could run the ops".into(),
