@@ -415,7 +415,15 @@ impl Communicator {
             if self.same_host { "one host" } else { "several hosts" },
             human(self.config.staging_bytes),
         );
-        self.selector.table(&header)
+        #[allow(unused_mut)]
+        let mut t = self.selector.table(&header);
+        #[cfg(feature = "cuda")]
+        if let Engine::Cuda(c) = &self.engine {
+            if let Some(why) = c.nccl_missing() {
+                t.push_str(&format!("  (no nccl fallback: {why})\n"));
+            }
+        }
+        t
     }
 
     /// A symmetric tensor from the persistent pool (`alloc_id`), rendezvoused

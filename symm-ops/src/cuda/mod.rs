@@ -68,6 +68,8 @@ pub(crate) struct CudaEngine {
     nccl: Option<Nccl>,
     /// One element NCCL all-reduces for a barrier when there are no kernels.
     barrier_word: Option<CudaSlice<f32>>,
+    /// Why NCCL was asked for but is not there.
+    nccl_missing: Option<String>,
     lock: Mutex<()>,
 }
 
@@ -92,10 +94,19 @@ impl CudaEngine {
         } else {
             None
         };
-        let nccl = if config.nccl {
-            Some(Nccl::new(group, &stream, timeout)?)
+        let (nccl, nccl_missing) = if config.nccl {
+            match nccl::agree_available(group, timeout)? {
+                Ok(()) => (Some(Nccl::new(group, &stream, timeout)?), None),
+                // The fallback is optional where the kernels can run.
+                Err(why) if symm => (None, Some(why)),
+                Err(why) => {
+                    return Err(Error::Unavailable(format!(
+                        "NCCL, the only engine for this group: {why}"
+                    )))
+                }
+            }
         } else {
-            None
+            (None, None)
         };
         let barrier_word = if coll.is_none() {
             Some(stream.alloc_zeros::<f32>(1).map_err(drv_err("cuMemAlloc"))?)
@@ -108,6 +119,7 @@ impl CudaEngine {
             coll,
             nccl,
             barrier_word,
+            nccl_missing,
             lock: Mutex::new(()),
         })
     }
@@ -117,6 +129,9 @@ impl CudaEngine {
     }
     pub fn has_nccl(&self) -> bool {
         self.nccl.is_some()
+    }
+    pub fn nccl_missing(&self) -> Option<&str> {
+        self.nccl_missing.as_deref()
     }
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream

@@ -84,6 +84,33 @@ pub(crate) fn nccl_version() -> Result<i32> {
     })
 }
 
+/// Whether every rank can load libnccl: each rank checks locally, then the
+/// ranks agree through the store (NCCL's setup is collective, so all or none
+/// create it). `Ok(Err(reason))` when some rank cannot.
+pub(crate) fn agree_available(group: &Arc<Group>, timeout: Duration) -> Result<std::result::Result<(), String>> {
+    let mine = match nccl_version() {
+        Ok(_) => String::new(),
+        Err(e) => format!("rank {}: {e}", group.rank().get()),
+    };
+    let prefix = group.next_prefix("nccl-check");
+    let store = group.store();
+    let keys: Vec<String> = (0..group.world_size()).map(|r| format!("{prefix}/{r}")).collect();
+    store.set(&keys[group.rank().get()], mine.as_bytes())?;
+    let refs: Vec<&str> = keys.iter().map(|k| k.as_str()).collect();
+    store.wait(&refs, Some(timeout))?;
+    let reasons: Vec<String> = store
+        .multi_get(&refs)?
+        .into_iter()
+        .filter(|v| !v.is_empty())
+        .map(|v| String::from_utf8_lossy(&v).into_owned())
+        .collect();
+    Ok(if reasons.is_empty() {
+        Ok(())
+    } else {
+        Err(reasons.join("; "))
+    })
+}
+
 /// NVLink multicast (NVLS) is out (DESIGN.md): NCCL must not use it.
 fn disable_nvls() {
     static ONCE: Once = Once::new();
