@@ -791,7 +791,8 @@ fn gpu_bad_input_is_an_error() {
         if !inv(comm.one_shot_all_reduce_out(&x, &mut h, ReduceOp::Sum)) {
             failures.push("dtypes");
         }
-        if !inv(comm.all_reduce_out(&host[..], &mut y, ReduceOp::Sum)) {
+        let mut y64 = s.alloc_zeros::<f32>(64)?;
+        if !inv(comm.all_reduce_out(&host[..], &mut y64, ReduceOp::Sum)) {
             failures.push("host slice");
         }
         let (p, _g) = {
