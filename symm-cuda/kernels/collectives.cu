@@ -161,6 +161,14 @@ struct CollWait {
     unsigned long long timeout_ns;
 };
 
+// True when a wait of this object already timed out or was aborted: later waits give up at once
+// (one dead peer costs one timeout, not one per wait). A latched SYMM_ERR_MISMATCH does not stop
+// waits: the barriers of that op still complete.
+__device__ __forceinline__ bool coll_fatal_latched(unsigned int* pad) {
+    const unsigned int e = symm_latched_error(pad);
+    return e == SYMM_ERR_TIMEOUT || e == SYMM_ERR_ABORTED;
+}
+
 // Slow path of a bounded wait: polls *p (acquire, system scope) until it reaches target
 // (signed difference). Returns true on success; false once the deadline passed, an abort was
 // requested, or an error is already latched (then the caller gives up its remaining work).
@@ -173,7 +181,7 @@ __device__ __noinline__ bool coll_wait_slow(const unsigned int* p, unsigned int 
         }
         ++polls;
         if ((polls % SYMM_CHECK_EVERY) == 0u) {
-            if (symm_latched_error(w.pad) != 0u) {
+            if (coll_fatal_latched(w.pad)) {
                 return false;
             }
             if ((polls % SYMM_ABORT_EVERY) == 0u && symm_abort_requested(w.abort_host, w.pad)) {
@@ -530,7 +538,7 @@ __device__ __forceinline__ void coll_lamport(const unsigned long long* bufs, con
                 if (deadline == 0) {
                     deadline = symm_deadline(timeout_ns);
                 }
-                if (symm_latched_error(pad) != 0u) {
+                if (coll_fatal_latched(pad)) {
                     failed = true;
                 } else if ((polls % SYMM_ABORT_EVERY) == 0u && symm_abort_requested(abort_host, pad)) {
                     symm_latch_error(pad, SYMM_ERR_ABORTED);

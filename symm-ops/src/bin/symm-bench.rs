@@ -558,10 +558,10 @@ fn write_json(
     let _ = writeln!(s, "  \"rounds\": {},", args.rounds);
     s.push_str("  \"results\": [\n");
     for (i, r) in rows.iter().enumerate() {
-        let _ = write!(
+        let _ = writeln!(
             s,
             "    {{\"op\": {}, \"bytes\": {}, \"count\": {}, \"dtype\": {}, \"redop\": {}, \"algo\": {}, \"path\": {}, \
-             \"mode\": {}, \"time_us\": {}, \"algbw\": {}, \"busbw\": {}, \"max_err\": {}, \"ok\": {}, \"note\": {}}}{}\n",
+             \"mode\": {}, \"time_us\": {}, \"algbw\": {}, \"busbw\": {}, \"max_err\": {}, \"ok\": {}, \"note\": {}}}{}",
             json_str(r.op.name()),
             r.bytes,
             r.count,
@@ -603,7 +603,7 @@ struct Shared {
     world: usize,
     args: Args,
     run_id: String,
-    seq: AtomicUsize,
+    seq: Vec<AtomicUsize>,
     progress: AtomicUsize,
     total: usize,
 }
@@ -624,13 +624,17 @@ fn gather_f64s(sh: &Shared, rank: usize, key: &str, vals: &[f64]) -> BoxResult<V
 }
 
 impl Shared {
-    fn next_key(&self, what: &str) -> String {
-        format!("{what}-{}", self.seq.load(Ordering::Relaxed))
+    /// A store key for the next exchange of `rank` (every rank counts its own exchanges, and
+    /// all ranks make the same exchanges in the same order).
+    fn next_key(&self, rank: usize, what: &str) -> String {
+        let n = self.seq.get(rank).map_or(0, |c| c.fetch_add(1, Ordering::Relaxed));
+        format!("{what}-{n}")
     }
     fn progress(&self, rank: usize, what: &str) {
         if rank == 0 {
             let n = self.progress.fetch_add(1, Ordering::Relaxed) + 1;
-            let _ = write!(std::io::stderr(), "\r\x1b[2K[{n}/{}] {what}", self.total);
+            let line = format!("[{n}/{}] {what}", self.total);
+            let _ = write!(std::io::stderr(), "\r{line:<72}");
             let _ = std::io::stderr().flush();
         }
     }
@@ -826,7 +830,7 @@ mod host {
             world,
             args: args.clone(),
             run_id: format!("symm-bench/host/{}", std::process::id()),
-            seq: AtomicUsize::new(0),
+            seq: (0..world).map(|_| AtomicUsize::new(0)).collect(),
             progress: AtomicUsize::new(0),
             total,
         });
@@ -927,8 +931,7 @@ mod host {
                         }
                         times.remove(0);
                     }
-                    let key = sh.next_key("host");
-                    sh.seq.fetch_add(1, Ordering::Relaxed);
+                    let key = sh.next_key(rank, "host");
                     rows.push(combine(
                         sh,
                         rank,
@@ -1121,7 +1124,7 @@ mod gpu {
             world,
             args: args.clone(),
             run_id: format!("symm-bench/gpu/{}", std::process::id()),
-            seq: AtomicUsize::new(0),
+            seq: (0..world).map(|_| AtomicUsize::new(0)).collect(),
             progress: AtomicUsize::new(0),
             total,
         });
@@ -1150,8 +1153,7 @@ mod gpu {
                 ms.push(t.elapsed().as_secs_f64() * 1e3);
             }
             let mine = median(&mut ms);
-            let key = sh.next_key(&format!("setup-{what}-{bytes}"));
-            sh.seq.fetch_add(1, Ordering::Relaxed);
+            let key = sh.next_key(rank, &format!("setup-{what}-{bytes}"));
             let all = gather_f64s(sh, rank, &key, &[mine])?;
             out.push(SetupCost {
                 what: what.to_string(),
@@ -1251,9 +1253,13 @@ mod gpu {
             all,
         };
         let mut rows = Vec::new();
-        for &op in &args.ops {
+        let mut disabled: Vec<(Op, String)> = Vec::new();
+        'ops: for &op in &args.ops {
             for &size in &args.sizes {
-                point(sh, &st, op, size, &mut rows)?;
+                if !point(sh, &st, op, size, &mut rows, &mut disabled)? {
+                    eprintln!("\nrank {rank}: a collective failed with a timeout or abort: stopping the benchmark");
+                    break 'ops;
+                }
             }
         }
         drop(st);
@@ -1284,6 +1290,7 @@ mod gpu {
     /// Buffers of one (op, size) point, in one symmetric arena registered with the collectives.
     struct Arena {
         _mem: Arc<dyn SymmetricMemory>,
+        base: u64,
         inputs: Vec<u64>,
         output: u64,
         _staged_input: Option<symm_ops::cudarc::driver::CudaSlice<u8>>,
@@ -1321,6 +1328,7 @@ mod gpu {
         st.stream.synchronize()?;
         Ok(Arena {
             _mem: m,
+            base,
             inputs,
             output,
             _staged_input: staged_input,
@@ -1329,6 +1337,7 @@ mod gpu {
     }
 
     /// One run of algorithm `spec` on rotating input `k`.
+    #[allow(clippy::too_many_arguments)]
     fn run_once(
         sh: &Shared,
         st: &RankState,
@@ -1387,21 +1396,35 @@ mod gpu {
         }
     }
 
-    fn point(sh: &Shared, st: &RankState, op: Op, size: usize, rows: &mut Vec<Row>) -> BoxResult<()> {
+    /// Measures every algorithm of `op` at `size`; false when the ranks must stop (a timeout or
+    /// abort leaves the collectives' protocol state out of step). An algorithm that gave a wrong
+    /// result is disabled for the rest of the run (`disabled`), the others go on. Every rank takes
+    /// the same decisions (they are gathered).
+    fn point(
+        sh: &Shared,
+        st: &RankState,
+        op: Op,
+        size: usize,
+        rows: &mut Vec<Row>,
+        disabled: &mut Vec<(Op, String)>,
+    ) -> BoxResult<bool> {
         let args = &sh.args;
         let dtype = args.dtype;
         let g = geometry(op, size, dtype, st.world);
-        let specs = args.algos_for(op);
+        let specs: Vec<AlgoSpec> = args
+            .algos_for(op)
+            .into_iter()
+            .filter(|s| !disabled.iter().any(|(o, l)| *o == op && *l == s.label))
+            .collect();
         let need_staged = specs.iter().any(|s| s.base == "copy_engine_staged");
         let ar = arena(st, &g, dtype, need_staged, st.coll.group())?;
         let iters = args.iters_for(g.bytes);
         for spec in &specs {
             sh.progress(st.rank, &format!("{} {} {}", op.name(), fmt_size(g.bytes), spec.label));
             let tuning = tuning_of(spec, &st.coll.config().tuning)?;
-            let path = path_of(st, op, spec, &g, dtype);
+            let path = path_of(st, op, spec, &g, &tuning);
             // ---- correctness first: poisoned output, one op, float64 reference.
-            let key = sh.next_key("check");
-            sh.seq.fetch_add(1, Ordering::Relaxed);
+            let key = sh.next_key(st.rank, "check");
             let checked: BoxResult<f64> = (|| {
                 memset_d32_async(&st.stream, ar.output, 0xFFFF_FFFF, g.out_elems * dtype.size() / 4)?;
                 run_once(sh, st, op, spec, &tuning, &g, &ar, 0)?;
@@ -1414,14 +1437,24 @@ mod gpu {
                 dtoh_sync(&st.stream, &mut host, ar.output)?;
                 Ok(max_error(op, args.redop, dtype, &g, st.rank, st.world, &host))
             })();
-            let (err, mut note) = match checked {
-                Ok(e) => (e, String::new()),
-                Err(e) => (f64::INFINITY, e.to_string()),
+            // 0: ok; 1: wrong result or a host-side error; 2: a device wait timed out or aborted.
+            let (err, mut note, code) = match checked {
+                Ok(e) => (e, String::new(), if e <= tolerance(dtype) { 0.0 } else { 1.0 }),
+                Err(e) => {
+                    let fatal = e.downcast_ref::<symm_ops::symm_core::Error>().is_some_and(|x| {
+                        matches!(
+                            x,
+                            symm_ops::symm_core::Error::Timeout { .. } | symm_ops::symm_core::Error::Aborted(_)
+                        )
+                    });
+                    (f64::INFINITY, e.to_string(), if fatal { 2.0 } else { 1.0 })
+                }
             };
-            let ok_here = err <= tolerance(dtype);
+            let ok_here = code == 0.0;
             // Every rank must agree before timing (a failed rank would leave its peers waiting).
-            let agree = gather_f64s(sh, st.rank, &key, &[if ok_here { 1.0 } else { 0.0 }])?;
-            let all_ok = agree.iter().all(|v| v.first().copied() == Some(1.0));
+            let agree = gather_f64s(sh, st.rank, &key, &[code])?;
+            let worst = agree.iter().filter_map(|v| v.first().copied()).fold(0.0f64, f64::max);
+            let all_ok = worst == 0.0;
             if !all_ok && note.is_empty() {
                 note = if ok_here {
                     "another rank failed the check".into()
@@ -1441,8 +1474,7 @@ mod gpu {
                 } else {
                     f64::NAN
                 };
-                let key = sh.next_key("row");
-                sh.seq.fetch_add(1, Ordering::Relaxed);
+                let key = sh.next_key(st.rank, "row");
                 let ok = all_ok && time.is_finite();
                 rows.push(combine(
                     sh,
@@ -1460,23 +1492,27 @@ mod gpu {
                 )?);
             }
             if !all_ok {
-                // A failed op may leave the ranks' protocol state out of step: stop this op.
                 eprintln!(
-                    "\nrank {}: {} {} {} failed ({note}); skipping the rest of {}",
+                    "\nrank {}: {} {} {} failed ({note}); {} disabled for the rest of the run",
                     st.rank,
                     op.name(),
                     fmt_size(g.bytes),
                     spec.label,
-                    op.name()
+                    spec.label
                 );
-                return Err(format!("{} {} {}: {note}", op.name(), fmt_size(g.bytes), spec.label).into());
+                disabled.push((op, spec.label.clone()));
+                if worst >= 2.0 {
+                    return Ok(false);
+                }
             }
         }
+        let base = ar.base;
         drop(ar);
-        Ok(())
+        st.coll.unregister_symmetric(base);
+        Ok(true)
     }
 
-    fn path_of(st: &RankState, op: Op, spec: &AlgoSpec, g: &Geometry, dtype: DType) -> String {
+    fn path_of(st: &RankState, op: Op, spec: &AlgoSpec, g: &Geometry, tuning: &Tuning) -> String {
         match (op, spec.base.as_str()) {
             (Op::AllReduce, "auto") => st
                 .comm
@@ -1493,10 +1529,7 @@ mod gpu {
                 .as_ref()
                 .map(|c| c.select_all_gather(g.bytes).to_string())
                 .unwrap_or_default(),
-            (Op::AllReduce, "one_shot") | (Op::AllReduce, "two_shot") | (Op::AllReduce, "lamport") => {
-                let _ = dtype;
-                String::new()
-            }
+            (Op::AllReduce, "copy_engine") => format!("{:.0}% by copy engine", tuning.ce_fraction * 100.0),
             _ => String::new(),
         }
     }
