@@ -116,3 +116,58 @@ fn fd_channel_rejects_bad_arguments() {
     assert!(FdChannel::new(store.clone(), "bad", 2, 2, T).is_err());
     assert!(FdChannel::new(store, "bad", 0, 0, T).is_err());
 }
+
+#[test]
+fn fd_rotating_broadcasts_with_jitter() {
+    // Fast roots run generations ahead of slow receivers: early messages must be kept
+    // for later, not rejected (regression: a receiver two generations behind refused).
+    use rand::{Rng, SeedableRng};
+    let store: Arc<dyn Store> = HashStore::new(T);
+    let world = 4;
+    let hs: Vec<_> = (0..world)
+        .map(|r| {
+            let store = store.clone();
+            thread::spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(r as u64);
+                let ch = FdChannel::new(store, "jit", r, world, T).unwrap();
+                let f = memfd_with(format!("rank {r}").as_bytes());
+                for round in 0..40 {
+                    let root = round % world;
+                    if rng.random_bool(0.3) {
+                        thread::sleep(Duration::from_millis(rng.random_range(0..15)));
+                    }
+                    let fd = ch.broadcast_fds(root, (r == root).then(|| f.as_fd()), T).unwrap();
+                    assert_eq!(read_all(fd), format!("rank {root}").into_bytes());
+                    if round % 10 == 9 {
+                        let all = ch.all_gather_fds(f.as_fd(), T).unwrap();
+                        assert_eq!(all.len(), world);
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+}
+
+#[test]
+fn fd_messages_from_generations_ahead_are_kept() {
+    // Rank 1 delivers generation 3 before 1 and 2 (a root that runs ahead of a slow
+    // receiver); rank 0 must keep it for its third operation.
+    let store: Arc<dyn Store> = HashStore::new(T);
+    let s1 = store.clone();
+    let receiver = thread::spawn(move || {
+        let ch = FdChannel::new(s1, "ahead", 0, 2, T).unwrap();
+        (0..3)
+            .map(|_| read_all(ch.broadcast_fds(1, None, T).unwrap()))
+            .collect::<Vec<_>>()
+    });
+    let ch = FdChannel::new(store, "ahead", 1, 2, T).unwrap();
+    let files: Vec<_> = (1..=3).map(|g| memfd_with(format!("gen {g}").as_bytes())).collect();
+    ch.send_raw_for_testing(0, 3, &[files[2].as_fd()], T).unwrap();
+    ch.send_raw_for_testing(0, 1, &[files[0].as_fd()], T).unwrap();
+    ch.send_raw_for_testing(0, 2, &[files[1].as_fd()], T).unwrap();
+    let got = receiver.join().unwrap();
+    assert_eq!(got, vec![b"gen 1".to_vec(), b"gen 2".to_vec(), b"gen 3".to_vec()]);
+}

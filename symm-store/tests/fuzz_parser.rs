@@ -59,7 +59,10 @@ fn frame_like() -> impl Strategy<Value = Vec<u8>> {
 
 /// Cases per proptest target: `default`, or SYMM_PROPTEST_CASES for a longer campaign.
 fn cases(default: u32) -> u32 {
-    std::env::var("SYMM_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var("SYMM_PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn check_arbitrary(buf: &[u8], limits: &Limits) -> Result<(), TestCaseError> {
@@ -133,7 +136,10 @@ fn fuzz_budget_report() {
     let l = Limits::default();
     let (mut complete, mut incomplete, mut rejected) = (0u64, 0u64, 0u64);
     // SYMM_FUZZ_SWEEP=N runs a longer campaign (docs/store.md records one).
-    let n: u64 = std::env::var("SYMM_FUZZ_SWEEP").ok().and_then(|v| v.parse().ok()).unwrap_or(200_000);
+    let n: u64 = std::env::var("SYMM_FUZZ_SWEEP")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
     let mut buf = Vec::with_capacity(512);
     for _ in 0..n {
         buf.clear();
@@ -150,7 +156,11 @@ fn fuzz_budget_report() {
                 _ => buf.extend((0..next() % 9).map(|_| next() as u8)),
             }
         }
-        let cut = if next() % 4 == 0 { (next() as usize) % (buf.len() + 1) } else { buf.len() };
+        let cut = if next() % 4 == 0 {
+            (next() as usize) % (buf.len() + 1)
+        } else {
+            buf.len()
+        };
         let input = &buf[..cut];
         match parse_request(input, &l) {
             Ok(Parsed::Complete(req, used)) => {

@@ -201,7 +201,10 @@ fn random_garbage_to_a_live_server() {
     let good = TcpStore::connect(addr, T).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5EED);
     // SYMM_GARBAGE_CONNS=N runs a longer campaign (docs/store.md records one).
-    let n: usize = std::env::var("SYMM_GARBAGE_CONNS").ok().and_then(|v| v.parse().ok()).unwrap_or(300);
+    let n: usize = std::env::var("SYMM_GARBAGE_CONNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
     let t0 = Instant::now();
     for i in 0..n {
         let mut s = if rng.random_bool(0.7) {

@@ -15,6 +15,9 @@
 //!   Received fds are close-on-exec (`MSG_CMSG_CLOEXEC`). Every wait is a `poll` with a
 //!   deadline; a peer whose process has exited is reported as [`StoreError::PeerLost`]
 //!   at once, instead of at the deadline.
+//! * A message up to 64 generations ahead is kept for its operation (a fast root can run
+//!   ahead of a slow receiver: a broadcast completes once every receiver has taken or
+//!   kept its fd).
 //! * Messages from processes that are not a rank of the channel, and stale generations,
 //!   are rejected (fds closed) and the operation goes on waiting for the real sender.
 //!   A malformed message from a real rank fails the operation with
@@ -43,6 +46,10 @@ const ACK_OK: u8 = 0;
 const ACK_REJECT: u8 = 1;
 /// How long one accepted connection may take to deliver its header.
 const CONN_READ_LIMIT: Duration = Duration::from_secs(2);
+/// How far ahead of this rank a peer's message may be and still be kept for later
+/// (a broadcast completes once every receiver has taken, or stashed, its fd, so a fast
+/// rank can run several generations ahead of a slow one).
+const MAX_GENERATIONS_AHEAD: u64 = 64;
 /// Poll slice between peer liveness checks.
 const POLL_SLICE: Duration = Duration::from_millis(50);
 
@@ -594,6 +601,8 @@ impl FdChannel {
         what: &str,
     ) -> Result<HashMap<usize, OwnedFd>> {
         let mut got = HashMap::new();
+        // Early messages of generations that are over can no longer be used.
+        st.pending.retain(|(g, _), _| *g >= gen);
         for &r in from {
             if let Some(fd) = st.pending.remove(&(gen, r)) {
                 got.insert(r, fd);
@@ -645,7 +654,10 @@ impl FdChannel {
                     let verdict = if mgen == gen && from.contains(&mfrom) && !got.contains_key(&mfrom) {
                         got.insert(mfrom, fd);
                         Ok(())
-                    } else if mgen == gen + 1 && !st.pending.contains_key(&(mgen, mfrom)) {
+                    } else if mgen > gen
+                        && mgen - gen <= MAX_GENERATIONS_AHEAD
+                        && !st.pending.contains_key(&(mgen, mfrom))
+                    {
                         st.pending.insert((mgen, mfrom), fd);
                         Ok(())
                     } else if mgen == gen {
@@ -656,7 +668,9 @@ impl FdChannel {
                         })
                     } else {
                         Err(Reject {
-                            reason: format!("rank {mfrom} sent generation {mgen}, expected {gen} (stale or duplicate)"),
+                            reason: format!(
+                                "rank {mfrom} sent generation {mgen}, expected {gen} (stale, duplicate or too far ahead)"
+                            ),
                             fatal_rank: None,
                             exhausted: false,
                         })

@@ -254,11 +254,18 @@ fn handshake(mut c: Conn, deadline: Instant) -> io::Result<Conn> {
     Ok(c)
 }
 
+/// Resolves `host:port`, preferring an IPv4 address (so "localhost" means 127.0.0.1 for
+/// both the hosting rank and the clients).
 fn resolve(host: &str, port: u16) -> Result<SocketAddr> {
-    (host, port)
+    let addrs: Vec<SocketAddr> = (host, port)
         .to_socket_addrs()
         .map_err(|e| StoreError::InvalidArgument(format!("cannot resolve {host}:{port}: {e}")))?
-        .next()
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| addrs.first())
+        .copied()
         .ok_or_else(|| StoreError::InvalidArgument(format!("{host}:{port} resolves to no address")))
 }
 
