@@ -692,10 +692,27 @@ impl Communicator {
     /// or over the whole group with `None`. Every rank in the subset calls it.
     pub fn barrier(&self, ranks: Option<&[usize]>) -> Result<()> {
         let me = self.rank();
-        let ranks: Vec<Rank> = match ranks {
-            None => (0..self.world_size()).map(|r| me.peer(r)).collect::<Result<_>>()?,
+        // A stack array (world <= MAX_WORLD_SIZE): a barrier allocates nothing.
+        let mut buf = [me; symm_core::pad::MAX_WORLD_SIZE];
+        let n = match ranks {
+            None => {
+                for (r, slot) in buf.iter_mut().enumerate().take(self.world_size()) {
+                    *slot = me.peer(r)?;
+                }
+                self.world_size()
+            }
             Some(list) => {
-                let mut v = list.iter().map(|&r| me.peer(r)).collect::<Result<Vec<_>>>()?;
+                if list.len() > self.world_size() {
+                    return Err(Error::InvalidArgument(format!(
+                        "barrier: {} ranks listed in a group of {}",
+                        list.len(),
+                        self.world_size()
+                    )));
+                }
+                for (slot, &r) in buf.iter_mut().zip(list) {
+                    *slot = me.peer(r)?;
+                }
+                let v = &mut buf[..list.len()];
                 v.sort();
                 if let Some(w) = v.windows(2).find(|w| w[0] == w[1]) {
                     return Err(Error::InvalidArgument(format!(
@@ -709,13 +726,14 @@ impl Communicator {
                         me.get()
                     )));
                 }
-                v
+                list.len()
             }
         };
+        let ranks = &buf[..n];
         match &self.engine {
-            Engine::Host(h) => self.run(|| h.barrier(&ranks)),
+            Engine::Host(h) => self.run(|| h.barrier(ranks)),
             #[cfg(feature = "cuda")]
-            Engine::Cuda(c) => self.run(|| c.barrier(&ranks)),
+            Engine::Cuda(c) => self.run(|| c.barrier(ranks)),
         }
     }
 }
