@@ -34,6 +34,9 @@ pub struct Tuning {
     pub min_chunk_bytes: usize,
     /// Largest ring chunk, bytes (0: the ring slot size).
     pub max_chunk_bytes: usize,
+    /// Ring chunks per sender block aimed at (more, smaller chunks let receivers reduce while
+    /// later chunks are still on the wire), within the chunk bounds.
+    pub chunks_per_block: u32,
     /// Copy-engine all-reduce: bytes per pipelined chunk and peer.
     pub ce_chunk_bytes: usize,
     /// Copy-engine all-reduce: the fraction of the message copied by the copy engine; the rest
@@ -48,6 +51,7 @@ impl Default for Tuning {
             threads: 512,
             min_chunk_bytes: 16 * 1024,
             max_chunk_bytes: 0,
+            chunks_per_block: 4,
             ce_chunk_bytes: 4 << 20,
             ce_fraction: 0.5,
         }
@@ -65,6 +69,9 @@ impl Tuning {
         }
         if self.max_blocks == Some(0) {
             return Err(Error::InvalidArgument("max_blocks must be at least 1".into()));
+        }
+        if self.chunks_per_block == 0 {
+            return Err(Error::InvalidArgument("chunks_per_block must be at least 1".into()));
         }
         if self.min_chunk_bytes < VEC_BYTES || self.ce_chunk_bytes < VEC_BYTES {
             return Err(Error::InvalidArgument("chunk sizes must be at least 16 bytes".into()));
@@ -213,7 +220,8 @@ pub fn ring_plan(
     if max_chunk == 0 {
         return Err(Error::InvalidArgument("ring chunk smaller than one vector".into()));
     }
-    let chunk = part.div_ceil(pair as usize).div_ceil(ve) * ve;
+    let per_chunk = (pair as usize).saturating_mul(tuning.chunks_per_block as usize);
+    let chunk = part.div_ceil(per_chunk).div_ceil(ve) * ve;
     let chunk = chunk.max(min_chunk).min(max_chunk).max(ve);
     let nchunks = part.div_ceil(chunk);
     let nchunks = u32::try_from(nchunks).map_err(|_| Error::OutOfRange {
@@ -438,6 +446,16 @@ mod tests {
         let big = ring_plan(RingMode::AllReduce, 128 << 20, 128 << 20, DType::BF16, &l, &t, 132).unwrap();
         assert_eq!(big.chunk * 2, l.slot_bytes);
         assert_eq!(big.nsend, 66);
+        // 4 MiB: about four 16 KiB chunks per sender block.
+        let mid = ring_plan(RingMode::AllReduce, 2 << 20, 2 << 20, DType::BF16, &l, &t, 132).unwrap();
+        assert_eq!(mid.chunk * 2, 16 << 10);
+        assert_eq!((mid.nchunks, mid.nsend), (256, 66));
+        let one = Tuning {
+            chunks_per_block: 1,
+            ..t
+        };
+        let mid1 = ring_plan(RingMode::AllReduce, 2 << 20, 2 << 20, DType::BF16, &l, &one, 132).unwrap();
+        assert_eq!(mid1.nchunks, 66);
     }
 
     #[test]

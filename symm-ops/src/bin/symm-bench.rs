@@ -17,8 +17,8 @@
 //!            [--modes eager,graph] [--algos auto,lamport,one_shot,two_shot,copy_engine,nccl,...]
 //!            [--ranks N] [--staging BYTES] [--json PATH] [--quick] [--no-nccl] [--no-setup]
 //! ```
-//! Algorithms (each may carry tuning, e.g. `one_shot:chunk=64K:blocks=64:threads=256`,
-//! `copy_engine:frac=0.5:cechunk=8M`): all_reduce `auto lamport one_shot two_shot copy_engine
+//! Algorithms (each may carry tuning, e.g. `one_shot:chunk=64K:minchunk=8K:cpb=2:blocks=64:threads=256`,
+//! `copy_engine:frac=0.5:cechunk=8M`; see `symm_cuda::collectives::Tuning`): all_reduce `auto lamport one_shot two_shot copy_engine
 //! nccl`; reduce_scatter `auto ring nccl`; all_gather `auto sm copy_engine copy_engine_staged
 //! nccl`. Sizes are bytes of the whole tensor as nccl-tests counts them (all_gather: the gathered
 //! output; reduce_scatter: the unreduced input). NCCL comes from libnccl.so.2 (pip
@@ -117,7 +117,7 @@ impl AlgoSpec {
             let (k, v) = p
                 .split_once('=')
                 .ok_or_else(|| format!("algorithm parameter {p:?} is not key=value"))?;
-            if !["chunk", "minchunk", "blocks", "threads", "frac", "cechunk"].contains(&k) {
+            if !["chunk", "minchunk", "cpb", "blocks", "threads", "frac", "cechunk"].contains(&k) {
                 return Err(format!("unknown algorithm parameter {k:?} in {s:?}"));
             }
             params.push((k.to_string(), v.to_string()));
@@ -1079,6 +1079,7 @@ mod gpu {
             match k.as_str() {
                 "chunk" => t.max_chunk_bytes = parse_bytes(v)?,
                 "minchunk" => t.min_chunk_bytes = parse_bytes(v)?,
+                "cpb" => t.chunks_per_block = v.parse()?,
                 "blocks" => t.max_blocks = Some(v.parse()?),
                 "threads" => t.threads = v.parse()?,
                 "frac" => t.ce_fraction = v.parse()?,
