@@ -44,9 +44,6 @@ pub enum StoreError {
     /// `get_now` (or a GET answered without a preceding wait) found no such key.
     #[error("key {0:?} not found")]
     KeyNotFound(String),
-    /// The queue under the key was empty when popped.
-    #[error("queue {0:?} is empty")]
-    QueueEmpty(String),
     /// The process ran out of file descriptors (RLIMIT_NOFILE) while receiving or duplicating an fd.
     #[error("fd channel: {context}: too many open files (RLIMIT_NOFILE soft limit {limit})")]
     FdExhausted { context: String, limit: String },
