@@ -46,7 +46,8 @@
 // Ring (chunked push with a release flag per chunk; used by one-shot, reduce-scatter,
 // all-gather and, as RS then AG, two-shot). The op has nchunks chunks per peer (the same on every
 // rank); chunk c has global sequence g = ST_RING_SEQ + c and uses ring slot g % S (S power of 2).
-// Sender blocks (blockIdx < nsend), for their chunks c (c = blockIdx, +nsend, ...):
+// Sender blocks (even blocks when senders and receivers are as many, else blockIdx < nsend), for
+// their chunks c (c = sender index, +nsend, ...):
 //   wait own ACK[l][slot] >= g-S+1 (the slot's previous chunk g-S was consumed by peer l;
 //   ACK words start at 0 and the target is <= 0 while g < S) -> store the chunk's vectors into
 //   peer's RING[jr][slot] -> __syncthreads -> st.release.sys peer DATA[jr][slot] = g+1
@@ -56,7 +57,10 @@
 //   (ring data read with ld.global.cg) -> __syncthreads -> st.release.sys peer ACK[jr][slot] = g+1.
 //   A sender cannot overwrite a slot before its receiver acked the previous chunk in it, so the
 //   data flag of a slot is exactly g+1 when the receiver looks. Dependencies always point to
-//   smaller chunk sequence numbers, and grids are at most one block per SM, so it cannot deadlock.
+//   smaller chunk sequence numbers, and grids are at most one block per SM, so all blocks of both
+//   ranks are resident at once and it cannot deadlock. (Like NCCL's kernels, the spinning blocks
+//   need their SMs: work that holds SMs forever on either GPU would stall them until the timeout.
+//   The same holds for the Lamport kernel, whose grid is also at most one block per SM.)
 //
 // Barrier over a subset (pad OPS region). BAR_CNT[t] counts barriers this rank shared with t;
 // for every t in the mask: e = ++BAR_CNT[t]; st.release.sys t's OPS[COLL_OPS_BAR][me] = e; wait own
@@ -674,10 +678,15 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
     w.timeout_ns = timeout_ns;
     const unsigned long long my_len =
         (mode == COLL_MODE_AR) ? total : coll_shard_len(total, shard, rank);
+    // With as many senders as receivers, even blocks send and odd blocks receive, so any prefix
+    // of the grid that is resident (the scheduler starts blocks in index order) holds both roles.
+    const bool interleaved = nsend > 0 && 2 * nsend == gridDim.x;
+    const bool is_sender = interleaved ? (blockIdx.x & 1u) == 0u : blockIdx.x < nsend;
+    const unsigned int role_idx = interleaved ? (blockIdx.x >> 1) : (is_sender ? blockIdx.x : blockIdx.x - nsend);
 
-    if (blockIdx.x < nsend) {
+    if (is_sender) {
         // ------------------------------------------------ sender
-        for (unsigned int c = blockIdx.x; c < nchunks; c += nsend) {
+        for (unsigned int c = role_idx; c < nchunks; c += nsend) {
             const unsigned int g = base + c;
             const unsigned int slot = g & smask;
             if (threadIdx.x < w1) {
@@ -734,7 +743,7 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
     } else {
         // ------------------------------------------------ receiver
         const unsigned int nrecv = gridDim.x - nsend;
-        for (unsigned int c = blockIdx.x - nsend; c < nchunks; c += nrecv) {
+        for (unsigned int c = role_idx; c < nchunks; c += nrecv) {
             const unsigned int g = base + c;
             const unsigned int slot = g & smask;
             if (threadIdx.x < w1) {
