@@ -461,11 +461,15 @@ extern "C" __global__ void symm_coll_init(unsigned long long ws, unsigned long l
 
 template <int DT, int OP>
 __device__ __forceinline__ void coll_lamport(const unsigned long long* bufs, const unsigned long long* pads,
-                                             unsigned int rank, unsigned int world, const char* input, char* output,
-                                             unsigned long long count, unsigned long long lam_off,
-                                             unsigned long long slot_bytes, unsigned long long state_off,
-                                             unsigned long long timeout_ns, const unsigned int* abort_host) {
+                                             unsigned int rank, unsigned int world, unsigned int mode,
+                                             const char* input, char* output, unsigned long long count,
+                                             unsigned long long lam_off, unsigned long long slot_bytes,
+                                             unsigned long long state_off, unsigned long long timeout_ns,
+                                             const unsigned int* abort_host) {
+    // count: AR the message's elements; RS the elements of one shard (the output); AG the
+    // elements of one rank's input. Every slot holds nv = ceil(count / VE) vectors.
     constexpr int VE = CollT<DT>::VE;
+    constexpr int ES = CollT<DT>::ES;
     __shared__ unsigned int s_idx;
     __shared__ unsigned int s_prev;
     __shared__ unsigned long long s_bufs[COLL_MAXW];
@@ -488,21 +492,38 @@ __device__ __forceinline__ void coll_lamport(const unsigned long long* bufs, con
     const unsigned long long nv = (count + VE - 1) / VE;
     const unsigned long long tid = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
     const unsigned long long nth = (unsigned long long)gridDim.x * blockDim.x;
-    const bool al_in = (reinterpret_cast<unsigned long long>(input) & 15ull) == 0;
+    const unsigned long long part_bytes = count * ES;  // RS: input shard stride; AG: output stride
+    // This rank's own contribution: AR the input; RS its shard of the input; AG the input.
+    const char* own_in = input + (mode == COLL_MODE_RS ? (unsigned long long)rank * part_bytes : 0ull);
+    const bool al_own = (reinterpret_cast<unsigned long long>(own_in) & 15ull) == 0;
     const bool al_out = (reinterpret_cast<unsigned long long>(output) & 15ull) == 0;
+    const bool al_part = (part_bytes & 15ull) == 0;
+    const bool al_in = (reinterpret_cast<unsigned long long>(input) & 15ull) == 0;
     CollWait w;
     w.pad = pad;
     w.abort_host = abort_host;
     w.timeout_ns = timeout_ns;
 
-    // 1. push
+    // 1. push (canonicalised: no lane ever equals the sentinel)
     for (unsigned long long v = tid; v < nv; v += nth) {
-        long long nvalid = (long long)(count - v * VE);
-        uint4 x = coll_canon<DT>(coll_load<DT>(input + v * 16, nvalid, al_in));
-        for (unsigned int l = 0; l < w1; ++l) {
-            unsigned int p = (rank + 1 + l) % world;
-            unsigned int jr = world - 2 - l;
-            coll_st_v4(reinterpret_cast<char*>(s_bufs[p]) + lam_off + idx * buf_bytes + jr * slot_bytes + v * 16, x);
+        const long long nvalid = (long long)(count - v * VE);
+        if (mode == COLL_MODE_RS) {
+            for (unsigned int l = 0; l < w1; ++l) {
+                const unsigned int p = (rank + 1 + l) % world;
+                const unsigned int jr = world - 2 - l;
+                const uint4 x = coll_canon<DT>(
+                    coll_load<DT>(input + (unsigned long long)p * part_bytes + v * 16, nvalid, al_in && al_part));
+                coll_st_v4(reinterpret_cast<char*>(s_bufs[p]) + lam_off + idx * buf_bytes + jr * slot_bytes + v * 16,
+                           x);
+            }
+        } else {
+            const uint4 x = coll_canon<DT>(coll_load<DT>(input + v * 16, nvalid, al_in));
+            for (unsigned int l = 0; l < w1; ++l) {
+                const unsigned int p = (rank + 1 + l) % world;
+                const unsigned int jr = world - 2 - l;
+                coll_st_v4(reinterpret_cast<char*>(s_bufs[p]) + lam_off + idx * buf_bytes + jr * slot_bytes + v * 16,
+                           x);
+            }
         }
     }
 
@@ -518,13 +539,13 @@ __device__ __forceinline__ void coll_lamport(const unsigned long long* bufs, con
         }
     }
 
-    // 3. poll own buffer, reduce
+    // 3. poll own buffer, then reduce (AR, RS) or place (AG)
     const char* mine = ws + lam_off + idx * buf_bytes;
     unsigned long long deadline = 0;
     bool failed = false;
     for (unsigned long long v = tid; v < nv && !failed; v += nth) {
-        long long nvalid = (long long)(count - v * VE);
-        uint4 own = coll_canon<DT>(coll_load<DT>(input + v * 16, nvalid, al_in));
+        const long long nvalid = (long long)(count - v * VE);
+        const uint4 own = coll_canon<DT>(coll_load<DT>(own_in + v * 16, nvalid, al_own));
         uint4 pv[COLL_MAXW - 1];
         unsigned int pending = (1u << w1) - 1u;
         unsigned int polls = 0;
@@ -556,8 +577,21 @@ __device__ __forceinline__ void coll_lamport(const unsigned long long* bufs, con
                 }
             }
         }
-        if (!failed) {
-            uint4 r = coll_reduce_ranks<DT, OP>(own, pv, (int)rank, (int)world);
+        if (failed) {
+            break;
+        }
+        if (mode == COLL_MODE_AG) {
+            const bool al = al_out && al_part;
+            coll_store<DT>(output + (unsigned long long)rank * part_bytes + v * 16, own, nvalid, al);
+#pragma unroll
+            for (int l = 0; l < COLL_MAXW - 1; ++l) {
+                if (l < (int)w1) {
+                    const unsigned int t = (rank + 1 + l) % world;
+                    coll_store<DT>(output + (unsigned long long)t * part_bytes + v * 16, pv[l], nvalid, al);
+                }
+            }
+        } else {
+            const uint4 r = coll_reduce_ranks<DT, OP>(own, pv, (int)rank, (int)world);
             coll_store<DT>(output + v * 16, r, nvalid, al_out);
         }
     }
@@ -571,36 +605,40 @@ __device__ __forceinline__ void coll_lamport(const unsigned long long* bufs, con
     }
 }
 
-#define COLL_LAMPORT_ENTRY(NAME, DT)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1)                                                     \
-        NAME(const unsigned long long* bufs, const unsigned long long* pads, unsigned int rank,                       \
-                                    unsigned int world, unsigned int op, const char* input, char* output,              \
-                                    unsigned long long count, unsigned long long lam_off,                              \
-                                    unsigned long long slot_bytes, unsigned long long state_off,                       \
-                                    unsigned long long timeout_ns, const unsigned int* abort_host) {                   \
-        switch (op) {                                                                                                  \
-            case COLL_SUM:                                                                                             \
-                coll_lamport<DT, COLL_SUM>(bufs, pads, rank, world, input, output, count, lam_off, slot_bytes,         \
-                                           state_off, timeout_ns, abort_host);                                         \
-                break;                                                                                                 \
-            case COLL_AVG:                                                                                             \
-                coll_lamport<DT, COLL_AVG>(bufs, pads, rank, world, input, output, count, lam_off, slot_bytes,         \
-                                           state_off, timeout_ns, abort_host);                                         \
-                break;                                                                                                 \
-            case COLL_MAX:                                                                                             \
-                coll_lamport<DT, COLL_MAX>(bufs, pads, rank, world, input, output, count, lam_off, slot_bytes,         \
-                                           state_off, timeout_ns, abort_host);                                         \
-                break;                                                                                                 \
-            default:                                                                                                   \
-                coll_lamport<DT, COLL_MIN>(bufs, pads, rank, world, input, output, count, lam_off, slot_bytes,         \
-                                           state_off, timeout_ns, abort_host);                                         \
-                break;                                                                                                 \
-        }                                                                                                              \
+#define COLL_LAMPORT_ARGS                                                                                        \
+    const unsigned long long *bufs, const unsigned long long *pads, unsigned int rank, unsigned int world,       \
+        unsigned int mode, unsigned int op, const char *input, char *output, unsigned long long count,           \
+        unsigned long long lam_off, unsigned long long slot_bytes, unsigned long long state_off,                 \
+        unsigned long long timeout_ns, const unsigned int *abort_host
+#define COLL_LAMPORT_PASS \
+    bufs, pads, rank, world, mode, input, output, count, lam_off, slot_bytes, state_off, timeout_ns, abort_host
+
+// mode: COLL_MODE_AR / RS / AG (the op is ignored for AG).
+#define COLL_LAMPORT_ENTRY(NAME, DT)                                                          \
+    extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1) NAME(COLL_LAMPORT_ARGS) { \
+        if (mode == COLL_MODE_AG) {                                                            \
+            coll_lamport<DT, COLL_SUM>(COLL_LAMPORT_PASS);                                     \
+            return;                                                                            \
+        }                                                                                      \
+        switch (op) {                                                                          \
+            case COLL_SUM:                                                                     \
+                coll_lamport<DT, COLL_SUM>(COLL_LAMPORT_PASS);                                 \
+                break;                                                                         \
+            case COLL_AVG:                                                                     \
+                coll_lamport<DT, COLL_AVG>(COLL_LAMPORT_PASS);                                 \
+                break;                                                                         \
+            case COLL_MAX:                                                                     \
+                coll_lamport<DT, COLL_MAX>(COLL_LAMPORT_PASS);                                 \
+                break;                                                                         \
+            default:                                                                           \
+                coll_lamport<DT, COLL_MIN>(COLL_LAMPORT_PASS);                                 \
+                break;                                                                         \
+        }                                                                                      \
     }
 
-COLL_LAMPORT_ENTRY(symm_lamport_allreduce_f32, COLL_F32)
-COLL_LAMPORT_ENTRY(symm_lamport_allreduce_f16, COLL_F16)
-COLL_LAMPORT_ENTRY(symm_lamport_allreduce_bf16, COLL_BF16)
+COLL_LAMPORT_ENTRY(symm_lamport_f32, COLL_F32)
+COLL_LAMPORT_ENTRY(symm_lamport_f16, COLL_F16)
+COLL_LAMPORT_ENTRY(symm_lamport_bf16, COLL_BF16)
 
 // ---------------------------------------------------------------- ring (chunked push)
 

@@ -39,7 +39,7 @@ use crate::driver::{self, bind, from_driver};
 use crate::kernels;
 
 pub use layout::WorkspaceLayout;
-pub use plan::{AllGatherPath, AllReduceAlgo, RingMode, Selection, Tuning};
+pub use plan::{AllGatherPath, AllReduceAlgo, ReduceScatterAlgo, RingMode, Selection, Tuning};
 
 use layout::{peer_index, ERR_MISMATCH, MAX_WORLD, ST_ERR_OUT};
 use plan::{ce_split, check_word, kernel_dtype, kernel_op, lamport_plan, ring_plan, two_shot_shard, RingPlan};
@@ -231,9 +231,9 @@ impl CudaCollectives {
         let dts = ["f32", "f16", "bf16"];
         let fns = Fns {
             lamport: [
-                get(&format!("symm_lamport_allreduce_{}", dts[0]))?,
-                get(&format!("symm_lamport_allreduce_{}", dts[1]))?,
-                get(&format!("symm_lamport_allreduce_{}", dts[2]))?,
+                get(&format!("symm_lamport_{}", dts[0]))?,
+                get(&format!("symm_lamport_{}", dts[1]))?,
+                get(&format!("symm_lamport_{}", dts[2]))?,
             ],
             ring: [get("symm_ring_f32")?, get("symm_ring_f16")?, get("symm_ring_bf16")?],
             reduce_ptrs: [
@@ -356,9 +356,25 @@ impl CudaCollectives {
         )
     }
 
-    /// The path [`AllGatherPath::Auto`] takes.
-    pub fn select_all_gather(&self, _count: usize, _dtype: DType) -> AllGatherPath {
-        AllGatherPath::Sm
+    /// The path [`AllGatherPath::Auto`] takes for `count` input elements per rank.
+    pub fn select_all_gather(&self, count: usize, dtype: DType) -> AllGatherPath {
+        let part = count.saturating_mul(dtype.size());
+        if dtype.is_reducible_float() && plan::rs_ag_use_lamport(part, self.world, &self.layout, &self.config.selection)
+        {
+            AllGatherPath::Lamport
+        } else {
+            AllGatherPath::Sm
+        }
+    }
+
+    /// The algorithm [`ReduceScatterAlgo::Auto`] runs for `count` output elements per rank.
+    pub fn select_reduce_scatter(&self, count: usize, dtype: DType) -> ReduceScatterAlgo {
+        let part = count.saturating_mul(dtype.size());
+        if plan::rs_ag_use_lamport(part, self.world, &self.layout, &self.config.selection) {
+            ReduceScatterAlgo::Lamport
+        } else {
+            ReduceScatterAlgo::Ring
+        }
     }
 
     /// Registers a symmetric allocation of the same group for the zero-copy copy-engine paths:
@@ -508,7 +524,7 @@ impl CudaCollectives {
             );
         }
         match algo {
-            AllReduceAlgo::Lamport => self.lamport(stream, dt, dtype, op, input, output, count, tuning),
+            AllReduceAlgo::Lamport => self.lamport(stream, dt, RingMode::AllReduce, op, input, output, count, tuning),
             AllReduceAlgo::OneShot | AllReduceAlgo::Auto => self.launch_ring(
                 stream,
                 dt,
@@ -555,18 +571,21 @@ impl CudaCollectives {
         }
     }
 
+    /// One Lamport launch; `count` elements per peer slot (AR: the message, RS: one shard, AG: one
+    /// rank's input).
     #[allow(clippy::too_many_arguments)]
     fn lamport(
         &self,
         stream: &CudaStream,
         dt: usize,
-        dtype: DType,
+        mode: RingMode,
         op: ReduceOp,
         input: u64,
         output: u64,
         count: usize,
         tuning: &Tuning,
     ) -> Result<()> {
+        let dtype = [DType::F32, DType::F16, DType::BF16][dt];
         let p = lamport_plan(count, dtype, &self.layout, tuning, self.sm_count)?;
         let [bufs, pads, rank, world] = self.common();
         launch(
@@ -578,6 +597,7 @@ impl CudaCollectives {
                 pads,
                 rank,
                 world,
+                KernelArg::U32(mode as u32),
                 KernelArg::U32(kernel_op(op)),
                 KernelArg::U64(input),
                 KernelArg::U64(output),
@@ -792,14 +812,26 @@ impl CudaCollectives {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        self.reduce_scatter_tuned(stream, &self.config.tuning, input, output, count, dtype, op)
+        let tuning = self.config.tuning;
+        self.reduce_scatter_tuned(
+            stream,
+            ReduceScatterAlgo::Auto,
+            &tuning,
+            input,
+            output,
+            count,
+            dtype,
+            op,
+        )
     }
 
-    /// [`Self::reduce_scatter`] with explicit launch tuning.
+    /// [`Self::reduce_scatter`] with an explicit algorithm and launch tuning (every rank must pass
+    /// the same).
     #[allow(clippy::too_many_arguments)]
     pub fn reduce_scatter_tuned(
         &self,
         stream: &CudaStream,
+        algo: ReduceScatterAlgo,
         tuning: &Tuning,
         input: u64,
         output: u64,
@@ -825,6 +857,13 @@ impl CudaCollectives {
             return Err(Error::InvalidArgument(
                 "reduce_scatter output overlaps the input other than at this rank's shard".into(),
             ));
+        }
+        let algo = match algo {
+            ReduceScatterAlgo::Auto => self.select_reduce_scatter(count, dtype),
+            a => a,
+        };
+        if algo == ReduceScatterAlgo::Lamport && self.world > 1 {
+            return self.lamport(stream, dt, RingMode::ReduceScatter, op, input, output, count, tuning);
         }
         self.launch_ring(
             stream,
@@ -854,7 +893,8 @@ impl CudaCollectives {
         dtype: DType,
         path: AllGatherPath,
     ) -> Result<()> {
-        self.all_gather_tuned(stream, &self.config.tuning, input, output, count, dtype, path)
+        let tuning = self.config.tuning;
+        self.all_gather_tuned(stream, &tuning, input, output, count, dtype, path)
     }
 
     /// [`Self::all_gather`] with explicit launch tuning.
@@ -904,6 +944,19 @@ impl CudaCollectives {
         };
         match path {
             AllGatherPath::CopyEngine if self.world > 1 => self.all_gather_ce(stream, input, output, count, dtype),
+            AllGatherPath::Lamport if self.world > 1 => {
+                let dt = kernel_dtype(dtype, "the Lamport all-gather (f32, f16, bf16)")?;
+                self.lamport(
+                    stream,
+                    dt,
+                    RingMode::AllGather,
+                    ReduceOp::Sum,
+                    input,
+                    output,
+                    count,
+                    tuning,
+                )
+            }
             _ => self.launch_ring(
                 stream,
                 dt,
@@ -1113,7 +1166,7 @@ mod tests {
         }
         let ptx = kernels::compile(src, "", "sm_90").unwrap_or_else(|e| panic!("collectives.cu: {e}"));
         for dt in ["f32", "f16", "bf16"] {
-            for k in ["symm_lamport_allreduce_", "symm_ring_", "symm_reduce_ptrs_"] {
+            for k in ["symm_lamport_", "symm_ring_", "symm_reduce_ptrs_"] {
                 assert!(ptx.contains(&format!(".entry {k}{dt}(")), "{k}{dt} missing");
             }
         }
@@ -1132,7 +1185,7 @@ mod tests {
         assert!(!ptx.contains("trap;"));
         assert!(!ptx.contains("multimem"));
         // The Lamport and ring kernels keep their vectors in registers (no local-memory stack).
-        for k in ["symm_lamport_allreduce_bf16", "symm_ring_bf16"] {
+        for k in ["symm_lamport_bf16", "symm_ring_bf16"] {
             let start = ptx.find(&format!(".entry {k}(")).unwrap();
             let body = &ptx[start..];
             let end = body[1..].find(".entry").map_or(body.len(), |e| e + 1);

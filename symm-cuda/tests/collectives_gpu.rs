@@ -6,8 +6,8 @@
 //!   (in and out of place), against a float64 reference, outputs poisoned first, guard bytes
 //!   around the output untouched, results bitwise equal on both ranks; integer-valued sums exact;
 //!   a second object with a tiny staging area makes the ring wrap many times per op.
-//! - `coll_rs_ag_matrix`: reduce-scatter and all-gather (SM ring, copy engine zero-copy and
-//!   staged), the same checks, in place too.
+//! - `coll_rs_ag_matrix`: reduce-scatter (Lamport, ring, auto) and all-gather (Lamport, SM ring,
+//!   copy engine zero-copy and staged, auto), the same checks, in place too.
 //! - `coll_stress_graph_delay`: 10,000 back-to-back ops on rotating payloads with no host sync
 //!   inside a round; NaN written into zero-copy inputs right after each copy-engine op never
 //!   reaches an output; 100 ops captured in one CUDA graph, replayed 100 times, equal to eager; a
@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use symm_core::{get_allocator, DType, Device, DeviceType, Error, Rank, ReduceOp, SymmetricMemory};
-use symm_cuda::collectives::{AllGatherPath, AllReduceAlgo, CollectivesConfig, CudaCollectives};
+use symm_cuda::collectives::{AllGatherPath, AllReduceAlgo, CollectivesConfig, CudaCollectives, ReduceScatterAlgo};
 use symm_testkit::launch::{run_threads, RankCtx, TestResult};
 
 const T: Duration = Duration::from_secs(60);
@@ -449,7 +449,10 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                     let es = dtype.size();
                     let off = offset * es;
                     // ---- reduce-scatter (out of place and in place), every op for small sizes
-                    for op in ReduceOp::ALL {
+                    for (op, algo) in ReduceOp::ALL
+                        .into_iter()
+                        .flat_map(|o| ReduceScatterAlgo::ALL.map(|a| (o, a)))
+                    {
                         if count > 5000 && op != ReduceOp::Sum {
                             continue;
                         }
@@ -476,11 +479,13 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                             } else {
                                 (inp.at(off), out.at(off))
                             };
-                            obj.reduce_scatter(&env.stream, i_ptr, o_ptr, count, dtype, op)?;
+                            let tuning = obj.config().tuning;
+                            obj.reduce_scatter_tuned(&env.stream, algo, &tuning, i_ptr, o_ptr, count, dtype, op)?;
                             env.stream.synchronize()?;
                             obj.check_error()?;
                             let what = format!(
-                                "reduce_scatter ({name}) {dtype} {op} count {count} offset {offset}{}",
+                                "reduce_scatter ({name}) {} {dtype} {op} count {count} offset {offset}{}",
+                                algo.name(),
                                 if in_place { " in place" } else { "" }
                             );
                             let got = if in_place {
@@ -496,6 +501,8 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                     for (path, zero_copy, in_place) in [
                         (AllGatherPath::Sm, false, false),
                         (AllGatherPath::Sm, false, true),
+                        (AllGatherPath::Lamport, false, false),
+                        (AllGatherPath::Lamport, false, true),
                         (AllGatherPath::CopyEngine, true, false),
                         (AllGatherPath::CopyEngine, false, false),
                         (AllGatherPath::CopyEngine, false, true),

@@ -129,7 +129,8 @@ pub struct LamportPlan {
     pub vectors: usize,
 }
 
-/// Plans a Lamport all-reduce; an error when the message exceeds the Lamport buffers.
+/// Plans a Lamport launch of `count` elements per peer slot (all-reduce: the message; reduce-scatter:
+/// one shard; all-gather: one rank's input); an error when that exceeds a Lamport slot.
 pub fn lamport_plan(
     count: usize,
     dtype: DType,
@@ -142,7 +143,7 @@ pub fn lamport_plan(
         .ok_or_else(|| Error::InvalidArgument("count overflows".into()))?;
     if layout.world > 1 && bytes > layout.lamport_max_bytes() {
         return Err(Error::OutOfRange {
-            what: "Lamport all-reduce message bytes",
+            what: "Lamport message bytes (per peer)",
             value: bytes as u64,
             limit: layout.lamport_max_bytes() as u64,
         });
@@ -299,8 +300,11 @@ impl AllReduceAlgo {
 /// All-gather data paths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AllGatherPath {
-    /// The SM ring.
+    /// [`Selection`]: Lamport for small messages, else the SM ring.
     Auto,
+    /// Data as flag through the Lamport buffers (f32 / f16 / bf16 only; an input lane holding the
+    /// all-ones NaN arrives as another NaN).
+    Lamport,
     /// Push through the ring by SMs.
     Sm,
     /// Copy-engine pull (`cuMemcpyDtoDAsync` from the peers on a side stream): zero-copy when the
@@ -310,10 +314,16 @@ pub enum AllGatherPath {
 }
 
 impl AllGatherPath {
-    pub const ALL: [AllGatherPath; 3] = [AllGatherPath::Auto, AllGatherPath::Sm, AllGatherPath::CopyEngine];
+    pub const ALL: [AllGatherPath; 4] = [
+        AllGatherPath::Auto,
+        AllGatherPath::Lamport,
+        AllGatherPath::Sm,
+        AllGatherPath::CopyEngine,
+    ];
     pub fn name(self) -> &'static str {
         match self {
             AllGatherPath::Auto => "auto",
+            AllGatherPath::Lamport => "lamport",
             AllGatherPath::Sm => "sm",
             AllGatherPath::CopyEngine => "copy_engine",
         }
@@ -323,13 +333,45 @@ impl AllGatherPath {
     }
 }
 
-/// Size thresholds of [`AllReduceAlgo::Auto`] (bytes of the message).
+/// Reduce-scatter algorithms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceScatterAlgo {
+    /// [`Selection`]: Lamport for small messages, else the ring.
+    Auto,
+    /// Data as flag through the Lamport buffers.
+    Lamport,
+    /// Chunked push through the ring.
+    Ring,
+}
+
+impl ReduceScatterAlgo {
+    pub const ALL: [ReduceScatterAlgo; 3] = [
+        ReduceScatterAlgo::Auto,
+        ReduceScatterAlgo::Lamport,
+        ReduceScatterAlgo::Ring,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceScatterAlgo::Auto => "auto",
+            ReduceScatterAlgo::Lamport => "lamport",
+            ReduceScatterAlgo::Ring => "ring",
+        }
+    }
+    pub fn from_name(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.name() == s)
+    }
+}
+
+/// Size thresholds of the `Auto` choices (bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Selection {
-    /// Lamport up to this size (capped by the Lamport buffers).
+    /// All-reduce: Lamport up to this message size (capped by the Lamport buffers).
     pub lamport_max: usize,
-    /// For more than two ranks: one-shot up to this size, two-shot above.
+    /// All-reduce, more than two ranks: one-shot up to this size, two-shot above.
     pub one_shot_max: usize,
+    /// Reduce-scatter / all-gather: Lamport up to this size of the whole tensor (the unreduced
+    /// input / the gathered output, as nccl-tests counts), if one rank's part fits a Lamport slot.
+    pub rs_ag_lamport_max: usize,
 }
 
 impl Default for Selection {
@@ -337,8 +379,15 @@ impl Default for Selection {
         Selection {
             lamport_max: 1 << 20,
             one_shot_max: 256 << 10,
+            rs_ag_lamport_max: 1 << 20,
         }
     }
+}
+
+/// Whether `Auto` runs a reduce-scatter / all-gather through the Lamport buffers: `part` bytes
+/// per rank, `world` ranks.
+pub fn rs_ag_use_lamport(part: usize, world: usize, layout: &WorkspaceLayout, sel: &Selection) -> bool {
+    world > 1 && part <= layout.lamport_max_bytes() && part.saturating_mul(world) <= sel.rs_ag_lamport_max
 }
 
 /// The algorithm `Auto` runs. With two ranks one-shot and two-shot move the same bytes over
@@ -504,6 +553,13 @@ mod tests {
         for a in AllGatherPath::ALL {
             assert_eq!(AllGatherPath::from_name(a.name()), Some(a));
         }
+        for a in ReduceScatterAlgo::ALL {
+            assert_eq!(ReduceScatterAlgo::from_name(a.name()), Some(a));
+        }
+        assert!(rs_ag_use_lamport(2048, 2, &l, &s));
+        assert!(rs_ag_use_lamport(512 << 10, 2, &l, &s));
+        assert!(!rs_ag_use_lamport((512 << 10) + 2, 2, &l, &s));
+        assert!(!rs_ag_use_lamport(2048, 1, &l, &s));
     }
 
     #[test]

@@ -19,8 +19,8 @@
 //! ```
 //! Algorithms (each may carry tuning, e.g. `one_shot:chunk=64K:minchunk=8K:cpb=2:blocks=64:threads=256`,
 //! `copy_engine:frac=0.5:cechunk=8M`; see `symm_cuda::collectives::Tuning`): all_reduce `auto lamport one_shot two_shot copy_engine
-//! nccl`; reduce_scatter `auto ring nccl`; all_gather `auto sm copy_engine copy_engine_staged
-//! nccl`. Sizes are bytes of the whole tensor as nccl-tests counts them (all_gather: the gathered
+//! nccl`; reduce_scatter `auto lamport ring nccl`; all_gather `auto lamport sm copy_engine
+//! copy_engine_staged nccl`. Sizes are bytes of the whole tensor as nccl-tests counts them (all_gather: the gathered
 //! output; reduce_scatter: the unreduced input). NCCL comes from libnccl.so.2 (pip
 //! `nvidia-nccl-cu13`) on LD_LIBRARY_PATH; without it NCCL rows are skipped with the reason.
 
@@ -73,8 +73,8 @@ impl Op {
     fn default_algos(self) -> &'static [&'static str] {
         match self {
             Op::AllReduce => &["auto", "lamport", "one_shot", "two_shot", "copy_engine", "nccl"],
-            Op::ReduceScatter => &["auto", "ring", "nccl"],
-            Op::AllGather => &["auto", "sm", "copy_engine", "copy_engine_staged", "nccl"],
+            Op::ReduceScatter => &["auto", "lamport", "ring", "nccl"],
+            Op::AllGather => &["auto", "lamport", "sm", "copy_engine", "copy_engine_staged", "nccl"],
         }
     }
     fn accepts(self, base: &str) -> bool {
@@ -967,7 +967,7 @@ mod gpu {
     use symm_ops::cudarc::nccl::{Comm, Id, NcclType, ReduceOp as NcclOp};
     use symm_ops::symm_core::{get_allocator, DeviceType, Rank, SymmetricMemory};
     use symm_ops::symm_cuda::collectives::{
-        AllGatherPath, AllReduceAlgo as KAlgo, CollectivesConfig, CudaCollectives, Tuning,
+        AllGatherPath, AllReduceAlgo as KAlgo, CollectivesConfig, CudaCollectives, ReduceScatterAlgo, Tuning,
     };
     use symm_ops::symm_cuda::driver::mem::{dtod_async, dtoh_sync, htod_sync, memset_d32_async};
     use symm_ops::{CommConfig, Communicator, RawDevicePtr};
@@ -1383,13 +1383,21 @@ mod gpu {
                     .coll
                     .all_reduce_tuned(s, algo, tuning, input, out, g.count, dtype, redop)?)
             }
-            (Op::ReduceScatter, _) => Ok(st
-                .coll
-                .reduce_scatter_tuned(s, tuning, input, out, g.count, dtype, redop)?),
+            (Op::ReduceScatter, base) => {
+                let algo = if base == "lamport" {
+                    ReduceScatterAlgo::Lamport
+                } else {
+                    ReduceScatterAlgo::Ring
+                };
+                Ok(st
+                    .coll
+                    .reduce_scatter_tuned(s, algo, tuning, input, out, g.count, dtype, redop)?)
+            }
             (Op::AllGather, base) => {
                 let (path, inp) = match base {
                     "copy_engine" => (AllGatherPath::CopyEngine, input),
                     "copy_engine_staged" => (AllGatherPath::CopyEngine, ar.staged_ptr),
+                    "lamport" => (AllGatherPath::Lamport, input),
                     _ => (AllGatherPath::Sm, input),
                 };
                 Ok(st.coll.all_gather_tuned(s, tuning, inp, out, g.count, dtype, path)?)
@@ -1618,6 +1626,12 @@ mod tests {
         assert_eq!(a.algos_for(Op::AllReduce).len(), 2);
         assert_eq!(a.algos_for(Op::AllGather).len(), 2);
         assert_eq!(a.algos_for(Op::ReduceScatter).len(), 1);
+        let a = parse_args(&["--algos".into(), "lamport".into()]).unwrap();
+        assert_eq!(
+            Op::ALL.map(|o| a.algos_for(o).len()),
+            [1, 1, 1],
+            "lamport runs for every op"
+        );
         assert!(parse_args(&["--algos".into(), "bogus".into()]).is_err());
         assert!(parse_args(&["--algos".into(), "one_shot:foo=1".into()]).is_err());
         let a = parse_args(&["--no-nccl".into()]).unwrap();
