@@ -21,6 +21,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod args;
 pub mod layout;
 pub mod plan;
 
@@ -33,7 +34,7 @@ use symm_core::{
     get_allocator, Allocation, DType, Device, DeviceType, Error, Group, Rank, ReduceOp, Result, SymmetricMemory,
 };
 
-use crate::driver::launch::{launch, KernelArg};
+use crate::driver::launch::launch;
 use crate::driver::mem::{dtod_async, dtoh_sync};
 use crate::driver::{self, bind, from_driver};
 use crate::kernels;
@@ -258,17 +259,7 @@ impl CudaCollectives {
         // Fill STATE/FLAGS with zeros and the Lamport buffers with the sentinel, and wait for it,
         // before this rank publishes its handle in the rendezvous: no peer can write here earlier.
         let ws_local = alloc.ptr();
-        launch(
-            &control,
-            &init,
-            cfg(sm_count, 256),
-            &[
-                KernelArg::U64(ws_local),
-                KernelArg::U64(layout.zero_words() as u64),
-                KernelArg::U64(layout.lamport_off as u64),
-                KernelArg::U64(layout.lamport_total() as u64),
-            ],
-        )?;
+        launch(&control, &init, cfg(sm_count, 256), &args::init(ws_local, &layout))?;
         driver::stream_synchronize(&control)?;
         let mem = alloc.rendezvous(config.timeout)?;
         let cuda = crate::as_cuda(mem.as_ref())
@@ -442,13 +433,20 @@ impl CudaCollectives {
         Ok(())
     }
 
-    fn common(&self) -> [KernelArg; 4] {
-        [
-            KernelArg::U64(self.bufs_dev),
-            KernelArg::U64(self.pads_dev),
-            KernelArg::U32(self.rank as u32),
-            KernelArg::U32(self.world as u32),
-        ]
+    fn common(&self) -> args::Common {
+        args::Common {
+            bufs_dev: self.bufs_dev,
+            pads_dev: self.pads_dev,
+            rank: self.rank as u32,
+            world: self.world as u32,
+        }
+    }
+
+    fn bound(&self) -> args::Bound {
+        args::Bound {
+            timeout_ns: self.timeout_ns,
+            abort_host: self.abort_host,
+        }
     }
 
     fn full_mask(&self) -> u64 {
@@ -587,28 +585,17 @@ impl CudaCollectives {
     ) -> Result<()> {
         let dtype = [DType::F32, DType::F16, DType::BF16][dt];
         let p = lamport_plan(count, dtype, &self.layout, tuning, self.sm_count)?;
-        let [bufs, pads, rank, world] = self.common();
-        launch(
-            stream,
-            &self.fns.lamport[dt],
-            cfg(p.blocks, p.threads),
-            &[
-                bufs,
-                pads,
-                rank,
-                world,
-                KernelArg::U32(mode as u32),
-                KernelArg::U32(kernel_op(op)),
-                KernelArg::U64(input),
-                KernelArg::U64(output),
-                KernelArg::U64(count as u64),
-                KernelArg::U64(self.layout.lamport_off as u64),
-                KernelArg::U64(self.layout.lamport_slot_bytes as u64),
-                KernelArg::U64(0),
-                KernelArg::U64(self.timeout_ns),
-                KernelArg::U64(self.abort_host),
-            ],
-        )
+        let a = args::lamport(
+            &self.common(),
+            mode,
+            kernel_op(op),
+            input,
+            output,
+            count,
+            &self.layout,
+            &self.bound(),
+        );
+        launch(stream, &self.fns.lamport[dt], cfg(p.blocks, p.threads), &a)
     }
 
     /// One ring launch (see NOTE [collectives-protocols]).
@@ -628,36 +615,18 @@ impl CudaCollectives {
     ) -> Result<()> {
         let dtype = [DType::F32, DType::F16, DType::BF16][dt];
         let p: RingPlan = ring_plan(mode, total, shard, dtype, &self.layout, tuning, self.sm_count)?;
-        let [bufs, pads, rank, world] = self.common();
         let flags = u32::from(in_place && mode == RingMode::AllReduce && self.world > 1);
-        launch(
-            stream,
-            &self.fns.ring[dt],
-            cfg(p.blocks(), p.threads),
-            &[
-                bufs,
-                pads,
-                rank,
-                world,
-                KernelArg::U32(mode as u32),
-                KernelArg::U32(kernel_op(op)),
-                KernelArg::U64(input),
-                KernelArg::U64(output),
-                KernelArg::U64(p.total as u64),
-                KernelArg::U64(p.shard as u64),
-                KernelArg::U64(p.chunk as u64),
-                KernelArg::U32(p.nchunks),
-                KernelArg::U32(p.nsend),
-                KernelArg::U32(self.layout.ring_slots as u32),
-                KernelArg::U64(self.layout.slot_bytes as u64),
-                KernelArg::U64(self.layout.flags_off as u64),
-                KernelArg::U64(self.layout.ring_off as u64),
-                KernelArg::U64(0),
-                KernelArg::U64(self.timeout_ns),
-                KernelArg::U64(self.abort_host),
-                KernelArg::U32(flags),
-            ],
-        )
+        let a = args::ring(
+            &self.common(),
+            kernel_op(op),
+            input,
+            output,
+            &p,
+            &self.layout,
+            &self.bound(),
+            flags,
+        );
+        launch(stream, &self.fns.ring[dt], cfg(p.blocks(), p.threads), &a)
     }
 
     /// `out[0..n] = reduce over ranks of srcs[r][0..n]` on `stream`.
@@ -681,37 +650,13 @@ impl CudaCollectives {
         let blocks = vectors
             .div_ceil(threads as usize)
             .clamp(1, 4 * tuning.blocks(self.sm_count) as usize) as u32;
-        let mut args = vec![
-            KernelArg::U32(self.rank as u32),
-            KernelArg::U32(self.world as u32),
-            KernelArg::U32(kernel_op(op)),
-            KernelArg::U64(out),
-            KernelArg::U64(n as u64),
-        ];
-        for s in 0..MAX_WORLD {
-            args.push(KernelArg::U64(srcs.get(s).copied().unwrap_or(0)));
-        }
-        launch(stream, &self.fns.reduce_ptrs[dt], cfg(blocks, threads), &args)
+        let a = args::reduce_ptrs(self.rank as u32, self.world as u32, kernel_op(op), out, n, srcs);
+        launch(stream, &self.fns.reduce_ptrs[dt], cfg(blocks, threads), &a)
     }
 
     fn launch_barrier(&self, stream: &CudaStream, mask: u64, check: u32) -> Result<()> {
-        let [bufs, pads, rank, world] = self.common();
-        launch(
-            stream,
-            &self.fns.barrier,
-            cfg(1, 64),
-            &[
-                bufs,
-                pads,
-                rank,
-                world,
-                KernelArg::U64(mask),
-                KernelArg::U64(0),
-                KernelArg::U64(self.timeout_ns),
-                KernelArg::U64(self.abort_host),
-                KernelArg::U32(check),
-            ],
-        )
+        let a = args::barrier(&self.common(), mask, &self.bound(), check);
+        launch(stream, &self.fns.barrier, cfg(1, 64), &a)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1075,7 +1020,7 @@ impl CudaCollectives {
             &self.control,
             &self.fns.take_error,
             cfg(1, 32),
-            &[KernelArg::U64(self.err_word), KernelArg::U64(out)],
+            &args::take_error(self.err_word, out),
         )?;
         let mut word = [0u8; 4];
         dtoh_sync(&self.control, &mut word, out)?;

@@ -1,0 +1,262 @@
+//! Argument lists of the collective kernels, built by pure functions so a unit test can check
+//! them against the parameter lists NVRTC produced (`.param` lines of each `.entry` in the PTX)
+//! without a GPU. Each function mirrors one `extern "C"` signature in `kernels/collectives.cu`.
+
+#![forbid(unsafe_code)]
+
+use crate::driver::launch::KernelArg;
+
+use super::layout::{WorkspaceLayout, MAX_WORLD};
+use super::plan::{RingMode, RingPlan};
+
+/// The first four arguments of most kernels: device arrays of the peers' buffer and pad
+/// addresses, rank, world.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Common {
+    pub bufs_dev: u64,
+    pub pads_dev: u64,
+    pub rank: u32,
+    pub world: u32,
+}
+
+impl Common {
+    fn args(&self) -> [KernelArg; 4] {
+        [
+            KernelArg::U64(self.bufs_dev),
+            KernelArg::U64(self.pads_dev),
+            KernelArg::U32(self.rank),
+            KernelArg::U32(self.world),
+        ]
+    }
+}
+
+/// How every wait is bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bound {
+    pub timeout_ns: u64,
+    pub abort_host: u64,
+}
+
+/// `symm_coll_init(ws, zero_words, fill_off, fill_bytes)`.
+pub fn init(ws: u64, layout: &WorkspaceLayout) -> [KernelArg; 4] {
+    [
+        KernelArg::U64(ws),
+        KernelArg::U64(layout.zero_words() as u64),
+        KernelArg::U64(layout.lamport_off as u64),
+        KernelArg::U64(layout.lamport_total() as u64),
+    ]
+}
+
+/// `symm_lamport_{dt}(COLL_LAMPORT_ARGS)`.
+#[allow(clippy::too_many_arguments)]
+pub fn lamport(
+    c: &Common,
+    mode: RingMode,
+    op: u32,
+    input: u64,
+    output: u64,
+    count: usize,
+    layout: &WorkspaceLayout,
+    bound: &Bound,
+) -> [KernelArg; 14] {
+    let [a, b, r, w] = c.args();
+    [
+        a,
+        b,
+        r,
+        w,
+        KernelArg::U32(mode as u32),
+        KernelArg::U32(op),
+        KernelArg::U64(input),
+        KernelArg::U64(output),
+        KernelArg::U64(count as u64),
+        KernelArg::U64(layout.lamport_off as u64),
+        KernelArg::U64(layout.lamport_slot_bytes as u64),
+        KernelArg::U64(0),
+        KernelArg::U64(bound.timeout_ns),
+        KernelArg::U64(bound.abort_host),
+    ]
+}
+
+/// `symm_ring_{dt}(COLL_RING_ARGS)`.
+#[allow(clippy::too_many_arguments)]
+pub fn ring(
+    c: &Common,
+    op: u32,
+    input: u64,
+    output: u64,
+    p: &RingPlan,
+    layout: &WorkspaceLayout,
+    bound: &Bound,
+    flags: u32,
+) -> [KernelArg; 21] {
+    let [a, b, r, w] = c.args();
+    [
+        a,
+        b,
+        r,
+        w,
+        KernelArg::U32(p.mode as u32),
+        KernelArg::U32(op),
+        KernelArg::U64(input),
+        KernelArg::U64(output),
+        KernelArg::U64(p.total as u64),
+        KernelArg::U64(p.shard as u64),
+        KernelArg::U64(p.chunk as u64),
+        KernelArg::U32(p.nchunks),
+        KernelArg::U32(p.nsend),
+        KernelArg::U32(layout.ring_slots as u32),
+        KernelArg::U64(layout.slot_bytes as u64),
+        KernelArg::U64(layout.flags_off as u64),
+        KernelArg::U64(layout.ring_off as u64),
+        KernelArg::U64(0),
+        KernelArg::U64(bound.timeout_ns),
+        KernelArg::U64(bound.abort_host),
+        KernelArg::U32(flags),
+    ]
+}
+
+/// `symm_reduce_ptrs_{dt}(rank, world, op, out, n, s0..s7)`; `srcs[r]` is rank r's source.
+pub fn reduce_ptrs(rank: u32, world: u32, op: u32, out: u64, n: usize, srcs: &[u64]) -> [KernelArg; 13] {
+    let s = |i: usize| KernelArg::U64(srcs.get(i).copied().unwrap_or(0));
+    const _: () = assert!(MAX_WORLD == 8, "reduce_ptrs takes eight source pointers");
+    [
+        KernelArg::U32(rank),
+        KernelArg::U32(world),
+        KernelArg::U32(op),
+        KernelArg::U64(out),
+        KernelArg::U64(n as u64),
+        s(0),
+        s(1),
+        s(2),
+        s(3),
+        s(4),
+        s(5),
+        s(6),
+        s(7),
+    ]
+}
+
+/// `symm_coll_barrier(bufs, pads, rank, world, mask, state_off, timeout_ns, abort_host, check)`.
+pub fn barrier(c: &Common, mask: u64, bound: &Bound, check: u32) -> [KernelArg; 9] {
+    let [a, b, r, w] = c.args();
+    [
+        a,
+        b,
+        r,
+        w,
+        KernelArg::U64(mask),
+        KernelArg::U64(0),
+        KernelArg::U64(bound.timeout_ns),
+        KernelArg::U64(bound.abort_host),
+        KernelArg::U32(check),
+    ]
+}
+
+/// `symm_coll_take_error(err, out)`.
+pub fn take_error(err_word: u64, out: u64) -> [KernelArg; 2] {
+    [KernelArg::U64(err_word), KernelArg::U64(out)]
+}
+
+/// Bytes a kernel parameter of this argument takes.
+pub fn arg_bytes(a: &KernelArg) -> usize {
+    match a {
+        KernelArg::U64(_) | KernelArg::I64(_) => 8,
+        KernelArg::U32(_) | KernelArg::I32(_) | KernelArg::F32(_) => 4,
+    }
+}
+
+/// Parameter sizes (bytes) of `.entry name(...)` in `ptx`, or None if the entry is missing.
+pub fn ptx_param_sizes(ptx: &str, name: &str) -> Option<Vec<usize>> {
+    let start = ptx.find(&format!(".entry {name}("))?;
+    let rest = &ptx[start..];
+    let end = rest.find(')')?;
+    Some(
+        rest[..end]
+            .lines()
+            .filter_map(|l| {
+                let l = l.trim();
+                let ty = l.strip_prefix(".param .")?;
+                let ty = ty.split_whitespace().next()?;
+                Some(match &ty[1..] {
+                    "64" => 8,
+                    "32" => 4,
+                    "16" => 2,
+                    "8" => 1,
+                    _ => 0,
+                })
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collectives::plan::{ring_plan, Tuning};
+    use symm_core::DType;
+
+    #[test]
+    fn ptx_params_parse() {
+        let ptx = ".visible .entry k(\n\t.param .u64 k_param_0,\n\t.param .u32 k_param_1\n)\n{\n}";
+        assert_eq!(ptx_param_sizes(ptx, "k"), Some(vec![8, 4]));
+        assert_eq!(ptx_param_sizes(ptx, "nope"), None);
+    }
+
+    /// Every argument list has the arity and sizes of its kernel's parameters in the PTX NVRTC
+    /// produces (when NVRTC is present).
+    #[test]
+    fn argument_lists_match_the_kernels() {
+        if let Err(e) = crate::kernels::nvrtc_available() {
+            println!("SKIP argument_lists_match_the_kernels: {e}");
+            return;
+        }
+        let src = crate::kernels::source("collectives").unwrap();
+        let ptx = crate::kernels::compile(src, "", "sm_90").unwrap();
+        let layout = WorkspaceLayout::new(2, 10 << 20, 4 << 20, 64).unwrap();
+        let c = Common {
+            bufs_dev: 1,
+            pads_dev: 2,
+            rank: 0,
+            world: 2,
+        };
+        let bound = Bound {
+            timeout_ns: 1,
+            abort_host: 0,
+        };
+        let plan = ring_plan(
+            RingMode::AllReduce,
+            1000,
+            1000,
+            DType::BF16,
+            &layout,
+            &Tuning::default(),
+            132,
+        )
+        .unwrap();
+        let sizes = |a: &[KernelArg]| a.iter().map(arg_bytes).collect::<Vec<_>>();
+        let mut cases: Vec<(String, Vec<usize>)> = vec![
+            ("symm_coll_init".into(), sizes(&init(0, &layout))),
+            ("symm_coll_barrier".into(), sizes(&barrier(&c, 3, &bound, 0))),
+            ("symm_coll_take_error".into(), sizes(&take_error(0, 0))),
+        ];
+        for dt in ["f32", "f16", "bf16"] {
+            cases.push((
+                format!("symm_lamport_{dt}"),
+                sizes(&lamport(&c, RingMode::AllReduce, 0, 0, 0, 10, &layout, &bound)),
+            ));
+            cases.push((
+                format!("symm_ring_{dt}"),
+                sizes(&ring(&c, 0, 0, 0, &plan, &layout, &bound, 0)),
+            ));
+            cases.push((
+                format!("symm_reduce_ptrs_{dt}"),
+                sizes(&reduce_ptrs(0, 2, 0, 0, 10, &[1, 2])),
+            ));
+        }
+        for (name, got) in cases {
+            let want = ptx_param_sizes(&ptx, &name).unwrap_or_else(|| panic!("{name} not in the PTX"));
+            assert_eq!(got, want, "{name}: host arguments vs kernel parameters");
+        }
+    }
+}
