@@ -336,12 +336,16 @@ pub fn plot_file(json: &Path, svg_path: &Path) -> Result<usize> {
             json.display()
         ));
     }
-    let title = format!(
-        "symm benchmark — {}",
-        json.file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    );
+    let mut title = "symm benchmark".to_string();
+    if let Some(b) = v.get("backend").and_then(Value::as_str) {
+        title.push_str(&format!(" — {b}"));
+    }
+    if let Some(w) = v.get("world").and_then(Value::as_u64) {
+        title.push_str(&format!(", {w} ranks"));
+    }
+    if let Some(f) = json.file_name() {
+        title.push_str(&format!(" — {}", f.to_string_lossy()));
+    }
     std::fs::write(svg_path, svg(&pts, &title)).map_err(|e| format!("write {}: {e}", svg_path.display()))?;
     Ok(pts.len())
 }
