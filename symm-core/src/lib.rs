@@ -27,6 +27,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod agree;
 pub mod allocator;
 pub mod connectivity;
 pub mod error;

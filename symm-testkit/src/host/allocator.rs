@@ -29,6 +29,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
+use symm_core::agree::{check_equal, check_world_size};
 
 use symm_core::pad::SIGNAL_PAD_SIZE;
 use symm_core::symm_store::{FdChannel, FdKind, StoreExchange};
@@ -172,43 +173,11 @@ impl RankInfo {
     }
 }
 
-fn check_equal<T: PartialEq + std::fmt::Display>(
-    what: &'static str,
-    infos: &[RankInfo],
-    get: impl Fn(&RankInfo) -> T,
-) -> Result<()> {
-    let first = get(&infos[0]);
-    if infos.iter().all(|i| get(i) == first) {
-        return Ok(());
-    }
-    let values: Vec<String> = infos
-        .iter()
-        .enumerate()
-        .map(|(r, i)| format!("rank {r}: {}", get(i)))
-        .collect();
-    Err(Error::Mismatch {
-        what,
-        detail: values.join(", "),
-    })
-}
-
 /// Checks the records of all ranks (the same on every rank, so every rank
 /// fails the same way): world size (also against `world`), signal-pad size,
 /// buffer size, host, distinct devices.
 pub fn check_infos(world: usize, infos: &[RankInfo]) -> Result<()> {
-    if infos.len() != world || infos.is_empty() {
-        return Err(Error::Mismatch {
-            what: "world size",
-            detail: format!("{} records for a world of {world}", infos.len()),
-        });
-    }
-    check_equal("world size", infos, |i| i.world)?;
-    if infos[0].world != world {
-        return Err(Error::Mismatch {
-            what: "world size",
-            detail: format!("ranks say {}, the group has {world}", infos[0].world),
-        });
-    }
+    check_world_size(world, infos, |i| i.world)?;
     check_equal("signal pad size", infos, |i| i.pad_size)?;
     check_equal("buffer size", infos, |i| i.buffer_size)?;
     check_same_host(&infos.iter().map(|i| i.host.clone()).collect::<Vec<_>>())?;

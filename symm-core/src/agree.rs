@@ -1,0 +1,68 @@
+//! Checks run on the records every rank exchanged at rendezvous. The records
+//! are identical on every rank, so every rank reaches the same verdict and
+//! fails the same way before anything is mapped.
+
+use crate::error::{Error, Result};
+
+/// Fails with [`Error::Mismatch`] naming every rank's value unless `get`
+/// gives the same value for every record.
+pub fn check_equal<R, T: PartialEq + std::fmt::Display>(
+    what: &'static str,
+    records: &[R],
+    get: impl Fn(&R) -> T,
+) -> Result<()> {
+    let Some(first) = records.first().map(&get) else {
+        return Ok(());
+    };
+    if records.iter().all(|r| get(r) == first) {
+        return Ok(());
+    }
+    let values: Vec<String> = records
+        .iter()
+        .enumerate()
+        .map(|(rank, r)| format!("rank {rank}: {}", get(r)))
+        .collect();
+    Err(Error::Mismatch {
+        what,
+        detail: values.join(", "),
+    })
+}
+
+/// Checks that there is one record per rank of a world of `world` and that
+/// every rank reports that world size (`get_world` reads it from a record).
+pub fn check_world_size<R>(world: usize, records: &[R], get_world: impl Fn(&R) -> usize) -> Result<()> {
+    if records.len() != world || records.is_empty() {
+        return Err(Error::Mismatch {
+            what: "world size",
+            detail: format!("{} records for a world of {world}", records.len()),
+        });
+    }
+    check_equal("world size", records, &get_world)?;
+    if get_world(&records[0]) != world {
+        return Err(Error::Mismatch {
+            what: "world size",
+            detail: format!("ranks say {}, the group has {world}", get_world(&records[0])),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_and_world() {
+        assert!(check_equal("x", &[1, 1, 1], |v| *v).is_ok());
+        let e = check_equal("x", &[1, 2, 1], |v| *v)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("rank 1: 2"), "{e}");
+        assert!(check_world_size(2, &[2usize, 2], |w| *w).is_ok());
+        assert!(check_world_size(3, &[2usize, 2], |w| *w).is_err());
+        assert!(check_world_size(2, &[3usize, 3], |w| *w).is_err());
+        assert!(check_world_size(2, &[2usize, 3], |w| *w).is_err());
+        assert!(check_world_size(0, &[] as &[usize], |w| *w).is_err());
+    }
+}
