@@ -15,7 +15,7 @@
 //
 // Workspace (per rank; offsets from layout.rs):
 //   STATE  local words, written only by this rank's kernels (epochs advanced on the device):
-//          ST_LAM_IDX, ST_LAM_ARRIVE, ST_LAM_USED[3], ST_RING_SEQ, ST_RING_ARRIVE, ST_BAR_CNT[64]
+//          ST_LAM_IDX, ST_LAM_ARRIVE, ST_LAM_USED (previous op's vectors), ST_RING_SEQ, ST_RING_ARRIVE, ST_BAR_CNT[64]
 //   FLAGS  DATA[W1][S] and ACK[W1][S] (written by peers; W1 = world-1, S ring slots), SENT[S] (local)
 //   LAMPORT 3 buffers x W1 slots x lam_slot_bytes
 //   RING   W1 x S slots x slot_bytes (the staging area)
@@ -36,6 +36,8 @@
 // be shared across dtypes). Op k (k = ST_LAM_IDX, rotating 0,1,2):
 //   1. every thread stores its canonicalised 16-byte vectors into every peer's buffer k, slot jr;
 //   2. clears its own buffer (k+2)%3 (used by the previous op; ST_LAM_USED says how much);
+//      the Lamport kernel reads the state in every thread (no barrier before its first store) and
+//      counts a block in ARRIVE after its push (every thread of it has read the state by then);
 //   3. polls its own buffer k with ld.volatile.v4 until no lane is the sentinel, then reduces in
 //      rank order 0..world-1 (own lanes from its canonicalised input) in fp32.
 //   Safety: the buffer cleared in op k was last written by peers in op k-1, and this rank saw all
@@ -459,8 +461,18 @@ extern "C" __global__ void symm_coll_init(unsigned long long ws, unsigned long l
 
 // ---------------------------------------------------------------- Lamport one-shot all-reduce
 
+// The workspace bases of ranks 0..7, passed by value (kernel parameters; no array, so no local
+// memory). coll_ws(i) selects one without dynamic indexing.
+struct CollWs8 {
+    unsigned long long w0, w1, w2, w3, w4, w5, w6, w7;
+};
+__device__ __forceinline__ unsigned long long coll_ws(const CollWs8& w, unsigned int i) {
+    return i < 4u ? (i < 2u ? (i == 0u ? w.w0 : w.w1) : (i == 2u ? w.w2 : w.w3))
+                  : (i < 6u ? (i == 4u ? w.w4 : w.w5) : (i == 6u ? w.w6 : w.w7));
+}
+
 template <int DT, int OP>
-__device__ __forceinline__ void coll_lamport(const unsigned long long* bufs, const unsigned long long* pads,
+__device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pad,
                                              unsigned int rank, unsigned int world, unsigned int mode,
                                              const char* input, char* output, unsigned long long count,
                                              unsigned long long lam_off, unsigned long long slot_bytes,
@@ -468,25 +480,14 @@ __device__ __forceinline__ void coll_lamport(const unsigned long long* bufs, con
                                              const unsigned int* abort_host) {
     // count: AR the message's elements; RS the elements of one shard (the output); AG the
     // elements of one rank's input. Every slot holds nv = ceil(count / VE) vectors.
+    // Latency: the workspace bases and the own pad come as kernel arguments (no dependent global
+    // load), every thread reads the op state itself (no __syncthreads before the first remote
+    // store), and the first input vector is loaded before the state, so both loads are in flight
+    // together.
     constexpr int VE = CollT<DT>::VE;
     constexpr int ES = CollT<DT>::ES;
-    __shared__ unsigned int s_idx;
-    __shared__ unsigned int s_prev;
-    __shared__ unsigned long long s_bufs[COLL_MAXW];
-    unsigned int* pad = reinterpret_cast<unsigned int*>(pads[rank]);
-    char* ws = reinterpret_cast<char*>(bufs[rank]);
+    char* ws = reinterpret_cast<char*>(coll_ws(wsv, rank));
     unsigned int* st = reinterpret_cast<unsigned int*>(ws + state_off);
-    if (threadIdx.x == 0) {
-        unsigned int idx = symm_ld_volatile(st + COLL_ST_LAM_IDX) % 3u;
-        s_idx = idx;
-        s_prev = symm_ld_volatile(st + COLL_ST_LAM_USED + (idx + 2u) % 3u);
-        coll_atom_add_release_gpu(st + COLL_ST_LAM_ARRIVE, 1u);
-    }
-    if (threadIdx.x < world) {
-        s_bufs[threadIdx.x] = bufs[threadIdx.x];
-    }
-    __syncthreads();
-    const unsigned int idx = s_idx;
     const unsigned int w1 = world - 1;
     const unsigned long long buf_bytes = (unsigned long long)w1 * slot_bytes;
     const unsigned long long nv = (count + VE - 1) / VE;
@@ -499,6 +500,12 @@ __device__ __forceinline__ void coll_lamport(const unsigned long long* bufs, con
     const bool al_out = (reinterpret_cast<unsigned long long>(output) & 15ull) == 0;
     const bool al_part = (part_bytes & 15ull) == 0;
     const bool al_in = (reinterpret_cast<unsigned long long>(input) & 15ull) == 0;
+    uint4 x0 = make_uint4(0u, 0u, 0u, 0u);
+    if (mode != COLL_MODE_RS && tid < nv) {
+        x0 = coll_load<DT>(input + tid * 16, (long long)(count - tid * VE), al_in);
+    }
+    const unsigned int idx = symm_ld_volatile(st + COLL_ST_LAM_IDX) % 3u;
+    const unsigned int prev_used = symm_ld_volatile(st + COLL_ST_LAM_USED);
     CollWait w;
     w.pad = pad;
     w.abort_host = abort_host;
@@ -513,23 +520,31 @@ __device__ __forceinline__ void coll_lamport(const unsigned long long* bufs, con
                 const unsigned int jr = world - 2 - l;
                 const uint4 x = coll_canon<DT>(
                     coll_load<DT>(input + (unsigned long long)p * part_bytes + v * 16, nvalid, al_in && al_part));
-                coll_st_v4(reinterpret_cast<char*>(s_bufs[p]) + lam_off + idx * buf_bytes + jr * slot_bytes + v * 16,
+                coll_st_v4(reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes +
+                               v * 16,
                            x);
             }
         } else {
-            const uint4 x = coll_canon<DT>(coll_load<DT>(input + v * 16, nvalid, al_in));
+            const uint4 x = coll_canon<DT>(v == tid ? x0 : coll_load<DT>(input + v * 16, nvalid, al_in));
             for (unsigned int l = 0; l < w1; ++l) {
                 const unsigned int p = (rank + 1 + l) % world;
                 const unsigned int jr = world - 2 - l;
-                coll_st_v4(reinterpret_cast<char*>(s_bufs[p]) + lam_off + idx * buf_bytes + jr * slot_bytes + v * 16,
+                coll_st_v4(reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes +
+                               v * 16,
                            x);
             }
         }
     }
+    // Every thread of this block has read the op state: count the block in (block 0 advances
+    // the state once every block did, at the end).
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        coll_atom_add_release_gpu(st + COLL_ST_LAM_ARRIVE, 1u);
+    }
 
     // 2. clear the previous op's buffer
     {
-        const unsigned long long prev = s_prev;
+        const unsigned long long prev = prev_used;
         char* cb = ws + lam_off + ((idx + 2u) % 3u) * buf_bytes;
         const uint4 s = make_uint4(COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL);
         for (unsigned int j = 0; j < w1; ++j) {
@@ -599,23 +614,27 @@ __device__ __forceinline__ void coll_lamport(const unsigned long long* bufs, con
     // 4. advance the op state
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         coll_wait_arrivals(st + COLL_ST_LAM_ARRIVE, w);
-        st[COLL_ST_LAM_USED + idx] = (unsigned int)nv;
+        st[COLL_ST_LAM_USED] = (unsigned int)nv;
         st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
         st[COLL_ST_LAM_ARRIVE] = 0u;
     }
 }
 
 #define COLL_LAMPORT_ARGS                                                                                        \
-    const unsigned long long *bufs, const unsigned long long *pads, unsigned int rank, unsigned int world,       \
-        unsigned int mode, unsigned int op, const char *input, char *output, unsigned long long count,           \
-        unsigned long long lam_off, unsigned long long slot_bytes, unsigned long long state_off,                 \
-        unsigned long long timeout_ns, const unsigned int *abort_host
-#define COLL_LAMPORT_PASS \
-    bufs, pads, rank, world, mode, input, output, count, lam_off, slot_bytes, state_off, timeout_ns, abort_host
+    unsigned long long ws0, unsigned long long ws1, unsigned long long ws2, unsigned long long ws3,                \
+        unsigned long long ws4, unsigned long long ws5, unsigned long long ws6, unsigned long long ws7,            \
+        unsigned long long pad_ptr, unsigned int rank, unsigned int world, unsigned int mode, unsigned int op,     \
+        const char *input, char *output, unsigned long long count, unsigned long long lam_off,                    \
+        unsigned long long slot_bytes, unsigned long long state_off, unsigned long long timeout_ns,               \
+        const unsigned int *abort_host
+#define COLL_LAMPORT_PASS                                                                                  \
+    wsv, reinterpret_cast<unsigned int*>(pad_ptr), rank, world, mode, input, output, count, lam_off, slot_bytes, \
+        state_off, timeout_ns, abort_host
 
 // mode: COLL_MODE_AR / RS / AG (the op is ignored for AG).
 #define COLL_LAMPORT_ENTRY(NAME, DT)                                                          \
     extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1) NAME(COLL_LAMPORT_ARGS) { \
+        const CollWs8 wsv = {ws0, ws1, ws2, ws3, ws4, ws5, ws6, ws7};                          \
         if (mode == COLL_MODE_AG) {                                                            \
             coll_lamport<DT, COLL_SUM>(COLL_LAMPORT_PASS);                                     \
             return;                                                                            \
@@ -926,6 +945,49 @@ __device__ __forceinline__ const char* coll_pick(const CollSrcs& p, int s) {
     }
 }
 
+// Two ranks: COLL_PULL_UNROLL vectors per thread per step (strided by the grid, so warps stay
+// coalesced), all loads issued before the first add: enough remote loads in flight to fill NVLink
+// (one 16-byte load per thread leaves it latency-bound).
+#define COLL_PULL_UNROLL 4
+template <int DT, int OP>
+__device__ __forceinline__ void coll_reduce_ptrs_2(int rank, char* out, unsigned long long n, const char* own_src,
+                                                   const char* peer_src, bool al) {
+    constexpr int VE = CollT<DT>::VE;
+    constexpr int U = COLL_PULL_UNROLL;
+    const unsigned long long nv = (n + VE - 1) / VE;
+    const unsigned long long tid = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const unsigned long long nth = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long v = tid;
+    for (; v + (U - 1) * nth < nv; v += U * nth) {
+        uint4 a[U];
+        uint4 b[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const unsigned long long x = v + u * nth;
+            b[u] = coll_load<DT>(peer_src + x * 16, (long long)(n - x * VE), al);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const unsigned long long x = v + u * nth;
+            a[u] = coll_load<DT>(own_src + x * 16, (long long)(n - x * VE), al);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const unsigned long long x = v + u * nth;
+            uint4 pv[COLL_MAXW - 1];
+            pv[0] = b[u];
+            coll_store<DT>(out + x * 16, coll_reduce_ranks<DT, OP>(a[u], pv, rank, 2), (long long)(n - x * VE), al);
+        }
+    }
+    for (; v < nv; v += nth) {
+        const long long nvalid = (long long)(n - v * VE);
+        uint4 pv[COLL_MAXW - 1];
+        pv[0] = coll_load<DT>(peer_src + v * 16, nvalid, al);
+        const uint4 own = coll_load<DT>(own_src + v * 16, nvalid, al);
+        coll_store<DT>(out + v * 16, coll_reduce_ranks<DT, OP>(own, pv, rank, 2), nvalid, al);
+    }
+}
+
 template <int DT, int OP>
 __device__ __forceinline__ void coll_reduce_ptrs(unsigned int rank, unsigned int world, char* out,
                                                  unsigned long long n, CollSrcs src) {
@@ -941,6 +1003,10 @@ __device__ __forceinline__ void coll_reduce_ptrs(unsigned int rank, unsigned int
             peer_src[l] = coll_pick(src, (int)((rank + 1 + l) % world));
             al = al && (reinterpret_cast<unsigned long long>(peer_src[l]) & 15ull) == 0;
         }
+    }
+    if (world == 2) {
+        coll_reduce_ptrs_2<DT, OP>((int)rank, out, n, own_src, peer_src[0], al);
+        return;
     }
     const unsigned long long nv = (n + VE - 1) / VE;
     const unsigned long long tid = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;

@@ -138,6 +138,8 @@ pub struct CudaCollectives {
     sm_count: u32,
     fns: Fns,
     ws: u64,
+    /// Workspace bases and own pad passed to the Lamport kernel by value.
+    direct: args::Direct,
     bufs_dev: u64,
     pads_dev: u64,
     abort_host: u64,
@@ -285,7 +287,15 @@ impl CudaCollectives {
             reduced: (0..CE_EVENTS).map(|_| new_event()).collect::<Result<_>>()?,
         };
         let timeout_ns = u64::try_from(config.timeout.as_nanos()).unwrap_or(u64::MAX);
+        let mut direct = args::Direct {
+            ws: [0; MAX_WORLD],
+            pad: mem.signal_pad_ptrs()[rank],
+        };
+        for (d, &b) in direct.ws.iter_mut().zip(mem.buffer_ptrs()) {
+            *d = b;
+        }
         Ok(CudaCollectives {
+            direct,
             group: group.clone(),
             ctx: ctx.clone(),
             bufs_dev: mem.buffer_ptrs_dev(),
@@ -405,6 +415,12 @@ impl CudaCollectives {
         let before = reg.len();
         reg.retain(|r| r.base != base);
         reg.len() != before
+    }
+
+    /// True if `bytes` at `ptr` lie inside a registered symmetric allocation (the copy-engine
+    /// paths then read them in place).
+    pub fn is_registered(&self, ptr: u64, bytes: usize) -> bool {
+        self.lookup_symmetric(ptr, bytes).is_some()
     }
 
     fn lookup_symmetric(&self, ptr: u64, bytes: usize) -> Option<SymInput> {
@@ -587,6 +603,7 @@ impl CudaCollectives {
         let p = lamport_plan(count, dtype, &self.layout, tuning, self.sm_count)?;
         let a = args::lamport(
             &self.common(),
+            &self.direct,
             mode,
             kernel_op(op),
             input,

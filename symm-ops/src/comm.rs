@@ -456,6 +456,32 @@ impl Communicator {
         }
     }
 
+    /// [`Self::register_buffer`] for a whole rendezvoused symmetric allocation of this group
+    /// (for callers that manage raw allocations, e.g. the benchmark). A no-op on the host engine.
+    pub fn register_memory(&self, mem: std::sync::Arc<dyn symm_core::SymmetricMemory>) -> Result<()> {
+        match &self.engine {
+            Engine::Host(_) => {
+                drop(mem);
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(c) => c.register_memory(mem),
+        }
+    }
+
+    /// Forgets an allocation registered with [`Self::register_memory`] (by its local base
+    /// address); true if it was registered.
+    pub fn unregister_memory(&self, base: u64) -> bool {
+        match &self.engine {
+            Engine::Host(_) => {
+                let _ = base;
+                false
+            }
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(c) => c.unregister_memory(base),
+        }
+    }
+
     fn run(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
         if self.poisoned.load(Ordering::Acquire) {
             return Err(Error::Aborted(
@@ -574,7 +600,11 @@ impl Communicator {
                 })
             }
             #[cfg(feature = "cuda")]
-            Engine::Cuda(c) => self.run(|| c.all_reduce(algo, input, output, count, dtype, op)),
+            Engine::Cuda(c) => self.run(|| {
+                c.all_reduce(algo, input, output, count, dtype, op, |b| {
+                    self.selector.fallback_all_reduce(b)
+                })
+            }),
         }
     }
 

@@ -53,7 +53,7 @@ impl fmt::Display for AllReduceAlgo {
             AllReduceAlgo::OneShot => "one-shot",
             AllReduceAlgo::TwoShot => "two-shot",
             AllReduceAlgo::Lamport => "lamport (one-shot, data as flag)",
-            AllReduceAlgo::CopyEngine => "copy-engine pull",
+            AllReduceAlgo::CopyEngine => "zero-copy pull",
             AllReduceAlgo::Nccl => "nccl",
         })
     }
@@ -106,8 +106,8 @@ pub struct SelectionThresholds {
     pub lamport_max_bytes: usize,
     /// all_reduce up to this size: one-shot.
     pub one_shot_max_bytes: usize,
-    /// all_reduce up to this size: two-shot; larger: NCCL where it is
-    /// available, else two-shot.
+    /// all_reduce larger than this: NCCL where it is available (else one-shot
+    /// up to `one_shot_max_bytes`, two-shot above).
     pub two_shot_max_bytes: usize,
     /// reduce_scatter up to this size: symmetric memory; larger: NCCL.
     pub reduce_scatter_max_bytes: usize,
@@ -115,6 +115,11 @@ pub struct SelectionThresholds {
     pub all_gather_max_bytes: usize,
     /// all_gather from this size on: copy engine instead of SM copies.
     pub all_gather_copy_engine_min_bytes: usize,
+    /// all_reduce from this size on (above the Lamport bound): the zero-copy pull
+    /// ([`AllReduceAlgo::CopyEngine`]) when the input lies in registered symmetric
+    /// memory (same offset on every rank) and is not the output; otherwise the
+    /// size's usual choice (NCCL where it takes over). CUDA only.
+    pub all_reduce_copy_engine_min_bytes: usize,
 }
 
 const KIB: usize = 1024;
@@ -123,14 +128,12 @@ const MIB: usize = 1024 * 1024;
 impl SelectionThresholds {
     /// The defaults for an engine and world size.
     ///
-    /// CUDA: the Lamport and one-shot bounds are symm-cuda's own defaults
-    /// (`symm_cuda::collectives::Selection`; Lamport is further capped by the
-    /// workspace's Lamport buffers at setup); with two ranks one-shot and
-    /// two-shot move the same bytes, so one-shot runs every size. NCCL takes
-    /// over above `two_shot_max_bytes`: never on two ranks (on 2 x H200, NV18,
-    /// PyTorch's symmetric-memory two-shot already beats NCCL at every size up
-    /// to 256 MiB, DESIGN.md), provisional bounds for more ranks (after
-    /// PyTorch's IntraNodeComm and vLLM) until 4- and 8-GPU measurements.
+    /// CUDA, two ranks: measured on 2 x H200 (see the comment in the body):
+    /// Lamport up to 4 MiB, NCCL above for all-reduce and above 4 MiB for
+    /// reduce-scatter, the copy engine for registered all-gather inputs from
+    /// 8 MiB. More ranks: symm-cuda's Lamport and one-shot bounds, NCCL from
+    /// provisional sizes (after PyTorch's IntraNodeComm and vLLM) until 4- and
+    /// 8-GPU measurements exist. Without NCCL the kernels run every size.
     pub fn defaults(engine: EngineKind, world_size: usize) -> Self {
         match engine {
             EngineKind::Host => SelectionThresholds {
@@ -140,6 +143,7 @@ impl SelectionThresholds {
                 reduce_scatter_max_bytes: usize::MAX,
                 all_gather_max_bytes: usize::MAX,
                 all_gather_copy_engine_min_bytes: usize::MAX,
+                all_reduce_copy_engine_min_bytes: usize::MAX,
             },
             EngineKind::Nccl => SelectionThresholds {
                 lamport_max_bytes: 0,
@@ -148,38 +152,61 @@ impl SelectionThresholds {
                 reduce_scatter_max_bytes: 0,
                 all_gather_max_bytes: 0,
                 all_gather_copy_engine_min_bytes: usize::MAX,
+                all_reduce_copy_engine_min_bytes: usize::MAX,
             },
+            EngineKind::Cuda if world_size <= 2 => {
+                // Measured on 2 x H200 (NV18), graph replay, NCCL 2.28.9 in the same run
+                // (symm-ops/bench-notes.md): all-reduce Lamport beats NCCL up to 4 MiB (19.6
+                // against 32.5 us), NCCL wins from 16 MiB against every push kernel (73 against
+                // 113); reduce-scatter ours up to 4 MiB (21.4 against 22.6), NCCL from 16 MiB
+                // (51 against 75); all-gather ours up to 4 MiB (20.7 against 25.0), NCCL above,
+                // except the zero-copy copy engine for registered inputs from 16 MiB (40 / 111 /
+                // 392 against 44 / 123 / 437 at 16 / 64 / 256 MiB). The all-reduce SM pull
+                // (copy_engine, frac 0: 59 / 210 / 805 against 73 / 234 / 863) is not selected
+                // yet: the bench through the Communicator did not finish with it (unexplained).
+                let (lamport, _, _) = kernel_defaults();
+                SelectionThresholds {
+                    lamport_max_bytes: lamport,
+                    one_shot_max_bytes: usize::MAX,
+                    two_shot_max_bytes: 4 * MIB,
+                    reduce_scatter_max_bytes: 4 * MIB,
+                    all_gather_max_bytes: 4 * MIB,
+                    all_gather_copy_engine_min_bytes: 16 * MIB,
+                    all_reduce_copy_engine_min_bytes: usize::MAX,
+                }
+            }
             EngineKind::Cuda => {
-                let (lamport, one_shot) = kernel_defaults();
+                let (_, lamport, one_shot) = kernel_defaults();
                 let nccl_above = match world_size {
-                    0..=2 => usize::MAX,
-                    3..=4 => 32 * MIB,
+                    0..=4 => 32 * MIB,
                     _ => 8 * MIB,
                 };
                 SelectionThresholds {
                     lamport_max_bytes: lamport,
-                    one_shot_max_bytes: if world_size <= 2 { usize::MAX } else { one_shot },
+                    one_shot_max_bytes: one_shot,
                     two_shot_max_bytes: nccl_above,
                     reduce_scatter_max_bytes: nccl_above,
                     all_gather_max_bytes: nccl_above,
                     all_gather_copy_engine_min_bytes: usize::MAX,
+                    all_reduce_copy_engine_min_bytes: usize::MAX,
                 }
             }
         }
     }
 }
 
-/// symm-cuda's default (Lamport max, one-shot max) for more than two ranks.
+/// symm-cuda's defaults: (Lamport max for two ranks, Lamport max for more, one-shot max for
+/// more than two ranks).
 #[cfg(feature = "cuda")]
-fn kernel_defaults() -> (usize, usize) {
+fn kernel_defaults() -> (usize, usize, usize) {
     let s = symm_cuda::collectives::Selection::default();
-    (s.lamport_max, s.one_shot_max)
+    (s.lamport_max, s.lamport_max_multi, s.one_shot_max)
 }
 
 /// The same values as symm-cuda's defaults, for builds without it.
 #[cfg(not(feature = "cuda"))]
-fn kernel_defaults() -> (usize, usize) {
-    (MIB, 256 * KIB)
+fn kernel_defaults() -> (usize, usize, usize) {
+    (4 * MIB, MIB, 256 * KIB)
 }
 
 /// The selection in force for one communicator.
@@ -208,13 +235,29 @@ impl Selector {
         }
         if bytes <= t.lamport_max_bytes {
             AllReduceAlgo::Lamport
+        } else if bytes >= t.all_reduce_copy_engine_min_bytes {
+            // The engine runs the size's usual choice when the input is not registered.
+            AllReduceAlgo::CopyEngine
+        } else if self.nccl && bytes > t.two_shot_max_bytes {
+            AllReduceAlgo::Nccl
         } else if bytes <= t.one_shot_max_bytes {
             AllReduceAlgo::OneShot
-        } else if bytes <= t.two_shot_max_bytes || !self.nccl {
-            AllReduceAlgo::TwoShot
         } else {
-            AllReduceAlgo::Nccl
+            AllReduceAlgo::TwoShot
         }
+    }
+
+    /// What runs instead of [`AllReduceAlgo::CopyEngine`] when the input cannot be read in
+    /// place (not registered, or the output overlaps it): the table without the copy engine.
+    pub fn fallback_all_reduce(&self, bytes: usize) -> AllReduceAlgo {
+        let no_ce = Selector {
+            thresholds: SelectionThresholds {
+                all_reduce_copy_engine_min_bytes: usize::MAX,
+                ..self.thresholds
+            },
+            ..self.clone()
+        };
+        no_ce.all_reduce(bytes)
     }
 
     pub fn reduce_scatter(&self, bytes: usize) -> ReduceScatterAlgo {
@@ -225,11 +268,17 @@ impl Selector {
         }
     }
 
+    /// SM copies up to `all_gather_max_bytes`, NCCL above; the copy engine from its bound on
+    /// (CUDA), also above the NCCL bound when its bound is the larger (the engine then runs NCCL,
+    /// where available, for inputs outside registered symmetric memory).
     pub fn all_gather(&self, bytes: usize) -> AllGatherAlgo {
         let t = &self.thresholds;
-        if !self.symm || (self.nccl && bytes > t.all_gather_max_bytes) {
+        let ce = self.engine == EngineKind::Cuda && bytes >= t.all_gather_copy_engine_min_bytes;
+        // A copy-engine bound above the NCCL bound takes the sizes from it back from NCCL.
+        let ce_over_nccl = ce && t.all_gather_copy_engine_min_bytes > t.all_gather_max_bytes;
+        if !self.symm || (self.nccl && bytes > t.all_gather_max_bytes && !ce_over_nccl) {
             AllGatherAlgo::Nccl
-        } else if self.engine == EngineKind::Cuda && bytes >= t.all_gather_copy_engine_min_bytes {
+        } else if ce {
             AllGatherAlgo::CopyEngine
         } else {
             AllGatherAlgo::Sm
@@ -249,7 +298,12 @@ impl Selector {
             b.dedup();
             b
         };
-        let ar = bounds(&[t.lamport_max_bytes, t.one_shot_max_bytes, t.two_shot_max_bytes]);
+        let ar = bounds(&[
+            t.lamport_max_bytes,
+            t.one_shot_max_bytes,
+            t.two_shot_max_bytes,
+            t.all_reduce_copy_engine_min_bytes.saturating_sub(1),
+        ]);
         block(&mut s, "all_reduce (bytes of the tensor)", &ar, |b| {
             self.all_reduce(b).to_string()
         });
@@ -330,17 +384,30 @@ mod tests {
     }
 
     #[test]
-    fn cuda_world2_never_picks_nccl() {
+    fn cuda_world2_hands_large_to_nccl_only_if_present() {
         let s = sel(EngineKind::Cuda, 2, true);
-        let (lamport, _) = kernel_defaults();
+        let (lamport, _, _) = kernel_defaults();
+        assert_eq!(lamport, 4 * MIB);
         assert_eq!(s.all_reduce(1024), AllReduceAlgo::Lamport);
+        assert_eq!(s.all_reduce(lamport), AllReduceAlgo::Lamport);
+        assert_eq!(s.all_reduce(lamport + 2), AllReduceAlgo::Nccl);
+        assert_eq!(s.all_reduce(1 << 40), AllReduceAlgo::Nccl);
+        assert_eq!(s.fallback_all_reduce(lamport + 2), AllReduceAlgo::Nccl);
+        assert_eq!(s.reduce_scatter(4 * MIB), ReduceScatterAlgo::Symm);
+        assert_eq!(s.reduce_scatter(16 * MIB), ReduceScatterAlgo::Nccl);
+        assert_eq!(s.all_gather(4 * MIB), AllGatherAlgo::Sm);
+        assert_eq!(s.all_gather(8 * MIB), AllGatherAlgo::Nccl);
+        assert_eq!(s.all_gather(16 * MIB), AllGatherAlgo::CopyEngine);
+        let mut ce = s.clone();
+        ce.thresholds.all_reduce_copy_engine_min_bytes = lamport + 1;
+        assert_eq!(ce.all_reduce(lamport + 2), AllReduceAlgo::CopyEngine);
+        assert_eq!(ce.fallback_all_reduce(lamport + 2), AllReduceAlgo::Nccl);
+        assert_eq!(s.all_gather(64 * MIB), AllGatherAlgo::CopyEngine);
+        let s = sel(EngineKind::Cuda, 2, false);
         assert_eq!(s.all_reduce(lamport + 2), AllReduceAlgo::OneShot);
         assert_eq!(s.all_reduce(1 << 40), AllReduceAlgo::OneShot);
+        assert_eq!(s.all_gather(8 * MIB), AllGatherAlgo::Sm);
         assert_eq!(s.reduce_scatter(1 << 40), ReduceScatterAlgo::Symm);
-        assert_eq!(s.all_gather(64 * MIB), AllGatherAlgo::Sm);
-        let mut s = s;
-        s.thresholds.all_gather_copy_engine_min_bytes = 4 * MIB;
-        assert_eq!(s.all_gather(64 * MIB), AllGatherAlgo::CopyEngine);
         assert_eq!(s.all_gather(64 * KIB), AllGatherAlgo::Sm);
     }
 

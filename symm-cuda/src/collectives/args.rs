@@ -47,10 +47,19 @@ pub fn init(ws: u64, layout: &WorkspaceLayout) -> [KernelArg; 4] {
     ]
 }
 
+/// What the Lamport kernel takes as plain values instead of loading it from device memory: every
+/// rank's workspace base (index = rank; unused entries 0) and this rank's signal pad.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Direct {
+    pub ws: [u64; MAX_WORLD],
+    pub pad: u64,
+}
+
 /// `symm_lamport_{dt}(COLL_LAMPORT_ARGS)`.
 #[allow(clippy::too_many_arguments)]
 pub fn lamport(
     c: &Common,
+    d: &Direct,
     mode: RingMode,
     op: u32,
     input: u64,
@@ -58,13 +67,20 @@ pub fn lamport(
     count: usize,
     layout: &WorkspaceLayout,
     bound: &Bound,
-) -> [KernelArg; 14] {
-    let [a, b, r, w] = c.args();
+) -> [KernelArg; 21] {
+    const _: () = assert!(MAX_WORLD == 8, "the Lamport kernel takes eight workspace bases");
     [
-        a,
-        b,
-        r,
-        w,
+        KernelArg::U64(d.ws[0]),
+        KernelArg::U64(d.ws[1]),
+        KernelArg::U64(d.ws[2]),
+        KernelArg::U64(d.ws[3]),
+        KernelArg::U64(d.ws[4]),
+        KernelArg::U64(d.ws[5]),
+        KernelArg::U64(d.ws[6]),
+        KernelArg::U64(d.ws[7]),
+        KernelArg::U64(d.pad),
+        KernelArg::U32(c.rank),
+        KernelArg::U32(c.world),
         KernelArg::U32(mode as u32),
         KernelArg::U32(op),
         KernelArg::U64(input),
@@ -243,7 +259,20 @@ mod tests {
         for dt in ["f32", "f16", "bf16"] {
             cases.push((
                 format!("symm_lamport_{dt}"),
-                sizes(&lamport(&c, RingMode::AllReduce, 0, 0, 0, 10, &layout, &bound)),
+                sizes(&lamport(
+                    &c,
+                    &Direct {
+                        ws: [0; MAX_WORLD],
+                        pad: 0,
+                    },
+                    RingMode::AllReduce,
+                    0,
+                    0,
+                    0,
+                    10,
+                    &layout,
+                    &bound,
+                )),
             ));
             cases.push((
                 format!("symm_ring_{dt}"),

@@ -17,7 +17,8 @@ use symm_core::{Error, Result};
 pub const ST_LAM_IDX: usize = 0;
 /// Word index of the Lamport kernel's arrival counter.
 pub const ST_LAM_ARRIVE: usize = 1;
-/// Word index of `used[3]`: 16-byte vectors per slot the last op wrote into each Lamport buffer.
+/// Word index of `used`: 16-byte vectors per slot the previous Lamport op wrote (into buffer
+/// `(idx + 2) % 3`, which the next op clears).
 pub const ST_LAM_USED: usize = 2;
 /// Word index of the ring's chunk sequence number.
 pub const ST_RING_SEQ: usize = 8;

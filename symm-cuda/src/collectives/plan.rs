@@ -40,7 +40,8 @@ pub struct Tuning {
     /// Copy-engine all-reduce: bytes per pipelined chunk and peer.
     pub ce_chunk_bytes: usize,
     /// Copy-engine all-reduce: the fraction of the message copied by the copy engine; the rest
-    /// is read directly by the reduction kernel (SM pull) at the same time.
+    /// is read directly by the reduction kernel (SM pull) at the same time. Default 0 (pure SM
+    /// pull): on 2 x H200 the pull alone is fastest (16 MiB: 59 us; frac 0.25: 68, 0.5: 71).
     pub ce_fraction: f32,
 }
 
@@ -53,7 +54,7 @@ impl Default for Tuning {
             max_chunk_bytes: 0,
             chunks_per_block: 4,
             ce_chunk_bytes: 4 << 20,
-            ce_fraction: 0.5,
+            ce_fraction: 0.0,
         }
     }
 }
@@ -365,19 +366,27 @@ impl ReduceScatterAlgo {
 /// Size thresholds of the `Auto` choices (bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Selection {
-    /// All-reduce: Lamport up to this message size (capped by the Lamport buffers).
+    /// All-reduce, two ranks: Lamport up to this message size (capped by the Lamport buffers).
+    /// 2 x H200: Lamport 19.3 us at 4 MiB against one-shot 42 and NCCL 32.5 (bench-notes.md).
     pub lamport_max: usize,
+    /// All-reduce, more than two ranks: Lamport up to this size (every rank pushes the whole
+    /// message to every peer; unmeasured, kept at the PyTorch / vLLM one-shot bound).
+    pub lamport_max_multi: usize,
     /// All-reduce, more than two ranks: one-shot up to this size, two-shot above.
     pub one_shot_max: usize,
     /// Reduce-scatter / all-gather: Lamport up to this size of the whole tensor (the unreduced
     /// input / the gathered output, as nccl-tests counts), if one rank's part fits a Lamport slot.
+    /// 2 x H200 at 4 MiB: Lamport RS 11.9 us / AG 11.0 against the ring's 21.4 / 20.8 and NCCL's
+    /// 22.6 / 25.0; default 1 MiB, the bound the Communicator's auto path was verified with on the
+    /// GPU machine (a bench at 8 MiB did not finish: see bench-notes.md).
     pub rs_ag_lamport_max: usize,
 }
 
 impl Default for Selection {
     fn default() -> Self {
         Selection {
-            lamport_max: 1 << 20,
+            lamport_max: 4 << 20,
+            lamport_max_multi: 1 << 20,
             one_shot_max: 256 << 10,
             rs_ag_lamport_max: 1 << 20,
         }
@@ -396,7 +405,12 @@ pub fn select_all_reduce(bytes: usize, world: usize, layout: &WorkspaceLayout, s
     if world == 1 {
         return AllReduceAlgo::OneShot;
     }
-    if bytes <= sel.lamport_max.min(layout.lamport_max_bytes()) {
+    let lamport_max = if world == 2 {
+        sel.lamport_max
+    } else {
+        sel.lamport_max_multi
+    };
+    if bytes <= lamport_max.min(layout.lamport_max_bytes()) {
         AllReduceAlgo::Lamport
     } else if world == 2 || bytes <= sel.one_shot_max {
         AllReduceAlgo::OneShot
@@ -541,7 +555,8 @@ mod tests {
         let s = Selection::default();
         assert_eq!(select_all_reduce(1024, 2, &l, &s), AllReduceAlgo::Lamport);
         assert_eq!(select_all_reduce(1 << 20, 2, &l, &s), AllReduceAlgo::Lamport);
-        assert_eq!(select_all_reduce((1 << 20) + 2, 2, &l, &s), AllReduceAlgo::OneShot);
+        assert_eq!(select_all_reduce(4 << 20, 2, &l, &s), AllReduceAlgo::Lamport);
+        assert_eq!(select_all_reduce((4 << 20) + 2, 2, &l, &s), AllReduceAlgo::OneShot);
         assert_eq!(select_all_reduce(256 << 20, 2, &l, &s), AllReduceAlgo::OneShot);
         let l4 = WorkspaceLayout::new(4, 10 << 20, 256 << 10, 64).unwrap();
         assert_eq!(select_all_reduce(512 << 10, 4, &l4, &s), AllReduceAlgo::TwoShot);

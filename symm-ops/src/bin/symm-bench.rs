@@ -1307,6 +1307,10 @@ mod gpu {
         let a = get_allocator(DeviceType::Cuda)?.alloc(total, Device::cuda(st.rank as u32), group)?;
         let m = a.rendezvous(T_STORE)?;
         st.coll.register_symmetric(m.clone())?;
+        if let Some(c) = &st.comm {
+            // auto goes through the Communicator: its zero-copy paths need the arena too.
+            c.register_memory(m.clone())?;
+        }
         let base = m.buffer_ptrs()[st.rank];
         let inputs: Vec<u64> = (0..K).map(|k| base + (k * in_b) as u64).collect();
         let output = base + (K * in_b) as u64;
@@ -1518,6 +1522,9 @@ mod gpu {
         let base = ar.base;
         drop(ar);
         st.coll.unregister_symmetric(base);
+        if let Some(c) = &st.comm {
+            c.unregister_memory(base);
+        }
         Ok(true)
     }
 

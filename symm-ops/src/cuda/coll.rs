@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaStream};
-use symm_core::{get_symmetric_memory, DType, Error, Group, Rank, ReduceOp, Result, SymmTensor};
+use symm_core::{get_symmetric_memory, DType, Error, Group, Rank, ReduceOp, Result, SymmTensor, SymmetricMemory};
 use symm_cuda::collectives::{AllGatherPath, AllReduceAlgo as KernelAlgo, CudaCollectives};
 
 use crate::select::{AllGatherAlgo, AllReduceAlgo};
@@ -76,9 +76,10 @@ impl Coll {
         dtype: DType,
         algo: AllGatherAlgo,
     ) -> Result<()> {
+        // Sm: the kernels' own choice (Lamport for small tensors, else the SM ring).
         let path = match algo {
             AllGatherAlgo::CopyEngine => AllGatherPath::CopyEngine,
-            _ => AllGatherPath::Sm,
+            _ => AllGatherPath::Auto,
         };
         self.inner.all_gather(stream, input, output, count, dtype, path)
     }
@@ -92,6 +93,21 @@ impl Coll {
     pub fn register(&self, t: &SymmTensor) -> Result<()> {
         let mem = get_symmetric_memory(t).ok_or(Error::NotRendezvoused)?;
         self.inner.register_symmetric(mem)
+    }
+
+    /// Registers a rendezvoused symmetric allocation (see [`Self::register`]).
+    pub fn register_memory(&self, mem: Arc<dyn SymmetricMemory>) -> Result<()> {
+        self.inner.register_symmetric(mem)
+    }
+
+    /// Forgets the registered allocation whose local buffer starts at `base`.
+    pub fn unregister_memory(&self, base: u64) -> bool {
+        self.inner.unregister_symmetric(base)
+    }
+
+    /// True if `bytes` at `ptr` lie in registered symmetric memory (zero-copy copy engine).
+    pub fn is_registered(&self, ptr: u64, bytes: usize) -> bool {
+        self.inner.is_registered(ptr, bytes)
     }
 
     pub fn check_error(&self) -> Result<()> {

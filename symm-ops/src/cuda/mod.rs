@@ -228,6 +228,8 @@ impl CudaEngine {
         }
     }
 
+    /// `fallback(bytes)`: what runs instead of [`AllReduceAlgo::CopyEngine`] when the input
+    /// cannot be read in place.
     #[allow(clippy::too_many_arguments)]
     pub fn all_reduce(
         &self,
@@ -237,12 +239,30 @@ impl CudaEngine {
         count: usize,
         dtype: DType,
         op: ReduceOp,
+        fallback: impl Fn(usize) -> AllReduceAlgo,
     ) -> Result<()> {
         let _l = self.lock()?;
         let (out_ptr, _g_out) = self.dst(&mut output)?;
         let (in_ptr, _g_in) = match &input {
             Some(b) => self.src(b)?,
             None => (out_ptr, None),
+        };
+        // The zero-copy pull reads the peers' inputs in place: it needs the input in registered
+        // symmetric memory (the same offset on every rank, so every rank decides alike) and apart
+        // from the output; otherwise `fallback` runs (the table without it: NCCL where it takes
+        // over).
+        let algo = match algo {
+            AllReduceAlgo::CopyEngine => {
+                let bytes = count * dtype.size();
+                let apart =
+                    in_ptr.saturating_add(bytes as u64) <= out_ptr || out_ptr.saturating_add(bytes as u64) <= in_ptr;
+                if apart && self.coll()?.is_registered(in_ptr, bytes) {
+                    AllReduceAlgo::CopyEngine
+                } else {
+                    fallback(bytes)
+                }
+            }
+            a => a,
         };
         match algo {
             AllReduceAlgo::Nccl => self.nccl()?.all_reduce(in_ptr, out_ptr, count, dtype, op),
@@ -286,6 +306,19 @@ impl CudaEngine {
         let _l = self.lock()?;
         let (out_ptr, _g_out) = self.dst(&mut output)?;
         let (in_ptr, _g_in) = self.src(&input)?;
+        // The copy engine wins only zero-copy (a registered input); a staged copy loses to NCCL
+        // (2 x H200: 58 us against 44 at 16 MiB), so an unregistered input goes to NCCL where it
+        // is available, else to the SM path.
+        let algo = match algo {
+            AllGatherAlgo::CopyEngine if !self.coll()?.is_registered(in_ptr, count * dtype.size()) => {
+                if self.nccl.is_some() {
+                    AllGatherAlgo::Nccl
+                } else {
+                    AllGatherAlgo::Sm
+                }
+            }
+            a => a,
+        };
         match algo {
             AllGatherAlgo::Nccl => self.nccl()?.all_gather(in_ptr, out_ptr, count, dtype),
             a => self.coll()?.all_gather(&self.stream, in_ptr, out_ptr, count, dtype, a),
@@ -316,6 +349,17 @@ impl CudaEngine {
             Some(c) => c.register(t),
             None => Ok(()),
         }
+    }
+
+    pub fn register_memory(&self, mem: Arc<dyn symm_core::SymmetricMemory>) -> Result<()> {
+        match &self.coll {
+            Some(c) => c.register_memory(mem),
+            None => Ok(()),
+        }
+    }
+
+    pub fn unregister_memory(&self, base: u64) -> bool {
+        self.coll.as_ref().is_some_and(|c| c.unregister_memory(base))
     }
 
     pub fn check_error(&self) -> Result<()> {
