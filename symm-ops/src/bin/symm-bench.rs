@@ -1435,7 +1435,7 @@ mod gpu {
         for spec in &specs {
             sh.progress(st.rank, &format!("{} {} {}", op.name(), fmt_size(g.bytes), spec.label));
             let tuning = tuning_of(spec, &st.coll.config().tuning)?;
-            let path = path_of(st, op, spec, &g, &tuning);
+            let path = path_of(st, op, spec, &g, dtype, &tuning);
             // ---- correctness first: poisoned output, one op, float64 reference.
             let key = sh.next_key(st.rank, "check");
             let checked: BoxResult<f64> = (|| {
@@ -1528,7 +1528,9 @@ mod gpu {
         Ok(true)
     }
 
-    fn path_of(st: &RankState, op: Op, spec: &AlgoSpec, g: &Geometry, tuning: &Tuning) -> String {
+    /// The algorithm (and, where the Communicator hands the choice to the kernels, the kernel
+    /// path) that an `auto` row runs.
+    fn path_of(st: &RankState, op: Op, spec: &AlgoSpec, g: &Geometry, dtype: DType, tuning: &Tuning) -> String {
         match (op, spec.base.as_str()) {
             (Op::AllReduce, "auto") => st
                 .comm
@@ -1538,12 +1540,22 @@ mod gpu {
             (Op::ReduceScatter, "auto") => st
                 .comm
                 .as_ref()
-                .map(|c| c.select_reduce_scatter(g.bytes).to_string())
+                .map(|c| match c.select_reduce_scatter(g.bytes) {
+                    a @ symm_ops::ReduceScatterAlgo::Symm => {
+                        format!("{a}: {}", st.coll.select_reduce_scatter(g.count, dtype).name())
+                    }
+                    a => a.to_string(),
+                })
                 .unwrap_or_default(),
             (Op::AllGather, "auto") => st
                 .comm
                 .as_ref()
-                .map(|c| c.select_all_gather(g.bytes).to_string())
+                .map(|c| match c.select_all_gather(g.bytes) {
+                    a @ symm_ops::AllGatherAlgo::Sm => {
+                        format!("{a}: {}", st.coll.select_all_gather(g.count, dtype).name())
+                    }
+                    a => a.to_string(),
+                })
                 .unwrap_or_default(),
             (Op::AllReduce, "copy_engine") => format!("{:.0}% by copy engine", tuning.ce_fraction * 100.0),
             _ => String::new(),
