@@ -841,6 +841,63 @@ impl CudaCollectives {
         )
     }
 
+    /// Zero-copy reduce-scatter for an input in registered symmetric memory (the same offset on
+    /// every rank, see [`Self::register_symmetric`]): every rank reads its shard straight from
+    /// every peer's input and reduces it (PyTorch's `reduce_scatter_out` pattern). A barrier that
+    /// also checks every rank passed the same geometry, the pull (the SM-pull kernel of the
+    /// copy-engine all-reduce, on this rank's shard), and a closing barrier (peers read this
+    /// rank's input until then, so the caller may overwrite it afterwards). `output` may be this
+    /// rank's shard of `input` (in place: no peer reads that shard). Stream-ordered, allocates
+    /// nothing, graph-capturable.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce_scatter_pull(
+        &self,
+        stream: &CudaStream,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        let dt = kernel_dtype(dtype, "reduce_scatter")?;
+        if count == 0 {
+            return Ok(());
+        }
+        check_ptr("reduce_scatter input", input, dtype)?;
+        check_ptr("reduce_scatter output", output, dtype)?;
+        let bytes = byte_len(count, dtype)?;
+        let total = count
+            .checked_mul(self.world)
+            .ok_or_else(|| Error::InvalidArgument("reduce_scatter count overflows".into()))?;
+        let in_bytes = byte_len(total, dtype)?;
+        let shard = (self.rank * bytes) as u64;
+        let own = input + shard;
+        if output != own && ranges_overlap(input, in_bytes, output, bytes) {
+            return Err(Error::InvalidArgument(
+                "reduce_scatter output overlaps the input other than at this rank's shard".into(),
+            ));
+        }
+        let sym = self.lookup_symmetric(input, in_bytes).ok_or_else(|| {
+            Error::InvalidArgument(
+                "the zero-copy reduce-scatter needs its input in symmetric memory registered with \
+                 register_symmetric (the same offset on every rank)"
+                    .into(),
+            )
+        })?;
+        let check = check_word(&[4, sym.offset as u64, sym.alloc_size as u64, count as u64, dt as u64]);
+        let mask = self.full_mask();
+        self.launch_barrier(stream, mask, check)?;
+        let mut srcs = [0u64; MAX_WORLD];
+        for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
+            *src = if s == self.rank { own } else { sym.ptrs[s] + shard };
+        }
+        let tuning = self.config.tuning;
+        self.launch_reduce_ptrs(stream, dt, op, output, count, &srcs[..self.world], &tuning)?;
+        // Peers read this rank's input until here.
+        self.launch_barrier(stream, mask, 0)
+    }
+
     // ------------------------------------------------------------------ all-gather
 
     /// All-gather: `input` holds `count` elements, `output` receives `count * world` (in place

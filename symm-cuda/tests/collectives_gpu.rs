@@ -502,6 +502,57 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                             runs += 1;
                         }
                     }
+                    // ---- reduce-scatter zero-copy pull: the input in registered symmetric memory
+                    // (out of place and in place at this rank's shard)
+                    for op in ReduceOp::ALL {
+                        if name != "default" || (count > 5000 && op != ReduceOp::Sum) {
+                            continue;
+                        }
+                        for in_place in [false, true] {
+                            if in_place && offset != 0 {
+                                continue;
+                            }
+                            seed += 1;
+                            let total = count * world;
+                            let exact = op == ReduceOp::Sum;
+                            let inputs: Vec<Vec<f64>> =
+                                (0..world).map(|r| gen_input(seed, r, total, dtype, exact)).collect();
+                            let want: Vec<f64> = (0..count)
+                                .map(|i| {
+                                    let v: Vec<f64> = inputs.iter().map(|x| x[me * count + i]).collect();
+                                    reduce_ref(op, &v)
+                                })
+                                .collect();
+                            let want = decode(dtype, &encode(dtype, &want));
+                            env.stream.synchronize()?;
+                            sym.write_bytes(sym.rank(), off, &encode(dtype, &inputs[me]))?;
+                            let base = sym.buffer_ptrs()[me] + off as u64;
+                            let shard = off + me * count * es;
+                            let mut out = Buf::new(&env.stream, count * es + off)?;
+                            out.fill(&env.stream, off, &[])?;
+                            let o_ptr = if in_place {
+                                base + (me * count * es) as u64
+                            } else {
+                                out.at(off)
+                            };
+                            obj.reduce_scatter_pull(&env.stream, base, o_ptr, count, dtype, op)?;
+                            env.stream.synchronize()?;
+                            obj.check_error()?;
+                            let what = format!(
+                                "reduce_scatter ({name}) pull {dtype} {op} count {count} offset {offset}{}",
+                                if in_place { " in place" } else { "" }
+                            );
+                            let got = if in_place {
+                                let mut g = vec![0u8; count * es];
+                                sym.read_bytes(sym.rank(), shard, &mut g)?;
+                                g
+                            } else {
+                                out.read(&env.stream, off, count * es, false)?
+                            };
+                            fails.check(compare(&what, dtype, &decode(dtype, &got), &want, exact));
+                            runs += 1;
+                        }
+                    }
                     // ---- all-gather: SM, copy engine zero-copy, copy engine staged; in place (SM)
                     for (path, zero_copy, in_place) in [
                         (AllGatherPath::Sm, false, false),

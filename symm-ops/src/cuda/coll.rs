@@ -66,6 +66,24 @@ impl Coll {
         self.inner.reduce_scatter(stream, input, output, count, dtype, op)
     }
 
+    /// Zero-copy reduce-scatter of a registered input; `count` = output elements.
+    pub fn reduce_scatter_pull(
+        &self,
+        stream: &CudaStream,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.inner.reduce_scatter_pull(stream, input, output, count, dtype, op)
+    }
+
+    /// Ranks of the group.
+    pub fn world_size(&self) -> usize {
+        self.inner.group().world_size()
+    }
+
     /// `count` = input elements.
     pub fn all_gather(
         &self,

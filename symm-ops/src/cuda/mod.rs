@@ -286,8 +286,29 @@ impl CudaEngine {
         let _l = self.lock()?;
         let (out_ptr, _g_out) = self.dst(&mut output)?;
         let (in_ptr, _g_in) = self.src(&input)?;
+        // The pull reads the peers' inputs in place: it needs the input in registered symmetric
+        // memory (the same offset on every rank, so every rank decides alike); otherwise NCCL
+        // where it is available, else the kernels.
+        let algo = match algo {
+            ReduceScatterAlgo::Pull
+                if !self
+                    .coll()?
+                    .is_registered(in_ptr, count * self.coll()?.world_size() * dtype.size()) =>
+            {
+                if self.nccl.is_some() {
+                    ReduceScatterAlgo::Nccl
+                } else {
+                    ReduceScatterAlgo::Symm
+                }
+            }
+            a => a,
+        };
         match algo {
             ReduceScatterAlgo::Nccl => self.nccl()?.reduce_scatter(in_ptr, out_ptr, count, dtype, op),
+            ReduceScatterAlgo::Pull => {
+                self.coll()?
+                    .reduce_scatter_pull(&self.stream, in_ptr, out_ptr, count, dtype, op)
+            }
             ReduceScatterAlgo::Symm => self
                 .coll()?
                 .reduce_scatter(&self.stream, in_ptr, out_ptr, count, dtype, op),
