@@ -64,6 +64,11 @@ inventory::collect!(ConnectivityDetector);
 /// The connectivity of `device_type` over `link_kind`, detected once per
 /// process and cached.
 pub fn get_connectivity(device_type: DeviceType, link_kind: &str) -> Result<Arc<Connectivity>> {
+    // One detection at a time per process: ranks running as threads of one process ask at once,
+    // and a detector (NVML, rocm-smi) need not be safe to run concurrently; the later callers
+    // then find the cached result.
+    static DETECTING: Mutex<()> = Mutex::new(());
+    let _detecting = DETECTING.lock().unwrap_or_else(|e| e.into_inner());
     type Cache = Mutex<HashMap<(DeviceType, String), Arc<Connectivity>>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let key = (device_type, link_kind.to_string());

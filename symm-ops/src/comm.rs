@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use symm_core::symm_store::StoreExchange;
 use symm_core::{
     detect_topology, empty_p2p, get_connectivity, DType, Device, DeviceType, Error, Group, Rank, ReduceOp, Result,
     SymmTensor, Topology,
@@ -254,6 +255,18 @@ impl Communicator {
                         Ok(c) if sorted.len() == devices.len() => detect_topology(&c.matrix, &devices),
                         _ => Topology::Unknown,
                     }
+                } else {
+                    Topology::Unknown
+                };
+                // Every rank must build the same engine: a rank whose own detection saw less
+                // (NVML failing in one process, say) would otherwise skip the kernels' rendezvous
+                // while the others wait in it. Agree on the verdict: the topology holds only if
+                // every rank saw it.
+                let verdict = format!("{topology:?}");
+                let verdicts = StoreExchange::new(group.store().clone(), group.next_prefix("comm-topology"))
+                    .all_gather(group.rank().get(), world, verdict.as_bytes(), timeout)?;
+                let topology = if verdicts.iter().all(|v| v.as_slice() == verdict.as_bytes()) {
+                    topology
                 } else {
                     Topology::Unknown
                 };
