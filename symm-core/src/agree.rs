@@ -47,6 +47,34 @@ pub fn check_world_size<R>(world: usize, records: &[R], get_world: impl Fn(&R) -
     Ok(())
 }
 
+fn read_trimmed(path: &str) -> String {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// This host's identity as ranks compare it at rendezvous: the host name and the kernel's boot
+/// id (shared by every process and container of one machine).
+pub fn host_id() -> String {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        format!(
+            "{}/{}",
+            read_trimmed("/proc/sys/kernel/hostname"),
+            read_trimmed("/proc/sys/kernel/random/boot_id")
+        )
+    })
+    .clone()
+}
+
+/// This process's pid namespace (ranks that pass fds check each other's pids, which needs one
+/// namespace).
+pub fn pid_namespace() -> String {
+    std::fs::read_link("/proc/self/ns/pid")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,5 +92,6 @@ mod tests {
         assert!(check_world_size(2, &[3usize, 3], |w| *w).is_err());
         assert!(check_world_size(2, &[2usize, 3], |w| *w).is_err());
         assert!(check_world_size(0, &[] as &[usize], |w| *w).is_err());
+        assert!(host_id().contains('/'));
     }
 }

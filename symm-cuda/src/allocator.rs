@@ -45,7 +45,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
-use symm_core::agree::{check_equal, check_world_size};
+use symm_core::agree::{check_equal, check_world_size, host_id, pid_namespace};
 
 use cudarc::driver::{CudaContext, CudaStream};
 use symm_core::pad::{self, SIGNAL_PAD_SIZE};
@@ -203,31 +203,6 @@ fn process_nonce() -> u64 {
         }
         u64::from_le_bytes(b)
     })
-}
-
-fn read_trimmed(path: &str) -> String {
-    std::fs::read_to_string(path)
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
-/// This host's identity: hostname and boot id.
-pub fn host_id() -> String {
-    static ID: OnceLock<String> = OnceLock::new();
-    ID.get_or_init(|| {
-        let name = nix::unistd::gethostname()
-            .ok()
-            .and_then(|h| h.into_string().ok())
-            .unwrap_or_else(|| read_trimmed("/proc/sys/kernel/hostname"));
-        format!("{name}/{}", read_trimmed("/proc/sys/kernel/random/boot_id"))
-    })
-    .clone()
-}
-
-fn pid_namespace() -> String {
-    std::fs::read_link("/proc/self/ns/pid")
-        .map(|p| p.to_string_lossy().into_owned())
-        .unwrap_or_default()
 }
 
 /// What every rank publishes at rendezvous.

@@ -161,6 +161,14 @@ impl std::fmt::Debug for CudaCollectives {
     }
 }
 
+/// A checked reduce-scatter: the kernel dtype index, the address of this rank's shard of the
+/// input, the bytes of the whole input.
+struct RsGeometry {
+    dt: usize,
+    own: u64,
+    in_bytes: usize,
+}
+
 fn ranges_overlap(a: u64, a_len: usize, b: u64, b_len: usize) -> bool {
     a_len > 0 && b_len > 0 && a < b.saturating_add(b_len as u64) && b < a.saturating_add(a_len as u64)
 }
@@ -802,24 +810,11 @@ impl CudaCollectives {
         op: ReduceOp,
     ) -> Result<()> {
         self.check_stream(stream)?;
-        let dt = kernel_dtype(dtype, "reduce_scatter")?;
-        if count == 0 {
+        let Some(g) = self.reduce_scatter_geometry(input, output, count, dtype)? else {
             return Ok(());
-        }
+        };
         tuning.validate()?;
-        check_ptr("reduce_scatter input", input, dtype)?;
-        check_ptr("reduce_scatter output", output, dtype)?;
-        let bytes = byte_len(count, dtype)?;
-        let total = count
-            .checked_mul(self.world)
-            .ok_or_else(|| Error::InvalidArgument("reduce_scatter count overflows".into()))?;
-        let in_bytes = byte_len(total, dtype)?;
-        let own = input + (self.rank * bytes) as u64;
-        if output != own && ranges_overlap(input, in_bytes, output, bytes) {
-            return Err(Error::InvalidArgument(
-                "reduce_scatter output overlaps the input other than at this rank's shard".into(),
-            ));
-        }
+        let (dt, total) = (g.dt, count * self.world);
         let algo = match algo {
             ReduceScatterAlgo::Auto => self.select_reduce_scatter(count, dtype),
             a => a,
@@ -841,6 +836,35 @@ impl CudaCollectives {
         )
     }
 
+    /// Checks a reduce-scatter's arguments (`count` output elements; the input holds `count *
+    /// world`); `None` when there is nothing to do.
+    fn reduce_scatter_geometry(
+        &self,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+    ) -> Result<Option<RsGeometry>> {
+        let dt = kernel_dtype(dtype, "reduce_scatter")?;
+        if count == 0 {
+            return Ok(None);
+        }
+        check_ptr("reduce_scatter input", input, dtype)?;
+        check_ptr("reduce_scatter output", output, dtype)?;
+        let bytes = byte_len(count, dtype)?;
+        let total = count
+            .checked_mul(self.world)
+            .ok_or_else(|| Error::InvalidArgument("reduce_scatter count overflows".into()))?;
+        let in_bytes = byte_len(total, dtype)?;
+        let own = input + (self.rank * bytes) as u64;
+        if output != own && ranges_overlap(input, in_bytes, output, bytes) {
+            return Err(Error::InvalidArgument(
+                "reduce_scatter output overlaps the input other than at this rank's shard".into(),
+            ));
+        }
+        Ok(Some(RsGeometry { dt, own, in_bytes }))
+    }
+
     /// Zero-copy reduce-scatter for an input in registered symmetric memory (the same offset on
     /// every rank, see [`Self::register_symmetric`]): every rank reads its shard straight from
     /// every peer's input and reduces it (PyTorch's `reduce_scatter_out` pattern). A barrier that
@@ -860,25 +884,12 @@ impl CudaCollectives {
         op: ReduceOp,
     ) -> Result<()> {
         self.check_stream(stream)?;
-        let dt = kernel_dtype(dtype, "reduce_scatter")?;
-        if count == 0 {
+        let Some(g) = self.reduce_scatter_geometry(input, output, count, dtype)? else {
             return Ok(());
-        }
-        check_ptr("reduce_scatter input", input, dtype)?;
-        check_ptr("reduce_scatter output", output, dtype)?;
-        let bytes = byte_len(count, dtype)?;
-        let total = count
-            .checked_mul(self.world)
-            .ok_or_else(|| Error::InvalidArgument("reduce_scatter count overflows".into()))?;
-        let in_bytes = byte_len(total, dtype)?;
-        let shard = (self.rank * bytes) as u64;
-        let own = input + shard;
-        if output != own && ranges_overlap(input, in_bytes, output, bytes) {
-            return Err(Error::InvalidArgument(
-                "reduce_scatter output overlaps the input other than at this rank's shard".into(),
-            ));
-        }
-        let sym = self.lookup_symmetric(input, in_bytes).ok_or_else(|| {
+        };
+        let (dt, own) = (g.dt, g.own);
+        let shard = own - input;
+        let sym = self.lookup_symmetric(input, g.in_bytes).ok_or_else(|| {
             Error::InvalidArgument(
                 "the zero-copy reduce-scatter needs its input in symmetric memory registered with \
                  register_symmetric (the same offset on every rank)"

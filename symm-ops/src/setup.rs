@@ -44,20 +44,7 @@ impl PeerInfo {
     }
 }
 
-/// This host's identity: the kernel's boot id (shared by every process and
-/// container of one machine) and the host name.
-pub(crate) fn host_id() -> String {
-    let read = |p: &str| {
-        std::fs::read_to_string(p)
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default()
-    };
-    format!(
-        "{}/{}",
-        read("/proc/sys/kernel/hostname"),
-        read("/proc/sys/kernel/random/boot_id")
-    )
-}
+pub(crate) use symm_core::agree::host_id;
 
 /// Publishes `me` and gathers every rank's record (collective; every rank
 /// of the group calls it in the same order of setup steps).

@@ -174,13 +174,6 @@ pub fn check_records(infos: &[RankInfo]) -> Result<()> {
     Ok(())
 }
 
-fn host_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .or_else(|_| std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()))
-        .unwrap_or_else(|_| "unknown-host".into())
-}
-
 impl SymmetricAllocator for RocmAllocator {
     fn device_type(&self) -> DeviceType {
         DeviceType::Rocm
@@ -269,7 +262,7 @@ fn rendezvous(local: &Arc<Local>, group: &Arc<Group>, timeout: Duration) -> Resu
     let prefix = group.next_prefix("rocm-rendezvous");
     let exchange = StoreExchange::new(group.store().clone(), prefix.clone());
     let me = RankInfo {
-        host: host_id(),
+        host: symm_core::agree::host_id(),
         pid: std::process::id(),
         pci: runtime::pci_bus_id(local.device)?,
         size: local.layout.size,

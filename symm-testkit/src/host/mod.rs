@@ -24,7 +24,8 @@ use std::sync::Arc;
 
 use symm_core::{BackendRegistration, DeviceType, Result, SymmetricAllocator};
 
-pub use allocator::{check_infos, host_id, HostAllocation, HostAllocator, RankInfo};
+pub use allocator::{check_infos, HostAllocation, HostAllocator, RankInfo};
+pub use symm_core::agree::host_id;
 pub use symm_mem::HostSymmetricMemory;
 
 /// Name under which the host backend registers.
