@@ -209,12 +209,10 @@ mod tests {
     fn cube_mesh() -> LinkMatrix {
         // DGX-1: quads {0,1,2,3} and {4,5,6,7}, matched i <-> i+4.
         let mut rows = vec![vec![0u32; 8]; 8];
-        for q in [0usize, 4] {
-            for i in q..q + 4 {
-                for j in q..q + 4 {
-                    if i != j {
-                        rows[i][j] = 1;
-                    }
+        for (i, row) in rows.iter_mut().enumerate() {
+            for (j, link) in row.iter_mut().enumerate() {
+                if i != j && i / 4 == j / 4 {
+                    *link = 1;
                 }
             }
         }
