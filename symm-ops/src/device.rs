@@ -41,80 +41,45 @@ pub trait DeviceOutput {
     fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>);
 }
 
-impl<T: Element + DeviceRepr> DeviceInput for CudaSlice<T> {
-    fn dtype(&self) -> DType {
-        T::DTYPE
-    }
-    fn len(&self) -> usize {
-        DeviceSlice::len(self)
-    }
-    fn context(&self) -> &Arc<CudaContext> {
-        DeviceSlice::stream(self).context()
-    }
-    fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
-        self.device_ptr(stream)
-    }
+/// The trait impls for one cudarc-compatible buffer type (they differ only in the type).
+macro_rules! device_buffer {
+    (input: $($ty:ty),+) => {$(
+        impl<T: Element + DeviceRepr> DeviceInput for $ty {
+            fn dtype(&self) -> DType {
+                T::DTYPE
+            }
+            fn len(&self) -> usize {
+                DeviceSlice::len(self)
+            }
+            fn context(&self) -> &Arc<CudaContext> {
+                DeviceSlice::stream(self).context()
+            }
+            fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
+                self.device_ptr(stream)
+            }
+        }
+    )+};
+    (output: $($ty:ty),+) => {$(
+        impl<T: Element + DeviceRepr> DeviceOutput for $ty {
+            fn dtype(&self) -> DType {
+                T::DTYPE
+            }
+            fn len(&self) -> usize {
+                DeviceSlice::len(self)
+            }
+            fn context(&self) -> &Arc<CudaContext> {
+                DeviceSlice::stream(self).context()
+            }
+            fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
+                self.device_ptr_mut(stream)
+            }
+        }
+    )+};
 }
 
-impl<T: Element + DeviceRepr> DeviceInput for CudaView<'_, T> {
-    fn dtype(&self) -> DType {
-        T::DTYPE
-    }
-    fn len(&self) -> usize {
-        DeviceSlice::len(self)
-    }
-    fn context(&self) -> &Arc<CudaContext> {
-        DeviceSlice::stream(self).context()
-    }
-    fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
-        self.device_ptr(stream)
-    }
-}
-
-impl<T: Element + DeviceRepr> DeviceInput for CudaViewMut<'_, T> {
-    fn dtype(&self) -> DType {
-        T::DTYPE
-    }
-    fn len(&self) -> usize {
-        DeviceSlice::len(self)
-    }
-    fn context(&self) -> &Arc<CudaContext> {
-        DeviceSlice::stream(self).context()
-    }
-    fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
-        self.device_ptr(stream)
-    }
-}
-
-impl<T: Element + DeviceRepr> DeviceOutput for CudaSlice<T> {
-    fn dtype(&self) -> DType {
-        T::DTYPE
-    }
-    fn len(&self) -> usize {
-        DeviceSlice::len(self)
-    }
-    fn context(&self) -> &Arc<CudaContext> {
-        DeviceSlice::stream(self).context()
-    }
-    fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
-        self.device_ptr_mut(stream)
-    }
-}
-
-impl<T: Element + DeviceRepr> DeviceOutput for CudaViewMut<'_, T> {
-    fn dtype(&self) -> DType {
-        T::DTYPE
-    }
-    fn len(&self) -> usize {
-        DeviceSlice::len(self)
-    }
-    fn context(&self) -> &Arc<CudaContext> {
-        DeviceSlice::stream(self).context()
-    }
-    fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
-        self.device_ptr_mut(stream)
-    }
-}
+// cudarc's slices and views, and symm-cuda's typed views of symmetric memory (any rank's buffer).
+device_buffer!(input: CudaSlice<T>, CudaView<'_, T>, CudaViewMut<'_, T>, symm_cuda::SymmView<T>);
+device_buffer!(output: CudaSlice<T>, CudaViewMut<'_, T>, symm_cuda::SymmView<T>);
 
 impl<'a, T: Element + DeviceRepr> From<&'a CudaSlice<T>> for Buf<'a> {
     fn from(s: &'a CudaSlice<T>) -> Self {
@@ -142,43 +107,12 @@ impl<'a, 'b: 'a, T: Element + DeviceRepr> From<&'a mut CudaViewMut<'b, T>> for B
     }
 }
 
-/// symm-cuda's typed views of symmetric memory (any rank's buffer).
-impl<T: Element> DeviceInput for symm_cuda::SymmView<T> {
-    fn dtype(&self) -> DType {
-        T::DTYPE
-    }
-    fn len(&self) -> usize {
-        DeviceSlice::len(self)
-    }
-    fn context(&self) -> &Arc<CudaContext> {
-        DeviceSlice::stream(self).context()
-    }
-    fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
-        self.device_ptr(stream)
-    }
-}
-
-impl<T: Element> DeviceOutput for symm_cuda::SymmView<T> {
-    fn dtype(&self) -> DType {
-        T::DTYPE
-    }
-    fn len(&self) -> usize {
-        DeviceSlice::len(self)
-    }
-    fn context(&self) -> &Arc<CudaContext> {
-        DeviceSlice::stream(self).context()
-    }
-    fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
-        self.device_ptr_mut(stream)
-    }
-}
-
-impl<'a, T: Element> From<&'a symm_cuda::SymmView<T>> for Buf<'a> {
+impl<'a, T: Element + DeviceRepr> From<&'a symm_cuda::SymmView<T>> for Buf<'a> {
     fn from(s: &'a symm_cuda::SymmView<T>) -> Self {
         Buf::Device(s)
     }
 }
-impl<'a, T: Element> From<&'a mut symm_cuda::SymmView<T>> for BufMut<'a> {
+impl<'a, T: Element + DeviceRepr> From<&'a mut symm_cuda::SymmView<T>> for BufMut<'a> {
     fn from(s: &'a mut symm_cuda::SymmView<T>) -> Self {
         BufMut::Device(s)
     }
