@@ -118,9 +118,10 @@ struct Registered {
     size: usize,
 }
 
-/// Where a zero-copy input lies: every rank's address of it, and its offset in the allocation.
+/// Where a zero-copy input lies: every rank's address of it (the first `world` entries), and its
+/// offset in the allocation. A fixed array, so an op's launch path allocates nothing.
 struct SymInput {
-    ptrs: Vec<u64>,
+    ptrs: [u64; MAX_WORLD],
     offset: usize,
     alloc_size: usize,
 }
@@ -437,8 +438,12 @@ impl CudaCollectives {
             let end = ptr.checked_add(bytes as u64)?;
             if ptr >= r.base && end <= r.base + r.size as u64 {
                 let offset = (ptr - r.base) as usize;
+                let mut ptrs = [0u64; MAX_WORLD];
+                for (p, b) in ptrs.iter_mut().zip(r.mem.buffer_ptrs()) {
+                    *p = b + offset as u64;
+                }
                 Some(SymInput {
-                    ptrs: r.mem.buffer_ptrs().iter().map(|b| b + offset as u64).collect(),
+                    ptrs,
                     offset,
                     alloc_size: r.size,
                 })
@@ -725,10 +730,19 @@ impl CudaCollectives {
         // The part the SMs pull directly runs while the copy engine copies the rest.
         if ce_elems < count {
             let off = (ce_elems * es) as u64;
-            let srcs: Vec<u64> = (0..self.world)
-                .map(|s| if s == self.rank { input + off } else { sym.ptrs[s] + off })
-                .collect();
-            self.launch_reduce_ptrs(stream, dt, op, output + off, count - ce_elems, &srcs, tuning)?;
+            let mut srcs = [0u64; MAX_WORLD];
+            for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
+                *src = if s == self.rank { input + off } else { sym.ptrs[s] + off };
+            }
+            self.launch_reduce_ptrs(
+                stream,
+                dt,
+                op,
+                output + off,
+                count - ce_elems,
+                &srcs[..self.world],
+                tuning,
+            )?;
         }
         let w1 = self.world - 1;
         let chunk_bytes = chunk * es;
@@ -741,8 +755,8 @@ impl CudaCollectives {
                     .wait(&ce.reduced[k])
                     .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
             }
-            let mut srcs = vec![0u64; self.world];
-            for (s, src) in srcs.iter_mut().enumerate() {
+            let mut srcs = [0u64; MAX_WORLD];
+            for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
                 if s == self.rank {
                     *src = input + (start * es) as u64;
                     continue;
@@ -758,7 +772,15 @@ impl CudaCollectives {
             stream
                 .wait(&ce.copied[k])
                 .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
-            self.launch_reduce_ptrs(stream, dt, op, output + (start * es) as u64, n, &srcs, tuning)?;
+            self.launch_reduce_ptrs(
+                stream,
+                dt,
+                op,
+                output + (start * es) as u64,
+                n,
+                &srcs[..self.world],
+                tuning,
+            )?;
             ce.reduced[k]
                 .record(stream)
                 .map_err(|e| from_driver(e, "cuEventRecord"))?;
@@ -1038,22 +1060,17 @@ impl CudaCollectives {
                 ));
             }
             let check = check_word(&[2, count as u64, dtype.size() as u64]);
-            let ring_bases: Vec<u64> = self
-                .mem
-                .buffer_ptrs()
-                .iter()
-                .map(|b| b + self.layout.ring_off as u64)
-                .collect();
+            let ring_base = |rank: usize| self.mem.buffer_ptrs()[rank] + self.layout.ring_off as u64;
             let rounds = bytes.div_ceil(half);
             for r in 0..rounds {
                 let off = r * half;
                 let n = half.min(bytes - off);
                 let h = ((r % 2) * half) as u64;
-                dtod_async(stream, ring_bases[self.rank] + h, input + off as u64, n)?;
+                dtod_async(stream, ring_base(self.rank) + h, input + off as u64, n)?;
                 self.launch_barrier(stream, mask, check)?;
                 fork(&ce)?;
                 for s in (0..self.world).filter(|&s| s != self.rank) {
-                    dtod_async(&ce.side, output + (s * bytes + off) as u64, ring_bases[s] + h, n)?;
+                    dtod_async(&ce.side, output + (s * bytes + off) as u64, ring_base(s) + h, n)?;
                 }
                 if own != input {
                     dtod_async(stream, own + off as u64, input + off as u64, n)?;
