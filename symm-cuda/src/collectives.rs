@@ -162,12 +162,38 @@ impl std::fmt::Debug for CudaCollectives {
     }
 }
 
-/// A checked reduce-scatter: the kernel dtype index, the address of this rank's shard of the
-/// input, the bytes of the whole input.
-struct RsGeometry {
-    dt: usize,
+/// A checked reduce-scatter / all-gather: `part` holds `count` elements, `whole` holds `count *
+/// world`; `own` is this rank's shard of the whole, `whole_bytes` the whole's size.
+struct ShardGeometry {
     own: u64,
-    in_bytes: usize,
+    whole_bytes: usize,
+}
+
+/// Checks the buffers of a reduce-scatter (`whole` = input, `part` = output) or an all-gather
+/// (`part` = input, `whole` = output): aligned, sizes that do not overflow, and the part either
+/// this rank's shard of the whole (in place) or apart from it.
+fn shard_geometry(
+    op: &'static str,
+    (whole_name, whole): (&'static str, u64),
+    (part_name, part): (&'static str, u64),
+    count: usize,
+    dtype: DType,
+    (rank, world): (usize, usize),
+) -> Result<ShardGeometry> {
+    check_ptr(whole_name, whole, dtype)?;
+    check_ptr(part_name, part, dtype)?;
+    let bytes = byte_len(count, dtype)?;
+    let total = count
+        .checked_mul(world)
+        .ok_or_else(|| Error::InvalidArgument(format!("{op} count overflows")))?;
+    let whole_bytes = byte_len(total, dtype)?;
+    let own = whole + (rank * bytes) as u64;
+    if part != own && ranges_overlap(whole, whole_bytes, part, bytes) {
+        return Err(Error::InvalidArgument(format!(
+            "{part_name} overlaps the {whole_name} other than at this rank's shard"
+        )));
+    }
+    Ok(ShardGeometry { own, whole_bytes })
 }
 
 fn ranges_overlap(a: u64, a_len: usize, b: u64, b_len: usize) -> bool {
@@ -832,11 +858,11 @@ impl CudaCollectives {
         op: ReduceOp,
     ) -> Result<()> {
         self.check_stream(stream)?;
-        let Some(g) = self.reduce_scatter_geometry(input, output, count, dtype)? else {
+        let Some((dt, _)) = self.reduce_scatter_geometry(input, output, count, dtype)? else {
             return Ok(());
         };
         tuning.validate()?;
-        let (dt, total) = (g.dt, count * self.world);
+        let total = count * self.world;
         let algo = match algo {
             ReduceScatterAlgo::Auto => self.select_reduce_scatter(count, dtype),
             a => a,
@@ -866,25 +892,20 @@ impl CudaCollectives {
         output: u64,
         count: usize,
         dtype: DType,
-    ) -> Result<Option<RsGeometry>> {
+    ) -> Result<Option<(usize, ShardGeometry)>> {
         let dt = kernel_dtype(dtype, "reduce_scatter")?;
         if count == 0 {
             return Ok(None);
         }
-        check_ptr("reduce_scatter input", input, dtype)?;
-        check_ptr("reduce_scatter output", output, dtype)?;
-        let bytes = byte_len(count, dtype)?;
-        let total = count
-            .checked_mul(self.world)
-            .ok_or_else(|| Error::InvalidArgument("reduce_scatter count overflows".into()))?;
-        let in_bytes = byte_len(total, dtype)?;
-        let own = input + (self.rank * bytes) as u64;
-        if output != own && ranges_overlap(input, in_bytes, output, bytes) {
-            return Err(Error::InvalidArgument(
-                "reduce_scatter output overlaps the input other than at this rank's shard".into(),
-            ));
-        }
-        Ok(Some(RsGeometry { dt, own, in_bytes }))
+        let g = shard_geometry(
+            "reduce_scatter",
+            ("reduce_scatter input", input),
+            ("reduce_scatter output", output),
+            count,
+            dtype,
+            (self.rank, self.world),
+        )?;
+        Ok(Some((dt, g)))
     }
 
     /// Zero-copy reduce-scatter for an input in registered symmetric memory (the same offset on
@@ -906,12 +927,12 @@ impl CudaCollectives {
         op: ReduceOp,
     ) -> Result<()> {
         self.check_stream(stream)?;
-        let Some(g) = self.reduce_scatter_geometry(input, output, count, dtype)? else {
+        let Some((dt, g)) = self.reduce_scatter_geometry(input, output, count, dtype)? else {
             return Ok(());
         };
-        let (dt, own) = (g.dt, g.own);
+        let own = g.own;
         let shard = own - input;
-        let sym = self.lookup_symmetric(input, g.in_bytes).ok_or_else(|| {
+        let sym = self.lookup_symmetric(input, g.whole_bytes).ok_or_else(|| {
             Error::InvalidArgument(
                 "the zero-copy reduce-scatter needs its input in symmetric memory registered with \
                  register_symmetric (the same offset on every rank)"
@@ -977,19 +998,15 @@ impl CudaCollectives {
             return Ok(());
         }
         tuning.validate()?;
-        check_ptr("all_gather input", input, dtype)?;
-        check_ptr("all_gather output", output, dtype)?;
-        let bytes = byte_len(count, dtype)?;
-        let total = count
-            .checked_mul(self.world)
-            .ok_or_else(|| Error::InvalidArgument("all_gather count overflows".into()))?;
-        let out_bytes = byte_len(total, dtype)?;
-        let own = output + (self.rank * bytes) as u64;
-        if input != own && ranges_overlap(input, bytes, output, out_bytes) {
-            return Err(Error::InvalidArgument(
-                "all_gather input overlaps the output other than at this rank's shard".into(),
-            ));
-        }
+        shard_geometry(
+            "all_gather",
+            ("all_gather output", output),
+            ("all_gather input", input),
+            count,
+            dtype,
+            (self.rank, self.world),
+        )?;
+        let total = count * self.world;
         let path = match path {
             AllGatherPath::Auto => self.select_all_gather(count, dtype),
             p => p,

@@ -1531,32 +1531,24 @@ mod gpu {
     /// The algorithm (and, where the Communicator hands the choice to the kernels, the kernel
     /// path) that an `auto` row runs.
     fn path_of(st: &RankState, op: Op, spec: &AlgoSpec, g: &Geometry, dtype: DType, tuning: &Tuning) -> String {
-        match (op, spec.base.as_str()) {
-            (Op::AllReduce, "auto") => st
-                .comm
-                .as_ref()
-                .map(|c| c.select_all_reduce(g.bytes).to_string())
-                .unwrap_or_default(),
-            (Op::ReduceScatter, "auto") => st
-                .comm
-                .as_ref()
-                .map(|c| match c.select_reduce_scatter(g.bytes) {
+        if let ("auto", Some(c)) = (spec.base.as_str(), st.comm.as_ref()) {
+            return match op {
+                Op::AllReduce => c.select_all_reduce(g.bytes).to_string(),
+                Op::ReduceScatter => match c.select_reduce_scatter(g.bytes) {
                     a @ symm_ops::ReduceScatterAlgo::Symm => {
                         format!("{a}: {}", st.coll.select_reduce_scatter(g.count, dtype).name())
                     }
                     a => a.to_string(),
-                })
-                .unwrap_or_default(),
-            (Op::AllGather, "auto") => st
-                .comm
-                .as_ref()
-                .map(|c| match c.select_all_gather(g.bytes) {
+                },
+                Op::AllGather => match c.select_all_gather(g.bytes) {
                     a @ symm_ops::AllGatherAlgo::Sm => {
                         format!("{a}: {}", st.coll.select_all_gather(g.count, dtype).name())
                     }
                     a => a.to_string(),
-                })
-                .unwrap_or_default(),
+                },
+            };
+        }
+        match (op, spec.base.as_str()) {
             (Op::AllReduce, "copy_engine") => format!("{:.0}% by copy engine", tuning.ce_fraction * 100.0),
             _ => String::new(),
         }
