@@ -22,10 +22,14 @@
 // Peer index: for rank r, the l-th peer (l = 0..W1-1) is p = (r+1+l) % world; r's slot at p is
 // jr = world-2-l. A word written by peer p at r lives at index l(p) = (p-r-1+world) % world.
 //
-// Op state. All per-op epochs are read at kernel start by thread 0 of every block, which then
-// does atom.release.gpu.add(ARRIVE, 1); block 0, after its work, waits until ARRIVE == gridDim.x
-// (every block has read the state), then advances the state and resets ARRIVE. The next kernel on
-// the stream sees the new state. Nothing epoch-like is a kernel argument, so CUDA-graph replay
+// Op state. All per-op epochs are read at kernel start; block 0, after its work, waits until
+// ARRIVE == gridDim.x (every block has read the state), then advances the state and resets
+// ARRIVE. The next kernel on the stream sees the new state. Ring: thread 0 of every block reads
+// the state and does red.release.gpu.add(ARRIVE, 1) at once. Lamport: every thread reads the
+// state with ld.acquire.gpu; a block counts itself in with a RELAXED add after all its threads
+// finished (a release there would wait for the acknowledgements of the thread's remote stores,
+// an NVLink round trip, before it could go on polling), and a one-block grid does not count at
+// all. Fused pull: see below. Nothing epoch-like is a kernel argument, so CUDA-graph replay
 // works; any grid size works (ranks must only agree on the ops' sequence and on nchunks).
 //
 // Lamport one-shot (data as flag). Buffers are pre-filled with the sentinel 0xFFFFFFFF per 32-bit
@@ -73,6 +77,16 @@
 // CE (copy engine, pull, zero-copy): barrier -> cuMemcpyDtoDAsync from the peers' symmetric
 // inputs (+ reduce kernels for all-reduce) -> barrier; the host side is in collectives.rs.
 //
+// Fused pull (symm_pull_*: zero-copy all-reduce, reduce-scatter, all-gather of registered
+// inputs): the barrier, the SM pull and the closing barrier in ONE kernel. Epochs come from
+// BAR_CNT[t] (base): every block reads base, and its threads t (t a peer) store the check word and
+// st.release.sys base+1 into t's OPS[BAR][me] (every block sends the same values, so no block
+// depends on another being resident), then wait for OPS[BAR][t] >= base+1 and compare the check
+// word. After its reads a block counts itself in PULL_DONE (atom.acq_rel.gpu); the last one resets
+// PULL_DONE, sends base+2 to every peer, waits for base+2 from every peer (no rank returns while
+// a peer may still read its input) and stores BAR_CNT[t] = base+2. It is two barriers of
+// symm_coll_barrier's count, so the two kinds interleave freely.
+//
 // Every wait is bounded: deadline from %globaltimer, the abort words, and an error already latched
 // (then the wait gives up at once); failures latch SYMM_ERR_* into the pad's ERROR word. No trap.
 // Accumulation is fp32 in rank order 0..world-1, so every rank gets bitwise the same result.
@@ -101,6 +115,8 @@
 // Most threads per block of the Lamport, ring and reduce kernels (launch bounds: <= 128
 // registers per thread).
 #define COLL_MAX_THREADS 512
+// Vectors per thread per step of the Lamport push (loaded before the first remote store).
+#define COLL_LAM_UNROLL 4
 
 // STATE words (must match layout.rs).
 #define COLL_ST_LAM_IDX 0
@@ -108,6 +124,7 @@
 #define COLL_ST_LAM_USED 2
 #define COLL_ST_RING_SEQ 8
 #define COLL_ST_RING_ARRIVE 9
+#define COLL_ST_PULL_DONE 10
 #define COLL_ST_BAR_CNT 64
 
 // Pad OPS slots used here (must match layout.rs).
@@ -120,6 +137,16 @@
 
 __device__ __forceinline__ void coll_atom_add_release_gpu(unsigned int* p, unsigned int v) {
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void coll_red_add_relaxed_gpu(unsigned int* p, unsigned int v) {
+    asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ unsigned int coll_atom_add_acq_rel_gpu(unsigned int* p, unsigned int v) {
+    unsigned int old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
 }
 
 __device__ __forceinline__ unsigned int coll_ld_acquire_gpu(const unsigned int* p) {
@@ -504,42 +531,60 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
     if (mode != COLL_MODE_RS && tid < nv) {
         x0 = coll_load<DT>(input + tid * 16, (long long)(count - tid * VE), al_in);
     }
-    const unsigned int idx = symm_ld_volatile(st + COLL_ST_LAM_IDX) % 3u;
-    const unsigned int prev_used = symm_ld_volatile(st + COLL_ST_LAM_USED);
+    const unsigned int idx = coll_ld_acquire_gpu(st + COLL_ST_LAM_IDX) % 3u;
+    const unsigned int prev_used = coll_ld_acquire_gpu(st + COLL_ST_LAM_USED);
     CollWait w;
     w.pad = pad;
     w.abort_host = abort_host;
     w.timeout_ns = timeout_ns;
 
-    // 1. push (canonicalised: no lane ever equals the sentinel)
-    for (unsigned long long v = tid; v < nv; v += nth) {
-        const long long nvalid = (long long)(count - v * VE);
+    // 1. push (canonicalised: no lane ever equals the sentinel). COLL_LAM_UNROLL vectors per
+    //    thread per step, all loaded before the first remote store (the input loads overlap).
+    for (unsigned long long v0 = tid; v0 < nv; v0 += COLL_LAM_UNROLL * nth) {
         if (mode == COLL_MODE_RS) {
             for (unsigned int l = 0; l < w1; ++l) {
                 const unsigned int p = (rank + 1 + l) % world;
                 const unsigned int jr = world - 2 - l;
-                const uint4 x = coll_canon<DT>(
-                    coll_load<DT>(input + (unsigned long long)p * part_bytes + v * 16, nvalid, al_in && al_part));
-                coll_st_v4(reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes +
-                               v * 16,
-                           x);
+                char* dst = reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes;
+                uint4 x[COLL_LAM_UNROLL];
+#pragma unroll
+                for (int u = 0; u < COLL_LAM_UNROLL; ++u) {
+                    const unsigned long long v = v0 + u * nth;
+                    if (v < nv) {
+                        x[u] = coll_load<DT>(input + (unsigned long long)p * part_bytes + v * 16,
+                                             (long long)(count - v * VE), al_in && al_part);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < COLL_LAM_UNROLL; ++u) {
+                    const unsigned long long v = v0 + u * nth;
+                    if (v < nv) {
+                        coll_st_v4(dst + v * 16, coll_canon<DT>(x[u]));
+                    }
+                }
             }
         } else {
-            const uint4 x = coll_canon<DT>(v == tid ? x0 : coll_load<DT>(input + v * 16, nvalid, al_in));
+            uint4 x[COLL_LAM_UNROLL];
+#pragma unroll
+            for (int u = 0; u < COLL_LAM_UNROLL; ++u) {
+                const unsigned long long v = v0 + u * nth;
+                if (v < nv) {
+                    x[u] = coll_canon<DT>(v == tid ? x0 : coll_load<DT>(input + v * 16, (long long)(count - v * VE), al_in));
+                }
+            }
             for (unsigned int l = 0; l < w1; ++l) {
                 const unsigned int p = (rank + 1 + l) % world;
                 const unsigned int jr = world - 2 - l;
-                coll_st_v4(reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes +
-                               v * 16,
-                           x);
+                char* dst = reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes;
+#pragma unroll
+                for (int u = 0; u < COLL_LAM_UNROLL; ++u) {
+                    const unsigned long long v = v0 + u * nth;
+                    if (v < nv) {
+                        coll_st_v4(dst + v * 16, x[u]);
+                    }
+                }
             }
         }
-    }
-    // Every thread of this block has read the op state: count the block in (block 0 advances
-    // the state once every block did, at the end).
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        coll_atom_add_release_gpu(st + COLL_ST_LAM_ARRIVE, 1u);
     }
 
     // 2. clear the previous op's buffer
@@ -611,12 +656,24 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
         }
     }
 
-    // 4. advance the op state
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        coll_wait_arrivals(st + COLL_ST_LAM_ARRIVE, w);
-        st[COLL_ST_LAM_USED] = (unsigned int)nv;
-        st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
-        st[COLL_ST_LAM_ARRIVE] = 0u;
+    // 4. advance the op state. Every thread of every block read it (acquire loads, at the
+    //    start); a block counts itself in once all its threads are done, with a relaxed add: no
+    //    release fence, which would wait for this thread's remote stores to be acknowledged (an
+    //    NVLink round trip) -- the acquire loads already keep the state reads before it. A grid
+    //    of one block needs no count at all.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (gridDim.x > 1u) {
+            coll_red_add_relaxed_gpu(st + COLL_ST_LAM_ARRIVE, 1u);
+        }
+        if (blockIdx.x == 0) {
+            if (gridDim.x > 1u) {
+                coll_wait_arrivals(st + COLL_ST_LAM_ARRIVE, w);
+                st[COLL_ST_LAM_ARRIVE] = 0u;
+            }
+            st[COLL_ST_LAM_USED] = (unsigned int)nv;
+            st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
+        }
     }
 }
 
@@ -1050,6 +1107,149 @@ __device__ __forceinline__ void coll_reduce_ptrs(unsigned int rank, unsigned int
 COLL_REDUCE_PTRS_ENTRY(symm_reduce_ptrs_f32, COLL_F32)
 COLL_REDUCE_PTRS_ENTRY(symm_reduce_ptrs_f16, COLL_F16)
 COLL_REDUCE_PTRS_ENTRY(symm_reduce_ptrs_bf16, COLL_BF16)
+
+// ---------------------------------------------------------------- fused zero-copy pull
+
+// out[s * n + i] = src_s[i] for every rank s (all-gather; rank s's slice is skipped when its source
+// already is that slice: in place). Grid-stride, COLL_PULL_UNROLL vectors per source in flight.
+template <int DT>
+__device__ __forceinline__ void coll_gather_ptrs(unsigned int world, char* out, unsigned long long n, CollSrcs src) {
+    constexpr int VE = CollT<DT>::VE;
+    constexpr int ES = CollT<DT>::ES;
+    constexpr int U = COLL_PULL_UNROLL;
+    const unsigned long long part = n * ES;
+    const unsigned long long nv = (n + VE - 1) / VE;
+    const unsigned long long tid = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const unsigned long long nth = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned int s = 0; s < world; ++s) {
+        const char* in = coll_pick(src, (int)s);
+        char* dst = out + (unsigned long long)s * part;
+        if (in == dst) {
+            continue;
+        }
+        const bool al = ((reinterpret_cast<unsigned long long>(in) | reinterpret_cast<unsigned long long>(dst)) & 15ull) == 0;
+        for (unsigned long long v0 = tid; v0 < nv; v0 += U * nth) {
+            uint4 x[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const unsigned long long v = v0 + u * nth;
+                if (v < nv) {
+                    x[u] = coll_load<DT>(in + v * 16, (long long)(n - v * VE), al);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const unsigned long long v = v0 + u * nth;
+                if (v < nv) {
+                    coll_store<DT>(dst + v * 16, x[u], (long long)(n - v * VE), al);
+                }
+            }
+        }
+    }
+}
+
+// One kernel for a zero-copy pull: the opening barrier, the pull, and the closing barrier, so the
+// op costs one launch instead of three (NOTE [collectives-protocols], "Fused pull").
+// Barrier epochs: base = BAR_CNT[t] (read by every block), opening = base + 1, closing =
+// base + 2; the same counters as symm_coll_barrier (the fused pull counts as two full barriers).
+// Every block sends the opening signal (idempotent: the same values), so no block waits on
+// another being resident; every block waits for every peer's opening signal before it reads
+// peers. The last block to finish (PULL_DONE, acq_rel) sends the closing signal, waits for the
+// peers' and stores BAR_CNT = base + 2 (every block has read BAR_CNT before it counted itself in).
+// mode: COLL_MODE_AR / COLL_MODE_RS (reduce the sources into out, n elements) or COLL_MODE_AG
+// (gather: rank s's n elements to out + s * n).
+template <int DT, int OP>
+__device__ __forceinline__ void coll_pull(const CollWs8 pads, const CollSrcs src, unsigned int* st, unsigned int rank,
+                                          unsigned int world, unsigned int mode, char* out, unsigned long long n,
+                                          unsigned int check, unsigned long long timeout_ns,
+                                          const unsigned int* abort_host) {
+    __shared__ int s_last;
+    unsigned int* pad = reinterpret_cast<unsigned int*>(coll_ws(pads, rank));
+    CollWait w;
+    w.pad = pad;
+    w.abort_host = abort_host;
+    w.timeout_ns = timeout_ns;
+    const unsigned int t = threadIdx.x;
+    const bool peer = t < world && t != rank;
+    unsigned int base = 0;
+    int ok = 1;
+    if (peer) {
+        base = coll_ld_acquire_gpu(st + COLL_ST_BAR_CNT + t);
+        unsigned int* peer_pad = reinterpret_cast<unsigned int*>(coll_ws(pads, t));
+        if (check != 0u) {
+            coll_st_relaxed_sys(symm_ops_slot(peer_pad, COLL_OPS_CHECK, rank), check);
+        }
+        symm_st_release_sys(symm_ops_slot(peer_pad, COLL_OPS_BAR, rank), base + 1u);
+        if (!coll_wait_geq(symm_ops_slot(pad, COLL_OPS_BAR, t), base + 1u, w)) {
+            ok = 0;
+        } else if (check != 0u && symm_ld_volatile(symm_ops_slot(pad, COLL_OPS_CHECK, t)) != check) {
+            // Peers passed another geometry: reading their buffers could leave their allocation.
+            symm_latch_error(pad, SYMM_ERR_MISMATCH);
+            ok = 0;
+        }
+    }
+    if (__syncthreads_and(ok)) {
+        if (mode == COLL_MODE_AG) {
+            coll_gather_ptrs<DT>(world, out, n, src);
+        } else {
+            coll_reduce_ptrs<DT, OP>(rank, world, out, n, src);
+        }
+    }
+    __syncthreads();
+    if (t == 0) {
+        s_last = coll_atom_add_acq_rel_gpu(st + COLL_ST_PULL_DONE, 1u) == gridDim.x - 1u;
+    }
+    __syncthreads();
+    if (!s_last) {
+        return;
+    }
+    if (t == 0) {
+        st[COLL_ST_PULL_DONE] = 0u;
+    }
+    if (peer) {
+        // Every block's reads of peers are done (they counted themselves in after them): peers
+        // may reuse their inputs once they see this.
+        symm_st_release_sys(symm_ops_slot(reinterpret_cast<unsigned int*>(coll_ws(pads, t)), COLL_OPS_BAR, rank),
+                            base + 2u);
+        coll_wait_geq(symm_ops_slot(pad, COLL_OPS_BAR, t), base + 2u, w);
+        st[COLL_ST_BAR_CNT + t] = base + 2u;
+    }
+}
+
+#define COLL_PULL_ENTRY(NAME, DT)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1)                                                 \
+        NAME(unsigned long long p0, unsigned long long p1, unsigned long long p2, unsigned long long p3,             \
+             unsigned long long p4, unsigned long long p5, unsigned long long p6, unsigned long long p7,             \
+             const char* s0, const char* s1, const char* s2, const char* s3, const char* s4, const char* s5,        \
+             const char* s6, const char* s7, unsigned long long state, unsigned int rank, unsigned int world,        \
+             unsigned int mode, unsigned int op, char* out, unsigned long long n, unsigned int check,                \
+             unsigned long long timeout_ns, const unsigned int* abort_host) {                                         \
+        const CollWs8 pads = {p0, p1, p2, p3, p4, p5, p6, p7};                                                      \
+        const CollSrcs src = {s0, s1, s2, s3, s4, s5, s6, s7};                                                      \
+        unsigned int* st = reinterpret_cast<unsigned int*>(state);                                                  \
+        if (mode == COLL_MODE_AG) {                                                                                 \
+            coll_pull<DT, COLL_SUM>(pads, src, st, rank, world, mode, out, n, check, timeout_ns, abort_host);       \
+            return;                                                                                                 \
+        }                                                                                                           \
+        switch (op) {                                                                                               \
+            case COLL_SUM:                                                                                          \
+                coll_pull<DT, COLL_SUM>(pads, src, st, rank, world, mode, out, n, check, timeout_ns, abort_host);   \
+                break;                                                                                              \
+            case COLL_AVG:                                                                                          \
+                coll_pull<DT, COLL_AVG>(pads, src, st, rank, world, mode, out, n, check, timeout_ns, abort_host);   \
+                break;                                                                                              \
+            case COLL_MAX:                                                                                          \
+                coll_pull<DT, COLL_MAX>(pads, src, st, rank, world, mode, out, n, check, timeout_ns, abort_host);   \
+                break;                                                                                              \
+            default:                                                                                                \
+                coll_pull<DT, COLL_MIN>(pads, src, st, rank, world, mode, out, n, check, timeout_ns, abort_host);   \
+                break;                                                                                              \
+        }                                                                                                           \
+    }
+
+COLL_PULL_ENTRY(symm_pull_f32, COLL_F32)
+COLL_PULL_ENTRY(symm_pull_f16, COLL_F16)
+COLL_PULL_ENTRY(symm_pull_bf16, COLL_BF16)
 
 // ---------------------------------------------------------------- barrier over a subset
 

@@ -98,6 +98,7 @@ struct Fns {
     lamport: [CudaFunction; 3],
     ring: [CudaFunction; 3],
     reduce_ptrs: [CudaFunction; 3],
+    pull: [CudaFunction; 3],
     barrier: CudaFunction,
     take_error: CudaFunction,
 }
@@ -279,6 +280,7 @@ impl CudaCollectives {
                 get("symm_reduce_ptrs_f16")?,
                 get("symm_reduce_ptrs_bf16")?,
             ],
+            pull: [get("symm_pull_f32")?, get("symm_pull_f16")?, get("symm_pull_bf16")?],
             barrier: get("symm_coll_barrier")?,
             take_error: get("symm_coll_take_error")?,
         };
@@ -324,10 +326,14 @@ impl CudaCollectives {
         let timeout_ns = u64::try_from(config.timeout.as_nanos()).unwrap_or(u64::MAX);
         let mut direct = args::Direct {
             ws: [0; MAX_WORLD],
+            pads: [0; MAX_WORLD],
             pad: mem.signal_pad_ptrs()[rank],
         };
         for (d, &b) in direct.ws.iter_mut().zip(mem.buffer_ptrs()) {
             *d = b;
+        }
+        for (d, &p) in direct.pads.iter_mut().zip(mem.signal_pad_ptrs()) {
+            *d = p;
         }
         Ok(CudaCollectives {
             direct,
@@ -620,7 +626,17 @@ impl CudaCollectives {
                     false,
                 )
             }
-            AllReduceAlgo::CopyEngine => self.all_reduce_ce(stream, dt, dtype, op, input, output, count, tuning),
+            AllReduceAlgo::CopyEngine | AllReduceAlgo::Pull => {
+                let tuning = if algo == AllReduceAlgo::Pull {
+                    Tuning {
+                        ce_fraction: 0.0,
+                        ..*tuning
+                    }
+                } else {
+                    *tuning
+                };
+                self.all_reduce_ce(stream, dt, dtype, op, input, output, count, &tuning)
+            }
         }
     }
 
@@ -715,6 +731,20 @@ impl CudaCollectives {
         launch(stream, &self.fns.barrier, cfg(1, 64), &a)
     }
 
+    /// One fused zero-copy pull (opening barrier, pull, closing barrier in one kernel; NOTE
+    /// [collectives-protocols], "Fused pull"). One wave: at most one block per SM.
+    fn launch_pull(&self, stream: &CudaStream, dt: usize, p: &args::Pull, tuning: &Tuning) -> Result<()> {
+        let dtype = [DType::F32, DType::F16, DType::BF16][dt];
+        let vectors = p.n.div_ceil(plan::vec_elems(dtype)).max(1);
+        let threads = tuning.threads;
+        let blocks = vectors
+            .div_ceil(threads as usize)
+            .clamp(1, tuning.blocks(self.sm_count) as usize) as u32;
+        // The state words are at the start of the workspace.
+        let a = args::pull(&self.common(), &self.direct, self.ws, p, &self.bound());
+        launch(stream, &self.fns.pull[dt], cfg(blocks, threads.max(64)), &a)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn all_reduce_ce(
         &self,
@@ -744,6 +774,22 @@ impl CudaCollectives {
         }
         let (ce_elems, chunk, nchunks, slots) = ce_split(count, dtype, &self.layout, tuning)?;
         let check = check_word(&[3, sym.offset as u64, sym.alloc_size as u64, count as u64, dt as u64]);
+        if ce_elems == 0 {
+            // Pure SM pull: one fused kernel.
+            let mut srcs = [0u64; MAX_WORLD];
+            for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
+                *src = if s == self.rank { input } else { sym.ptrs[s] };
+            }
+            let p = args::Pull {
+                mode: RingMode::AllReduce,
+                op: kernel_op(op),
+                out: output,
+                n: count,
+                srcs,
+                check,
+            };
+            return self.launch_pull(stream, dt, &p, tuning);
+        }
         let mask = self.full_mask();
         self.launch_barrier(stream, mask, check)?;
         let ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
@@ -940,16 +986,20 @@ impl CudaCollectives {
             )
         })?;
         let check = check_word(&[4, sym.offset as u64, sym.alloc_size as u64, count as u64, dt as u64]);
-        let mask = self.full_mask();
-        self.launch_barrier(stream, mask, check)?;
         let mut srcs = [0u64; MAX_WORLD];
         for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
             *src = if s == self.rank { own } else { sym.ptrs[s] + shard };
         }
+        let p = args::Pull {
+            mode: RingMode::ReduceScatter,
+            op: kernel_op(op),
+            out: output,
+            n: count,
+            srcs,
+            check,
+        };
         let tuning = self.config.tuning;
-        self.launch_reduce_ptrs(stream, dt, op, output, count, &srcs[..self.world], &tuning)?;
-        // Peers read this rank's input until here.
-        self.launch_barrier(stream, mask, 0)
+        self.launch_pull(stream, dt, &p, &tuning)
     }
 
     // ------------------------------------------------------------------ all-gather
@@ -1013,6 +1063,9 @@ impl CudaCollectives {
         };
         match path {
             AllGatherPath::CopyEngine if self.world > 1 => self.all_gather_ce(stream, input, output, count, dtype),
+            AllGatherPath::Pull if self.world > 1 => {
+                self.all_gather_pull(stream, dt, tuning, input, output, count, dtype)
+            }
             AllGatherPath::Lamport if self.world > 1 => {
                 let dt = kernel_dtype(dtype, "the Lamport all-gather (f32, f16, bf16)")?;
                 self.lamport(
@@ -1039,6 +1092,44 @@ impl CudaCollectives {
                 false,
             ),
         }
+    }
+
+    /// Zero-copy all-gather for an input in registered symmetric memory: one fused kernel copies
+    /// every peer's input straight into the output over NVLink between an opening barrier (with
+    /// a geometry check) and a closing one.
+    #[allow(clippy::too_many_arguments)]
+    fn all_gather_pull(
+        &self,
+        stream: &CudaStream,
+        dt: usize,
+        tuning: &Tuning,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+    ) -> Result<()> {
+        let bytes = count * dtype.size();
+        let sym = self.lookup_symmetric(input, bytes).ok_or_else(|| {
+            Error::InvalidArgument(
+                "the zero-copy all-gather pull needs its input in symmetric memory registered with \
+                 register_symmetric (the same offset on every rank)"
+                    .into(),
+            )
+        })?;
+        let check = check_word(&[5, sym.offset as u64, sym.alloc_size as u64, count as u64, dt as u64]);
+        let mut srcs = [0u64; MAX_WORLD];
+        for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
+            *src = if s == self.rank { input } else { sym.ptrs[s] };
+        }
+        let p = args::Pull {
+            mode: RingMode::AllGather,
+            op: 0,
+            out: output,
+            n: count,
+            srcs,
+            check,
+        };
+        self.launch_pull(stream, dt, &p, tuning)
     }
 
     fn all_gather_ce(&self, stream: &CudaStream, input: u64, output: u64, count: usize, dtype: DType) -> Result<()> {
@@ -1267,6 +1358,7 @@ mod tests {
             ("COLL_ST_LAM_USED", layout::ST_LAM_USED),
             ("COLL_ST_RING_SEQ", layout::ST_RING_SEQ),
             ("COLL_ST_RING_ARRIVE", layout::ST_RING_ARRIVE),
+            ("COLL_ST_PULL_DONE", layout::ST_PULL_DONE),
             ("COLL_ST_BAR_CNT", layout::ST_BAR_CNT),
             ("COLL_OPS_BAR", layout::OPS_BAR),
             ("COLL_OPS_CHECK", layout::OPS_CHECK),

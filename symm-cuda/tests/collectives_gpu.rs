@@ -325,7 +325,13 @@ fn run_all_reduce(
     if !in_place {
         out.fill(&env.stream, off, &[])?;
     }
-    c.all_reduce(&env.stream, algo, input, out.at(off), count, dtype, op)?;
+    // The copy-engine algorithm with half of the peers' data by the copy engine (its default
+    // fraction, 0, is the fused pull, tested as `Pull`).
+    let mut tuning = c.config().tuning;
+    if algo == AllReduceAlgo::CopyEngine {
+        tuning.ce_fraction = 0.5;
+    }
+    c.all_reduce_tuned(&env.stream, algo, &tuning, input, out.at(off), count, dtype, op)?;
     env.stream.synchronize()?;
     c.check_error()?;
     let what = format!(
@@ -377,11 +383,13 @@ fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
         AllReduceAlgo::OneShot,
         AllReduceAlgo::TwoShot,
         AllReduceAlgo::CopyEngine,
+        AllReduceAlgo::Pull,
     ];
+    let zero_copy = |a: AllReduceAlgo| matches!(a, AllReduceAlgo::CopyEngine | AllReduceAlgo::Pull);
     let mut seed = 1u64;
     for (obj, name) in [(&c, "default"), (&small, "small-staging")] {
         for algo in algos {
-            if name == "small-staging" && algo == AllReduceAlgo::CopyEngine {
+            if name == "small-staging" && zero_copy(algo) {
                 continue;
             }
             for dtype in DTYPES {
@@ -398,10 +406,10 @@ fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
                             for in_place in [false, true] {
                                 // In place: aligned only (keeps the run short); never for the
                                 // copy engine (peers read the input).
-                                if in_place && (algo == AllReduceAlgo::CopyEngine || offset != 0) {
+                                if in_place && (zero_copy(algo) || offset != 0) {
                                     continue;
                                 }
-                                let s = (algo == AllReduceAlgo::CopyEngine).then_some(&sym);
+                                let s = zero_copy(algo).then_some(&sym);
                                 seed += 1;
                                 let e = run_all_reduce(
                                     &env, obj, algo, dtype, op, count, offset, in_place, seed, s, &mut fails,
@@ -562,6 +570,8 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                         (AllGatherPath::CopyEngine, true, false),
                         (AllGatherPath::CopyEngine, false, false),
                         (AllGatherPath::CopyEngine, false, true),
+                        (AllGatherPath::Pull, true, false),
+                        (AllGatherPath::Pull, true, true),
                         (AllGatherPath::Auto, false, false),
                     ] {
                         if zero_copy && name == "small" {
@@ -574,7 +584,16 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                         let data = encode(dtype, &inputs[me]);
                         let mut out = Buf::new(&env.stream, count * world * es + off)?;
                         let mut inp = Buf::new(&env.stream, count * es + off)?;
-                        let input = if zero_copy {
+                        // Zero-copy in place: the whole output lies in the symmetric buffer,
+                        // this rank's slice holds the input.
+                        let sym_out = zero_copy && in_place;
+                        let input = if sym_out {
+                            env.stream.synchronize()?;
+                            let mut host = vec![POISON; count * world * es];
+                            host[me * count * es..(me + 1) * count * es].copy_from_slice(&data);
+                            sym.write_bytes(sym.rank(), off, &host)?;
+                            sym.buffer_ptrs()[me] + (off + me * count * es) as u64
+                        } else if zero_copy {
                             env.stream.synchronize()?;
                             sym.write_bytes(sym.rank(), off, &data)?;
                             out.fill(&env.stream, off, &[])?;
@@ -589,7 +608,12 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                             out.fill(&env.stream, off, &[])?;
                             inp.at(off)
                         };
-                        obj.all_gather(&env.stream, input, out.at(off), count, dtype, path)?;
+                        let output = if sym_out {
+                            sym.buffer_ptrs()[me] + off as u64
+                        } else {
+                            out.at(off)
+                        };
+                        obj.all_gather(&env.stream, input, output, count, dtype, path)?;
                         env.stream.synchronize()?;
                         obj.check_error()?;
                         let what = format!(
@@ -598,7 +622,13 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                             if zero_copy { " zero-copy" } else { "" },
                             if in_place { " in place" } else { "" }
                         );
-                        let got = out.read(&env.stream, off, count * world * es, false)?;
+                        let got = if sym_out {
+                            let mut g = vec![0u8; count * world * es];
+                            sym.read_bytes(sym.rank(), off, &mut g)?;
+                            g
+                        } else {
+                            out.read(&env.stream, off, count * world * es, false)?
+                        };
                         // Bits, not values: compare the bytes exactly.
                         if got != encode(dtype, &want) {
                             fails.push(format!("{what}: wrong bytes"));
@@ -757,7 +787,11 @@ fn body_stress(ctx: RankCtx) -> TestResult<String> {
                     pl.out_base,
                     count / 2,
                     dtype,
-                    AllGatherPath::CopyEngine,
+                    if i % 4 == 1 {
+                        AllGatherPath::CopyEngine
+                    } else {
+                        AllGatherPath::Pull
+                    },
                 )?;
             }
             symm_cuda::driver::mem::dtod_async(&env.stream, sym_in, nan_ptr, bytes)?;
@@ -909,6 +943,8 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
         c.all_reduce(s, AllReduceAlgo::OneShot, inp, out, 10, DType::F64, ReduceOp::Sum),
         c.all_reduce(s, AllReduceAlgo::Lamport, inp, out, 2 << 20, dtype, ReduceOp::Sum),
         c.all_reduce(s, AllReduceAlgo::CopyEngine, inp, out, 10, dtype, ReduceOp::Sum),
+        c.all_reduce(s, AllReduceAlgo::Pull, inp, out, 10, dtype, ReduceOp::Sum),
+        c.all_gather(s, inp, out, 10, dtype, AllGatherPath::Pull),
         c.all_gather(s, inp, inp + 4, 10, dtype, AllGatherPath::Sm),
         c.barrier(s, &[Rank::new(1 - me, 2)?]),
     ];
@@ -963,6 +999,14 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     match c.check_error() {
         Err(Error::Mismatch { .. }) => {}
         other => return Err(format!("mismatched zero-copy offsets gave {other:?}").into()),
+    }
+    c.check_error()?;
+    // The fused pull checks the geometry the same way, and its closing barrier still completes.
+    c.all_gather(s, base + (me as u64) * 4096, out, 100, dtype, AllGatherPath::Pull)?;
+    s.synchronize()?;
+    match c.check_error() {
+        Err(Error::Mismatch { .. }) => {}
+        other => return Err(format!("mismatched zero-copy offsets (pull) gave {other:?}").into()),
     }
     c.check_error()?;
     // The object still works afterwards (the barriers completed).

@@ -39,10 +39,13 @@ pub enum AllReduceAlgo {
     /// One-shot with data as flag (push into peers' sentinel-filled slots, no
     /// barrier); CUDA only. The host engine runs it as one-shot.
     Lamport,
-    /// Zero-copy pull by the copy engine (CUDA; explicit only: the input must
-    /// be a symmetric tensor from [`crate::Communicator::persistent_buffer`]).
-    /// The host engine runs it as one-shot.
-    CopyEngine,
+    /// Zero-copy SM pull in one kernel (CUDA): every rank reads every peer's
+    /// input in place over NVLink and reduces it, between an opening and a
+    /// closing barrier. The input must lie in registered symmetric memory (a
+    /// tensor from [`crate::Communicator::persistent_buffer`]) apart from the
+    /// output; other inputs run the size's usual choice. The host engine runs
+    /// it as one-shot.
+    Pull,
     /// NCCL's all-reduce.
     Nccl,
 }
@@ -53,7 +56,7 @@ impl fmt::Display for AllReduceAlgo {
             AllReduceAlgo::OneShot => "one-shot",
             AllReduceAlgo::TwoShot => "two-shot",
             AllReduceAlgo::Lamport => "lamport (one-shot, data as flag)",
-            AllReduceAlgo::CopyEngine => "zero-copy pull",
+            AllReduceAlgo::Pull => "zero-copy pull",
             AllReduceAlgo::Nccl => "nccl",
         })
     }
@@ -87,6 +90,11 @@ pub enum AllGatherAlgo {
     Sm,
     /// Copy-engine peer copies (CUDA; the host engine copies with the CPU).
     CopyEngine,
+    /// Zero-copy SM pull in one kernel (CUDA): every rank copies every peer's input in place over
+    /// NVLink, between an opening and a closing barrier; the input must lie in registered
+    /// symmetric memory (else NCCL, or the SM path without it). The host engine copies with the
+    /// CPU.
+    Pull,
     Nccl,
 }
 
@@ -95,6 +103,7 @@ impl fmt::Display for AllGatherAlgo {
         f.write_str(match self {
             AllGatherAlgo::Sm => "sm copy",
             AllGatherAlgo::CopyEngine => "copy engine",
+            AllGatherAlgo::Pull => "zero-copy pull",
             AllGatherAlgo::Nccl => "nccl",
         })
     }
@@ -119,15 +128,19 @@ pub struct SelectionThresholds {
     pub all_gather_max_bytes: usize,
     /// all_gather from this size on: copy engine instead of SM copies.
     pub all_gather_copy_engine_min_bytes: usize,
+    /// all_gather from this size on (below the copy-engine bound): the zero-copy SM pull
+    /// ([`AllGatherAlgo::Pull`]) for inputs in registered symmetric memory; NCCL (else the SM
+    /// path) otherwise. CUDA only.
+    pub all_gather_pull_min_bytes: usize,
     /// reduce_scatter from this size on: the zero-copy pull
     /// ([`ReduceScatterAlgo::Pull`]) when the input lies in registered symmetric memory; NCCL
     /// (else the kernels) otherwise. CUDA only.
     pub reduce_scatter_pull_min_bytes: usize,
     /// all_reduce from this size on (above the Lamport bound): the zero-copy pull
-    /// ([`AllReduceAlgo::CopyEngine`]) when the input lies in registered symmetric
+    /// ([`AllReduceAlgo::Pull`]) when the input lies in registered symmetric
     /// memory (same offset on every rank) and is not the output; otherwise the
     /// size's usual choice (NCCL where it takes over). CUDA only.
-    pub all_reduce_copy_engine_min_bytes: usize,
+    pub all_reduce_pull_min_bytes: usize,
 }
 
 const KIB: usize = 1024;
@@ -151,7 +164,8 @@ impl SelectionThresholds {
                 reduce_scatter_max_bytes: usize::MAX,
                 all_gather_max_bytes: usize::MAX,
                 all_gather_copy_engine_min_bytes: usize::MAX,
-                all_reduce_copy_engine_min_bytes: usize::MAX,
+                all_gather_pull_min_bytes: usize::MAX,
+                all_reduce_pull_min_bytes: usize::MAX,
                 reduce_scatter_pull_min_bytes: usize::MAX,
             },
             EngineKind::Nccl => SelectionThresholds {
@@ -161,7 +175,8 @@ impl SelectionThresholds {
                 reduce_scatter_max_bytes: 0,
                 all_gather_max_bytes: 0,
                 all_gather_copy_engine_min_bytes: usize::MAX,
-                all_reduce_copy_engine_min_bytes: usize::MAX,
+                all_gather_pull_min_bytes: usize::MAX,
+                all_reduce_pull_min_bytes: usize::MAX,
                 reduce_scatter_pull_min_bytes: usize::MAX,
             },
             EngineKind::Cuda if world_size <= 2 => {
@@ -182,7 +197,8 @@ impl SelectionThresholds {
                     reduce_scatter_max_bytes: 4 * MIB,
                     all_gather_max_bytes: 4 * MIB,
                     all_gather_copy_engine_min_bytes: 16 * MIB,
-                    all_reduce_copy_engine_min_bytes: usize::MAX,
+                    all_gather_pull_min_bytes: 4 * MIB + 1,
+                    all_reduce_pull_min_bytes: 4 * MIB + 1,
                     // Zero-copy reduce-scatter pull above the Lamport range, for registered
                     // inputs (reads half the bytes of the all-reduce pull, which measured 58.9
                     // us at 16 MiB against NCCL's 71.7).
@@ -202,7 +218,8 @@ impl SelectionThresholds {
                     reduce_scatter_max_bytes: nccl_above,
                     all_gather_max_bytes: nccl_above,
                     all_gather_copy_engine_min_bytes: usize::MAX,
-                    all_reduce_copy_engine_min_bytes: usize::MAX,
+                    all_gather_pull_min_bytes: usize::MAX,
+                    all_reduce_pull_min_bytes: usize::MAX,
                     reduce_scatter_pull_min_bytes: usize::MAX,
                 }
             }
@@ -250,9 +267,9 @@ impl Selector {
         }
         if bytes <= t.lamport_max_bytes {
             AllReduceAlgo::Lamport
-        } else if bytes >= t.all_reduce_copy_engine_min_bytes {
+        } else if bytes >= t.all_reduce_pull_min_bytes {
             // The engine runs the size's usual choice when the input is not registered.
-            AllReduceAlgo::CopyEngine
+            AllReduceAlgo::Pull
         } else if self.nccl && bytes > t.two_shot_max_bytes {
             AllReduceAlgo::Nccl
         } else if bytes <= t.one_shot_max_bytes {
@@ -262,12 +279,12 @@ impl Selector {
         }
     }
 
-    /// What runs instead of [`AllReduceAlgo::CopyEngine`] when the input cannot be read in
+    /// What runs instead of [`AllReduceAlgo::Pull`] when the input cannot be read in
     /// place (not registered, or the output overlaps it): the table without the copy engine.
     pub fn fallback_all_reduce(&self, bytes: usize) -> AllReduceAlgo {
         let no_ce = Selector {
             thresholds: SelectionThresholds {
-                all_reduce_copy_engine_min_bytes: usize::MAX,
+                all_reduce_pull_min_bytes: usize::MAX,
                 ..self.thresholds
             },
             ..self.clone()
@@ -292,13 +309,18 @@ impl Selector {
     /// where available, for inputs outside registered symmetric memory).
     pub fn all_gather(&self, bytes: usize) -> AllGatherAlgo {
         let t = &self.thresholds;
-        let ce = self.engine == EngineKind::Cuda && bytes >= t.all_gather_copy_engine_min_bytes;
-        // A copy-engine bound above the NCCL bound takes the sizes from it back from NCCL.
-        let ce_over_nccl = ce && t.all_gather_copy_engine_min_bytes > t.all_gather_max_bytes;
-        if !self.symm || (self.nccl && bytes > t.all_gather_max_bytes && !ce_over_nccl) {
+        let cuda = self.engine == EngineKind::Cuda;
+        let ce = cuda && bytes >= t.all_gather_copy_engine_min_bytes;
+        let pull = cuda && !ce && bytes >= t.all_gather_pull_min_bytes;
+        // A zero-copy bound above the NCCL bound takes the sizes from it back from NCCL.
+        let zero_copy_over_nccl = (ce && t.all_gather_copy_engine_min_bytes > t.all_gather_max_bytes)
+            || (pull && t.all_gather_pull_min_bytes > t.all_gather_max_bytes);
+        if !self.symm || (self.nccl && bytes > t.all_gather_max_bytes && !zero_copy_over_nccl) {
             AllGatherAlgo::Nccl
         } else if ce {
             AllGatherAlgo::CopyEngine
+        } else if pull {
+            AllGatherAlgo::Pull
         } else {
             AllGatherAlgo::Sm
         }
@@ -321,7 +343,7 @@ impl Selector {
             t.lamport_max_bytes,
             t.one_shot_max_bytes,
             t.two_shot_max_bytes,
-            t.all_reduce_copy_engine_min_bytes.saturating_sub(1),
+            t.all_reduce_pull_min_bytes.saturating_sub(1),
         ]);
         block(&mut s, "all_reduce (bytes of the tensor)", &ar, |b| {
             self.all_reduce(b).to_string()
@@ -335,6 +357,7 @@ impl Selector {
         });
         let ag = bounds(&[
             t.all_gather_max_bytes,
+            t.all_gather_pull_min_bytes.saturating_sub(1),
             t.all_gather_copy_engine_min_bytes.saturating_sub(1),
         ]);
         block(&mut s, "all_gather (bytes of the gathered output)", &ag, |b| {
@@ -412,9 +435,11 @@ mod tests {
         assert_eq!(lamport, 4 * MIB);
         assert_eq!(s.all_reduce(1024), AllReduceAlgo::Lamport);
         assert_eq!(s.all_reduce(lamport), AllReduceAlgo::Lamport);
-        assert_eq!(s.all_reduce(lamport + 2), AllReduceAlgo::Nccl);
-        assert_eq!(s.all_reduce(1 << 40), AllReduceAlgo::Nccl);
+        // Above the Lamport bound: the zero-copy pull (registered inputs; NCCL for others).
+        assert_eq!(s.all_reduce(lamport + 2), AllReduceAlgo::Pull);
+        assert_eq!(s.all_reduce(1 << 40), AllReduceAlgo::Pull);
         assert_eq!(s.fallback_all_reduce(lamport + 2), AllReduceAlgo::Nccl);
+        assert_eq!(s.fallback_all_reduce(1 << 40), AllReduceAlgo::Nccl);
         assert_eq!(s.reduce_scatter(4 * MIB), ReduceScatterAlgo::Symm);
         // Above the symmetric bound: the zero-copy pull (registered inputs; NCCL for others).
         assert_eq!(s.reduce_scatter(4 * MIB + 2), ReduceScatterAlgo::Pull);
@@ -423,17 +448,19 @@ mod tests {
         no_pull.thresholds.reduce_scatter_pull_min_bytes = usize::MAX;
         assert_eq!(no_pull.reduce_scatter(16 * MIB), ReduceScatterAlgo::Nccl);
         assert_eq!(s.all_gather(4 * MIB), AllGatherAlgo::Sm);
-        assert_eq!(s.all_gather(8 * MIB), AllGatherAlgo::Nccl);
+        assert_eq!(s.all_gather(8 * MIB), AllGatherAlgo::Pull);
         assert_eq!(s.all_gather(16 * MIB), AllGatherAlgo::CopyEngine);
-        let mut ce = s.clone();
-        ce.thresholds.all_reduce_copy_engine_min_bytes = lamport + 1;
-        assert_eq!(ce.all_reduce(lamport + 2), AllReduceAlgo::CopyEngine);
-        assert_eq!(ce.fallback_all_reduce(lamport + 2), AllReduceAlgo::Nccl);
         assert_eq!(s.all_gather(64 * MIB), AllGatherAlgo::CopyEngine);
+        let mut no_pull = s.clone();
+        no_pull.thresholds.all_reduce_pull_min_bytes = usize::MAX;
+        no_pull.thresholds.all_gather_pull_min_bytes = usize::MAX;
+        assert_eq!(no_pull.all_reduce(lamport + 2), AllReduceAlgo::Nccl);
+        assert_eq!(no_pull.all_gather(8 * MIB), AllGatherAlgo::Nccl);
         let s = sel(EngineKind::Cuda, 2, false);
-        assert_eq!(s.all_reduce(lamport + 2), AllReduceAlgo::OneShot);
-        assert_eq!(s.all_reduce(1 << 40), AllReduceAlgo::OneShot);
-        assert_eq!(s.all_gather(8 * MIB), AllGatherAlgo::Sm);
+        assert_eq!(s.all_reduce(lamport + 2), AllReduceAlgo::Pull);
+        assert_eq!(s.fallback_all_reduce(lamport + 2), AllReduceAlgo::OneShot);
+        assert_eq!(s.fallback_all_reduce(1 << 40), AllReduceAlgo::OneShot);
+        assert_eq!(s.all_gather(8 * MIB), AllGatherAlgo::Pull);
         assert_eq!(s.reduce_scatter(4 * MIB), ReduceScatterAlgo::Symm);
         assert_eq!(s.reduce_scatter(1 << 40), ReduceScatterAlgo::Pull);
         assert_eq!(s.all_gather(64 * KIB), AllGatherAlgo::Sm);

@@ -267,7 +267,7 @@ fn matrix(rc: &RankCtx, sizes: &[usize]) -> TestResult<Vec<(String, Option<u64>)
         Kind::TwoShot,
         Kind::TwoShotOut,
         Kind::Algo(AllReduceAlgo::Lamport),
-        Kind::Algo(AllReduceAlgo::CopyEngine),
+        Kind::Algo(AllReduceAlgo::Pull),
         Kind::ReduceScatterOut,
         Kind::ReduceScatterNew,
         Kind::AllGatherOut,
@@ -291,7 +291,7 @@ fn matrix(rc: &RankCtx, sizes: &[usize]) -> TestResult<Vec<(String, Option<u64>)
                     }
                     for mem in [Mem::Device, Mem::Symm] {
                         // The copy-engine pull reads peers' inputs in place.
-                        if kind == Kind::Algo(AllReduceAlgo::CopyEngine) && mem != Mem::Symm {
+                        if kind == Kind::Algo(AllReduceAlgo::Pull) && mem != Mem::Symm {
                             continue;
                         }
                         id += 1;
@@ -547,7 +547,7 @@ fn gpu_nan_after_return() {
             AllReduceAlgo::Lamport,
             AllReduceAlgo::OneShot,
             AllReduceAlgo::TwoShot,
-            AllReduceAlgo::CopyEngine,
+            AllReduceAlgo::Pull,
         ];
         if comm.has_nccl() {
             algos.push(AllReduceAlgo::Nccl);
@@ -556,7 +556,7 @@ fn gpu_nan_after_return() {
             let a = algos[i % algos.len()];
             let src = bank.slice(i * N..(i + 1) * N);
             let mut o = outs.slice_mut(i * N..(i + 1) * N);
-            if a == AllReduceAlgo::CopyEngine || i % 2 == 1 {
+            if a == AllReduceAlgo::Pull || i % 2 == 1 {
                 s.memcpy_dtod(&src, &mut sxv)?;
                 comm.all_reduce_with(a, Some((&sx).into()), (&mut o).into(), ReduceOp::Sum)?;
                 s.memcpy_dtod(&nans, &mut sxv)?;
@@ -608,7 +608,7 @@ fn gpu_delayed_rank() {
             AllReduceAlgo::Lamport,
             AllReduceAlgo::OneShot,
             AllReduceAlgo::TwoShot,
-            AllReduceAlgo::CopyEngine,
+            AllReduceAlgo::Pull,
         ];
         if comm.has_nccl() {
             algos.push(AllReduceAlgo::Nccl);
@@ -622,7 +622,7 @@ fn gpu_delayed_rank() {
                 std::thread::sleep(Duration::from_millis(100));
             }
             let mut out = s.clone_htod(&vec![f32::NAN; n])?;
-            if a == AllReduceAlgo::CopyEngine {
+            if a == AllReduceAlgo::Pull {
                 comm.all_reduce_with(a, Some((&sx).into()), (&mut out).into(), ReduceOp::Sum)?;
             } else {
                 comm.all_reduce_with(a, Some((&x).into()), (&mut out).into(), ReduceOp::Sum)?;

@@ -47,12 +47,65 @@ pub fn init(ws: u64, layout: &WorkspaceLayout) -> [KernelArg; 4] {
     ]
 }
 
-/// What the Lamport kernel takes as plain values instead of loading it from device memory: every
-/// rank's workspace base (index = rank; unused entries 0) and this rank's signal pad.
+/// What the Lamport and pull kernels take as plain values instead of loading it from device
+/// memory: every rank's workspace base and signal pad (index = rank; unused entries 0), and this
+/// rank's signal pad.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Direct {
     pub ws: [u64; MAX_WORLD],
+    pub pads: [u64; MAX_WORLD],
     pub pad: u64,
+}
+
+/// One fused zero-copy pull (`symm_pull_{dt}`): what it reads and writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pull {
+    /// `RingMode::AllReduce` / `ReduceScatter`: reduce the sources into `out` (`n` elements);
+    /// `RingMode::AllGather`: source `s` to `out + s * n` elements.
+    pub mode: RingMode,
+    pub op: u32,
+    pub out: u64,
+    pub n: usize,
+    /// Every rank's source (index = rank; unused entries 0).
+    pub srcs: [u64; MAX_WORLD],
+    /// Barrier check word every rank must pass alike (0: none).
+    pub check: u32,
+}
+
+/// `symm_pull_{dt}(p0..p7, s0..s7, state, rank, world, mode, op, out, n, check, timeout_ns,
+/// abort_host)`.
+pub fn pull(c: &Common, d: &Direct, state: u64, p: &Pull, bound: &Bound) -> [KernelArg; 26] {
+    const _: () = assert!(MAX_WORLD == 8, "the pull kernel takes eight pads and eight sources");
+    let pad = |i: usize| KernelArg::U64(d.pads[i]);
+    let src = |i: usize| KernelArg::U64(p.srcs[i]);
+    [
+        pad(0),
+        pad(1),
+        pad(2),
+        pad(3),
+        pad(4),
+        pad(5),
+        pad(6),
+        pad(7),
+        src(0),
+        src(1),
+        src(2),
+        src(3),
+        src(4),
+        src(5),
+        src(6),
+        src(7),
+        KernelArg::U64(state),
+        KernelArg::U32(c.rank),
+        KernelArg::U32(c.world),
+        KernelArg::U32(p.mode as u32),
+        KernelArg::U32(p.op),
+        KernelArg::U64(p.out),
+        KernelArg::U64(p.n as u64),
+        KernelArg::U32(p.check),
+        KernelArg::U64(bound.timeout_ns),
+        KernelArg::U64(bound.abort_host),
+    ]
 }
 
 /// `symm_lamport_{dt}(COLL_LAMPORT_ARGS)`.
@@ -263,6 +316,7 @@ mod tests {
                     &c,
                     &Direct {
                         ws: [0; MAX_WORLD],
+                        pads: [0; MAX_WORLD],
                         pad: 0,
                     },
                     RingMode::AllReduce,
@@ -277,6 +331,27 @@ mod tests {
             cases.push((
                 format!("symm_ring_{dt}"),
                 sizes(&ring(&c, 0, 0, 0, &plan, &layout, &bound, 0)),
+            ));
+            cases.push((
+                format!("symm_pull_{dt}"),
+                sizes(&pull(
+                    &c,
+                    &Direct {
+                        ws: [0; MAX_WORLD],
+                        pads: [0; MAX_WORLD],
+                        pad: 0,
+                    },
+                    0,
+                    &Pull {
+                        mode: RingMode::AllGather,
+                        op: 0,
+                        out: 0,
+                        n: 10,
+                        srcs: [0; MAX_WORLD],
+                        check: 0,
+                    },
+                    &bound,
+                )),
             ));
             cases.push((
                 format!("symm_reduce_ptrs_{dt}"),

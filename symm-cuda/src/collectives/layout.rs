@@ -24,6 +24,8 @@ pub const ST_LAM_USED: usize = 2;
 pub const ST_RING_SEQ: usize = 8;
 /// Word index of the ring kernel's arrival counter.
 pub const ST_RING_ARRIVE: usize = 9;
+/// Word index of the fused pull kernel's finished-blocks counter.
+pub const ST_PULL_DONE: usize = 10;
 /// Word index of `bar_cnt[64]`: barriers shared with each rank.
 pub const ST_BAR_CNT: usize = 64;
 /// Word index of the error word copied out by `symm_coll_take_error`.

@@ -272,17 +272,22 @@ pub enum AllReduceAlgo {
     /// Zero-copy pull: the input must lie in symmetric memory registered with the object, at the
     /// same offset on every rank; the copy engine copies the peers' inputs (a fraction of them,
     /// [`Tuning::ce_fraction`]) while the reduction kernel reads the rest directly. Barriers
-    /// before and after.
+    /// before and after. With a fraction of 0 (the default) it is [`AllReduceAlgo::Pull`].
     CopyEngine,
+    /// Zero-copy SM pull in one kernel (opening barrier, every rank reads every peer's input over
+    /// NVLink and reduces, closing barrier): the input must lie in registered symmetric memory,
+    /// at the same offset on every rank, and the op runs out of place.
+    Pull,
 }
 
 impl AllReduceAlgo {
-    pub const ALL: [AllReduceAlgo; 5] = [
+    pub const ALL: [AllReduceAlgo; 6] = [
         AllReduceAlgo::Auto,
         AllReduceAlgo::Lamport,
         AllReduceAlgo::OneShot,
         AllReduceAlgo::TwoShot,
         AllReduceAlgo::CopyEngine,
+        AllReduceAlgo::Pull,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -291,6 +296,7 @@ impl AllReduceAlgo {
             AllReduceAlgo::OneShot => "one_shot",
             AllReduceAlgo::TwoShot => "two_shot",
             AllReduceAlgo::CopyEngine => "copy_engine",
+            AllReduceAlgo::Pull => "pull",
         }
     }
     pub fn from_name(s: &str) -> Option<Self> {
@@ -312,14 +318,19 @@ pub enum AllGatherPath {
     /// input lies in registered symmetric memory (same offset on every rank), else staged
     /// through the workspace in rounds. Barriers around.
     CopyEngine,
+    /// Zero-copy SM pull in one kernel (opening barrier, every rank copies every peer's input
+    /// over NVLink, closing barrier): the input must lie in registered symmetric memory, at the
+    /// same offset on every rank.
+    Pull,
 }
 
 impl AllGatherPath {
-    pub const ALL: [AllGatherPath; 4] = [
+    pub const ALL: [AllGatherPath; 5] = [
         AllGatherPath::Auto,
         AllGatherPath::Lamport,
         AllGatherPath::Sm,
         AllGatherPath::CopyEngine,
+        AllGatherPath::Pull,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -327,6 +338,7 @@ impl AllGatherPath {
             AllGatherPath::Lamport => "lamport",
             AllGatherPath::Sm => "sm",
             AllGatherPath::CopyEngine => "copy_engine",
+            AllGatherPath::Pull => "pull",
         }
     }
     pub fn from_name(s: &str) -> Option<Self> {

@@ -14,13 +14,13 @@
 //! ```text
 //! symm-bench [--ops all_reduce,reduce_scatter,all_gather] [--sizes 1K,16K,1M,...]
 //!            [--dtype bf16|f16|f32] [--redop sum|avg|max|min] [--iters N] [--rounds N]
-//!            [--modes eager,graph] [--algos auto,lamport,one_shot,two_shot,copy_engine,nccl,...]
+//!            [--modes eager,graph] [--algos auto,lamport,one_shot,two_shot,pull,copy_engine,nccl,...]
 //!            [--ranks N] [--staging BYTES] [--json PATH] [--quick] [--no-nccl] [--no-setup]
 //! ```
 //! Algorithms (each may carry tuning, e.g. `one_shot:chunk=64K:minchunk=8K:cpb=2:blocks=64:threads=256`,
-//! `copy_engine:frac=0.5:cechunk=8M`; see `symm_cuda::collectives::Tuning`): all_reduce `auto lamport one_shot two_shot copy_engine
-//! nccl`; reduce_scatter `auto lamport ring nccl`; all_gather `auto lamport sm copy_engine
-//! copy_engine_staged nccl`. Sizes are bytes of the whole tensor as nccl-tests counts them (all_gather: the gathered
+//! `copy_engine:frac=0.5:cechunk=8M`; see `symm_cuda::collectives::Tuning`): all_reduce `auto lamport one_shot two_shot pull
+//! copy_engine nccl`; reduce_scatter `auto lamport ring pull nccl`; all_gather `auto lamport sm pull copy_engine
+//! copy_engine_staged nccl` (`pull`: the fused zero-copy pull, inputs in the registered arena). Sizes are bytes of the whole tensor as nccl-tests counts them (all_gather: the gathered
 //! output; reduce_scatter: the unreduced input). NCCL comes from libnccl.so.2 (pip
 //! `nvidia-nccl-cu13`) on LD_LIBRARY_PATH; without it NCCL rows are skipped with the reason.
 
@@ -72,9 +72,17 @@ impl Op {
     /// Algorithms run by default.
     fn default_algos(self) -> &'static [&'static str] {
         match self {
-            Op::AllReduce => &["auto", "lamport", "one_shot", "two_shot", "copy_engine", "nccl"],
-            Op::ReduceScatter => &["auto", "lamport", "ring", "nccl"],
-            Op::AllGather => &["auto", "lamport", "sm", "copy_engine", "copy_engine_staged", "nccl"],
+            Op::AllReduce => &["auto", "lamport", "one_shot", "two_shot", "pull", "copy_engine", "nccl"],
+            Op::ReduceScatter => &["auto", "lamport", "ring", "pull", "nccl"],
+            Op::AllGather => &[
+                "auto",
+                "lamport",
+                "sm",
+                "pull",
+                "copy_engine",
+                "copy_engine_staged",
+                "nccl",
+            ],
         }
     }
     fn accepts(self, base: &str) -> bool {
@@ -1381,12 +1389,14 @@ mod gpu {
                     "lamport" => KAlgo::Lamport,
                     "one_shot" => KAlgo::OneShot,
                     "two_shot" => KAlgo::TwoShot,
+                    "pull" => KAlgo::Pull,
                     _ => KAlgo::CopyEngine,
                 };
                 Ok(st
                     .coll
                     .all_reduce_tuned(s, algo, tuning, input, out, g.count, dtype, redop)?)
             }
+            (Op::ReduceScatter, "pull") => Ok(st.coll.reduce_scatter_pull(s, input, out, g.count, dtype, redop)?),
             (Op::ReduceScatter, base) => {
                 let algo = if base == "lamport" {
                     ReduceScatterAlgo::Lamport
@@ -1400,6 +1410,7 @@ mod gpu {
             (Op::AllGather, base) => {
                 let (path, inp) = match base {
                     "copy_engine" => (AllGatherPath::CopyEngine, input),
+                    "pull" => (AllGatherPath::Pull, input),
                     "copy_engine_staged" => (AllGatherPath::CopyEngine, ar.staged_ptr),
                     "lamport" => (AllGatherPath::Lamport, input),
                     _ => (AllGatherPath::Sm, input),

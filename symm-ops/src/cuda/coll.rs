@@ -43,7 +43,7 @@ impl Coll {
             AllReduceAlgo::OneShot => KernelAlgo::OneShot,
             AllReduceAlgo::TwoShot => KernelAlgo::TwoShot,
             AllReduceAlgo::Lamport => KernelAlgo::Lamport,
-            AllReduceAlgo::CopyEngine => KernelAlgo::CopyEngine,
+            AllReduceAlgo::Pull => KernelAlgo::Pull,
             AllReduceAlgo::Nccl => {
                 return Err(Error::InvalidArgument(
                     "internal: nccl is not a kernel algorithm".into(),
@@ -97,7 +97,8 @@ impl Coll {
         // Sm: the kernels' own choice (Lamport for small tensors, else the SM ring).
         let path = match algo {
             AllGatherAlgo::CopyEngine => AllGatherPath::CopyEngine,
-            _ => AllGatherPath::Auto,
+            AllGatherAlgo::Pull => AllGatherPath::Pull,
+            AllGatherAlgo::Sm | AllGatherAlgo::Nccl => AllGatherPath::Auto,
         };
         self.inner.all_gather(stream, input, output, count, dtype, path)
     }

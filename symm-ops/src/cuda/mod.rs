@@ -228,7 +228,7 @@ impl CudaEngine {
         }
     }
 
-    /// `fallback(bytes)`: what runs instead of [`AllReduceAlgo::CopyEngine`] when the input
+    /// `fallback(bytes)`: what runs instead of [`AllReduceAlgo::Pull`] when the input
     /// cannot be read in place.
     #[allow(clippy::too_many_arguments)]
     pub fn all_reduce(
@@ -252,12 +252,12 @@ impl CudaEngine {
         // from the output; otherwise `fallback` runs (the table without it: NCCL where it takes
         // over).
         let algo = match algo {
-            AllReduceAlgo::CopyEngine => {
+            AllReduceAlgo::Pull => {
                 let bytes = count * dtype.size();
                 let apart =
                     in_ptr.saturating_add(bytes as u64) <= out_ptr || out_ptr.saturating_add(bytes as u64) <= in_ptr;
                 if apart && self.coll()?.is_registered(in_ptr, bytes) {
-                    AllReduceAlgo::CopyEngine
+                    AllReduceAlgo::Pull
                 } else {
                     fallback(bytes)
                 }
@@ -329,9 +329,12 @@ impl CudaEngine {
         let (in_ptr, _g_in) = self.src(&input)?;
         // The copy engine wins only zero-copy (a registered input); a staged copy loses to NCCL
         // (2 x H200: 58 us against 44 at 16 MiB), so an unregistered input goes to NCCL where it
-        // is available, else to the SM path.
+        // is available, else to the SM path. The pull reads peers' inputs in place: registered
+        // inputs only, likewise.
         let algo = match algo {
-            AllGatherAlgo::CopyEngine if !self.coll()?.is_registered(in_ptr, count * dtype.size()) => {
+            AllGatherAlgo::CopyEngine | AllGatherAlgo::Pull
+                if !self.coll()?.is_registered(in_ptr, count * dtype.size()) =>
+            {
                 if self.nccl.is_some() {
                     AllGatherAlgo::Nccl
                 } else {
