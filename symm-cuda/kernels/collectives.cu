@@ -26,10 +26,9 @@
 // ARRIVE == gridDim.x (every block has read the state), then advances the state and resets
 // ARRIVE. The next kernel on the stream sees the new state. Ring: thread 0 of every block reads
 // the state and does red.release.gpu.add(ARRIVE, 1) at once. Lamport: every thread reads the
-// state with ld.acquire.gpu; a block counts itself in with a RELAXED add after all its threads
-// finished (a release there would wait for the acknowledgements of the thread's remote stores,
-// an NVLink round trip, before it could go on polling), and a one-block grid does not count at
-// all. Fused pull: see below. Nothing epoch-like is a kernel argument, so CUDA-graph replay
+// state itself; a block counts itself in (red.release.gpu) after its push. (Counting after the
+// whole block finished, with a relaxed add, measured slower: bench-notes.md, round 4.) Fused
+// pull: see below. Nothing epoch-like is a kernel argument, so CUDA-graph replay
 // works; any grid size works (ranks must only agree on the ops' sequence and on nchunks).
 //
 // Lamport one-shot (data as flag). Buffers are pre-filled with the sentinel 0xFFFFFFFF per 32-bit
@@ -79,13 +78,15 @@
 //
 // Fused pull (symm_pull_*: zero-copy all-reduce, reduce-scatter, all-gather of registered
 // inputs): the barrier, the SM pull and the closing barrier in ONE kernel. Epochs come from
-// BAR_CNT[t] (base): every block reads base, and its threads t (t a peer) store the check word and
-// st.release.sys base+1 into t's OPS[BAR][me] (every block sends the same values, so no block
-// depends on another being resident), then wait for OPS[BAR][t] >= base+1 and compare the check
-// word. After its reads a block counts itself in PULL_DONE (atom.acq_rel.gpu); the last one resets
-// PULL_DONE, sends base+2 to every peer, waits for base+2 from every peer (no rank returns while
-// a peer may still read its input) and stores BAR_CNT[t] = base+2. It is two barriers of
-// symm_coll_barrier's count, so the two kinds interleave freely.
+// BAR_CNT[t] (base): every block reads base, and its threads t (t a peer) store
+// (check << 32 | base+1) with one st.release.sys.u64 into t's PULL64[me] (OPS rows 2-3; every block
+// sends the same value, so no block depends on another being resident), then wait for the low half
+// of PULL64[t] >= base+1 and compare its high half with their check word. After its reads a block
+// counts itself in PULL_DONE (atom.acq_rel.gpu); the last one resets PULL_DONE, sends
+// (check << 32 | base+2) to every peer, waits for base+2 from every peer (no rank returns while a
+// peer may still read its input) and stores BAR_CNT[t] = base+2. It takes two epochs of
+// symm_coll_barrier's count; since the ranks issue the same sequence of ops, each kind's slot sees
+// increasing epochs only, and the two kinds interleave freely.
 //
 // Every wait is bounded: deadline from %globaltimer, the abort words, and an error already latched
 // (then the wait gives up at once); failures latch SYMM_ERR_* into the pad's ERROR word. No trap.
@@ -115,8 +116,6 @@
 // Most threads per block of the Lamport, ring and reduce kernels (launch bounds: <= 128
 // registers per thread).
 #define COLL_MAX_THREADS 512
-// Vectors per thread per step of the Lamport push (loaded before the first remote store).
-#define COLL_LAM_UNROLL 4
 
 // STATE words (must match layout.rs).
 #define COLL_ST_LAM_IDX 0
@@ -130,6 +129,8 @@
 // Pad OPS slots used here (must match layout.rs).
 #define COLL_OPS_BAR 0
 #define COLL_OPS_CHECK 1
+// Fused pull: one 64-bit word per source rank (check << 32 | epoch) over OPS rows 2 and 3.
+#define COLL_OPS_PULL64 2
 
 #define COLL_SENTINEL 0xFFFFFFFFu
 
@@ -137,10 +138,6 @@
 
 __device__ __forceinline__ void coll_atom_add_release_gpu(unsigned int* p, unsigned int v) {
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ void coll_red_add_relaxed_gpu(unsigned int* p, unsigned int v) {
-    asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 __device__ __forceinline__ unsigned int coll_atom_add_acq_rel_gpu(unsigned int* p, unsigned int v) {
@@ -531,60 +528,42 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
     if (mode != COLL_MODE_RS && tid < nv) {
         x0 = coll_load<DT>(input + tid * 16, (long long)(count - tid * VE), al_in);
     }
-    const unsigned int idx = coll_ld_acquire_gpu(st + COLL_ST_LAM_IDX) % 3u;
-    const unsigned int prev_used = coll_ld_acquire_gpu(st + COLL_ST_LAM_USED);
+    const unsigned int idx = symm_ld_volatile(st + COLL_ST_LAM_IDX) % 3u;
+    const unsigned int prev_used = symm_ld_volatile(st + COLL_ST_LAM_USED);
     CollWait w;
     w.pad = pad;
     w.abort_host = abort_host;
     w.timeout_ns = timeout_ns;
 
-    // 1. push (canonicalised: no lane ever equals the sentinel). COLL_LAM_UNROLL vectors per
-    //    thread per step, all loaded before the first remote store (the input loads overlap).
-    for (unsigned long long v0 = tid; v0 < nv; v0 += COLL_LAM_UNROLL * nth) {
+    // 1. push (canonicalised: no lane ever equals the sentinel)
+    for (unsigned long long v = tid; v < nv; v += nth) {
+        const long long nvalid = (long long)(count - v * VE);
         if (mode == COLL_MODE_RS) {
             for (unsigned int l = 0; l < w1; ++l) {
                 const unsigned int p = (rank + 1 + l) % world;
                 const unsigned int jr = world - 2 - l;
-                char* dst = reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes;
-                uint4 x[COLL_LAM_UNROLL];
-#pragma unroll
-                for (int u = 0; u < COLL_LAM_UNROLL; ++u) {
-                    const unsigned long long v = v0 + u * nth;
-                    if (v < nv) {
-                        x[u] = coll_load<DT>(input + (unsigned long long)p * part_bytes + v * 16,
-                                             (long long)(count - v * VE), al_in && al_part);
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < COLL_LAM_UNROLL; ++u) {
-                    const unsigned long long v = v0 + u * nth;
-                    if (v < nv) {
-                        coll_st_v4(dst + v * 16, coll_canon<DT>(x[u]));
-                    }
-                }
+                const uint4 x = coll_canon<DT>(
+                    coll_load<DT>(input + (unsigned long long)p * part_bytes + v * 16, nvalid, al_in && al_part));
+                coll_st_v4(reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes +
+                               v * 16,
+                           x);
             }
         } else {
-            uint4 x[COLL_LAM_UNROLL];
-#pragma unroll
-            for (int u = 0; u < COLL_LAM_UNROLL; ++u) {
-                const unsigned long long v = v0 + u * nth;
-                if (v < nv) {
-                    x[u] = coll_canon<DT>(v == tid ? x0 : coll_load<DT>(input + v * 16, (long long)(count - v * VE), al_in));
-                }
-            }
+            const uint4 x = coll_canon<DT>(v == tid ? x0 : coll_load<DT>(input + v * 16, nvalid, al_in));
             for (unsigned int l = 0; l < w1; ++l) {
                 const unsigned int p = (rank + 1 + l) % world;
                 const unsigned int jr = world - 2 - l;
-                char* dst = reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes;
-#pragma unroll
-                for (int u = 0; u < COLL_LAM_UNROLL; ++u) {
-                    const unsigned long long v = v0 + u * nth;
-                    if (v < nv) {
-                        coll_st_v4(dst + v * 16, x[u]);
-                    }
-                }
+                coll_st_v4(reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes +
+                               v * 16,
+                           x);
             }
         }
+    }
+    // Every thread of this block has read the op state: count the block in (block 0 advances
+    // the state once every block did, at the end).
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        coll_atom_add_release_gpu(st + COLL_ST_LAM_ARRIVE, 1u);
     }
 
     // 2. clear the previous op's buffer
@@ -656,24 +635,12 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
         }
     }
 
-    // 4. advance the op state. Every thread of every block read it (acquire loads, at the
-    //    start); a block counts itself in once all its threads are done, with a relaxed add: no
-    //    release fence, which would wait for this thread's remote stores to be acknowledged (an
-    //    NVLink round trip) -- the acquire loads already keep the state reads before it. A grid
-    //    of one block needs no count at all.
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        if (gridDim.x > 1u) {
-            coll_red_add_relaxed_gpu(st + COLL_ST_LAM_ARRIVE, 1u);
-        }
-        if (blockIdx.x == 0) {
-            if (gridDim.x > 1u) {
-                coll_wait_arrivals(st + COLL_ST_LAM_ARRIVE, w);
-                st[COLL_ST_LAM_ARRIVE] = 0u;
-            }
-            st[COLL_ST_LAM_USED] = (unsigned int)nv;
-            st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
-        }
+    // 4. advance the op state
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        coll_wait_arrivals(st + COLL_ST_LAM_ARRIVE, w);
+        st[COLL_ST_LAM_USED] = (unsigned int)nv;
+        st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
+        st[COLL_ST_LAM_ARRIVE] = 0u;
     }
 }
 
@@ -1111,9 +1078,13 @@ COLL_REDUCE_PTRS_ENTRY(symm_reduce_ptrs_bf16, COLL_BF16)
 // ---------------------------------------------------------------- fused zero-copy pull
 
 // out[s * n + i] = src_s[i] for every rank s (all-gather; rank s's slice is skipped when its source
-// already is that slice: in place). Grid-stride, COLL_PULL_UNROLL vectors per source in flight.
+// already is that slice: in place). Grid-stride, COLL_PULL_UNROLL vectors per source in flight;
+// every step copies its vectors of every source, peers first and this rank's own (local) slice
+// last, so both ranks read over NVLink at the same time all along (source after source, the
+// ranks' local copies and remote reads would alternate: 467 against 410 us at 256 MiB).
 template <int DT>
-__device__ __forceinline__ void coll_gather_ptrs(unsigned int world, char* out, unsigned long long n, CollSrcs src) {
+__device__ __forceinline__ void coll_gather_ptrs(unsigned int rank, unsigned int world, char* out,
+                                                 unsigned long long n, CollSrcs src) {
     constexpr int VE = CollT<DT>::VE;
     constexpr int ES = CollT<DT>::ES;
     constexpr int U = COLL_PULL_UNROLL;
@@ -1121,14 +1092,16 @@ __device__ __forceinline__ void coll_gather_ptrs(unsigned int world, char* out, 
     const unsigned long long nv = (n + VE - 1) / VE;
     const unsigned long long tid = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
     const unsigned long long nth = (unsigned long long)gridDim.x * blockDim.x;
-    for (unsigned int s = 0; s < world; ++s) {
-        const char* in = coll_pick(src, (int)s);
-        char* dst = out + (unsigned long long)s * part;
-        if (in == dst) {
-            continue;
-        }
-        const bool al = ((reinterpret_cast<unsigned long long>(in) | reinterpret_cast<unsigned long long>(dst)) & 15ull) == 0;
-        for (unsigned long long v0 = tid; v0 < nv; v0 += U * nth) {
+    for (unsigned long long v0 = tid; v0 < nv; v0 += U * nth) {
+        for (unsigned int l = 0; l < world; ++l) {
+            const unsigned int s = (rank + 1 + l) % world;  // l = world - 1: this rank
+            const char* in = coll_pick(src, (int)s);
+            char* dst = out + (unsigned long long)s * part;
+            if (in == dst) {
+                continue;
+            }
+            const bool al =
+                ((reinterpret_cast<unsigned long long>(in) | reinterpret_cast<unsigned long long>(dst)) & 15ull) == 0;
             uint4 x[U];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
@@ -1158,6 +1131,52 @@ __device__ __forceinline__ void coll_gather_ptrs(unsigned int world, char* out, 
 // peers' and stores BAR_CNT = base + 2 (every block has read BAR_CNT before it counted itself in).
 // mode: COLL_MODE_AR / COLL_MODE_RS (reduce the sources into out, n elements) or COLL_MODE_AG
 // (gather: rank s's n elements to out + s * n).
+// The fused pull's signal word from rank `src` in `pad` (OPS rows COLL_OPS_PULL64, +1).
+__device__ __forceinline__ unsigned long long* coll_pull_slot(unsigned int* pad, unsigned int src) {
+    return reinterpret_cast<unsigned long long*>(pad + SYMM_OPS_BASE + COLL_OPS_PULL64 * SYMM_MAX_WORLD_SIZE) + src;
+}
+
+__device__ __forceinline__ unsigned long long coll_ld_acquire_sys_u64(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void coll_st_release_sys_u64(unsigned long long* p, unsigned long long v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// Waits until the epoch (low half) of *p reaches `target` and stores the word in *out; false on a
+// timeout / abort / error already latched.
+__device__ __noinline__ bool coll_wait_pull(const unsigned long long* p, unsigned int target, CollWait w,
+                                            unsigned long long* out) {
+    unsigned long long deadline = 0;
+    unsigned int polls = 0;
+    while (true) {
+        const unsigned long long v = coll_ld_acquire_sys_u64(p);
+        if (symm_epoch_reached((unsigned int)v, target)) {
+            *out = v;
+            return true;
+        }
+        if ((++polls % SYMM_CHECK_EVERY) == 0u) {
+            if (deadline == 0) {
+                deadline = symm_deadline(w.timeout_ns);
+            }
+            if (coll_fatal_latched(w.pad)) {
+                return false;
+            }
+            if ((polls % SYMM_ABORT_EVERY) == 0u && symm_abort_requested(w.abort_host, w.pad)) {
+                symm_latch_error(w.pad, SYMM_ERR_ABORTED);
+                return false;
+            }
+            if (symm_globaltimer() >= deadline) {
+                symm_latch_error(w.pad, SYMM_ERR_TIMEOUT);
+                return false;
+            }
+        }
+    }
+}
+
 template <int DT, int OP>
 __device__ __forceinline__ void coll_pull(const CollWs8 pads, const CollSrcs src, unsigned int* st, unsigned int rank,
                                           unsigned int world, unsigned int mode, char* out, unsigned long long n,
@@ -1173,16 +1192,17 @@ __device__ __forceinline__ void coll_pull(const CollWs8 pads, const CollSrcs src
     const bool peer = t < world && t != rank;
     unsigned int base = 0;
     int ok = 1;
+    const unsigned long long hi = (unsigned long long)check << 32;
     if (peer) {
         base = coll_ld_acquire_gpu(st + COLL_ST_BAR_CNT + t);
-        unsigned int* peer_pad = reinterpret_cast<unsigned int*>(coll_ws(pads, t));
-        if (check != 0u) {
-            coll_st_relaxed_sys(symm_ops_slot(peer_pad, COLL_OPS_CHECK, rank), check);
-        }
-        symm_st_release_sys(symm_ops_slot(peer_pad, COLL_OPS_BAR, rank), base + 1u);
-        if (!coll_wait_geq(symm_ops_slot(pad, COLL_OPS_BAR, t), base + 1u, w)) {
+        // Epoch and check word in one release store: no second remote store whose
+        // acknowledgement the release would wait for.
+        coll_st_release_sys_u64(coll_pull_slot(reinterpret_cast<unsigned int*>(coll_ws(pads, t)), rank),
+                                hi | (base + 1u));
+        unsigned long long got = 0;
+        if (!coll_wait_pull(coll_pull_slot(pad, t), base + 1u, w, &got)) {
             ok = 0;
-        } else if (check != 0u && symm_ld_volatile(symm_ops_slot(pad, COLL_OPS_CHECK, t)) != check) {
+        } else if ((unsigned int)(got >> 32) != check) {
             // Peers passed another geometry: reading their buffers could leave their allocation.
             symm_latch_error(pad, SYMM_ERR_MISMATCH);
             ok = 0;
@@ -1190,7 +1210,7 @@ __device__ __forceinline__ void coll_pull(const CollWs8 pads, const CollSrcs src
     }
     if (__syncthreads_and(ok)) {
         if (mode == COLL_MODE_AG) {
-            coll_gather_ptrs<DT>(world, out, n, src);
+            coll_gather_ptrs<DT>(rank, world, out, n, src);
         } else {
             coll_reduce_ptrs<DT, OP>(rank, world, out, n, src);
         }
@@ -1209,9 +1229,11 @@ __device__ __forceinline__ void coll_pull(const CollWs8 pads, const CollSrcs src
     if (peer) {
         // Every block's reads of peers are done (they counted themselves in after them): peers
         // may reuse their inputs once they see this.
-        symm_st_release_sys(symm_ops_slot(reinterpret_cast<unsigned int*>(coll_ws(pads, t)), COLL_OPS_BAR, rank),
-                            base + 2u);
-        coll_wait_geq(symm_ops_slot(pad, COLL_OPS_BAR, t), base + 2u, w);
+        // The same check word: a peer still waiting for base+1 may see base+2 first.
+        coll_st_release_sys_u64(coll_pull_slot(reinterpret_cast<unsigned int*>(coll_ws(pads, t)), rank),
+                                hi | (base + 2u));
+        unsigned long long got = 0;
+        coll_wait_pull(coll_pull_slot(pad, t), base + 2u, w, &got);
         st[COLL_ST_BAR_CNT + t] = base + 2u;
     }
 }

@@ -1061,6 +1061,15 @@ impl CudaCollectives {
             AllGatherPath::Auto => self.select_all_gather(count, dtype),
             p => p,
         };
+        // In place in registered memory, every rank's input lies at another offset (its own slice):
+        // the copy-engine path reads peers at this rank's offset, so the pull (which reads each
+        // peer's own slice) runs it instead.
+        let in_place_registered = input == output + (self.rank * count * dtype.size()) as u64
+            && self.is_registered(output, total * dtype.size());
+        let path = match path {
+            AllGatherPath::CopyEngine if in_place_registered => AllGatherPath::Pull,
+            p => p,
+        };
         match path {
             AllGatherPath::CopyEngine if self.world > 1 => self.all_gather_ce(stream, input, output, count, dtype),
             AllGatherPath::Pull if self.world > 1 => {
@@ -1109,18 +1118,31 @@ impl CudaCollectives {
         dtype: DType,
     ) -> Result<()> {
         let bytes = count * dtype.size();
-        let sym = self.lookup_symmetric(input, bytes).ok_or_else(|| {
-            Error::InvalidArgument(
-                "the zero-copy all-gather pull needs its input in symmetric memory registered with \
-                 register_symmetric (the same offset on every rank)"
-                    .into(),
-            )
-        })?;
-        let check = check_word(&[5, sym.offset as u64, sym.alloc_size as u64, count as u64, dt as u64]);
         let mut srcs = [0u64; MAX_WORLD];
-        for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
-            *src = if s == self.rank { input } else { sym.ptrs[s] };
-        }
+        let in_place = input == output + (self.rank * bytes) as u64;
+        let check = if let Some(sym) = in_place
+            .then(|| self.lookup_symmetric(output, bytes * self.world))
+            .flatten()
+        {
+            // In place in a registered output: rank s's input is slice s of its output, at the
+            // same offset on every rank.
+            for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
+                *src = sym.ptrs[s] + (s * bytes) as u64;
+            }
+            check_word(&[6, sym.offset as u64, sym.alloc_size as u64, count as u64, dt as u64])
+        } else {
+            let sym = self.lookup_symmetric(input, bytes).ok_or_else(|| {
+                Error::InvalidArgument(
+                    "the zero-copy all-gather pull needs its input (or, in place, its output) in \
+                     symmetric memory registered with register_symmetric (the same offset on every rank)"
+                        .into(),
+                )
+            })?;
+            for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
+                *src = if s == self.rank { input } else { sym.ptrs[s] };
+            }
+            check_word(&[5, sym.offset as u64, sym.alloc_size as u64, count as u64, dt as u64])
+        };
         let p = args::Pull {
             mode: RingMode::AllGather,
             op: 0,
@@ -1362,6 +1384,7 @@ mod tests {
             ("COLL_ST_BAR_CNT", layout::ST_BAR_CNT),
             ("COLL_OPS_BAR", layout::OPS_BAR),
             ("COLL_OPS_CHECK", layout::OPS_CHECK),
+            ("COLL_OPS_PULL64", layout::OPS_PULL64),
             ("COLL_MAXW", layout::MAX_WORLD),
             ("COLL_MAX_THREADS", plan::MAX_THREADS as usize),
             ("SYMM_ERR_MISMATCH", ERR_MISMATCH as usize),

@@ -570,6 +570,7 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                         (AllGatherPath::CopyEngine, true, false),
                         (AllGatherPath::CopyEngine, false, false),
                         (AllGatherPath::CopyEngine, false, true),
+                        (AllGatherPath::CopyEngine, true, true),
                         (AllGatherPath::Pull, true, false),
                         (AllGatherPath::Pull, true, true),
                         (AllGatherPath::Auto, false, false),

@@ -196,7 +196,7 @@ impl SelectionThresholds {
                     two_shot_max_bytes: 4 * MIB,
                     reduce_scatter_max_bytes: 4 * MIB,
                     all_gather_max_bytes: 4 * MIB,
-                    all_gather_copy_engine_min_bytes: 16 * MIB,
+                    all_gather_copy_engine_min_bytes: 64 * MIB,
                     all_gather_pull_min_bytes: 4 * MIB + 1,
                     all_reduce_pull_min_bytes: 4 * MIB + 1,
                     // Zero-copy reduce-scatter pull above the Lamport range, for registered
@@ -449,7 +449,7 @@ mod tests {
         assert_eq!(no_pull.reduce_scatter(16 * MIB), ReduceScatterAlgo::Nccl);
         assert_eq!(s.all_gather(4 * MIB), AllGatherAlgo::Sm);
         assert_eq!(s.all_gather(8 * MIB), AllGatherAlgo::Pull);
-        assert_eq!(s.all_gather(16 * MIB), AllGatherAlgo::CopyEngine);
+        assert_eq!(s.all_gather(16 * MIB), AllGatherAlgo::Pull);
         assert_eq!(s.all_gather(64 * MIB), AllGatherAlgo::CopyEngine);
         let mut no_pull = s.clone();
         no_pull.thresholds.all_reduce_pull_min_bytes = usize::MAX;

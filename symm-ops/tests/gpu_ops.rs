@@ -423,6 +423,53 @@ fn gpu_64mib() {
         hashes.push(hash(&got));
         let got = s.clone_dtoh(&seg)?;
         check_reduce_scatter(Values::Integers, 1, WORLD, me, ReduceOp::Max, &got)?;
+        // Registered symmetric tensors above the Lamport bound: auto takes the zero-copy pulls
+        // (all-reduce, reduce-scatter, all-gather out of place and in place).
+        let m = 4 << 20; // f32: 16 MiB
+        let per = m / WORLD;
+        let si = comm.persistent_buffer(900, &[m], DType::F32)?;
+        let so = comm.persistent_buffer(901, &[m], DType::F32)?;
+        let sg = comm.persistent_buffer(902, &[m], DType::F32)?;
+        let picks = format!(
+            "all_reduce {}, reduce_scatter {}, all_gather {}",
+            comm.select_all_reduce(m * 4),
+            comm.select_reduce_scatter(m * 4),
+            comm.select_all_gather(m * 4)
+        );
+        sym_write(&rig, &si, 0, &input::<f32>(Values::Integers, 4, me, m))?;
+        sym_write(&rig, &so, 0, &vec![f32::NAN; m])?;
+        comm.all_reduce_out(&si, &so, ReduceOp::Sum)?;
+        s.synchronize()?;
+        comm.check_error()?;
+        let got = sym_read::<f32>(&rig, &so, 0, m)?;
+        check_all_reduce(Values::Integers, 4, WORLD, ReduceOp::Sum, &got)
+            .map_err(|e| format!("pull all_reduce: {e}"))?;
+        hashes.push(hash(&got));
+        let seg = so.narrow(0, per)?;
+        comm.reduce_scatter_out(&si, &seg, ReduceOp::Max)?;
+        s.synchronize()?;
+        comm.check_error()?;
+        let got = sym_read::<f32>(&rig, &so, 0, per)?;
+        check_reduce_scatter(Values::Integers, 4, WORLD, me, ReduceOp::Max, &got)
+            .map_err(|e| format!("pull reduce_scatter: {e}"))?;
+        // all-gather out of place from a registered input, then in place in a registered output.
+        sym_write(&rig, &si, 0, &input::<f32>(Values::Random, 5, me, per))?;
+        sym_write(&rig, &so, 0, &vec![f32::NAN; m])?;
+        comm.all_gather_out(&si.narrow(0, per)?, &so)?;
+        let mut init = vec![f32::NAN; m];
+        init[me * per..(me + 1) * per].copy_from_slice(&input::<f32>(Values::Random, 5, me, per));
+        sym_write(&rig, &sg, 0, &init)?;
+        comm.all_gather_out(&sg.narrow(me * per, per)?, &sg)?;
+        s.synchronize()?;
+        comm.check_error()?;
+        for (what, t) in [("out of place", &so), ("in place", &sg)] {
+            let got = sym_read::<f32>(&rig, t, 0, m)?;
+            check_all_gather(Values::Random, 5, WORLD, &got).map_err(|e| format!("pull all_gather {what}: {e}"))?;
+            hashes.push(hash(&got));
+        }
+        if me == 0 {
+            println!("SUMMARY gpu_64mib registered 16 MiB: auto picked {picks}");
+        }
         Ok(hashes)
     })
     .unwrap();

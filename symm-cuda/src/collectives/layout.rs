@@ -37,6 +37,8 @@ pub const STATE_BYTES: usize = 4096;
 pub const OPS_BAR: usize = 0;
 /// Pad `OPS` slot of the barrier check word.
 pub const OPS_CHECK: usize = 1;
+/// First of the two pad `OPS` slots the fused pull uses as one 64-bit word per source rank.
+pub const OPS_PULL64: usize = 2;
 
 /// The error code the barrier latches when ranks passed different check words (for example
 /// zero-copy inputs at different offsets).
@@ -53,7 +55,9 @@ pub const SLOT_ALIGN: usize = 256;
 pub const MIN_SLOT_BYTES: usize = 16 * 1024;
 
 const _: () = assert!(ST_ERR_OUT * 4 < STATE_BYTES && ST_BAR_CNT + symm_core::pad::MAX_WORLD_SIZE <= ST_ERR_OUT);
-const _: () = assert!(OPS_CHECK < symm_core::pad::OPS_SLOTS);
+const _: () = assert!(OPS_CHECK < symm_core::pad::OPS_SLOTS && OPS_PULL64 + 1 < symm_core::pad::OPS_SLOTS);
+// The 64-bit words start 8-byte aligned.
+const _: () = assert!((symm_core::pad::OPS_BASE + OPS_PULL64 * symm_core::pad::MAX_WORLD_SIZE) % 2 == 0);
 
 /// Offsets and sizes of one rank's workspace (identical on every rank).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
