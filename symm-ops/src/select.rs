@@ -181,14 +181,14 @@ impl SelectionThresholds {
             },
             EngineKind::Cuda if world_size <= 2 => {
                 // Measured on 2 x H200 (NV18), graph replay, NCCL 2.28.9 in the same run
-                // (symm-ops/bench-notes.md): all-reduce Lamport beats NCCL up to 4 MiB (19.6
-                // against 32.5 us), NCCL wins from 16 MiB against every push kernel (73 against
-                // 113); reduce-scatter ours up to 4 MiB (21.4 against 22.6), NCCL from 16 MiB
-                // (51 against 75); all-gather ours up to 4 MiB (20.7 against 25.0), NCCL above,
-                // except the zero-copy copy engine for registered inputs from 16 MiB (40 / 111 /
-                // 392 against 44 / 123 / 437 at 16 / 64 / 256 MiB). The all-reduce SM pull
-                // (copy_engine, frac 0: 59 / 210 / 805 against 73 / 234 / 863) is not selected
-                // yet: the bench through the Communicator did not finish with it (unexplained).
+                // (symm-ops/bench-notes.md, round 4): up to 4 MiB the Lamport kernels (all-reduce
+                // 19.4 against NCCL 32.5 us at 4 MiB; reduce-scatter 11.9 against 22.2; all-gather
+                // 11.0 against 25.2). Above, for inputs in registered symmetric memory, the fused
+                // zero-copy pulls: all-reduce 57.6 / 208 / 806 against 71.8 / 233 / 863 at 16 /
+                // 64 / 256 MiB, reduce-scatter 33.1 / 109 / 408 against 51.5 / 166 / 590,
+                // all-gather 31.9 / 108.6 against 44.5 / 124 up to 64 MiB, the copy engine above
+                // (393 against pull 410 and NCCL 440 at 256 MiB). Unregistered inputs above 4 MiB
+                // go to NCCL (every push kernel loses to it there: 114 against 72 at 16 MiB).
                 let (lamport, _, _) = kernel_defaults();
                 SelectionThresholds {
                     lamport_max_bytes: lamport,
@@ -196,7 +196,7 @@ impl SelectionThresholds {
                     two_shot_max_bytes: 4 * MIB,
                     reduce_scatter_max_bytes: 4 * MIB,
                     all_gather_max_bytes: 4 * MIB,
-                    all_gather_copy_engine_min_bytes: 64 * MIB,
+                    all_gather_copy_engine_min_bytes: 64 * MIB + 1,
                     all_gather_pull_min_bytes: 4 * MIB + 1,
                     all_reduce_pull_min_bytes: 4 * MIB + 1,
                     // Zero-copy reduce-scatter pull above the Lamport range, for registered
@@ -450,7 +450,8 @@ mod tests {
         assert_eq!(s.all_gather(4 * MIB), AllGatherAlgo::Sm);
         assert_eq!(s.all_gather(8 * MIB), AllGatherAlgo::Pull);
         assert_eq!(s.all_gather(16 * MIB), AllGatherAlgo::Pull);
-        assert_eq!(s.all_gather(64 * MIB), AllGatherAlgo::CopyEngine);
+        assert_eq!(s.all_gather(64 * MIB), AllGatherAlgo::Pull);
+        assert_eq!(s.all_gather(256 * MIB), AllGatherAlgo::CopyEngine);
         let mut no_pull = s.clone();
         no_pull.thresholds.all_reduce_pull_min_bytes = usize::MAX;
         no_pull.thresholds.all_gather_pull_min_bytes = usize::MAX;

@@ -24,13 +24,47 @@ pub enum KernelArg {
 /// Most arguments a kernel of this crate takes.
 pub const MAX_ARGS: usize = 32;
 
+/// Bytes of the packed parameter buffer: every parameter at its natural alignment, as the
+/// kernel's parameter space lays them out (at most 32 parameters of 8 bytes).
+const PACKED_BYTES: usize = MAX_ARGS * 8;
+
+/// The arguments packed as the kernel's parameter space lays them out: each at the next offset
+/// aligned to its size (8-byte values to 8, 4-byte values to 4). Returns the buffer and its
+/// length in bytes.
+pub fn pack(args: &[KernelArg]) -> ([u64; MAX_ARGS], usize) {
+    let mut words = [0u64; MAX_ARGS];
+    let mut off = 0usize;
+    for a in args {
+        let (bytes, v): (usize, u64) = match *a {
+            KernelArg::U64(v) => (8, v),
+            KernelArg::I64(v) => (8, v as u64),
+            KernelArg::U32(v) => (4, u64::from(v)),
+            KernelArg::I32(v) => (4, u64::from(v as u32)),
+            KernelArg::F32(v) => (4, u64::from(v.to_bits())),
+        };
+        off = off.next_multiple_of(bytes);
+        let w = &mut words[off / 8];
+        if bytes == 8 {
+            *w = v;
+        } else {
+            // Little-endian: the 4-byte value at byte offset `off % 8` of its word.
+            *w |= v << ((off % 8) * 8);
+        }
+        off += bytes;
+    }
+    (words, off)
+}
+
 /// Launches `f` on `stream` with `cfg` and `args` (asynchronous).
 ///
 /// The argument list must match the kernel's parameter list in number, order
 /// and size; every kernel wrapper in this crate builds it from the kernel's
-/// documented signature. Calls `cuLaunchKernel` directly with the values on
-/// the stack (no allocation: the eager per-op cost of small collectives is
-/// mostly this call).
+/// documented signature. Calls `cuLaunchKernel` directly, with the arguments
+/// packed into one buffer on the stack (`CU_LAUNCH_PARAM_BUFFER_POINTER`: one
+/// copy instead of one per parameter; no allocation: the eager per-op cost of
+/// small collectives is mostly this call). `SYMM_LAUNCH_MODE=params` passes
+/// one pointer per parameter instead, `cudarc` goes through cudarc's launch
+/// builder (diagnostics and comparisons: all three must behave the same).
 pub fn launch(stream: &CudaStream, f: &CudaFunction, cfg: LaunchConfig, args: &[KernelArg]) -> Result<()> {
     if args.len() > MAX_ARGS {
         return Err(symm_core::Error::InvalidArgument(format!(
@@ -39,8 +73,43 @@ pub fn launch(stream: &CudaStream, f: &CudaFunction, cfg: LaunchConfig, args: &[
         )));
     }
     bind(stream.context())?;
-    if via_cudarc() {
-        return launch_cudarc(stream, f, cfg, args);
+    match launch_mode() {
+        LaunchMode::Cudarc => return launch_cudarc(stream, f, cfg, args),
+        LaunchMode::Params => {}
+        LaunchMode::Packed => {
+            let (mut words, len) = pack(args);
+            debug_assert!(len <= PACKED_BYTES);
+            let mut size: usize = len;
+            let mut extra = [
+                sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut std::ffi::c_void,
+                words.as_mut_ptr().cast(),
+                sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut std::ffi::c_void,
+                (&mut size as *mut usize).cast(),
+                sys::CU_LAUNCH_PARAM_END_AS_INT as usize as *mut std::ffi::c_void,
+            ];
+            // SAFETY: `extra` is the driver's documented list (buffer pointer, pointer to its size,
+            // end marker); the buffer holds the arguments at the offsets of the kernel's parameter
+            // space (natural alignment, `pack`), which match the kernel's signature by this
+            // function's contract, and lives on the stack until cuLaunchKernel, which copies it,
+            // returns. Device addresses among them point into memory kept alive by the caller
+            // until the stream is synchronised. The function and stream belong to the bound context.
+            let r = unsafe {
+                sys::cuLaunchKernel(
+                    f.cu_function(),
+                    cfg.grid_dim.0,
+                    cfg.grid_dim.1,
+                    cfg.grid_dim.2,
+                    cfg.block_dim.0,
+                    cfg.block_dim.1,
+                    cfg.block_dim.2,
+                    cfg.shared_mem_bytes,
+                    stream.cu_stream(),
+                    std::ptr::null_mut(),
+                    extra.as_mut_ptr(),
+                )
+            };
+            return check(r, "cuLaunchKernel");
+        }
     }
     // Every argument is stored in an 8-byte cell; the driver reads as many bytes as the
     // parameter's size from the cell's start (little-endian, so a 4-byte value's bytes come first).
@@ -81,11 +150,27 @@ pub fn launch(stream: &CudaStream, f: &CudaFunction, cfg: LaunchConfig, args: &[
     check(r, "cuLaunchKernel")
 }
 
-/// `SYMM_LAUNCH_VIA_CUDARC=1` launches through cudarc's launch builder instead (diagnostics: the
-/// two paths must behave the same).
-fn via_cudarc() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("SYMM_LAUNCH_VIA_CUDARC").is_ok_and(|v| v == "1"))
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LaunchMode {
+    Packed,
+    Params,
+    Cudarc,
+}
+
+/// `SYMM_LAUNCH_MODE`: `packed` (default), `params`, `cudarc` (`SYMM_LAUNCH_VIA_CUDARC=1`, the
+/// older switch, still selects `cudarc`).
+fn launch_mode() -> LaunchMode {
+    static V: std::sync::OnceLock<LaunchMode> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        if std::env::var("SYMM_LAUNCH_VIA_CUDARC").is_ok_and(|v| v == "1") {
+            return LaunchMode::Cudarc;
+        }
+        match std::env::var("SYMM_LAUNCH_MODE").as_deref() {
+            Ok("params") => LaunchMode::Params,
+            Ok("cudarc") => LaunchMode::Cudarc,
+            _ => LaunchMode::Packed,
+        }
+    })
 }
 
 fn launch_cudarc(stream: &CudaStream, f: &CudaFunction, cfg: LaunchConfig, args: &[KernelArg]) -> Result<()> {
@@ -108,3 +193,29 @@ fn launch_cudarc(stream: &CudaStream, f: &CudaFunction, cfg: LaunchConfig, args:
 
 #[cfg(not(target_endian = "little"))]
 compile_error!("symm-cuda's kernel launches pass 4-byte arguments in 8-byte cells: little-endian only");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pack_follows_natural_alignment() {
+        let (w, len) = pack(&[KernelArg::U64(0x1122), KernelArg::U32(7), KernelArg::U64(9)]);
+        // u64 at 0, u32 at 8, padding to 16, u64 at 16.
+        assert_eq!(len, 24);
+        assert_eq!(&w[..3], &[0x1122, 7, 9]);
+        let (w, len) = pack(&[
+            KernelArg::U32(1),
+            KernelArg::U32(2),
+            KernelArg::I32(-1),
+            KernelArg::F32(1.0),
+            KernelArg::U32(3),
+        ]);
+        assert_eq!(len, 20);
+        assert_eq!(w[0], 1 | (2 << 32));
+        assert_eq!(w[1], 0xFFFF_FFFF | (u64::from(1.0f32.to_bits()) << 32));
+        assert_eq!(w[2], 3);
+        let (_, len) = pack(&[KernelArg::U64(1); MAX_ARGS]);
+        assert_eq!(len, PACKED_BYTES);
+    }
+}

@@ -1439,6 +1439,9 @@ mod gpu {
             .algos_for(op)
             .into_iter()
             .filter(|s| !disabled.iter().any(|(o, l)| *o == op && *l == s.label))
+            // The Lamport buffers bound its message (per peer: one rank's input for all-gather,
+            // one shard for reduce-scatter): larger sizes have no Lamport row.
+            .filter(|s| s.base != "lamport" || g.count * dtype.size() <= st.coll.lamport_max_bytes())
             .collect();
         let need_staged = specs.iter().any(|s| s.base == "copy_engine_staged");
         let ar = arena(st, &g, dtype, need_staged, st.coll.group())?;
