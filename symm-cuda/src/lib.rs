@@ -35,6 +35,7 @@ pub mod connectivity;
 #[allow(unsafe_code)]
 pub mod driver;
 pub mod kernels;
+pub mod probe;
 pub mod symm_mem;
 
 pub use allocator::{CudaAllocation, CudaAllocator};

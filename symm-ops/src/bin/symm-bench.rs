@@ -157,11 +157,13 @@ struct Args {
     quick: bool,
     nccl: bool,
     setup: bool,
+    /// Run the latency probes (symm_cuda::probe) instead of the collectives.
+    probe: bool,
 }
 
 const USAGE: &str = "usage: symm-bench [--ops LIST] [--sizes LIST] [--dtype bf16|f16|f32] [--redop sum|avg|max|min] \
 [--iters N] [--rounds N] [--modes eager,graph] [--algos LIST] [--ranks N] [--staging BYTES] [--json PATH] \
-[--quick] [--no-nccl] [--no-setup]";
+[--quick] [--no-nccl] [--no-setup] [--probe]";
 
 fn parse_size(s: &str) -> Result<usize, String> {
     let s = s.trim();
@@ -205,6 +207,7 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
         quick: false,
         nccl: true,
         setup: true,
+        probe: false,
     };
     let mut sizes_given = false;
     let mut it = argv.iter();
@@ -267,6 +270,7 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
             "--quick" => a.quick = true,
             "--no-nccl" => a.nccl = false,
             "--no-setup" => a.setup = false,
+            "--probe" => a.probe = true,
             "-h" | "--help" => return Err(USAGE.to_string()),
             o => return Err(format!("unknown argument {o:?}\n{USAGE}")),
         }
@@ -1262,6 +1266,10 @@ mod gpu {
             all,
         };
         let mut rows = Vec::new();
+        if args.probe {
+            probes(sh, &st)?;
+            return Ok((rows, setup));
+        }
         let mut disabled: Vec<(Op, String)> = Vec::new();
         'ops: for &op in &args.ops {
             for &size in &args.sizes {
@@ -1273,6 +1281,109 @@ mod gpu {
         }
         drop(st);
         Ok((rows, setup))
+    }
+
+    /// `--probe`: every latency probe (symm_cuda::probe) in eager mode and CUDA-graph replay, median
+    /// us per launch of the slowest rank; rank 0 prints the table. The probes' counters are
+    /// checked afterwards (a wait that timed out leaves its counter short).
+    fn probes(sh: &Shared, st: &RankState) -> BoxResult<()> {
+        use symm_ops::symm_cuda::probe::{LatencyProbe, Probe};
+        let args = &sh.args;
+        let g = Group::new(format!("{}-probe", sh.run_id), st.rank, st.world, sh.store.clone())?;
+        let a = get_allocator(DeviceType::Cuda)?.alloc(LatencyProbe::BYTES, Device::cuda(st.rank as u32), &g)?;
+        let m = a.rendezvous(T_STORE)?;
+        let p = LatencyProbe::new(&st.ctx, &st.stream, m, Duration::from_secs(10))?;
+        let iters = args.iters.unwrap_or(200);
+        let s = &st.stream;
+        let mut expected = [0u32; 7];
+        let mut table = String::new();
+        for (i, probe) in Probe::ALL.into_iter().enumerate() {
+            let mut cols = Vec::new();
+            for &mode in &args.modes {
+                // One warm-up launch, then the rounds.
+                p.launch(s, probe)?;
+                expected[i] += 1;
+                let mut times = Vec::new();
+                match mode {
+                    Mode::Eager => {
+                        for round in 0..=args.rounds {
+                            st.coll.barrier(s, &st.all)?;
+                            st.start.record(s)?;
+                            for _ in 0..iters {
+                                p.launch(s, probe)?;
+                            }
+                            st.end.record(s)?;
+                            expected[i] += iters as u32;
+                            let ms = st.start.elapsed_ms(&st.end)?;
+                            if round > 0 {
+                                times.push(ms as f64 * 1e3 / iters as f64);
+                            }
+                        }
+                    }
+                    Mode::Graph => {
+                        s.synchronize()?;
+                        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+                        let captured: BoxResult<()> = (|| {
+                            for _ in 0..iters {
+                                p.launch(s, probe)?;
+                            }
+                            Ok(())
+                        })();
+                        let graph = s.end_capture(CUgraphInstantiate_flags(0));
+                        captured?;
+                        let graph = graph?.ok_or("stream capture gave no graph")?;
+                        graph.upload()?;
+                        for round in 0..=args.rounds {
+                            st.coll.barrier(s, &st.all)?;
+                            st.start.record(s)?;
+                            graph.launch()?;
+                            st.end.record(s)?;
+                            expected[i] += iters as u32;
+                            let ms = st.start.elapsed_ms(&st.end)?;
+                            if round > 0 {
+                                times.push(ms as f64 * 1e3 / iters as f64);
+                            }
+                        }
+                    }
+                }
+                s.synchronize()?;
+                let mine = median(&mut times);
+                let key = sh.next_key(st.rank, &format!("probe-{i}-{}", mode.name()));
+                let all = gather_f64s(sh, st.rank, &key, &[mine])?;
+                cols.push(all.iter().filter_map(|v| v.first().copied()).fold(0.0, f64::max));
+            }
+            let _ = write!(table, "{:<42}", probe.name());
+            for c in &cols {
+                let _ = write!(table, " {c:>9.2}");
+            }
+            table.push('\n');
+        }
+        let got = p.counters(s)?;
+        // The empty kernel keeps no counter.
+        let short: Vec<String> = Probe::ALL
+            .iter()
+            .zip(got.iter().zip(expected.iter()))
+            .skip(1)
+            .filter(|(_, (g, e))| g != e)
+            .map(|(p, (g, e))| format!("{}: counter {g}, expected {e}", p.name()))
+            .collect();
+        if st.rank == 0 {
+            let modes: Vec<&str> = args.modes.iter().map(|m| m.name()).collect();
+            println!(
+                "# latency probes: median us per launch, {iters} launches per round, {} rounds",
+                args.rounds
+            );
+            println!(
+                "{:<42} {}",
+                "probe",
+                modes.iter().map(|m| format!("{m:>9}")).collect::<Vec<_>>().join(" ")
+            );
+            print!("{table}");
+        }
+        if !short.is_empty() {
+            return Err(format!("rank {}: probes did not complete: {}", st.rank, short.join("; ")).into());
+        }
+        Ok(())
     }
 
     fn make_nccl(rank: usize, sh: &Shared, stream: &Arc<CudaStream>) -> BoxResult<Comm> {
