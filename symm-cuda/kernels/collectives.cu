@@ -495,9 +495,12 @@ __device__ __forceinline__ unsigned long long coll_ws(const CollWs8& w, unsigned
                   : (i < 6u ? (i == 4u ? w.w4 : w.w5) : (i == 6u ? w.w6 : w.w7));
 }
 
-template <int DT, int OP>
+// MODE >= 0 and W > 0 fix the mode and the world size at compile time (the specialised
+// two-rank entries: a fraction of the generic kernel's code, so a cold instruction cache costs
+// less at every launch); MODE < 0 / W == 0 take them from the arguments.
+template <int DT, int OP, int MODE, int W>
 __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pad,
-                                             unsigned int rank, unsigned int world, unsigned int mode,
+                                             unsigned int rank, unsigned int world_arg, unsigned int mode_arg,
                                              const char* input, char* output, unsigned long long count,
                                              unsigned long long lam_off, unsigned long long slot_bytes,
                                              unsigned long long state_off, unsigned long long timeout_ns,
@@ -510,6 +513,10 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
     // together.
     constexpr int VE = CollT<DT>::VE;
     constexpr int ES = CollT<DT>::ES;
+    // Peer slots the unrolled loops visit.
+    constexpr int NP = W > 0 ? W - 1 : COLL_MAXW - 1;
+    const unsigned int world = W > 0 ? (unsigned int)W : world_arg;
+    const unsigned int mode = MODE >= 0 ? (unsigned int)MODE : mode_arg;
     char* ws = reinterpret_cast<char*>(coll_ws(wsv, rank));
     unsigned int* st = reinterpret_cast<unsigned int*>(ws + state_off);
     const unsigned int w1 = world - 1;
@@ -590,7 +597,7 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
         unsigned int polls = 0;
         while (pending != 0u) {
 #pragma unroll
-            for (int l = 0; l < COLL_MAXW - 1; ++l) {
+            for (int l = 0; l < NP; ++l) {
                 if (pending & (1u << l)) {
                     pv[l] = coll_ld_volatile_v4(mine + (unsigned long long)l * slot_bytes + v * 16);
                     if (!coll_pending<DT>(pv[l])) {
@@ -623,7 +630,7 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
             const bool al = al_out && al_part;
             coll_store<DT>(output + (unsigned long long)rank * part_bytes + v * 16, own, nvalid, al);
 #pragma unroll
-            for (int l = 0; l < COLL_MAXW - 1; ++l) {
+            for (int l = 0; l < NP; ++l) {
                 if (l < (int)w1) {
                     const unsigned int t = (rank + 1 + l) % world;
                     coll_store<DT>(output + (unsigned long long)t * part_bytes + v * 16, pv[l], nvalid, al);
@@ -660,21 +667,21 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
     extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1) NAME(COLL_LAMPORT_ARGS) { \
         const CollWs8 wsv = {ws0, ws1, ws2, ws3, ws4, ws5, ws6, ws7};                          \
         if (mode == COLL_MODE_AG) {                                                            \
-            coll_lamport<DT, COLL_SUM>(COLL_LAMPORT_PASS);                                     \
+            coll_lamport<DT, COLL_SUM, -1, 0>(COLL_LAMPORT_PASS);                              \
             return;                                                                            \
         }                                                                                      \
         switch (op) {                                                                          \
             case COLL_SUM:                                                                     \
-                coll_lamport<DT, COLL_SUM>(COLL_LAMPORT_PASS);                                 \
+                coll_lamport<DT, COLL_SUM, -1, 0>(COLL_LAMPORT_PASS);                          \
                 break;                                                                         \
             case COLL_AVG:                                                                     \
-                coll_lamport<DT, COLL_AVG>(COLL_LAMPORT_PASS);                                 \
+                coll_lamport<DT, COLL_AVG, -1, 0>(COLL_LAMPORT_PASS);                          \
                 break;                                                                         \
             case COLL_MAX:                                                                     \
-                coll_lamport<DT, COLL_MAX>(COLL_LAMPORT_PASS);                                 \
+                coll_lamport<DT, COLL_MAX, -1, 0>(COLL_LAMPORT_PASS);                          \
                 break;                                                                         \
             default:                                                                           \
-                coll_lamport<DT, COLL_MIN>(COLL_LAMPORT_PASS);                                 \
+                coll_lamport<DT, COLL_MIN, -1, 0>(COLL_LAMPORT_PASS);                          \
                 break;                                                                         \
         }                                                                                      \
     }
@@ -682,6 +689,29 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
 COLL_LAMPORT_ENTRY(symm_lamport_f32, COLL_F32)
 COLL_LAMPORT_ENTRY(symm_lamport_f16, COLL_F16)
 COLL_LAMPORT_ENTRY(symm_lamport_bf16, COLL_BF16)
+
+// Two ranks, one (mode, op) per entry: symm_lamport2_{ar,rs}_{sum,avg,max,min}_{dt} and
+// symm_lamport2_ag_{dt} (same arguments as the generic entry; `world`, `mode` and `op` are
+// ignored).
+#define COLL_LAMPORT2(NAME, DT, MODE, OP)                                                     \
+    extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1) NAME(COLL_LAMPORT_ARGS) { \
+        const CollWs8 wsv = {ws0, ws1, ws2, ws3, ws4, ws5, ws6, ws7};                          \
+        coll_lamport<DT, OP, MODE, 2>(COLL_LAMPORT_PASS);                                      \
+    }
+#define COLL_LAMPORT2_DT(SUFFIX, DT)                                                  \
+    COLL_LAMPORT2(symm_lamport2_ar_sum_##SUFFIX, DT, COLL_MODE_AR, COLL_SUM)          \
+    COLL_LAMPORT2(symm_lamport2_ar_avg_##SUFFIX, DT, COLL_MODE_AR, COLL_AVG)          \
+    COLL_LAMPORT2(symm_lamport2_ar_max_##SUFFIX, DT, COLL_MODE_AR, COLL_MAX)          \
+    COLL_LAMPORT2(symm_lamport2_ar_min_##SUFFIX, DT, COLL_MODE_AR, COLL_MIN)          \
+    COLL_LAMPORT2(symm_lamport2_rs_sum_##SUFFIX, DT, COLL_MODE_RS, COLL_SUM)          \
+    COLL_LAMPORT2(symm_lamport2_rs_avg_##SUFFIX, DT, COLL_MODE_RS, COLL_AVG)          \
+    COLL_LAMPORT2(symm_lamport2_rs_max_##SUFFIX, DT, COLL_MODE_RS, COLL_MAX)          \
+    COLL_LAMPORT2(symm_lamport2_rs_min_##SUFFIX, DT, COLL_MODE_RS, COLL_MIN)          \
+    COLL_LAMPORT2(symm_lamport2_ag_##SUFFIX, DT, COLL_MODE_AG, COLL_SUM)
+
+COLL_LAMPORT2_DT(f32, COLL_F32)
+COLL_LAMPORT2_DT(f16, COLL_F16)
+COLL_LAMPORT2_DT(bf16, COLL_BF16)
 
 // ---------------------------------------------------------------- ring (chunked push)
 

@@ -96,6 +96,9 @@ impl CollectivesConfig {
 /// The kernels, loaded once per object (the module is cached per context by `kernels::load`).
 struct Fns {
     lamport: [CudaFunction; 3],
+    /// Two-rank Lamport entries per dtype: all-reduce sum/avg/max/min, reduce-scatter
+    /// sum/avg/max/min, all-gather (`lamport2_index`).
+    lamport2: [Vec<CudaFunction>; 3],
     ring: [CudaFunction; 3],
     reduce_ptrs: [CudaFunction; 3],
     pull: [CudaFunction; 3],
@@ -221,6 +224,33 @@ fn check_ptr(what: &'static str, ptr: u64, dtype: DType) -> Result<()> {
     Ok(())
 }
 
+/// The two-rank Lamport entries of dtype suffix `dt`, in `lamport2_index` order.
+fn lamport2_names(dt: &str) -> Vec<String> {
+    let mut v = Vec::with_capacity(9);
+    for mode in ["ar", "rs"] {
+        for op in ["sum", "avg", "max", "min"] {
+            v.push(format!("symm_lamport2_{mode}_{op}_{dt}"));
+        }
+    }
+    v.push(format!("symm_lamport2_ag_{dt}"));
+    v
+}
+
+/// Index of the two-rank Lamport entry for (mode, kernel op).
+fn lamport2_index(mode: RingMode, op: u32) -> usize {
+    match mode {
+        RingMode::AllReduce => op as usize,
+        RingMode::ReduceScatter => 4 + op as usize,
+        RingMode::AllGather => 8,
+    }
+}
+
+/// `SYMM_LAMPORT_GENERIC=1`: two ranks run the generic Lamport entry too (comparisons).
+fn lamport_generic_forced() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("SYMM_LAMPORT_GENERIC").is_ok_and(|v| v == "1"))
+}
+
 fn cfg(blocks: u32, threads: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (blocks.max(1), 1, 1),
@@ -273,6 +303,11 @@ impl CudaCollectives {
                 get(&format!("symm_lamport_{}", dts[0]))?,
                 get(&format!("symm_lamport_{}", dts[1]))?,
                 get(&format!("symm_lamport_{}", dts[2]))?,
+            ],
+            lamport2: [
+                lamport2_names(dts[0]).iter().map(|n| get(n)).collect::<Result<_>>()?,
+                lamport2_names(dts[1]).iter().map(|n| get(n)).collect::<Result<_>>()?,
+                lamport2_names(dts[2]).iter().map(|n| get(n)).collect::<Result<_>>()?,
             ],
             ring: [get("symm_ring_f32")?, get("symm_ring_f16")?, get("symm_ring_bf16")?],
             reduce_ptrs: [
@@ -656,6 +691,12 @@ impl CudaCollectives {
     ) -> Result<()> {
         let dtype = [DType::F32, DType::F16, DType::BF16][dt];
         let p = lamport_plan(count, dtype, &self.layout, tuning, self.sm_count)?;
+        // Two ranks: the entry specialised for this (mode, op) (NOTE in collectives.cu).
+        let f = if self.world == 2 && !lamport_generic_forced() {
+            &self.fns.lamport2[dt][lamport2_index(mode, kernel_op(op))]
+        } else {
+            &self.fns.lamport[dt]
+        };
         let a = args::lamport(
             &self.common(),
             &self.direct,
@@ -667,7 +708,7 @@ impl CudaCollectives {
             &self.layout,
             &self.bound(),
         );
-        launch(stream, &self.fns.lamport[dt], cfg(p.blocks, p.threads), &a)
+        launch(stream, f, cfg(p.blocks, p.threads), &a)
     }
 
     /// One ring launch (see NOTE [collectives-protocols]).

@@ -358,6 +358,21 @@ mod tests {
                 sizes(&reduce_ptrs(0, 2, 0, 0, 10, &[1, 2])),
             ));
         }
+        // The two-rank Lamport entries take the generic entry's arguments.
+        let generic: Vec<(String, Vec<usize>)> = cases
+            .iter()
+            .filter(|(n, _)| n.starts_with("symm_lamport_"))
+            .cloned()
+            .collect();
+        for (name, sizes) in generic {
+            let dt = name.trim_start_matches("symm_lamport_").to_string();
+            for mode in ["ar", "rs"] {
+                for op in ["sum", "avg", "max", "min"] {
+                    cases.push((format!("symm_lamport2_{mode}_{op}_{dt}"), sizes.clone()));
+                }
+            }
+            cases.push((format!("symm_lamport2_ag_{dt}"), sizes));
+        }
         for (name, got) in cases {
             let want = ptx_param_sizes(&ptx, &name).unwrap_or_else(|| panic!("{name} not in the PTX"));
             assert_eq!(got, want, "{name}: host arguments vs kernel parameters");
