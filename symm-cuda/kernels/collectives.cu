@@ -26,9 +26,10 @@
 // ARRIVE == gridDim.x (every block has read the state), then advances the state and resets
 // ARRIVE. The next kernel on the stream sees the new state. Ring: thread 0 of every block reads
 // the state and does red.release.gpu.add(ARRIVE, 1) at once. Lamport: every thread reads the
-// state itself; a block counts itself in (red.release.gpu) after its push. (Counting after the
-// whole block finished, with a relaxed add, measured slower: bench-notes.md, round 4.) Fused
-// pull: see below. Nothing epoch-like is a kernel argument, so CUDA-graph replay
+// state itself; with one block, thread 0 advances it at the end (after a __syncthreads that
+// follows every thread's read); with more, each block counts itself in after its push
+// (atom.acq_rel.gpu) and the last one to arrive advances the state there and then -- no block
+// waits for the others. Fused pull: see below. Nothing epoch-like is a kernel argument, so CUDA-graph replay
 // works; any grid size works (ranks must only agree on the ops' sequence and on nchunks).
 //
 // Lamport one-shot (data as flag). Buffers are pre-filled with the sentinel 0xFFFFFFFF per 32-bit
@@ -566,11 +567,17 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
             }
         }
     }
-    // Every thread of this block has read the op state: count the block in (block 0 advances
-    // the state once every block did, at the end).
+    // Every thread of this block has read the op state. One block: it advances the state at its
+    // end (nothing to count). More: each block counts itself in, and the LAST one to arrive
+    // advances the state at once (every block has read it; the next kernel on the stream starts
+    // after this one ends) -- no block waits at the end.
     __syncthreads();
-    if (threadIdx.x == 0) {
-        coll_atom_add_release_gpu(st + COLL_ST_LAM_ARRIVE, 1u);
+    if (threadIdx.x == 0 && gridDim.x > 1u) {
+        if (coll_atom_add_acq_rel_gpu(st + COLL_ST_LAM_ARRIVE, 1u) == gridDim.x - 1u) {
+            st[COLL_ST_LAM_ARRIVE] = 0u;
+            st[COLL_ST_LAM_USED] = (unsigned int)nv;
+            st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
+        }
     }
 
     // 2. clear the previous op's buffer
@@ -642,12 +649,11 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
         }
     }
 
-    // 4. advance the op state
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        coll_wait_arrivals(st + COLL_ST_LAM_ARRIVE, w);
+    // 4. one block: advance the op state (its threads all read it before the __syncthreads
+    //    after the push)
+    if (gridDim.x == 1u && threadIdx.x == 0) {
         st[COLL_ST_LAM_USED] = (unsigned int)nv;
         st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
-        st[COLL_ST_LAM_ARRIVE] = 0u;
     }
 }
 
@@ -1207,11 +1213,15 @@ __device__ __noinline__ bool coll_wait_pull(const unsigned long long* p, unsigne
     }
 }
 
-template <int DT, int OP>
+// MODE >= 0 / W > 0: mode and world size fixed at compile time (two-rank entries), as for the
+// Lamport kernel.
+template <int DT, int OP, int MODE, int W>
 __device__ __forceinline__ void coll_pull(const CollWs8 pads, const CollSrcs src, unsigned int* st, unsigned int rank,
-                                          unsigned int world, unsigned int mode, char* out, unsigned long long n,
-                                          unsigned int check, unsigned long long timeout_ns,
+                                          unsigned int world_arg, unsigned int mode_arg, char* out,
+                                          unsigned long long n, unsigned int check, unsigned long long timeout_ns,
                                           const unsigned int* abort_host) {
+    const unsigned int world = W > 0 ? (unsigned int)W : world_arg;
+    const unsigned int mode = MODE >= 0 ? (unsigned int)MODE : mode_arg;
     __shared__ int s_last;
     unsigned int* pad = reinterpret_cast<unsigned int*>(coll_ws(pads, rank));
     CollWait w;
@@ -1280,21 +1290,21 @@ __device__ __forceinline__ void coll_pull(const CollWs8 pads, const CollSrcs src
         const CollSrcs src = {s0, s1, s2, s3, s4, s5, s6, s7};                                                      \
         unsigned int* st = reinterpret_cast<unsigned int*>(state);                                                  \
         if (mode == COLL_MODE_AG) {                                                                                 \
-            coll_pull<DT, COLL_SUM>(pads, src, st, rank, world, mode, out, n, check, timeout_ns, abort_host);       \
+            coll_pull<DT, COLL_SUM, -1, 0>(pads, src, st, rank, world, mode, out, n, check, timeout_ns, abort_host);       \
             return;                                                                                                 \
         }                                                                                                           \
         switch (op) {                                                                                               \
             case COLL_SUM:                                                                                          \
-                coll_pull<DT, COLL_SUM>(pads, src, st, rank, world, mode, out, n, check, timeout_ns, abort_host);   \
+                coll_pull<DT, COLL_SUM, -1, 0>(pads, src, st, rank, world, mode, out, n, check, timeout_ns, abort_host);   \
                 break;                                                                                              \
             case COLL_AVG:                                                                                          \
-                coll_pull<DT, COLL_AVG>(pads, src, st, rank, world, mode, out, n, check, timeout_ns, abort_host);   \
+                coll_pull<DT, COLL_AVG, -1, 0>(pads, src, st, rank, world, mode, out, n, check, timeout_ns, abort_host);   \
                 break;                                                                                              \
             case COLL_MAX:                                                                                          \
-                coll_pull<DT, COLL_MAX>(pads, src, st, rank, world, mode, out, n, check, timeout_ns, abort_host);   \
+                coll_pull<DT, COLL_MAX, -1, 0>(pads, src, st, rank, world, mode, out, n, check, timeout_ns, abort_host);   \
                 break;                                                                                              \
             default:                                                                                                \
-                coll_pull<DT, COLL_MIN>(pads, src, st, rank, world, mode, out, n, check, timeout_ns, abort_host);   \
+                coll_pull<DT, COLL_MIN, -1, 0>(pads, src, st, rank, world, mode, out, n, check, timeout_ns, abort_host);   \
                 break;                                                                                              \
         }                                                                                                           \
     }
@@ -1302,6 +1312,36 @@ __device__ __forceinline__ void coll_pull(const CollWs8 pads, const CollSrcs src
 COLL_PULL_ENTRY(symm_pull_f32, COLL_F32)
 COLL_PULL_ENTRY(symm_pull_f16, COLL_F16)
 COLL_PULL_ENTRY(symm_pull_bf16, COLL_BF16)
+
+// Two ranks, one (mode, op) per entry: symm_pull2_{ar,rs}_{sum,avg,max,min}_{dt} and
+// symm_pull2_ag_{dt} (the generic entry's arguments; `world`, `mode` and `op` are ignored).
+#define COLL_PULL2(NAME, DT, MODE, OP)                                                                               \
+    extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1)                                                 \
+        NAME(unsigned long long p0, unsigned long long p1, unsigned long long p2, unsigned long long p3,             \
+             unsigned long long p4, unsigned long long p5, unsigned long long p6, unsigned long long p7,             \
+             const char* s0, const char* s1, const char* s2, const char* s3, const char* s4, const char* s5,        \
+             const char* s6, const char* s7, unsigned long long state, unsigned int rank, unsigned int world,        \
+             unsigned int mode, unsigned int op, char* out, unsigned long long n, unsigned int check,                \
+             unsigned long long timeout_ns, const unsigned int* abort_host) {                                         \
+        const CollWs8 pads = {p0, p1, p2, p3, p4, p5, p6, p7};                                                      \
+        const CollSrcs src = {s0, s1, s2, s3, s4, s5, s6, s7};                                                      \
+        coll_pull<DT, OP, MODE, 2>(pads, src, reinterpret_cast<unsigned int*>(state), rank, world, mode, out, n,   \
+                                   check, timeout_ns, abort_host);                                                  \
+    }
+#define COLL_PULL2_DT(SUFFIX, DT)                                          \
+    COLL_PULL2(symm_pull2_ar_sum_##SUFFIX, DT, COLL_MODE_AR, COLL_SUM)     \
+    COLL_PULL2(symm_pull2_ar_avg_##SUFFIX, DT, COLL_MODE_AR, COLL_AVG)     \
+    COLL_PULL2(symm_pull2_ar_max_##SUFFIX, DT, COLL_MODE_AR, COLL_MAX)     \
+    COLL_PULL2(symm_pull2_ar_min_##SUFFIX, DT, COLL_MODE_AR, COLL_MIN)     \
+    COLL_PULL2(symm_pull2_rs_sum_##SUFFIX, DT, COLL_MODE_RS, COLL_SUM)     \
+    COLL_PULL2(symm_pull2_rs_avg_##SUFFIX, DT, COLL_MODE_RS, COLL_AVG)     \
+    COLL_PULL2(symm_pull2_rs_max_##SUFFIX, DT, COLL_MODE_RS, COLL_MAX)     \
+    COLL_PULL2(symm_pull2_rs_min_##SUFFIX, DT, COLL_MODE_RS, COLL_MIN)     \
+    COLL_PULL2(symm_pull2_ag_##SUFFIX, DT, COLL_MODE_AG, COLL_SUM)
+
+COLL_PULL2_DT(f32, COLL_F32)
+COLL_PULL2_DT(f16, COLL_F16)
+COLL_PULL2_DT(bf16, COLL_BF16)
 
 // ---------------------------------------------------------------- barrier over a subset
 

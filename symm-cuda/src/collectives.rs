@@ -102,6 +102,8 @@ struct Fns {
     ring: [CudaFunction; 3],
     reduce_ptrs: [CudaFunction; 3],
     pull: [CudaFunction; 3],
+    /// Two-rank pull entries per dtype, in `lamport2_index` order.
+    pull2: [Vec<CudaFunction>; 3],
     barrier: CudaFunction,
     take_error: CudaFunction,
 }
@@ -224,19 +226,20 @@ fn check_ptr(what: &'static str, ptr: u64, dtype: DType) -> Result<()> {
     Ok(())
 }
 
-/// The two-rank Lamport entries of dtype suffix `dt`, in `lamport2_index` order.
-fn lamport2_names(dt: &str) -> Vec<String> {
+/// The two-rank entries `symm_{kind}_...` (`lamport2`, `pull2`) of dtype suffix `dt`, in
+/// `lamport2_index` order.
+fn two_rank_names(kind: &str, dt: &str) -> Vec<String> {
     let mut v = Vec::with_capacity(9);
     for mode in ["ar", "rs"] {
         for op in ["sum", "avg", "max", "min"] {
-            v.push(format!("symm_lamport2_{mode}_{op}_{dt}"));
+            v.push(format!("symm_{kind}_{mode}_{op}_{dt}"));
         }
     }
-    v.push(format!("symm_lamport2_ag_{dt}"));
+    v.push(format!("symm_{kind}_ag_{dt}"));
     v
 }
 
-/// Index of the two-rank Lamport entry for (mode, kernel op).
+/// Index of the two-rank Lamport / pull entry for (mode, kernel op).
 fn lamport2_index(mode: RingMode, op: u32) -> usize {
     match mode {
         RingMode::AllReduce => op as usize,
@@ -245,7 +248,8 @@ fn lamport2_index(mode: RingMode, op: u32) -> usize {
     }
 }
 
-/// `SYMM_LAMPORT_GENERIC=1`: two ranks run the generic Lamport entry too (comparisons).
+/// `SYMM_LAMPORT_GENERIC=1`: two ranks run the generic Lamport and pull entries too
+/// (comparisons).
 fn lamport_generic_forced() -> bool {
     static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *V.get_or_init(|| std::env::var("SYMM_LAMPORT_GENERIC").is_ok_and(|v| v == "1"))
@@ -305,9 +309,18 @@ impl CudaCollectives {
                 get(&format!("symm_lamport_{}", dts[2]))?,
             ],
             lamport2: [
-                lamport2_names(dts[0]).iter().map(|n| get(n)).collect::<Result<_>>()?,
-                lamport2_names(dts[1]).iter().map(|n| get(n)).collect::<Result<_>>()?,
-                lamport2_names(dts[2]).iter().map(|n| get(n)).collect::<Result<_>>()?,
+                two_rank_names("lamport2", dts[0])
+                    .iter()
+                    .map(|n| get(n))
+                    .collect::<Result<_>>()?,
+                two_rank_names("lamport2", dts[1])
+                    .iter()
+                    .map(|n| get(n))
+                    .collect::<Result<_>>()?,
+                two_rank_names("lamport2", dts[2])
+                    .iter()
+                    .map(|n| get(n))
+                    .collect::<Result<_>>()?,
             ],
             ring: [get("symm_ring_f32")?, get("symm_ring_f16")?, get("symm_ring_bf16")?],
             reduce_ptrs: [
@@ -316,6 +329,20 @@ impl CudaCollectives {
                 get("symm_reduce_ptrs_bf16")?,
             ],
             pull: [get("symm_pull_f32")?, get("symm_pull_f16")?, get("symm_pull_bf16")?],
+            pull2: [
+                two_rank_names("pull2", dts[0])
+                    .iter()
+                    .map(|n| get(n))
+                    .collect::<Result<_>>()?,
+                two_rank_names("pull2", dts[1])
+                    .iter()
+                    .map(|n| get(n))
+                    .collect::<Result<_>>()?,
+                two_rank_names("pull2", dts[2])
+                    .iter()
+                    .map(|n| get(n))
+                    .collect::<Result<_>>()?,
+            ],
             barrier: get("symm_coll_barrier")?,
             take_error: get("symm_coll_take_error")?,
         };
@@ -783,7 +810,12 @@ impl CudaCollectives {
             .clamp(1, tuning.blocks(self.sm_count) as usize) as u32;
         // The state words are at the start of the workspace.
         let a = args::pull(&self.common(), &self.direct, self.ws, p, &self.bound());
-        launch(stream, &self.fns.pull[dt], cfg(blocks, threads.max(64)), &a)
+        let f = if self.world == 2 && !lamport_generic_forced() {
+            &self.fns.pull2[dt][lamport2_index(p.mode, p.op)]
+        } else {
+            &self.fns.pull[dt]
+        };
+        launch(stream, f, cfg(blocks, threads.max(64)), &a)
     }
 
     #[allow(clippy::too_many_arguments)]

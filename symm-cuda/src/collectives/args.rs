@@ -358,20 +358,20 @@ mod tests {
                 sizes(&reduce_ptrs(0, 2, 0, 0, 10, &[1, 2])),
             ));
         }
-        // The two-rank Lamport entries take the generic entry's arguments.
+        // The two-rank Lamport and pull entries take the generic entries' arguments.
         let generic: Vec<(String, Vec<usize>)> = cases
             .iter()
-            .filter(|(n, _)| n.starts_with("symm_lamport_"))
+            .filter(|(n, _)| n.starts_with("symm_lamport_") || n.starts_with("symm_pull_"))
             .cloned()
             .collect();
         for (name, sizes) in generic {
-            let dt = name.trim_start_matches("symm_lamport_").to_string();
+            let (kind, dt) = name.trim_start_matches("symm_").split_once('_').unwrap();
             for mode in ["ar", "rs"] {
                 for op in ["sum", "avg", "max", "min"] {
-                    cases.push((format!("symm_lamport2_{mode}_{op}_{dt}"), sizes.clone()));
+                    cases.push((format!("symm_{kind}2_{mode}_{op}_{dt}"), sizes.clone()));
                 }
             }
-            cases.push((format!("symm_lamport2_ag_{dt}"), sizes));
+            cases.push((format!("symm_{kind}2_ag_{dt}"), sizes));
         }
         for (name, got) in cases {
             let want = ptx_param_sizes(&ptx, &name).unwrap_or_else(|| panic!("{name} not in the PTX"));
