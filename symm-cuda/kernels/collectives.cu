@@ -111,6 +111,8 @@
 #define COLL_MODE_AG 2
 
 #define COLL_FLAG_INPLACE 1u
+// Lamport `mode` argument bit: count blocks with a relaxed atomic instead of atom.acq_rel.gpu.
+#define COLL_LAM_RELAXED_ARRIVE 0x100u
 
 // Largest world size the collective kernels handle (register arrays).
 #define COLL_MAXW 8
@@ -517,7 +519,9 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
     // Peer slots the unrolled loops visit.
     constexpr int NP = W > 0 ? W - 1 : COLL_MAXW - 1;
     const unsigned int world = W > 0 ? (unsigned int)W : world_arg;
-    const unsigned int mode = MODE >= 0 ? (unsigned int)MODE : mode_arg;
+    const unsigned int mode = MODE >= 0 ? (unsigned int)MODE : (mode_arg & 0xFFu);
+    // COLL_LAM_RELAXED_ARRIVE in mode_arg: count blocks with a relaxed atomic (measurement switch).
+    const bool relaxed_arrive = (mode_arg & COLL_LAM_RELAXED_ARRIVE) != 0u;
     char* ws = reinterpret_cast<char*>(coll_ws(wsv, rank));
     unsigned int* st = reinterpret_cast<unsigned int*>(ws + state_off);
     const unsigned int w1 = world - 1;
@@ -573,7 +577,9 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
     // after this one ends) -- no block waits at the end.
     __syncthreads();
     if (threadIdx.x == 0 && gridDim.x > 1u) {
-        if (coll_atom_add_acq_rel_gpu(st + COLL_ST_LAM_ARRIVE, 1u) == gridDim.x - 1u) {
+        const unsigned int before = relaxed_arrive ? atomicAdd(st + COLL_ST_LAM_ARRIVE, 1u)
+                                                   : coll_atom_add_acq_rel_gpu(st + COLL_ST_LAM_ARRIVE, 1u);
+        if (before == gridDim.x - 1u) {
             st[COLL_ST_LAM_ARRIVE] = 0u;
             st[COLL_ST_LAM_USED] = (unsigned int)nv;
             st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;

@@ -34,7 +34,7 @@ use symm_core::{
     get_allocator, Allocation, DType, Device, DeviceType, Error, Group, Rank, ReduceOp, Result, SymmetricMemory,
 };
 
-use crate::driver::launch::launch;
+use crate::driver::launch::{launch, KernelArg};
 use crate::driver::mem::{dtod_async, dtoh_sync};
 use crate::driver::{self, bind, from_driver};
 use crate::kernels;
@@ -246,6 +246,13 @@ fn lamport2_index(mode: RingMode, op: u32) -> usize {
         RingMode::ReduceScatter => 4 + op as usize,
         RingMode::AllGather => 8,
     }
+}
+
+/// `SYMM_LAMPORT_RELAXED_ARRIVE=1`: the Lamport kernel counts its blocks with a relaxed atomic
+/// (`COLL_LAM_RELAXED_ARRIVE`; measurements).
+fn lamport_relaxed_arrive() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("SYMM_LAMPORT_RELAXED_ARRIVE").is_ok_and(|v| v == "1"))
 }
 
 /// `SYMM_LAMPORT_GENERIC=1`: two ranks run the generic Lamport and pull entries too
@@ -724,7 +731,7 @@ impl CudaCollectives {
         } else {
             &self.fns.lamport[dt]
         };
-        let a = args::lamport(
+        let mut a = args::lamport(
             &self.common(),
             &self.direct,
             mode,
@@ -735,6 +742,9 @@ impl CudaCollectives {
             &self.layout,
             &self.bound(),
         );
+        if lamport_relaxed_arrive() {
+            a[args::LAMPORT_MODE_ARG] = KernelArg::U32(mode as u32 | args::LAMPORT_RELAXED_ARRIVE);
+        }
         launch(stream, f, cfg(p.blocks, p.threads), &a)
     }
 

@@ -108,6 +108,11 @@ pub fn pull(c: &Common, d: &Direct, state: u64, p: &Pull, bound: &Bound) -> [Ker
     ]
 }
 
+/// Index of `mode` in the Lamport argument list.
+pub const LAMPORT_MODE_ARG: usize = 11;
+/// `COLL_LAM_RELAXED_ARRIVE`: a bit of the Lamport `mode` argument.
+pub const LAMPORT_RELAXED_ARRIVE: u32 = 0x100;
+
 /// `symm_lamport_{dt}(COLL_LAMPORT_ARGS)`.
 #[allow(clippy::too_many_arguments)]
 pub fn lamport(
@@ -264,6 +269,30 @@ mod tests {
     use super::*;
     use crate::collectives::plan::{ring_plan, Tuning};
     use symm_core::DType;
+
+    #[test]
+    fn lamport_mode_argument_position() {
+        let layout = WorkspaceLayout::new(2, 10 << 20, 4 << 20, 64).unwrap();
+        let c = Common {
+            bufs_dev: 1,
+            pads_dev: 2,
+            rank: 0,
+            world: 2,
+        };
+        let d = Direct {
+            ws: [0; MAX_WORLD],
+            pads: [0; MAX_WORLD],
+            pad: 0,
+        };
+        let bound = Bound {
+            timeout_ns: 1,
+            abort_host: 0,
+        };
+        let a = lamport(&c, &d, RingMode::AllGather, 3, 0, 0, 10, &layout, &bound);
+        assert_eq!(a[LAMPORT_MODE_ARG], KernelArg::U32(RingMode::AllGather as u32));
+        let src = crate::kernels::source("collectives").unwrap().source;
+        assert!(src.contains(&format!("#define COLL_LAM_RELAXED_ARRIVE {LAMPORT_RELAXED_ARRIVE:#x}u")));
+    }
 
     #[test]
     fn ptx_params_parse() {
