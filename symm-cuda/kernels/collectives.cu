@@ -27,9 +27,10 @@
 // ARRIVE. The next kernel on the stream sees the new state. Ring: thread 0 of every block reads
 // the state and does red.release.gpu.add(ARRIVE, 1) at once. Lamport: every thread reads the
 // state itself; with one block, thread 0 advances it at the end (after a __syncthreads that
-// follows every thread's read); with more, each block counts itself in after its push
-// (atom.acq_rel.gpu) and the last one to arrive advances the state there and then -- no block
-// waits for the others. Fused pull: see below. Nothing epoch-like is a kernel argument, so CUDA-graph replay
+// follows every thread's read); with more, each block counts itself in after its push (a relaxed
+// atomicAdd: the state values were consumed by the addresses of the block's pushes before its
+// __syncthreads) and the last one to arrive advances the state there and then -- no block waits
+// for the others. Fused pull: see below. Nothing epoch-like is a kernel argument, so CUDA-graph replay
 // works; any grid size works (ranks must only agree on the ops' sequence and on nchunks).
 //
 // Lamport one-shot (data as flag). Buffers are pre-filled with the sentinel 0xFFFFFFFF per 32-bit
@@ -111,8 +112,8 @@
 #define COLL_MODE_AG 2
 
 #define COLL_FLAG_INPLACE 1u
-// Lamport `mode` argument bit: count blocks with a relaxed atomic instead of atom.acq_rel.gpu.
-#define COLL_LAM_RELAXED_ARRIVE 0x100u
+// Lamport `mode` argument bit: count blocks with atom.acq_rel.gpu instead of a relaxed atomic.
+#define COLL_LAM_ACQREL_ARRIVE 0x100u
 
 // Largest world size the collective kernels handle (register arrays).
 #define COLL_MAXW 8
@@ -520,8 +521,9 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
     constexpr int NP = W > 0 ? W - 1 : COLL_MAXW - 1;
     const unsigned int world = W > 0 ? (unsigned int)W : world_arg;
     const unsigned int mode = MODE >= 0 ? (unsigned int)MODE : (mode_arg & 0xFFu);
-    // COLL_LAM_RELAXED_ARRIVE in mode_arg: count blocks with a relaxed atomic (measurement switch).
-    const bool relaxed_arrive = (mode_arg & COLL_LAM_RELAXED_ARRIVE) != 0u;
+    // COLL_LAM_ACQREL_ARRIVE in mode_arg: count blocks with atom.acq_rel.gpu instead of a
+    // relaxed atomic (measurement switch).
+    const bool acq_rel_arrive = (mode_arg & COLL_LAM_ACQREL_ARRIVE) != 0u;
     char* ws = reinterpret_cast<char*>(coll_ws(wsv, rank));
     unsigned int* st = reinterpret_cast<unsigned int*>(ws + state_off);
     const unsigned int w1 = world - 1;
@@ -577,8 +579,10 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
     // after this one ends) -- no block waits at the end.
     __syncthreads();
     if (threadIdx.x == 0 && gridDim.x > 1u) {
-        const unsigned int before = relaxed_arrive ? atomicAdd(st + COLL_ST_LAM_ARRIVE, 1u)
-                                                   : coll_atom_add_acq_rel_gpu(st + COLL_ST_LAM_ARRIVE, 1u);
+        // Relaxed: the block's state loads are complete (their values addressed every store
+        // before the __syncthreads), and the acq_rel form measured 0.05-0.2 us slower.
+        const unsigned int before = acq_rel_arrive ? coll_atom_add_acq_rel_gpu(st + COLL_ST_LAM_ARRIVE, 1u)
+                                                   : atomicAdd(st + COLL_ST_LAM_ARRIVE, 1u);
         if (before == gridDim.x - 1u) {
             st[COLL_ST_LAM_ARRIVE] = 0u;
             st[COLL_ST_LAM_USED] = (unsigned int)nv;

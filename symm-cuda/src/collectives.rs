@@ -248,11 +248,11 @@ fn lamport2_index(mode: RingMode, op: u32) -> usize {
     }
 }
 
-/// `SYMM_LAMPORT_RELAXED_ARRIVE=1`: the Lamport kernel counts its blocks with a relaxed atomic
-/// (`COLL_LAM_RELAXED_ARRIVE`; measurements).
-fn lamport_relaxed_arrive() -> bool {
+/// `SYMM_LAMPORT_ACQREL_ARRIVE=1`: the Lamport kernel counts its blocks with atom.acq_rel.gpu
+/// instead of a relaxed atomic (`COLL_LAM_ACQREL_ARRIVE`; measurements).
+fn lamport_acq_rel_arrive() -> bool {
     static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("SYMM_LAMPORT_RELAXED_ARRIVE").is_ok_and(|v| v == "1"))
+    *V.get_or_init(|| std::env::var("SYMM_LAMPORT_ACQREL_ARRIVE").is_ok_and(|v| v == "1"))
 }
 
 /// `SYMM_LAMPORT_GENERIC=1`: two ranks run the generic Lamport and pull entries too
@@ -742,8 +742,8 @@ impl CudaCollectives {
             &self.layout,
             &self.bound(),
         );
-        if lamport_relaxed_arrive() {
-            a[args::LAMPORT_MODE_ARG] = KernelArg::U32(mode as u32 | args::LAMPORT_RELAXED_ARRIVE);
+        if lamport_acq_rel_arrive() {
+            a[args::LAMPORT_MODE_ARG] = KernelArg::U32(mode as u32 | args::LAMPORT_ACQREL_ARRIVE);
         }
         launch(stream, f, cfg(p.blocks, p.threads), &a)
     }

@@ -110,8 +110,8 @@ pub fn pull(c: &Common, d: &Direct, state: u64, p: &Pull, bound: &Bound) -> [Ker
 
 /// Index of `mode` in the Lamport argument list.
 pub const LAMPORT_MODE_ARG: usize = 11;
-/// `COLL_LAM_RELAXED_ARRIVE`: a bit of the Lamport `mode` argument.
-pub const LAMPORT_RELAXED_ARRIVE: u32 = 0x100;
+/// `COLL_LAM_ACQREL_ARRIVE`: a bit of the Lamport `mode` argument.
+pub const LAMPORT_ACQREL_ARRIVE: u32 = 0x100;
 
 /// `symm_lamport_{dt}(COLL_LAMPORT_ARGS)`.
 #[allow(clippy::too_many_arguments)]
@@ -291,7 +291,7 @@ mod tests {
         let a = lamport(&c, &d, RingMode::AllGather, 3, 0, 0, 10, &layout, &bound);
         assert_eq!(a[LAMPORT_MODE_ARG], KernelArg::U32(RingMode::AllGather as u32));
         let src = crate::kernels::source("collectives").unwrap().source;
-        assert!(src.contains(&format!("#define COLL_LAM_RELAXED_ARRIVE {LAMPORT_RELAXED_ARRIVE:#x}u")));
+        assert!(src.contains(&format!("#define COLL_LAM_ACQREL_ARRIVE {LAMPORT_ACQREL_ARRIVE:#x}u")));
     }
 
     #[test]

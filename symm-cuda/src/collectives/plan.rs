@@ -132,6 +132,9 @@ pub struct LamportPlan {
 
 /// Plans a Lamport launch of `count` elements per peer slot (all-reduce: the message; reduce-scatter:
 /// one shard; all-gather: one rank's input); an error when that exceeds a Lamport slot.
+/// Threads per Lamport block while one wave of such blocks covers the message.
+pub const LAMPORT_WAVE_THREADS: usize = 256;
+
 pub fn lamport_plan(
     count: usize,
     dtype: DType,
@@ -150,7 +153,15 @@ pub fn lamport_plan(
         });
     }
     let vectors = count.div_ceil(vec_elems(dtype));
-    let threads = (vectors.div_ceil(32) * 32).clamp(64, tuning.threads as usize) as u32;
+    // Blocks of LAMPORT_WAVE_THREADS while one such wave covers the message (one vector per
+    // thread, more SMs pushing and polling), `tuning.threads` above (2 x H200: 2.80 against
+    // 2.99 us at 16 KiB, 3.62 against 3.77 at 256 KiB; bench-notes.md, round 4).
+    let cap = if vectors <= LAMPORT_WAVE_THREADS * sm_count as usize {
+        LAMPORT_WAVE_THREADS.min(tuning.threads as usize)
+    } else {
+        tuning.threads as usize
+    };
+    let threads = (vectors.div_ceil(32) * 32).clamp(64, cap.max(64)) as u32;
     let blocks = vectors
         .div_ceil(threads as usize)
         .clamp(1, tuning.blocks(sm_count) as usize) as u32;
@@ -553,6 +564,12 @@ mod tests {
         let l = layout2();
         let p = lamport_plan(512, DType::BF16, &l, &t, 132).unwrap();
         assert_eq!((p.vectors, p.blocks, p.threads), (64, 1, 64));
+        // 16 KiB: 1024 vectors in blocks of 256.
+        let p = lamport_plan(8192, DType::BF16, &l, &t, 132).unwrap();
+        assert_eq!((p.vectors, p.blocks, p.threads), (1024, 4, 256));
+        // Beyond one wave of 256-thread blocks: blocks of `tuning.threads`.
+        let p = lamport_plan(132 * 256 * 8 + 8, DType::BF16, &l, &t, 132).unwrap();
+        assert_eq!((p.blocks, p.threads), (67, 512));
         let p = lamport_plan(2 << 20, DType::BF16, &l, &t, 132).unwrap();
         assert_eq!(p.blocks, 132);
         assert!(p.blocks as usize * p.threads as usize * 4 >= p.vectors);
