@@ -21,7 +21,10 @@
 //!   device's architecture and cached on disk and per context.
 //! - [`connectivity`]: the NVLink matrix from NVML, with fallbacks for masked
 //!   remote PCI ids (NVML P2P status, CUDA P2P attributes).
-//! - `collectives`: the collective kernels' host side (another owner).
+//! - [`collectives`]: the collective kernels' host side (Lamport, ring,
+//!   fused zero-copy pull, copy engine, subset barrier; NOTE
+//!   [collectives-protocols] in `kernels/collectives.cu`).
+//! - [`probe`]: latency probes for the benchmark (`symm-bench --probe`).
 //!
 //! Threads: every rank thread uses the primary context of its device
 //! ([`driver::context`]); every operation binds it to the calling thread

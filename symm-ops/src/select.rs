@@ -150,11 +150,12 @@ impl SelectionThresholds {
     /// The defaults for an engine and world size.
     ///
     /// CUDA, two ranks: measured on 2 x H200 (see the comment in the body):
-    /// Lamport up to 4 MiB, NCCL above for all-reduce and above 4 MiB for
-    /// reduce-scatter, the copy engine for registered all-gather inputs from
-    /// 8 MiB. More ranks: symm-cuda's Lamport and one-shot bounds, NCCL from
-    /// provisional sizes (after PyTorch's IntraNodeComm and vLLM) until 4- and
-    /// 8-GPU measurements exist. Without NCCL the kernels run every size.
+    /// Lamport up to 4 MiB; above, the zero-copy pulls for inputs in
+    /// registered symmetric memory (all-gather: the copy engine above 64 MiB)
+    /// and NCCL for other inputs. More ranks: symm-cuda's Lamport and
+    /// one-shot bounds, NCCL from provisional sizes (after PyTorch's
+    /// IntraNodeComm and vLLM) until 4- and 8-GPU measurements exist. Without
+    /// NCCL the kernels run every size.
     pub fn defaults(engine: EngineKind, world_size: usize) -> Self {
         match engine {
             EngineKind::Host => SelectionThresholds {
@@ -181,14 +182,15 @@ impl SelectionThresholds {
             },
             EngineKind::Cuda if world_size <= 2 => {
                 // Measured on 2 x H200 (NV18), graph replay, NCCL 2.28.9 in the same run
-                // (symm-ops/bench-notes.md, round 4): up to 4 MiB the Lamport kernels (all-reduce
-                // 19.4 against NCCL 32.5 us at 4 MiB; reduce-scatter 11.9 against 22.2; all-gather
-                // 11.0 against 25.2). Above, for inputs in registered symmetric memory, the fused
-                // zero-copy pulls: all-reduce 57.6 / 208 / 806 against 71.8 / 233 / 863 at 16 /
-                // 64 / 256 MiB, reduce-scatter 33.1 / 109 / 408 against 51.5 / 166 / 590,
-                // all-gather 31.9 / 108.6 against 44.5 / 124 up to 64 MiB, the copy engine above
-                // (393 against pull 410 and NCCL 440 at 256 MiB). Unregistered inputs above 4 MiB
-                // go to NCCL (every push kernel loses to it there: 114 against 72 at 16 MiB).
+                // (symm-ops/bench-notes.md, round 4; docs/benchmarks.md): up to 4 MiB the Lamport
+                // kernels (all-reduce 16.4 against NCCL 32.4 us at 4 MiB, 2.4 against 5.8 at
+                // 1 KiB; reduce-scatter 9.5 against 22.4; all-gather 9.2 against 25.1). Above,
+                // for inputs in registered symmetric memory, the fused zero-copy pulls:
+                // all-reduce 57.2 / 208 / 805 against 70.7 / 221 / 827 at 16 / 64 / 256 MiB,
+                // reduce-scatter 32.5 / 109 / 408 against 51.0 / 163 / 583, all-gather 31.8 / 108
+                // against 44.4 / 123 up to 64 MiB, the copy engine above (391 against pull 410
+                // and NCCL 436 at 256 MiB). Unregistered inputs above 4 MiB go to NCCL (every push
+                // kernel loses to it there: 114 against 72 us at 16 MiB).
                 let (lamport, _, _) = kernel_defaults();
                 SelectionThresholds {
                     lamport_max_bytes: lamport,
