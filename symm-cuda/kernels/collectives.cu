@@ -120,6 +120,8 @@
 // Most threads per block of the Lamport, ring and reduce kernels (launch bounds: <= 128
 // registers per thread).
 #define COLL_MAX_THREADS 512
+// Vectors a Lamport thread loads before its first push store (when it has several).
+#define COLL_LAM_UNROLL 4
 
 // STATE words (must match layout.rs).
 #define COLL_ST_LAM_IDX 0
@@ -235,6 +237,27 @@ __device__ __forceinline__ bool coll_wait_geq(const unsigned int* p, unsigned in
         return true;
     }
     return coll_wait_slow(p, target, w);
+}
+
+// The periodic check of a data-as-flag poll (every SYMM_CHECK_EVERY polls): starts the deadline,
+// gives up on an error already latched, an abort, or the deadline. Out of line, so the polling
+// loop stays short (the code a launch runs is what its instruction cache must fetch).
+__device__ __noinline__ bool coll_poll_gives_up(unsigned int polls, unsigned long long* deadline, CollWait w) {
+    if (*deadline == 0) {
+        *deadline = symm_deadline(w.timeout_ns);
+    }
+    if (coll_fatal_latched(w.pad)) {
+        return true;
+    }
+    if ((polls % SYMM_ABORT_EVERY) == 0u && symm_abort_requested(w.abort_host, w.pad)) {
+        symm_latch_error(w.pad, SYMM_ERR_ABORTED);
+        return true;
+    }
+    if (symm_globaltimer() >= *deadline) {
+        symm_latch_error(w.pad, SYMM_ERR_TIMEOUT);
+        return true;
+    }
+    return false;
 }
 
 // Block 0 / thread 0 at the end of a kernel: wait until every block read the op state.
@@ -365,12 +388,9 @@ __device__ __forceinline__ bool coll_pending(const uint4& v) {
 
 // Loads the 16-byte vector at p holding `nvalid` (>= 1) elements; lanes past nvalid are 0.
 // `al`: p is 16-byte aligned (else element loads; elements are always aligned to their size).
+// The element-wise paths are out of line: the hot path of a launch stays short.
 template <int DT>
-__device__ __forceinline__ uint4 coll_load(const char* p, long long nvalid, bool al) {
-    constexpr int VE = CollT<DT>::VE;
-    if (al && nvalid >= VE) {
-        return *reinterpret_cast<const uint4*>(p);
-    }
+__device__ __noinline__ uint4 coll_load_slow(const char* p, long long nvalid) {
     unsigned int w[4] = {0u, 0u, 0u, 0u};
     if (CollT<DT>::ES == 4) {
 #pragma unroll
@@ -391,14 +411,18 @@ __device__ __forceinline__ uint4 coll_load(const char* p, long long nvalid, bool
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Stores the first `nvalid` (>= 1) elements of v at p.
 template <int DT>
-__device__ __forceinline__ void coll_store(char* p, const uint4& v, long long nvalid, bool al) {
+__device__ __forceinline__ uint4 coll_load(const char* p, long long nvalid, bool al) {
     constexpr int VE = CollT<DT>::VE;
     if (al && nvalid >= VE) {
-        *reinterpret_cast<uint4*>(p) = v;
-        return;
+        return *reinterpret_cast<const uint4*>(p);
     }
+    return coll_load_slow<DT>(p, nvalid);
+}
+
+// Stores the first `nvalid` (>= 1) elements of v at p.
+template <int DT>
+__device__ __noinline__ void coll_store_slow(char* p, uint4 v, long long nvalid) {
     if (CollT<DT>::ES == 4) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -414,6 +438,16 @@ __device__ __forceinline__ void coll_store(char* p, const uint4& v, long long nv
             }
         }
     }
+}
+
+template <int DT>
+__device__ __forceinline__ void coll_store(char* p, const uint4& v, long long nvalid, bool al) {
+    constexpr int VE = CollT<DT>::VE;
+    if (al && nvalid >= VE) {
+        *reinterpret_cast<uint4*>(p) = v;
+        return;
+    }
+    coll_store_slow<DT>(p, v, nvalid);
 }
 
 template <int OP>
@@ -549,27 +583,69 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
     w.abort_host = abort_host;
     w.timeout_ns = timeout_ns;
 
-    // 1. push (canonicalised: no lane ever equals the sentinel)
-    for (unsigned long long v = tid; v < nv; v += nth) {
-        const long long nvalid = (long long)(count - v * VE);
-        if (mode == COLL_MODE_RS) {
+    // 1. push (canonicalised: no lane ever equals the sentinel). One vector per thread (the grid
+    //    covers the message): the short path. Several: COLL_LAM_UNROLL loads before the first
+    //    store (the stores' "memory" clobber would otherwise serialise load, store, load, ...).
+    if (nv <= nth) {
+        if (tid < nv) {
+            const long long nvalid = (long long)(count - tid * VE);
             for (unsigned int l = 0; l < w1; ++l) {
                 const unsigned int p = (rank + 1 + l) % world;
                 const unsigned int jr = world - 2 - l;
                 const uint4 x = coll_canon<DT>(
-                    coll_load<DT>(input + (unsigned long long)p * part_bytes + v * 16, nvalid, al_in && al_part));
+                    mode == COLL_MODE_RS
+                        ? coll_load<DT>(input + (unsigned long long)p * part_bytes + tid * 16, nvalid, al_in && al_part)
+                        : x0);
                 coll_st_v4(reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes +
-                               v * 16,
+                               tid * 16,
                            x);
             }
-        } else {
-            const uint4 x = coll_canon<DT>(v == tid ? x0 : coll_load<DT>(input + v * 16, nvalid, al_in));
-            for (unsigned int l = 0; l < w1; ++l) {
-                const unsigned int p = (rank + 1 + l) % world;
-                const unsigned int jr = world - 2 - l;
-                coll_st_v4(reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes +
-                               v * 16,
-                           x);
+        }
+    } else {
+        for (unsigned long long v0 = tid; v0 < nv; v0 += COLL_LAM_UNROLL * nth) {
+            if (mode == COLL_MODE_RS) {
+                for (unsigned int l = 0; l < w1; ++l) {
+                    const unsigned int p = (rank + 1 + l) % world;
+                    const unsigned int jr = world - 2 - l;
+                    char* dst = reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes;
+                    uint4 x[COLL_LAM_UNROLL];
+#pragma unroll
+                    for (int u = 0; u < COLL_LAM_UNROLL; ++u) {
+                        const unsigned long long v = v0 + u * nth;
+                        if (v < nv) {
+                            x[u] = coll_load<DT>(input + (unsigned long long)p * part_bytes + v * 16,
+                                                 (long long)(count - v * VE), al_in && al_part);
+                        }
+                    }
+#pragma unroll
+                    for (int u = 0; u < COLL_LAM_UNROLL; ++u) {
+                        const unsigned long long v = v0 + u * nth;
+                        if (v < nv) {
+                            coll_st_v4(dst + v * 16, coll_canon<DT>(x[u]));
+                        }
+                    }
+                }
+            } else {
+                uint4 x[COLL_LAM_UNROLL];
+#pragma unroll
+                for (int u = 0; u < COLL_LAM_UNROLL; ++u) {
+                    const unsigned long long v = v0 + u * nth;
+                    if (v < nv) {
+                        x[u] = v == tid ? x0 : coll_load<DT>(input + v * 16, (long long)(count - v * VE), al_in);
+                    }
+                }
+                for (unsigned int l = 0; l < w1; ++l) {
+                    const unsigned int p = (rank + 1 + l) % world;
+                    const unsigned int jr = world - 2 - l;
+                    char* dst = reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes;
+#pragma unroll
+                    for (int u = 0; u < COLL_LAM_UNROLL; ++u) {
+                        const unsigned long long v = v0 + u * nth;
+                        if (v < nv) {
+                            coll_st_v4(dst + v * 16, coll_canon<DT>(x[u]));
+                        }
+                    }
+                }
             }
         }
     }
@@ -622,22 +698,9 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
                     }
                 }
             }
-            if (pending != 0u && (++polls % SYMM_CHECK_EVERY) == 0u) {
-                if (deadline == 0) {
-                    deadline = symm_deadline(timeout_ns);
-                }
-                if (coll_fatal_latched(pad)) {
-                    failed = true;
-                } else if ((polls % SYMM_ABORT_EVERY) == 0u && symm_abort_requested(abort_host, pad)) {
-                    symm_latch_error(pad, SYMM_ERR_ABORTED);
-                    failed = true;
-                } else if (symm_globaltimer() >= deadline) {
-                    symm_latch_error(pad, SYMM_ERR_TIMEOUT);
-                    failed = true;
-                }
-                if (failed) {
-                    break;
-                }
+            if (pending != 0u && (++polls % SYMM_CHECK_EVERY) == 0u && coll_poll_gives_up(polls, &deadline, w)) {
+                failed = true;
+                break;
             }
         }
         if (failed) {
