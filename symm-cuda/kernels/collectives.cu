@@ -120,8 +120,6 @@
 // Most threads per block of the Lamport, ring and reduce kernels (launch bounds: <= 128
 // registers per thread).
 #define COLL_MAX_THREADS 512
-// Vectors a Lamport thread loads before its first push store (when it has several).
-#define COLL_LAM_UNROLL 4
 
 // STATE words (must match layout.rs).
 #define COLL_ST_LAM_IDX 0
@@ -583,69 +581,28 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
     w.abort_host = abort_host;
     w.timeout_ns = timeout_ns;
 
-    // 1. push (canonicalised: no lane ever equals the sentinel). One vector per thread (the grid
-    //    covers the message): the short path. Several: COLL_LAM_UNROLL loads before the first
-    //    store (the stores' "memory" clobber would otherwise serialise load, store, load, ...).
-    if (nv <= nth) {
-        if (tid < nv) {
-            const long long nvalid = (long long)(count - tid * VE);
+    // 1. push (canonicalised: no lane ever equals the sentinel). (Loading several vectors per
+    //    thread before the first store measured slower at 4 MiB: bench-notes.md, round 4.)
+    for (unsigned long long v = tid; v < nv; v += nth) {
+        const long long nvalid = (long long)(count - v * VE);
+        if (mode == COLL_MODE_RS) {
             for (unsigned int l = 0; l < w1; ++l) {
                 const unsigned int p = (rank + 1 + l) % world;
                 const unsigned int jr = world - 2 - l;
                 const uint4 x = coll_canon<DT>(
-                    mode == COLL_MODE_RS
-                        ? coll_load<DT>(input + (unsigned long long)p * part_bytes + tid * 16, nvalid, al_in && al_part)
-                        : x0);
+                    coll_load<DT>(input + (unsigned long long)p * part_bytes + v * 16, nvalid, al_in && al_part));
                 coll_st_v4(reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes +
-                               tid * 16,
+                               v * 16,
                            x);
             }
-        }
-    } else {
-        for (unsigned long long v0 = tid; v0 < nv; v0 += COLL_LAM_UNROLL * nth) {
-            if (mode == COLL_MODE_RS) {
-                for (unsigned int l = 0; l < w1; ++l) {
-                    const unsigned int p = (rank + 1 + l) % world;
-                    const unsigned int jr = world - 2 - l;
-                    char* dst = reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes;
-                    uint4 x[COLL_LAM_UNROLL];
-#pragma unroll
-                    for (int u = 0; u < COLL_LAM_UNROLL; ++u) {
-                        const unsigned long long v = v0 + u * nth;
-                        if (v < nv) {
-                            x[u] = coll_load<DT>(input + (unsigned long long)p * part_bytes + v * 16,
-                                                 (long long)(count - v * VE), al_in && al_part);
-                        }
-                    }
-#pragma unroll
-                    for (int u = 0; u < COLL_LAM_UNROLL; ++u) {
-                        const unsigned long long v = v0 + u * nth;
-                        if (v < nv) {
-                            coll_st_v4(dst + v * 16, coll_canon<DT>(x[u]));
-                        }
-                    }
-                }
-            } else {
-                uint4 x[COLL_LAM_UNROLL];
-#pragma unroll
-                for (int u = 0; u < COLL_LAM_UNROLL; ++u) {
-                    const unsigned long long v = v0 + u * nth;
-                    if (v < nv) {
-                        x[u] = v == tid ? x0 : coll_load<DT>(input + v * 16, (long long)(count - v * VE), al_in);
-                    }
-                }
-                for (unsigned int l = 0; l < w1; ++l) {
-                    const unsigned int p = (rank + 1 + l) % world;
-                    const unsigned int jr = world - 2 - l;
-                    char* dst = reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes;
-#pragma unroll
-                    for (int u = 0; u < COLL_LAM_UNROLL; ++u) {
-                        const unsigned long long v = v0 + u * nth;
-                        if (v < nv) {
-                            coll_st_v4(dst + v * 16, coll_canon<DT>(x[u]));
-                        }
-                    }
-                }
+        } else {
+            const uint4 x = coll_canon<DT>(v == tid ? x0 : coll_load<DT>(input + v * 16, nvalid, al_in));
+            for (unsigned int l = 0; l < w1; ++l) {
+                const unsigned int p = (rank + 1 + l) % world;
+                const unsigned int jr = world - 2 - l;
+                coll_st_v4(reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes +
+                               v * 16,
+                           x);
             }
         }
     }
