@@ -203,27 +203,45 @@ __device__ __forceinline__ bool coll_fatal_latched(unsigned int* pad) {
     return e == SYMM_ERR_TIMEOUT || e == SYMM_ERR_ABORTED;
 }
 
+// The periodic check of a bounded poll (every SYMM_CHECK_EVERY polls, with the deadline the
+// caller started at its first check): gives up on an error already latched, an abort, or the
+// deadline. Out of line, so polling loops stay short (the code a launch runs is what its
+// instruction cache must fetch); everything by value, so no caller needs a local-memory stack.
+__device__ __noinline__ bool coll_poll_gives_up(unsigned int polls, unsigned long long deadline, CollWait w) {
+    if (coll_fatal_latched(w.pad)) {
+        return true;
+    }
+    if ((polls % SYMM_ABORT_EVERY) == 0u && symm_abort_requested(w.abort_host, w.pad)) {
+        symm_latch_error(w.pad, SYMM_ERR_ABORTED);
+        return true;
+    }
+    if (symm_globaltimer() >= deadline) {
+        symm_latch_error(w.pad, SYMM_ERR_TIMEOUT);
+        return true;
+    }
+    return false;
+}
+
+// Starts `deadline` at the first periodic check of a poll (0: not started).
+__device__ __forceinline__ void coll_start_deadline(unsigned long long& deadline, const CollWait& w) {
+    if (deadline == 0) {
+        deadline = symm_deadline(w.timeout_ns);
+    }
+}
+
 // Slow path of a bounded wait: polls *p (acquire, system scope) until it reaches target
 // (signed difference). Returns true on success; false once the deadline passed, an abort was
 // requested, or an error is already latched (then the caller gives up its remaining work).
 __device__ __noinline__ bool coll_wait_slow(const unsigned int* p, unsigned int target, CollWait w) {
-    unsigned long long deadline = symm_deadline(w.timeout_ns);
+    unsigned long long deadline = 0;
     unsigned int polls = 0;
     while (true) {
         if (symm_epoch_reached(symm_ld_acquire_sys(p), target)) {
             return true;
         }
-        ++polls;
-        if ((polls % SYMM_CHECK_EVERY) == 0u) {
-            if (coll_fatal_latched(w.pad)) {
-                return false;
-            }
-            if ((polls % SYMM_ABORT_EVERY) == 0u && symm_abort_requested(w.abort_host, w.pad)) {
-                symm_latch_error(w.pad, SYMM_ERR_ABORTED);
-                return false;
-            }
-            if (symm_globaltimer() >= deadline) {
-                symm_latch_error(w.pad, SYMM_ERR_TIMEOUT);
+        if ((++polls % SYMM_CHECK_EVERY) == 0u) {
+            coll_start_deadline(deadline, w);
+            if (coll_poll_gives_up(polls, deadline, w)) {
                 return false;
             }
         }
@@ -235,27 +253,6 @@ __device__ __forceinline__ bool coll_wait_geq(const unsigned int* p, unsigned in
         return true;
     }
     return coll_wait_slow(p, target, w);
-}
-
-// The periodic check of a data-as-flag poll (every SYMM_CHECK_EVERY polls): starts the deadline,
-// gives up on an error already latched, an abort, or the deadline. Out of line, so the polling
-// loop stays short (the code a launch runs is what its instruction cache must fetch).
-__device__ __noinline__ bool coll_poll_gives_up(unsigned int polls, unsigned long long* deadline, CollWait w) {
-    if (*deadline == 0) {
-        *deadline = symm_deadline(w.timeout_ns);
-    }
-    if (coll_fatal_latched(w.pad)) {
-        return true;
-    }
-    if ((polls % SYMM_ABORT_EVERY) == 0u && symm_abort_requested(w.abort_host, w.pad)) {
-        symm_latch_error(w.pad, SYMM_ERR_ABORTED);
-        return true;
-    }
-    if (symm_globaltimer() >= *deadline) {
-        symm_latch_error(w.pad, SYMM_ERR_TIMEOUT);
-        return true;
-    }
-    return false;
 }
 
 // Block 0 / thread 0 at the end of a kernel: wait until every block read the op state.
@@ -655,9 +652,12 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
                     }
                 }
             }
-            if (pending != 0u && (++polls % SYMM_CHECK_EVERY) == 0u && coll_poll_gives_up(polls, &deadline, w)) {
-                failed = true;
-                break;
+            if (pending != 0u && (++polls % SYMM_CHECK_EVERY) == 0u) {
+                coll_start_deadline(deadline, w);
+                if (coll_poll_gives_up(polls, deadline, w)) {
+                    failed = true;
+                    break;
+                }
             }
         }
         if (failed) {
@@ -734,20 +734,23 @@ COLL_LAMPORT_ENTRY(symm_lamport_bf16, COLL_BF16)
         const CollWs8 wsv = {ws0, ws1, ws2, ws3, ws4, ws5, ws6, ws7};                          \
         coll_lamport<DT, OP, MODE, 2>(COLL_LAMPORT_PASS);                                      \
     }
-#define COLL_LAMPORT2_DT(SUFFIX, DT)                                                  \
-    COLL_LAMPORT2(symm_lamport2_ar_sum_##SUFFIX, DT, COLL_MODE_AR, COLL_SUM)          \
-    COLL_LAMPORT2(symm_lamport2_ar_avg_##SUFFIX, DT, COLL_MODE_AR, COLL_AVG)          \
-    COLL_LAMPORT2(symm_lamport2_ar_max_##SUFFIX, DT, COLL_MODE_AR, COLL_MAX)          \
-    COLL_LAMPORT2(symm_lamport2_ar_min_##SUFFIX, DT, COLL_MODE_AR, COLL_MIN)          \
-    COLL_LAMPORT2(symm_lamport2_rs_sum_##SUFFIX, DT, COLL_MODE_RS, COLL_SUM)          \
-    COLL_LAMPORT2(symm_lamport2_rs_avg_##SUFFIX, DT, COLL_MODE_RS, COLL_AVG)          \
-    COLL_LAMPORT2(symm_lamport2_rs_max_##SUFFIX, DT, COLL_MODE_RS, COLL_MAX)          \
-    COLL_LAMPORT2(symm_lamport2_rs_min_##SUFFIX, DT, COLL_MODE_RS, COLL_MIN)          \
-    COLL_LAMPORT2(symm_lamport2_ag_##SUFFIX, DT, COLL_MODE_AG, COLL_SUM)
+// The nine two-rank entries of one kernel KIND and dtype, named symm_KIND_{ar,rs}_{op}_SUFFIX and
+// symm_KIND_ag_SUFFIX; ENTRY(NAME, DT, MODE, OP) defines one. symm-cuda's `two_rank_names` lists
+// the same names in the same order.
+#define COLL_TWO_RANK_ENTRIES(ENTRY, KIND, SUFFIX, DT)                 \
+    ENTRY(symm_##KIND##_ar_sum_##SUFFIX, DT, COLL_MODE_AR, COLL_SUM)   \
+    ENTRY(symm_##KIND##_ar_avg_##SUFFIX, DT, COLL_MODE_AR, COLL_AVG)   \
+    ENTRY(symm_##KIND##_ar_max_##SUFFIX, DT, COLL_MODE_AR, COLL_MAX)   \
+    ENTRY(symm_##KIND##_ar_min_##SUFFIX, DT, COLL_MODE_AR, COLL_MIN)   \
+    ENTRY(symm_##KIND##_rs_sum_##SUFFIX, DT, COLL_MODE_RS, COLL_SUM)   \
+    ENTRY(symm_##KIND##_rs_avg_##SUFFIX, DT, COLL_MODE_RS, COLL_AVG)   \
+    ENTRY(symm_##KIND##_rs_max_##SUFFIX, DT, COLL_MODE_RS, COLL_MAX)   \
+    ENTRY(symm_##KIND##_rs_min_##SUFFIX, DT, COLL_MODE_RS, COLL_MIN)   \
+    ENTRY(symm_##KIND##_ag_##SUFFIX, DT, COLL_MODE_AG, COLL_SUM)
 
-COLL_LAMPORT2_DT(f32, COLL_F32)
-COLL_LAMPORT2_DT(f16, COLL_F16)
-COLL_LAMPORT2_DT(bf16, COLL_BF16)
+COLL_TWO_RANK_ENTRIES(COLL_LAMPORT2, lamport2, f32, COLL_F32)
+COLL_TWO_RANK_ENTRIES(COLL_LAMPORT2, lamport2, f16, COLL_F16)
+COLL_TWO_RANK_ENTRIES(COLL_LAMPORT2, lamport2, bf16, COLL_BF16)
 
 // ---------------------------------------------------------------- ring (chunked push)
 
@@ -1225,18 +1228,8 @@ __device__ __noinline__ bool coll_wait_pull(const unsigned long long* p, unsigne
             return true;
         }
         if ((++polls % SYMM_CHECK_EVERY) == 0u) {
-            if (deadline == 0) {
-                deadline = symm_deadline(w.timeout_ns);
-            }
-            if (coll_fatal_latched(w.pad)) {
-                return false;
-            }
-            if ((polls % SYMM_ABORT_EVERY) == 0u && symm_abort_requested(w.abort_host, w.pad)) {
-                symm_latch_error(w.pad, SYMM_ERR_ABORTED);
-                return false;
-            }
-            if (symm_globaltimer() >= deadline) {
-                symm_latch_error(w.pad, SYMM_ERR_TIMEOUT);
+            coll_start_deadline(deadline, w);
+            if (coll_poll_gives_up(polls, deadline, w)) {
                 return false;
             }
         }
@@ -1358,20 +1351,9 @@ COLL_PULL_ENTRY(symm_pull_bf16, COLL_BF16)
         coll_pull<DT, OP, MODE, 2>(pads, src, reinterpret_cast<unsigned int*>(state), rank, world, mode, out, n,   \
                                    check, timeout_ns, abort_host);                                                  \
     }
-#define COLL_PULL2_DT(SUFFIX, DT)                                          \
-    COLL_PULL2(symm_pull2_ar_sum_##SUFFIX, DT, COLL_MODE_AR, COLL_SUM)     \
-    COLL_PULL2(symm_pull2_ar_avg_##SUFFIX, DT, COLL_MODE_AR, COLL_AVG)     \
-    COLL_PULL2(symm_pull2_ar_max_##SUFFIX, DT, COLL_MODE_AR, COLL_MAX)     \
-    COLL_PULL2(symm_pull2_ar_min_##SUFFIX, DT, COLL_MODE_AR, COLL_MIN)     \
-    COLL_PULL2(symm_pull2_rs_sum_##SUFFIX, DT, COLL_MODE_RS, COLL_SUM)     \
-    COLL_PULL2(symm_pull2_rs_avg_##SUFFIX, DT, COLL_MODE_RS, COLL_AVG)     \
-    COLL_PULL2(symm_pull2_rs_max_##SUFFIX, DT, COLL_MODE_RS, COLL_MAX)     \
-    COLL_PULL2(symm_pull2_rs_min_##SUFFIX, DT, COLL_MODE_RS, COLL_MIN)     \
-    COLL_PULL2(symm_pull2_ag_##SUFFIX, DT, COLL_MODE_AG, COLL_SUM)
-
-COLL_PULL2_DT(f32, COLL_F32)
-COLL_PULL2_DT(f16, COLL_F16)
-COLL_PULL2_DT(bf16, COLL_BF16)
+COLL_TWO_RANK_ENTRIES(COLL_PULL2, pull2, f32, COLL_F32)
+COLL_TWO_RANK_ENTRIES(COLL_PULL2, pull2, f16, COLL_F16)
+COLL_TWO_RANK_ENTRIES(COLL_PULL2, pull2, bf16, COLL_BF16)
 
 // ---------------------------------------------------------------- barrier over a subset
 

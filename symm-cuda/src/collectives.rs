@@ -309,26 +309,22 @@ impl CudaCollectives {
                 .map_err(|e| from_driver(e, &format!("cuModuleGetFunction({name})")))
         };
         let dts = ["f32", "f16", "bf16"];
+        let two_rank = |kind: &str| -> Result<[Vec<CudaFunction>; 3]> {
+            let load = |dt: &str| {
+                two_rank_names(kind, dt)
+                    .iter()
+                    .map(|n| get(n))
+                    .collect::<Result<Vec<_>>>()
+            };
+            Ok([load(dts[0])?, load(dts[1])?, load(dts[2])?])
+        };
         let fns = Fns {
             lamport: [
                 get(&format!("symm_lamport_{}", dts[0]))?,
                 get(&format!("symm_lamport_{}", dts[1]))?,
                 get(&format!("symm_lamport_{}", dts[2]))?,
             ],
-            lamport2: [
-                two_rank_names("lamport2", dts[0])
-                    .iter()
-                    .map(|n| get(n))
-                    .collect::<Result<_>>()?,
-                two_rank_names("lamport2", dts[1])
-                    .iter()
-                    .map(|n| get(n))
-                    .collect::<Result<_>>()?,
-                two_rank_names("lamport2", dts[2])
-                    .iter()
-                    .map(|n| get(n))
-                    .collect::<Result<_>>()?,
-            ],
+            lamport2: two_rank("lamport2")?,
             ring: [get("symm_ring_f32")?, get("symm_ring_f16")?, get("symm_ring_bf16")?],
             reduce_ptrs: [
                 get("symm_reduce_ptrs_f32")?,
@@ -336,20 +332,7 @@ impl CudaCollectives {
                 get("symm_reduce_ptrs_bf16")?,
             ],
             pull: [get("symm_pull_f32")?, get("symm_pull_f16")?, get("symm_pull_bf16")?],
-            pull2: [
-                two_rank_names("pull2", dts[0])
-                    .iter()
-                    .map(|n| get(n))
-                    .collect::<Result<_>>()?,
-                two_rank_names("pull2", dts[1])
-                    .iter()
-                    .map(|n| get(n))
-                    .collect::<Result<_>>()?,
-                two_rank_names("pull2", dts[2])
-                    .iter()
-                    .map(|n| get(n))
-                    .collect::<Result<_>>()?,
-            ],
+            pull2: two_rank("pull2")?,
             barrier: get("symm_coll_barrier")?,
             take_error: get("symm_coll_take_error")?,
         };
@@ -1432,6 +1415,28 @@ mod tests {
         }
         for k in ["symm_coll_init", "symm_coll_barrier", "symm_coll_take_error"] {
             assert!(ptx.contains(&format!(".entry {k}(")), "{k} missing");
+        }
+        // Every two-rank entry the host loads (COLL_TWO_RANK_ENTRIES), in `lamport2_index` order.
+        for kind in ["lamport2", "pull2"] {
+            for dt in ["f32", "f16", "bf16"] {
+                let names = two_rank_names(kind, dt);
+                assert_eq!(names.len(), 9);
+                for n in &names {
+                    assert!(ptx.contains(&format!(".entry {n}(")), "{n} missing");
+                }
+                assert_eq!(
+                    names[lamport2_index(RingMode::AllReduce, 2)],
+                    format!("symm_{kind}_ar_max_{dt}")
+                );
+                assert_eq!(
+                    names[lamport2_index(RingMode::ReduceScatter, 1)],
+                    format!("symm_{kind}_rs_avg_{dt}")
+                );
+                assert_eq!(
+                    names[lamport2_index(RingMode::AllGather, 0)],
+                    format!("symm_{kind}_ag_{dt}")
+                );
+            }
         }
         for needle in [
             "ld.acquire.sys",

@@ -50,7 +50,7 @@ pub fn init(ws: u64, layout: &WorkspaceLayout) -> [KernelArg; 4] {
 /// What the Lamport and pull kernels take as plain values instead of loading it from device
 /// memory: every rank's workspace base and signal pad (index = rank; unused entries 0), and this
 /// rank's signal pad.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Direct {
     pub ws: [u64; MAX_WORLD],
     pub pads: [u64; MAX_WORLD],
@@ -279,11 +279,7 @@ mod tests {
             rank: 0,
             world: 2,
         };
-        let d = Direct {
-            ws: [0; MAX_WORLD],
-            pads: [0; MAX_WORLD],
-            pad: 0,
-        };
+        let d = Direct::default();
         let bound = Bound {
             timeout_ns: 1,
             abort_host: 0,
@@ -343,11 +339,7 @@ mod tests {
                 format!("symm_lamport_{dt}"),
                 sizes(&lamport(
                     &c,
-                    &Direct {
-                        ws: [0; MAX_WORLD],
-                        pads: [0; MAX_WORLD],
-                        pad: 0,
-                    },
+                    &Direct::default(),
                     RingMode::AllReduce,
                     0,
                     0,
@@ -365,11 +357,7 @@ mod tests {
                 format!("symm_pull_{dt}"),
                 sizes(&pull(
                     &c,
-                    &Direct {
-                        ws: [0; MAX_WORLD],
-                        pads: [0; MAX_WORLD],
-                        pad: 0,
-                    },
+                    &Direct::default(),
                     0,
                     &Pull {
                         mode: RingMode::AllGather,

@@ -93,22 +93,7 @@ pub fn launch(stream: &CudaStream, f: &CudaFunction, cfg: LaunchConfig, args: &[
             // function's contract, and lives on the stack until cuLaunchKernel, which copies it,
             // returns. Device addresses among them point into memory kept alive by the caller
             // until the stream is synchronised. The function and stream belong to the bound context.
-            let r = unsafe {
-                sys::cuLaunchKernel(
-                    f.cu_function(),
-                    cfg.grid_dim.0,
-                    cfg.grid_dim.1,
-                    cfg.grid_dim.2,
-                    cfg.block_dim.0,
-                    cfg.block_dim.1,
-                    cfg.block_dim.2,
-                    cfg.shared_mem_bytes,
-                    stream.cu_stream(),
-                    std::ptr::null_mut(),
-                    extra.as_mut_ptr(),
-                )
-            };
-            return check(r, "cuLaunchKernel");
+            return unsafe { cu_launch(stream, f, cfg, std::ptr::null_mut(), extra.as_mut_ptr()) };
         }
     }
     // Every argument is stored in an 8-byte cell; the driver reads as many bytes as the
@@ -132,6 +117,26 @@ pub fn launch(stream: &CudaStream, f: &CudaFunction, cfg: LaunchConfig, args: &[
     // cuLaunchKernel copies them before returning. They match the kernel's signature by this
     // function's contract; device addresses among them point into memory kept alive by the caller
     // until the stream is synchronised. The function and stream belong to the bound context.
+    unsafe { cu_launch(stream, f, cfg, ptrs.as_mut_ptr(), std::ptr::null_mut()) }
+}
+
+/// `cuLaunchKernel` of `f` on `stream` with `cfg`, the arguments given either way the driver
+/// takes them.
+///
+/// # Safety
+/// Exactly one of `params` (one pointer per kernel parameter, each to the parameter's value) and
+/// `extra` (a `CU_LAUNCH_PARAM_*` list) is non-null; what it points to lives until this returns
+/// and matches the kernel's signature; device addresses among the arguments stay valid until the
+/// stream is synchronised; the function and stream belong to the bound context.
+unsafe fn cu_launch(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    params: *mut *mut std::ffi::c_void,
+    extra: *mut *mut std::ffi::c_void,
+) -> Result<()> {
+    // SAFETY: this function's contract (the arguments and what they point to are valid for the
+    // call, which copies them before returning).
     let r = unsafe {
         sys::cuLaunchKernel(
             f.cu_function(),
@@ -143,8 +148,8 @@ pub fn launch(stream: &CudaStream, f: &CudaFunction, cfg: LaunchConfig, args: &[
             cfg.block_dim.2,
             cfg.shared_mem_bytes,
             stream.cu_stream(),
-            ptrs.as_mut_ptr(),
-            std::ptr::null_mut(),
+            params,
+            extra,
         )
     };
     check(r, "cuLaunchKernel")

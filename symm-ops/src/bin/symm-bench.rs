@@ -1300,52 +1300,11 @@ mod gpu {
         for (i, probe) in Probe::ALL.into_iter().enumerate() {
             let mut cols = Vec::new();
             for &mode in &args.modes {
-                // One warm-up launch, then the rounds.
+                // One warm-up launch, then the rounds (each counted in the probe's counter).
                 p.launch(s, probe)?;
                 expected[i] += 1;
-                let mut times = Vec::new();
-                match mode {
-                    Mode::Eager => {
-                        for round in 0..=args.rounds {
-                            st.coll.barrier(s, &st.all)?;
-                            st.start.record(s)?;
-                            for _ in 0..iters {
-                                p.launch(s, probe)?;
-                            }
-                            st.end.record(s)?;
-                            expected[i] += iters as u32;
-                            let ms = st.start.elapsed_ms(&st.end)?;
-                            if round > 0 {
-                                times.push(ms as f64 * 1e3 / iters as f64);
-                            }
-                        }
-                    }
-                    Mode::Graph => {
-                        s.synchronize()?;
-                        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-                        let captured: BoxResult<()> = (|| {
-                            for _ in 0..iters {
-                                p.launch(s, probe)?;
-                            }
-                            Ok(())
-                        })();
-                        let graph = s.end_capture(CUgraphInstantiate_flags(0));
-                        captured?;
-                        let graph = graph?.ok_or("stream capture gave no graph")?;
-                        graph.upload()?;
-                        for round in 0..=args.rounds {
-                            st.coll.barrier(s, &st.all)?;
-                            st.start.record(s)?;
-                            graph.launch()?;
-                            st.end.record(s)?;
-                            expected[i] += iters as u32;
-                            let ms = st.start.elapsed_ms(&st.end)?;
-                            if round > 0 {
-                                times.push(ms as f64 * 1e3 / iters as f64);
-                            }
-                        }
-                    }
-                }
+                let mut times = time_rounds(st, mode, iters, args.rounds, &mut |_| Ok(p.launch(s, probe)?))?;
+                expected[i] += ((args.rounds + 1) * iters) as u32;
                 s.synchronize()?;
                 let mine = median(&mut times);
                 let key = sh.next_key(st.rank, &format!("probe-{i}-{}", mode.name()));
@@ -1692,53 +1651,54 @@ mod gpu {
         mode: Mode,
         iters: usize,
     ) -> BoxResult<f64> {
+        let mut times = time_rounds(st, mode, iters, sh.args.rounds, &mut |i| {
+            run_once(sh, st, op, spec, tuning, g, ar, i)
+        })?;
+        st.coll.check_error()?;
+        Ok(median(&mut times))
+    }
+
+    /// Microseconds per launch of `iters` back-to-back calls of `launch(i)` on the rank's
+    /// stream, one value per round (after one round of warm-up): a host loop (eager) or one
+    /// captured CUDA graph replayed (graph). The ranks meet in a barrier before every round.
+    fn time_rounds(
+        st: &RankState,
+        mode: Mode,
+        iters: usize,
+        rounds: usize,
+        launch: &mut dyn FnMut(usize) -> BoxResult<()>,
+    ) -> BoxResult<Vec<f64>> {
         let s = &st.stream;
-        let rounds = sh.args.rounds;
         let mut times = Vec::with_capacity(rounds);
-        match mode {
-            Mode::Eager => {
-                for round in 0..=rounds {
-                    st.coll.barrier(s, &st.all)?;
-                    st.start.record(s)?;
-                    for i in 0..iters {
-                        run_once(sh, st, op, spec, tuning, g, ar, i)?;
-                    }
-                    st.end.record(s)?;
-                    let ms = st.start.elapsed_ms(&st.end)?;
-                    if round > 0 {
-                        times.push(ms as f64 * 1e3 / iters as f64);
-                    }
+        let mut timed = |run: &mut dyn FnMut() -> BoxResult<()>| -> BoxResult<()> {
+            for round in 0..=rounds {
+                st.coll.barrier(s, &st.all)?;
+                st.start.record(s)?;
+                run()?;
+                st.end.record(s)?;
+                let ms = st.start.elapsed_ms(&st.end)?;
+                if round > 0 {
+                    times.push(ms as f64 * 1e3 / iters as f64);
                 }
             }
+            Ok(())
+        };
+        match mode {
+            Mode::Eager => timed(&mut || (0..iters).try_for_each(&mut *launch))?,
             Mode::Graph => {
                 s.synchronize()?;
                 s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-                let captured: BoxResult<()> = (|| {
-                    for i in 0..iters {
-                        run_once(sh, st, op, spec, tuning, g, ar, i)?;
-                    }
-                    Ok(())
-                })();
+                let captured = (0..iters).try_for_each(&mut *launch);
                 let graph = s.end_capture(CUgraphInstantiate_flags(0));
                 captured?;
                 let graph = graph?.ok_or("stream capture gave no graph")?;
                 graph.upload()?;
-                for round in 0..=rounds {
-                    st.coll.barrier(s, &st.all)?;
-                    st.start.record(s)?;
-                    graph.launch()?;
-                    st.end.record(s)?;
-                    let ms = st.start.elapsed_ms(&st.end)?;
-                    if round > 0 {
-                        times.push(ms as f64 * 1e3 / iters as f64);
-                    }
-                }
+                timed(&mut || Ok(graph.launch()?))?;
                 s.synchronize()?;
             }
         }
-        st.coll.check_error()?;
         let _ = &st.ctx;
-        Ok(median(&mut times))
+        Ok(times)
     }
 }
 
