@@ -145,7 +145,7 @@ pub struct CudaCollectives {
     sm_count: u32,
     fns: Fns,
     ws: u64,
-    /// Workspace bases and own pad passed to the Lamport kernel by value.
+    /// Every rank's workspace base and pad, passed to the Lamport and pull kernels by value.
     direct: args::Direct,
     bufs_dev: u64,
     pads_dev: u64,
@@ -376,11 +376,7 @@ impl CudaCollectives {
             reduced: (0..CE_EVENTS).map(|_| new_event()).collect::<Result<_>>()?,
         };
         let timeout_ns = u64::try_from(config.timeout.as_nanos()).unwrap_or(u64::MAX);
-        let mut direct = args::Direct {
-            ws: [0; MAX_WORLD],
-            pads: [0; MAX_WORLD],
-            pad: mem.signal_pad_ptrs()[rank],
-        };
+        let mut direct = args::Direct::default();
         for (d, &b) in direct.ws.iter_mut().zip(mem.buffer_ptrs()) {
             *d = b;
         }

@@ -48,13 +48,11 @@ pub fn init(ws: u64, layout: &WorkspaceLayout) -> [KernelArg; 4] {
 }
 
 /// What the Lamport and pull kernels take as plain values instead of loading it from device
-/// memory: every rank's workspace base and signal pad (index = rank; unused entries 0), and this
-/// rank's signal pad.
+/// memory: every rank's workspace base and signal pad (index = rank; unused entries 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Direct {
     pub ws: [u64; MAX_WORLD],
     pub pads: [u64; MAX_WORLD],
-    pub pad: u64,
 }
 
 /// One fused zero-copy pull (`symm_pull_{dt}`): what it reads and writes.
@@ -136,7 +134,8 @@ pub fn lamport(
         KernelArg::U64(d.ws[5]),
         KernelArg::U64(d.ws[6]),
         KernelArg::U64(d.ws[7]),
-        KernelArg::U64(d.pad),
+        // This rank's signal pad.
+        KernelArg::U64(d.pads[c.rank as usize % MAX_WORLD]),
         KernelArg::U32(c.rank),
         KernelArg::U32(c.world),
         KernelArg::U32(mode as u32),
@@ -279,13 +278,24 @@ mod tests {
             rank: 0,
             world: 2,
         };
-        let d = Direct::default();
+        let mut d = Direct::default();
+        for r in 0..MAX_WORLD {
+            d.ws[r] = 0x1000 * (r as u64 + 1);
+            d.pads[r] = 0x10_0000 * (r as u64 + 1);
+        }
         let bound = Bound {
             timeout_ns: 1,
             abort_host: 0,
         };
         let a = lamport(&c, &d, RingMode::AllGather, 3, 0, 0, 10, &layout, &bound);
         assert_eq!(a[LAMPORT_MODE_ARG], KernelArg::U32(RingMode::AllGather as u32));
+        // The eight workspace bases, then this rank's (rank 0's) pad.
+        assert_eq!(a[0], KernelArg::U64(0x1000));
+        assert_eq!(a[7], KernelArg::U64(0x8000));
+        assert_eq!(a[8], KernelArg::U64(0x10_0000));
+        let c1 = Common { rank: 1, ..c };
+        let a = lamport(&c1, &d, RingMode::AllGather, 3, 0, 0, 10, &layout, &bound);
+        assert_eq!(a[8], KernelArg::U64(0x20_0000));
         let src = crate::kernels::source("collectives").unwrap().source;
         assert!(src.contains(&format!("#define COLL_LAM_ACQREL_ARRIVE {LAMPORT_ACQREL_ARRIVE:#x}u")));
     }
