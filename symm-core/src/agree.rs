@@ -1,8 +1,25 @@
-//! Checks run on the records every rank exchanged at rendezvous. The records
-//! are identical on every rank, so every rank reaches the same verdict and
-//! fails the same way before anything is mapped.
+//! What every backend's rendezvous shares: the checks run on the records every
+//! rank exchanged (identical on every rank, so every rank reaches the same
+//! verdict and fails the same way before anything is mapped), the host
+//! identity they compare, and the deadline of the rendezvous's steps.
+
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
+
+/// Time left until `deadline`, or [`Error::Timeout`] naming `what` and the
+/// whole `timeout` once it has passed (each step of a rendezvous waits at most
+/// this long, so the steps together stay within one timeout).
+pub fn time_left(deadline: Instant, timeout: Duration, what: &str) -> Result<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(Error::Timeout {
+            what: what.to_string(),
+            timeout,
+        });
+    }
+    Ok(left)
+}
 
 /// Fails with [`Error::Mismatch`] naming every rank's value unless `get`
 /// gives the same value for every record.
@@ -77,6 +94,15 @@ pub fn pid_namespace() -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn time_left_until_the_deadline() {
+        let t = std::time::Duration::from_secs(5);
+        let left = super::time_left(std::time::Instant::now() + t, t, "x").unwrap();
+        assert!(left > std::time::Duration::from_secs(4) && left <= t);
+        let e = super::time_left(std::time::Instant::now(), t, "rendezvous").unwrap_err();
+        assert!(matches!(e, crate::Error::Timeout { ref what, timeout } if what == "rendezvous" && timeout == t));
+    }
+
     use super::*;
 
     #[test]

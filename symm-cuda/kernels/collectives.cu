@@ -1301,14 +1301,18 @@ __device__ __forceinline__ void coll_pull(const CollWs8 pads, const CollSrcs src
     }
 }
 
+// The pull entries' parameters (generic and two-rank entries alike; symm-cuda's args::pull).
+#define COLL_PULL_ARGS                                                                                    \
+    unsigned long long p0, unsigned long long p1, unsigned long long p2, unsigned long long p3,             \
+        unsigned long long p4, unsigned long long p5, unsigned long long p6, unsigned long long p7,         \
+        const char *s0, const char *s1, const char *s2, const char *s3, const char *s4, const char *s5,    \
+        const char *s6, const char *s7, unsigned long long state, unsigned int rank, unsigned int world,    \
+        unsigned int mode, unsigned int op, char *out, unsigned long long n, unsigned int check,            \
+        unsigned long long timeout_ns, const unsigned int *abort_host
+
 #define COLL_PULL_ENTRY(NAME, DT)                                                                                     \
     extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1)                                                 \
-        NAME(unsigned long long p0, unsigned long long p1, unsigned long long p2, unsigned long long p3,             \
-             unsigned long long p4, unsigned long long p5, unsigned long long p6, unsigned long long p7,             \
-             const char* s0, const char* s1, const char* s2, const char* s3, const char* s4, const char* s5,        \
-             const char* s6, const char* s7, unsigned long long state, unsigned int rank, unsigned int world,        \
-             unsigned int mode, unsigned int op, char* out, unsigned long long n, unsigned int check,                \
-             unsigned long long timeout_ns, const unsigned int* abort_host) {                                         \
+        NAME(COLL_PULL_ARGS) {                                                                                        \
         const CollWs8 pads = {p0, p1, p2, p3, p4, p5, p6, p7};                                                      \
         const CollSrcs src = {s0, s1, s2, s3, s4, s5, s6, s7};                                                      \
         unsigned int* st = reinterpret_cast<unsigned int*>(state);                                                  \
@@ -1340,12 +1344,7 @@ COLL_PULL_ENTRY(symm_pull_bf16, COLL_BF16)
 // symm_pull2_ag_{dt} (the generic entry's arguments; `world`, `mode` and `op` are ignored).
 #define COLL_PULL2(NAME, DT, MODE, OP)                                                                               \
     extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1)                                                 \
-        NAME(unsigned long long p0, unsigned long long p1, unsigned long long p2, unsigned long long p3,             \
-             unsigned long long p4, unsigned long long p5, unsigned long long p6, unsigned long long p7,             \
-             const char* s0, const char* s1, const char* s2, const char* s3, const char* s4, const char* s5,        \
-             const char* s6, const char* s7, unsigned long long state, unsigned int rank, unsigned int world,        \
-             unsigned int mode, unsigned int op, char* out, unsigned long long n, unsigned int check,                \
-             unsigned long long timeout_ns, const unsigned int* abort_host) {                                         \
+        NAME(COLL_PULL_ARGS) {                                                                                        \
         const CollWs8 pads = {p0, p1, p2, p3, p4, p5, p6, p7};                                                      \
         const CollSrcs src = {s0, s1, s2, s3, s4, s5, s6, s7};                                                      \
         coll_pull<DT, OP, MODE, 2>(pads, src, reinterpret_cast<unsigned int*>(state), rank, world, mode, out, n,   \

@@ -45,7 +45,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
-use symm_core::agree::{check_equal, check_world_size, host_id, pid_namespace};
+use symm_core::agree::{check_equal, check_world_size, host_id, pid_namespace, time_left};
 
 use cudarc::driver::{CudaContext, CudaStream};
 use symm_core::pad::{self, SIGNAL_PAD_SIZE};
@@ -311,17 +311,6 @@ fn missing_rank(e: &StoreError) -> Option<usize> {
     }
 }
 
-fn remaining(deadline: Instant, timeout: Duration, what: &str) -> Result<Duration> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err(Error::Timeout {
-            what: what.to_string(),
-            timeout,
-        });
-    }
-    Ok(left)
-}
-
 /// One rank's CUDA symmetric allocation, mapped locally; peers are mapped by
 /// [`Allocation::rendezvous`].
 pub struct CudaAllocation {
@@ -458,7 +447,7 @@ impl CudaAllocation {
             StoreExchange::new(store, format!("{prefix}/sent")).barrier(
                 rank,
                 world,
-                remaining(deadline, timeout, "rendezvous")?,
+                time_left(deadline, timeout, "rendezvous")?,
             )?;
             let table = shared_handles().lock().unwrap_or_else(|e| e.into_inner());
             infos
@@ -487,11 +476,11 @@ impl CudaAllocation {
                 &format!("{prefix}/fds"),
                 rank,
                 world,
-                remaining(deadline, timeout, "rendezvous")?,
+                time_left(deadline, timeout, "rendezvous")?,
             )?;
             let fds = channel.all_gather_fds(
                 std::os::fd::AsFd::as_fd(&own),
-                remaining(deadline, timeout, "rendezvous")?,
+                time_left(deadline, timeout, "rendezvous")?,
             )?;
             drop(channel);
             drop(own);
@@ -555,7 +544,7 @@ impl CudaAllocation {
             rank,
             world,
             &self.info().encode(),
-            remaining(deadline, timeout, "rendezvous")?,
+            time_left(deadline, timeout, "rendezvous")?,
         )?;
         let infos = raw
             .iter()
@@ -586,7 +575,7 @@ impl CudaAllocation {
             rank,
             world,
             &status,
-            remaining(deadline, timeout, "rendezvous status exchange").unwrap_or(Duration::from_millis(1)),
+            time_left(deadline, timeout, "rendezvous status exchange").unwrap_or(Duration::from_millis(1)),
         );
         let (mem, _published) = match (outcome, &all) {
             (Ok(m), _) => m,

@@ -612,24 +612,11 @@ impl CudaCollectives {
             ));
         }
         let algo = match algo {
+            // Nothing to exchange: the ring kernel reduces the rank's own data (avg divides by 1).
+            _ if self.world == 1 => AllReduceAlgo::OneShot,
             AllReduceAlgo::Auto => self.select_all_reduce(count, dtype),
             a => a,
         };
-        if self.world == 1 {
-            // Nothing to exchange: the ring kernel reduces the rank's own data (avg divides by 1).
-            return self.launch_ring(
-                stream,
-                dt,
-                op,
-                RingMode::AllReduce,
-                input,
-                output,
-                count,
-                count,
-                tuning,
-                in_place,
-            );
-        }
         match algo {
             AllReduceAlgo::Lamport => self.lamport(stream, dt, RingMode::AllReduce, op, input, output, count, tuning),
             AllReduceAlgo::OneShot | AllReduceAlgo::Auto => self.launch_ring(

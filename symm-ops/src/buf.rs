@@ -380,6 +380,21 @@ impl<'a> From<HostOut<'a>> for BufMut<'a> {
     }
 }
 
+/// Checks that a symmetric tensor an engine reads or writes lies on the communicator's device
+/// and is contiguous.
+pub(crate) fn check_symm_tensor(t: &SymmTensor, device: symm_core::Device, what: &str) -> Result<()> {
+    if t.device() != device {
+        return Err(Error::InvalidArgument(format!(
+            "{what} is on {}, the communicator on {device}",
+            t.device()
+        )));
+    }
+    if !t.is_contiguous() {
+        return Err(Error::InvalidArgument(format!("{what} must be contiguous")));
+    }
+    Ok(())
+}
+
 /// Checks that `dtype` is one the collectives reduce.
 pub(crate) fn check_dtype(dtype: DType, op: &'static str) -> Result<()> {
     if dtype.is_reducible_float() {

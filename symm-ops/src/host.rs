@@ -29,7 +29,7 @@ use std::time::Duration;
 use symm_core::{empty_p2p, get_symmetric_memory, Channel, DType, Device, Error, Group, Rank, ReduceOp, Result};
 use symm_core::{SymmTensor, SymmetricMemory};
 
-use crate::buf::{Buf, BufMut, HostIn, HostOut};
+use crate::buf::{check_symm_tensor, Buf, BufMut, HostIn, HostOut};
 use crate::reduce;
 
 /// Channel of the ops' own barriers on the staging memory's pad.
@@ -179,18 +179,28 @@ impl HostEngine {
         self.staging.barrier(self.op_channel, self.timeout)
     }
 
+    /// One chunk's start, for ops whose peers read elements `e0..e0 + n` of this rank's input:
+    /// unless the input is read in place (`zero_copy`), encode the chunk into `bytes` and stage it
+    /// at the start of this rank's staging buffer; then the op barrier (every rank staged it).
+    fn stage_chunk(
+        &self,
+        input: &In<'_>,
+        out: &Out<'_>,
+        zero_copy: bool,
+        e0: usize,
+        n: usize,
+        bytes: &mut [u8],
+    ) -> Result<()> {
+        if !zero_copy {
+            input.encode(out, e0, n, bytes)?;
+            self.staging.write_bytes(self.me, 0, bytes)?;
+        }
+        self.op_barrier()
+    }
+
     /// Checks a symmetric tensor the engine reads or writes.
     fn symm(&self, t: &SymmTensor, what: &str, same_group: bool) -> Result<(Arc<dyn SymmetricMemory>, usize)> {
-        if t.device() != self.device {
-            return Err(Error::InvalidArgument(format!(
-                "{what} is on {}, the communicator on {}",
-                t.device(),
-                self.device
-            )));
-        }
-        if !t.is_contiguous() {
-            return Err(Error::InvalidArgument(format!("{what} must be contiguous")));
-        }
+        check_symm_tensor(t, self.device, what)?;
         let g = t.allocation().group();
         if same_group
             && (g.name() != self.group.name()
@@ -286,11 +296,7 @@ impl HostEngine {
         while e0 < count {
             let n = chunk.min(count - e0);
             let nb = n * es;
-            if zc.is_none() {
-                input.encode(out, e0, n, &mut bytes[..nb])?;
-                self.staging.write_bytes(self.me, 0, &bytes[..nb])?;
-            }
-            self.op_barrier()?;
+            self.stage_chunk(input, out, zc.is_some(), e0, n, &mut bytes[..nb])?;
             self.reduce_from(dtype, op, &mut acc[..n], &mut bytes[..nb], |p, b| {
                 self.read_src(&zc, p, e0 * es, 0, b)
             })?;
@@ -317,11 +323,7 @@ impl HostEngine {
         let mut e0 = 0;
         while e0 < count {
             let n = chunk.min(count - e0);
-            if zc.is_none() {
-                input.encode(out, e0, n, &mut bytes[..n * es])?;
-                self.staging.write_bytes(self.me, 0, &bytes[..n * es])?;
-            }
-            self.op_barrier()?;
+            self.stage_chunk(input, out, zc.is_some(), e0, n, &mut bytes[..n * es])?;
             let (lo, hi) = self.slice(me, n);
             let sb = (hi - lo) * es;
             self.reduce_from(dtype, op, &mut acc[..hi - lo], &mut bytes[..sb], |p, b| {
@@ -396,11 +398,7 @@ impl HostEngine {
         while e0 < count {
             let n = chunk.min(count - e0);
             let nb = n * es;
-            if zc.is_none() {
-                input.encode(out, e0, n, &mut bytes[..nb])?;
-                self.staging.write_bytes(self.me, 0, &bytes[..nb])?;
-            }
-            self.op_barrier()?;
+            self.stage_chunk(input, out, zc.is_some(), e0, n, &mut bytes[..nb])?;
             for &p in &self.ranks {
                 self.read_src(&zc, p, e0 * es, 0, &mut bytes[..nb])?;
                 out.store_bytes(p.get() * count + e0, &bytes[..nb], dtype)?;

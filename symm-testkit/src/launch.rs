@@ -365,6 +365,19 @@ pub(crate) struct RankProcess {
     status: Option<ChildStatus>,
 }
 
+/// Pumps a child's piped stdout and stderr into one buffer (its last output, interleaved).
+fn capture(child: &mut Child) -> (Arc<Mutex<Vec<u8>>>, Vec<std::thread::JoinHandle<()>>) {
+    let buf = Arc::new(Mutex::new(Vec::new()));
+    let mut readers = Vec::new();
+    if let Some(o) = child.stdout.take() {
+        readers.push(pump(o, buf.clone()));
+    }
+    if let Some(e) = child.stderr.take() {
+        readers.push(pump(e, buf.clone()));
+    }
+    (buf, readers)
+}
+
 fn pump(mut from: impl Read + Send + 'static, into: Arc<Mutex<Vec<u8>>>) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut buf = [0u8; 8192];
@@ -428,14 +441,7 @@ pub(crate) fn spawn_ranks(spec: &SpawnSpec<'_>) -> Result<Vec<RankProcess>, Laun
             }
         };
         let (output, readers) = if spec.capture {
-            let buf = Arc::new(Mutex::new(Vec::new()));
-            let mut readers = Vec::new();
-            if let Some(o) = child.stdout.take() {
-                readers.push(pump(o, buf.clone()));
-            }
-            if let Some(e) = child.stderr.take() {
-                readers.push(pump(e, buf.clone()));
-            }
+            let (buf, readers) = capture(&mut child);
             (Some(buf), readers)
         } else {
             (None, Vec::new())
@@ -771,14 +777,7 @@ pub fn run_isolated(test_name: &str, limit: Duration) -> Result<(), LaunchError>
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn { rank: 0, source })?;
-    let buf = Arc::new(Mutex::new(Vec::new()));
-    let mut readers = Vec::new();
-    if let Some(o) = child.stdout.take() {
-        readers.push(pump(o, buf.clone()));
-    }
-    if let Some(e) = child.stderr.take() {
-        readers.push(pump(e, buf.clone()));
-    }
+    let (buf, readers) = capture(&mut child);
     let procs = vec![RankProcess {
         rank: 0,
         child,

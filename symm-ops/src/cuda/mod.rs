@@ -13,7 +13,7 @@ use std::time::Duration;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, SyncOnDrop, ValidAsZeroBits};
 use symm_core::{DType, Device, Error, Group, Rank, ReduceOp, Result, SymmTensor};
 
-use crate::buf::{Buf, BufMut, Element};
+use crate::buf::{check_symm_tensor, Buf, BufMut, Element};
 use crate::comm::{CommConfig, Communicator, NewOutput};
 use crate::select::{AllGatherAlgo, AllReduceAlgo, ReduceScatterAlgo};
 use coll::Coll;
@@ -159,17 +159,7 @@ impl CudaEngine {
     }
 
     fn check_symm(&self, t: &SymmTensor, what: &str) -> Result<()> {
-        if t.device() != self.device {
-            return Err(Error::InvalidArgument(format!(
-                "{what} is on {}, the communicator on {}",
-                t.device(),
-                self.device
-            )));
-        }
-        if !t.is_contiguous() {
-            return Err(Error::InvalidArgument(format!("{what} must be contiguous")));
-        }
-        Ok(())
+        check_symm_tensor(t, self.device, what)
     }
 
     fn check_ctx(&self, ctx: &Arc<CudaContext>, what: &str) -> Result<()> {

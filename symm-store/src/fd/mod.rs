@@ -123,6 +123,17 @@ fn poll_timeout(d: Duration) -> PollTimeout {
     PollTimeout::from(u16::try_from(ms).unwrap_or(u16::MAX))
 }
 
+/// Whether `fd` became readable within `wait` (false on a timeout or an interrupted poll: the
+/// caller's loop looks at its deadline and its peers, then polls again).
+fn readable_within(fd: BorrowedFd<'_>, wait: Duration) -> std::result::Result<bool, Errno> {
+    let mut pfd = [PollFd::new(fd, PollFlags::POLLIN)];
+    match nix::poll::poll(&mut pfd, poll_timeout(wait)) {
+        Ok(n) => Ok(n > 0),
+        Err(Errno::EINTR) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Soft RLIMIT_NOFILE, for error messages.
 fn nofile_limit() -> String {
     match nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
@@ -551,14 +562,7 @@ impl FdChannel {
                     timeout,
                 });
             }
-            let ready = {
-                let mut pfd = [PollFd::new(conn.as_fd(), PollFlags::POLLIN)];
-                match nix::poll::poll(&mut pfd, poll_timeout(left.min(POLL_SLICE))) {
-                    Ok(n) => n > 0,
-                    Err(Errno::EINTR) => false,
-                    Err(e) => return Err(io_err("poll", e.into())),
-                }
-            };
+            let ready = readable_within(conn.as_fd(), left.min(POLL_SLICE)).map_err(|e| io_err("poll", e.into()))?;
             if !ready {
                 if let Some(e) = self.peer_abort(gen) {
                     return Err(e);
@@ -622,14 +626,8 @@ impl FdChannel {
                 }
                 return Err(StoreError::MissingRanks { what, missing, timeout });
             }
-            let ready = {
-                let mut pfd = [PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
-                match nix::poll::poll(&mut pfd, poll_timeout(left.min(POLL_SLICE))) {
-                    Ok(n) => n > 0,
-                    Err(Errno::EINTR) => false,
-                    Err(e) => return Err(io_err("poll", e.into())),
-                }
-            };
+            let ready =
+                readable_within(self.listener.as_fd(), left.min(POLL_SLICE)).map_err(|e| io_err("poll", e.into()))?;
             if !ready {
                 if let Some(e) = self.peer_abort(gen) {
                     return Err(e);
@@ -728,14 +726,7 @@ impl FdChannel {
                     cred.pid()
                 )));
             }
-            let ready = {
-                let mut pfd = [PollFd::new(conn.as_fd(), PollFlags::POLLIN)];
-                match nix::poll::poll(&mut pfd, poll_timeout(left)) {
-                    Ok(n) => n > 0,
-                    Err(Errno::EINTR) => false,
-                    Err(e) => return Err(plain(format!("poll: {e}"))),
-                }
-            };
+            let ready = readable_within(conn.as_fd(), left).map_err(|e| plain(format!("poll: {e}")))?;
             if !ready {
                 continue;
             }

@@ -433,36 +433,15 @@ impl TcpStore {
     }
 
     fn check_key(&self, k: &[u8]) -> Result<()> {
-        if k.len() as u64 > self.limits.max_key_len {
-            return Err(StoreError::TooLarge {
-                what: "key",
-                len: k.len() as u64,
-                max: self.limits.max_key_len,
-            });
-        }
-        Ok(())
+        check_limit("key", k.len(), self.limits.max_key_len)
     }
 
     fn check_value(&self, v: &[u8]) -> Result<()> {
-        if v.len() as u64 > self.limits.max_value_len {
-            return Err(StoreError::TooLarge {
-                what: "value",
-                len: v.len() as u64,
-                max: self.limits.max_value_len,
-            });
-        }
-        Ok(())
+        check_limit("value", v.len(), self.limits.max_value_len)
     }
 
     fn check_count(&self, n: usize) -> Result<()> {
-        if n as u64 > self.limits.max_keys {
-            return Err(StoreError::TooLarge {
-                what: "key count",
-                len: n as u64,
-                max: self.limits.max_keys,
-            });
-        }
-        Ok(())
+        check_limit("key count", n, self.limits.max_keys)
     }
 
     /// Runs one exchange on the connection; an error leaves it marked broken.
@@ -779,4 +758,16 @@ impl Store for TcpStore {
     fn set_timeout(&self, timeout: Duration) {
         *self.timeout.lock().unwrap_or_else(|e| e.into_inner()) = timeout;
     }
+}
+
+/// [`StoreError::TooLarge`] when `len` exceeds `max`.
+fn check_limit(what: &'static str, len: usize, max: u64) -> Result<()> {
+    if len as u64 > max {
+        return Err(StoreError::TooLarge {
+            what,
+            len: len as u64,
+            max,
+        });
+    }
+    Ok(())
 }

@@ -29,7 +29,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
-use symm_core::agree::{check_equal, check_world_size, host_id, pid_namespace};
+use symm_core::agree::{check_equal, check_world_size, host_id, pid_namespace, time_left};
 
 use symm_core::pad::SIGNAL_PAD_SIZE;
 use symm_core::symm_store::{FdChannel, FdKind, StoreExchange};
@@ -183,17 +183,6 @@ impl std::fmt::Debug for HostAllocation {
     }
 }
 
-fn remaining(deadline: Instant, timeout: Duration, what: &str) -> Result<Duration> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err(Error::Timeout {
-            what: what.to_string(),
-            timeout,
-        });
-    }
-    Ok(left)
-}
-
 impl HostAllocation {
     fn new(size: usize, device: Device, group: &Arc<Group>) -> Result<HostAllocation> {
         if device.ty != DeviceType::Host {
@@ -244,12 +233,21 @@ impl HostAllocation {
         let (rank, world) = (g.rank().get(), g.world_size());
         let prefix = g.next_prefix("rendezvous");
         let store = g.store().clone();
+        // Every rank meets at `{prefix}/{step}` within the rendezvous's deadline.
+        let barrier = |step: &str| -> Result<()> {
+            StoreExchange::new(store.clone(), format!("{prefix}/{step}")).barrier(
+                rank,
+                world,
+                time_left(deadline, timeout, "rendezvous")?,
+            )?;
+            Ok(())
+        };
 
         let raw = StoreExchange::new(store.clone(), format!("{prefix}/info")).all_gather(
             rank,
             world,
             &self.info().encode(),
-            remaining(deadline, timeout, "rendezvous")?,
+            time_left(deadline, timeout, "rendezvous")?,
         )?;
         let infos = raw
             .iter()
@@ -270,11 +268,7 @@ impl HostAllocation {
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(self.key, Arc::downgrade(&self.region));
             fault_point("rendezvous.after_send")?;
-            StoreExchange::new(store.clone(), format!("{prefix}/sent")).barrier(
-                rank,
-                world,
-                remaining(deadline, timeout, "rendezvous")?,
-            )?;
+            barrier("sent")?;
             let table = shared_regions().lock().unwrap_or_else(|e| e.into_inner());
             let regions = infos
                 .iter()
@@ -294,17 +288,9 @@ impl HostAllocation {
             // Nobody leaves (and drops its region) before every rank has taken
             // every region, so a rank that fails later cannot make a peer's
             // lookup fail and be misreported.
-            StoreExchange::new(store.clone(), format!("{prefix}/taken")).barrier(
-                rank,
-                world,
-                remaining(deadline, timeout, "rendezvous")?,
-            )?;
+            barrier("taken")?;
             fault_point("rendezvous.after_map")?;
-            StoreExchange::new(store.clone(), format!("{prefix}/done")).barrier(
-                rank,
-                world,
-                remaining(deadline, timeout, "rendezvous")?,
-            )?;
+            barrier("done")?;
             regions
         } else {
             let own_fd = self
@@ -316,10 +302,10 @@ impl HostAllocation {
                 &format!("{prefix}/fds"),
                 rank,
                 world,
-                remaining(deadline, timeout, "rendezvous")?,
+                time_left(deadline, timeout, "rendezvous")?,
             )?
             .with_expected_kind(FdKind::Memfd);
-            let fds = channel.all_gather_fds(own_fd, remaining(deadline, timeout, "rendezvous")?)?;
+            let fds = channel.all_gather_fds(own_fd, time_left(deadline, timeout, "rendezvous")?)?;
             drop(channel);
             fault_point("rendezvous.after_send")?;
             let mut regions = Vec::with_capacity(world);
@@ -331,11 +317,7 @@ impl HostAllocation {
                 }
             }
             fault_point("rendezvous.after_map")?;
-            StoreExchange::new(store.clone(), format!("{prefix}/done")).barrier(
-                rank,
-                world,
-                remaining(deadline, timeout, "rendezvous")?,
-            )?;
+            barrier("done")?;
             regions
         };
 
