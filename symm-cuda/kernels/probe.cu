@@ -104,3 +104,29 @@ extern "C" __global__ void symm_probe_data(unsigned long long own, unsigned long
         *st = e;
     }
 }
+
+// Bandwidth probe: dst[v] = src[v] for `nvec` 16-byte vectors, grid-stride, PROBE_COPY_U vectors
+// per thread in flight (loads first, then stores: the fused pull's shape). dst or src may be a
+// peer's memory: a remote write (push) or a remote read (pull). No epochs and no waits: the host
+// times the copies (symm-bench --probe-bw).
+#define PROBE_COPY_U 4
+extern "C" __global__ void __launch_bounds__(512, 1)
+    symm_probe_copy(uint4* dst, const uint4* src, unsigned long long nvec) {
+    const unsigned long long tid = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const unsigned long long nth = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long v = tid;
+    for (; v + (PROBE_COPY_U - 1) * nth < nvec; v += PROBE_COPY_U * nth) {
+        uint4 x[PROBE_COPY_U];
+#pragma unroll
+        for (int u = 0; u < PROBE_COPY_U; ++u) {
+            x[u] = src[v + u * nth];
+        }
+#pragma unroll
+        for (int u = 0; u < PROBE_COPY_U; ++u) {
+            dst[v + u * nth] = x[u];
+        }
+    }
+    for (; v < nvec; v += nth) {
+        dst[v] = src[v];
+    }
+}

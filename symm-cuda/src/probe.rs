@@ -2,7 +2,8 @@
 //! the collectives pay per op (a kernel launch, a state update, a remote store, a flag round,
 //! a 1 KiB data-as-flag exchange, a gpu-scope release behind remote stores). `symm-bench
 //! --probe` times them in eager mode and in CUDA-graph replay next to the collectives; they
-//! are diagnostics, not collectives.
+//! are diagnostics, not collectives. [`BandwidthProbe`] times plain SM and copy-engine copies
+//! to and from a peer (`symm-bench --probe-bw`): the ceiling of the bandwidth-bound paths.
 //!
 //! NOTE [probe-layout]: the probe buffer (one symmetric allocation of at least
 //! [`LatencyProbe::BYTES`]) holds STATE (u32 counters, one per probe, at word 0), FLAGS (u32
@@ -194,6 +195,59 @@ impl LatencyProbe {
     }
 }
 
+/// Bandwidth probe: a plain 16-byte-vector copy kernel (`symm_probe_copy`, 4 vectors per thread
+/// in flight, one block per SM) whose source or destination is a peer's memory, and the copy
+/// engine (`cuMemcpyDtoDAsync`) for comparison. `symm-bench --probe-bw` times them with one or
+/// both ranks copying at once, which is what bounds the bandwidth-bound collectives.
+pub struct BandwidthProbe {
+    copy: CudaFunction,
+    blocks: u32,
+}
+
+impl BandwidthProbe {
+    /// Threads per block of the copy kernel.
+    pub const THREADS: u32 = 512;
+
+    /// Loads the copy kernel for `ctx`; `blocks` is the grid (normally the SM count).
+    pub fn new(ctx: &Arc<CudaContext>, blocks: u32) -> Result<Self> {
+        let module = kernels::load(ctx, kernels::source("probe")?, "")?;
+        let copy = module
+            .load_function("symm_probe_copy")
+            .map_err(|e| crate::driver::from_driver(e, "cuModuleGetFunction(symm_probe_copy)"))?;
+        Ok(BandwidthProbe {
+            copy,
+            blocks: blocks.max(1),
+        })
+    }
+
+    /// Enqueues an SM copy of `bytes` (a multiple of 16) from `src` to `dst` on `stream`. Both
+    /// ranges must be mapped on this device (own or a peer's symmetric memory).
+    pub fn sm_copy(&self, stream: &CudaStream, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        if bytes % 16 != 0 || dst % 16 != 0 || src % 16 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "the copy probe moves 16-byte vectors: dst {dst:#x}, src {src:#x}, {bytes} bytes"
+            )));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (self.blocks, 1, 1),
+            block_dim: (Self::THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args = copy_args(dst, src, bytes);
+        launch(stream, &self.copy, cfg, &args)
+    }
+
+    /// Enqueues a copy-engine copy of `bytes` from `src` to `dst` on `stream`.
+    pub fn ce_copy(&self, stream: &CudaStream, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        crate::driver::mem::dtod_async(stream, dst, src, bytes)
+    }
+}
+
+/// The copy kernel's arguments (mirrors `symm_probe_copy`).
+fn copy_args(dst: u64, src: u64, bytes: usize) -> [KernelArg; 3] {
+    [KernelArg::U64(dst), KernelArg::U64(src), KernelArg::U64((bytes / 16) as u64)]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,6 +266,9 @@ mod tests {
             let got: Vec<usize> = args.iter().map(arg_bytes).collect();
             assert_eq!(got, want, "{name}");
         }
+        let want = ptx_param_sizes(&ptx, "symm_probe_copy").expect("symm_probe_copy not in the PTX");
+        let got: Vec<usize> = copy_args(16, 32, 64).iter().map(arg_bytes).collect();
+        assert_eq!(got, want, "symm_probe_copy");
         let names: std::collections::HashSet<_> = Probe::ALL.iter().map(|p| p.name()).collect();
         assert_eq!(names.len(), Probe::ALL.len());
     }

@@ -423,6 +423,65 @@ fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
             }
         }
     }
+    // ---- copy-engine two-shot: input and output in one registered buffer (odd sizes and
+    // offsets, several chunks at the largest size); the 64 bytes after the output stay poisoned.
+    let big = 5_000_003usize;
+    let region = (big + 64) * 4;
+    let sym2 = env.symmetric(&c, 2 * region)?;
+    let me = env.rank();
+    for dtype in DTYPES {
+        for op in ReduceOp::ALL {
+            for &count in AR_SIZES.iter().chain([big].iter()) {
+                if count > 100_000 && op != ReduceOp::Sum {
+                    continue;
+                }
+                if count == big && dtype == DType::F16 {
+                    continue;
+                }
+                for offset in [0usize, 1] {
+                    seed += 1;
+                    let es = dtype.size();
+                    let (bytes, off) = (count * es, offset * es);
+                    let exact = op == ReduceOp::Sum && seed % 2 == 0;
+                    let inputs: Vec<Vec<f64>> =
+                        (0..env.world()).map(|r| gen_input(seed, r, count, dtype, exact)).collect();
+                    let want: Vec<f64> = (0..count)
+                        .map(|i| reduce_ref(op, &inputs.iter().map(|x| x[i]).collect::<Vec<_>>()))
+                        .collect();
+                    let want = decode(dtype, &encode(dtype, &want));
+                    env.stream.synchronize()?;
+                    sym2.write_bytes(sym2.rank(), off, &encode(dtype, &inputs[me]))?;
+                    sym2.write_bytes(sym2.rank(), region + off, &vec![POISON; bytes + 64])?;
+                    let base = sym2.buffer_ptrs()[me];
+                    // No host barrier: the op's opening barrier orders the peers' reads and
+                    // pushes after these (synchronous) writes.
+                    c.all_reduce_ce_two_shot(
+                        &env.stream,
+                        base + off as u64,
+                        base + (region + off) as u64,
+                        count,
+                        dtype,
+                        op,
+                    )?;
+                    env.stream.synchronize()?;
+                    c.check_error()?;
+                    let what = format!("all_reduce copy-engine two-shot {dtype} {op} count {count} offset {offset}");
+                    let mut got = vec![0u8; bytes + 64];
+                    sym2.read_bytes(sym2.rank(), region + off, &mut got)?;
+                    if got[bytes..].iter().any(|&b| b != POISON) {
+                        fails.push(format!("{what}: bytes after the output changed"));
+                    }
+                    got.truncate(bytes);
+                    let e = fails.check(compare(&what, dtype, &decode(dtype, &got), &want, exact));
+                    worst = worst.max(e);
+                    if !env.same_everywhere(fnv(&got))? {
+                        fails.push(format!("{what}: results differ between ranks"));
+                    }
+                    runs += 1;
+                }
+            }
+        }
+    }
     fails.result(env.rank())?;
     Ok(format!(
         "rank {}: {runs} all-reduces ok, max rel err {worst:.2e}, {:.1} s",
@@ -516,7 +575,8 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                         if name != "default" || (count > 5000 && op != ReduceOp::Sum) {
                             continue;
                         }
-                        for in_place in [false, true] {
+                        // (in place, copy engine): the copy engine runs out of place only.
+                        for (in_place, ce) in [(false, false), (true, false), (false, true)] {
                             if in_place && offset != 0 {
                                 continue;
                             }
@@ -543,11 +603,16 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                             } else {
                                 out.at(off)
                             };
-                            obj.reduce_scatter_pull(&env.stream, base, o_ptr, count, dtype, op)?;
+                            if ce {
+                                obj.reduce_scatter_ce(&env.stream, base, o_ptr, count, dtype, op)?;
+                            } else {
+                                obj.reduce_scatter_pull(&env.stream, base, o_ptr, count, dtype, op)?;
+                            }
                             env.stream.synchronize()?;
                             obj.check_error()?;
                             let what = format!(
-                                "reduce_scatter ({name}) pull {dtype} {op} count {count} offset {offset}{}",
+                                "reduce_scatter ({name}) {} {dtype} {op} count {count} offset {offset}{}",
+                                if ce { "copy engine" } else { "pull" },
                                 if in_place { " in place" } else { "" }
                             );
                             let got = if in_place {
@@ -562,18 +627,22 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                         }
                     }
                     // ---- all-gather: SM, copy engine zero-copy, copy engine staged; in place (SM)
-                    for (path, zero_copy, in_place) in [
-                        (AllGatherPath::Sm, false, false),
-                        (AllGatherPath::Sm, false, true),
-                        (AllGatherPath::Lamport, false, false),
-                        (AllGatherPath::Lamport, false, true),
-                        (AllGatherPath::CopyEngine, true, false),
-                        (AllGatherPath::CopyEngine, false, false),
-                        (AllGatherPath::CopyEngine, false, true),
-                        (AllGatherPath::CopyEngine, true, true),
-                        (AllGatherPath::Pull, true, false),
-                        (AllGatherPath::Pull, true, true),
-                        (AllGatherPath::Auto, false, false),
+                    // (path, zero_copy, in_place, out_sym): zero_copy puts the input (in place:
+                    // the whole output) in the registered buffer; out_sym puts only the output
+                    // there (the copy engine then pushes into the peers' outputs).
+                    for (path, zero_copy, in_place, out_sym) in [
+                        (AllGatherPath::Sm, false, false, false),
+                        (AllGatherPath::Sm, false, true, false),
+                        (AllGatherPath::Lamport, false, false, false),
+                        (AllGatherPath::Lamport, false, true, false),
+                        (AllGatherPath::CopyEngine, true, false, false),
+                        (AllGatherPath::CopyEngine, false, false, false),
+                        (AllGatherPath::CopyEngine, false, true, false),
+                        (AllGatherPath::CopyEngine, true, true, false),
+                        (AllGatherPath::CopyEngine, true, false, true),
+                        (AllGatherPath::Pull, true, false, false),
+                        (AllGatherPath::Pull, true, true, false),
+                        (AllGatherPath::Auto, false, false, false),
                     ] {
                         if zero_copy && name == "small" {
                             continue;
@@ -587,8 +656,13 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                         let mut inp = Buf::new(&env.stream, count * es + off)?;
                         // Zero-copy in place: the whole output lies in the symmetric buffer,
                         // this rank's slice holds the input.
-                        let sym_out = zero_copy && in_place;
-                        let input = if sym_out {
+                        let sym_out = zero_copy && (in_place || out_sym);
+                        let input = if out_sym {
+                            env.stream.synchronize()?;
+                            sym.write_bytes(sym.rank(), off, &vec![POISON; count * world * es])?;
+                            inp.fill(&env.stream, off, &data)?;
+                            inp.at(off)
+                        } else if sym_out {
                             env.stream.synchronize()?;
                             let mut host = vec![POISON; count * world * es];
                             host[me * count * es..(me + 1) * count * es].copy_from_slice(&data);
@@ -620,7 +694,13 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                         let what = format!(
                             "all_gather ({name}) {} {dtype} count {count} offset {offset}{}{}",
                             path.name(),
-                            if zero_copy { " zero-copy" } else { "" },
+                            if out_sym {
+                                " zero-copy push"
+                            } else if zero_copy {
+                                " zero-copy"
+                            } else {
+                                ""
+                            },
                             if in_place { " in place" } else { "" }
                         );
                         let got = if sym_out {
@@ -637,6 +717,65 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                         runs += 1;
                     }
                 }
+            }
+        }
+    }
+    // ---- large copy-engine cases: several chunks of the copy-engine reduce-scatter (each
+    // reduced as it lands), and the all-gather push, at odd sizes and offsets.
+    let big = 5_000_003usize;
+    let bsym = env.symmetric(&c, (big + 64) * 4 * world)?;
+    for dtype in [DType::BF16, DType::F32] {
+        let es = dtype.size();
+        for offset in [0usize, 1] {
+            let off = offset * es;
+            let count = big / world;
+            seed += 1;
+            let total = count * world;
+            let inputs: Vec<Vec<f64>> = (0..world).map(|r| gen_input(seed, r, total, dtype, true)).collect();
+            let want: Vec<f64> = (0..count)
+                .map(|i| reduce_ref(ReduceOp::Sum, &inputs.iter().map(|x| x[me * count + i]).collect::<Vec<_>>()))
+                .collect();
+            let want = decode(dtype, &encode(dtype, &want));
+            env.stream.synchronize()?;
+            bsym.write_bytes(bsym.rank(), off, &encode(dtype, &inputs[me]))?;
+            let mut out = Buf::new(&env.stream, count * es + off)?;
+            out.fill(&env.stream, off, &[])?;
+            let base = bsym.buffer_ptrs()[me] + off as u64;
+            c.reduce_scatter_ce(&env.stream, base, out.at(off), count, dtype, ReduceOp::Sum)?;
+            env.stream.synchronize()?;
+            c.check_error()?;
+            let got = out.read(&env.stream, off, count * es, false)?;
+            let what = format!("reduce_scatter copy engine {dtype} sum count {count} offset {offset}");
+            fails.check(compare(&what, dtype, &decode(dtype, &got), &want, true));
+            runs += 1;
+            // all-gather push: out of place (unregistered input), then in place.
+            for in_place in [false, true] {
+                seed += 1;
+                let n = big / world;
+                let inputs: Vec<Vec<f64>> = (0..world).map(|r| gen_input(seed, r, n, dtype, false)).collect();
+                let data = encode(dtype, &inputs[me]);
+                env.stream.synchronize()?;
+                let mut host = vec![POISON; n * world * es];
+                if in_place {
+                    host[me * n * es..(me + 1) * n * es].copy_from_slice(&data);
+                }
+                bsym.write_bytes(bsym.rank(), off, &host)?;
+                let mut inp = Buf::new(&env.stream, n * es + off)?;
+                inp.fill(&env.stream, off, &data)?;
+                let output = bsym.buffer_ptrs()[me] + off as u64;
+                let input = if in_place { output + (me * n * es) as u64 } else { inp.at(off) };
+                c.all_gather(&env.stream, input, output, n, dtype, AllGatherPath::CopyEngine)?;
+                env.stream.synchronize()?;
+                c.check_error()?;
+                let mut g = vec![0u8; n * world * es];
+                bsym.read_bytes(bsym.rank(), off, &mut g)?;
+                if g != encode(dtype, &inputs.concat()) {
+                    fails.push(format!(
+                        "all_gather copy engine push {dtype} count {n} offset {offset}{}: wrong bytes",
+                        if in_place { " in place" } else { "" }
+                    ));
+                }
+                runs += 1;
             }
         }
     }

@@ -325,9 +325,10 @@ pub enum AllGatherPath {
     Lamport,
     /// Push through the ring by SMs.
     Sm,
-    /// Copy-engine pull (`cuMemcpyDtoDAsync` from the peers on a side stream): zero-copy when the
-    /// input lies in registered symmetric memory (same offset on every rank), else staged
-    /// through the workspace in rounds. Barriers around.
+    /// Copy engine (`cuMemcpyDtoDAsync` on a side stream), barriers around: a zero-copy push
+    /// into every peer's output when the output lies in registered symmetric memory (in place
+    /// or not; the same offset on every rank), else a zero-copy pull from the peers' inputs when
+    /// the input does, else staged through the workspace in rounds.
     CopyEngine,
     /// Zero-copy SM pull in one kernel (opening barrier, every rank copies every peer's input
     /// over NVLink, closing barrier): the input must lie in registered symmetric memory, at the
@@ -473,6 +474,35 @@ pub fn ce_split(
     Ok((ce_elems, chunk, nchunks, slots))
 }
 
+/// Chunks (elements) of the copy-engine reduce-scatter's shard of `count` elements: at most
+/// `max_chunks`, a quarter of the shard each for the first three, then halving, so the last
+/// reduction (which nothing overlaps) is short while the copies stay large (the copy engine
+/// reads a 32 MiB copy at ~356 GB/s, a 1 MiB one at ~156: docs/benchmarks.md). Every chunk but
+/// the last is a whole number of 16-byte vectors; the chunks add up to `count`.
+pub fn ce_rs_chunks(count: usize, dtype: DType, max_chunks: usize) -> Vec<usize> {
+    let ve = vec_elems(dtype);
+    // Fractions of the shard in 64ths: 16, 16, 16, 8, 4, 2, 1, 1.
+    const PARTS: [usize; 8] = [16, 16, 16, 8, 4, 2, 1, 1];
+    let mut out = Vec::with_capacity(PARTS.len());
+    let mut left = count;
+    for (i, &p) in PARTS.iter().enumerate() {
+        if left == 0 {
+            break;
+        }
+        let last = i + 1 == PARTS.len() || out.len() + 1 == max_chunks.max(1);
+        let n = if last {
+            left
+        } else {
+            // At least one 4 MiB-ish copy per chunk; small shards take fewer chunks.
+            let min = ((4 << 20) / dtype.size()).div_ceil(ve) * ve;
+            ((count * p / 64).div_ceil(ve) * ve).max(min).min(left)
+        };
+        out.push(n);
+        left -= n;
+    }
+    out
+}
+
 /// A non-zero 32-bit check word (FNV-1a of the parts) the barrier compares across ranks.
 pub fn check_word(parts: &[u64]) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
@@ -488,6 +518,26 @@ pub fn check_word(parts: &[u64]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ce_rs_chunks_cover_the_shard() {
+        for dtype in [DType::BF16, DType::F32] {
+            for count in [1usize, 7, 1000, 1 << 20, (64 << 20) + 3, 64 << 20, 100_000_001] {
+                for max in [1usize, 3, 16] {
+                    let c = ce_rs_chunks(count, dtype, max);
+                    assert_eq!(c.iter().sum::<usize>(), count, "{count} {max}");
+                    assert!(c.len() <= max && !c.is_empty() && c.iter().all(|&n| n > 0), "{c:?}");
+                    let ve = vec_elems(dtype);
+                    assert!(c[..c.len() - 1].iter().all(|n| n % ve == 0), "{c:?}");
+                }
+            }
+        }
+        // 128 MiB of bf16: 32, 32, 32, 16, 8, 4, 4 MiB (no chunk under 4 MiB).
+        let c = ce_rs_chunks(64 << 20, DType::BF16, 16);
+        assert_eq!(c.len(), 7, "{c:?}");
+        assert_eq!(c[0], 16 << 20);
+        assert_eq!(*c.last().unwrap(), 2 << 20);
+    }
 
     fn layout2() -> WorkspaceLayout {
         WorkspaceLayout::new(2, 10 << 20, 4 << 20, 64).unwrap()

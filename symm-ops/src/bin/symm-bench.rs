@@ -15,12 +15,15 @@
 //! symm-bench [--ops all_reduce,reduce_scatter,all_gather] [--sizes 1K,16K,1M,...]
 //!            [--dtype bf16|f16|f32] [--redop sum|avg|max|min] [--iters N] [--rounds N]
 //!            [--modes eager,graph] [--algos auto,lamport,one_shot,two_shot,pull,copy_engine,nccl,...]
-//!            [--ranks N] [--staging BYTES] [--json PATH] [--quick] [--no-nccl] [--no-setup]
+//!            [--ranks N] [--staging BYTES] [--lamport-bytes BYTES] [--json PATH] [--quick] [--no-nccl]
+//!            [--no-setup] [--probe] [--probe-bw]
 //! ```
 //! Algorithms (each may carry tuning, e.g. `one_shot:chunk=64K:minchunk=8K:cpb=2:blocks=64:threads=256`,
 //! `copy_engine:frac=0.5:cechunk=8M`; see `symm_cuda::collectives::Tuning`): all_reduce `auto lamport one_shot two_shot pull
-//! copy_engine nccl`; reduce_scatter `auto lamport ring pull nccl`; all_gather `auto lamport sm pull copy_engine
-//! copy_engine_staged nccl` (`pull`: the fused zero-copy pull, inputs in the registered arena). Sizes are bytes of the whole tensor as nccl-tests counts them (all_gather: the gathered
+//! copy_engine ce_two_shot nccl`; reduce_scatter `auto lamport ring pull copy_engine nccl`; all_gather `auto lamport sm pull
+//! copy_engine nccl` (`pull`: the fused zero-copy pull, inputs in the registered arena; all_gather `copy_engine`
+//! pushes into the peers' registered outputs; `copy_engine_staged`, on request, copies from an unregistered
+//! input). Sizes are bytes of the whole tensor as nccl-tests counts them (all_gather: the gathered
 //! output; reduce_scatter: the unreduced input). NCCL comes from libnccl.so.2 (pip
 //! `nvidia-nccl-cu13`) on LD_LIBRARY_PATH; without it NCCL rows are skipped with the reason.
 
@@ -72,21 +75,22 @@ impl Op {
     /// Algorithms run by default.
     fn default_algos(self) -> &'static [&'static str] {
         match self {
-            Op::AllReduce => &["auto", "lamport", "one_shot", "two_shot", "pull", "copy_engine", "nccl"],
-            Op::ReduceScatter => &["auto", "lamport", "ring", "pull", "nccl"],
-            Op::AllGather => &[
+            Op::AllReduce => &[
                 "auto",
                 "lamport",
-                "sm",
+                "one_shot",
+                "two_shot",
                 "pull",
                 "copy_engine",
-                "copy_engine_staged",
+                "ce_two_shot",
                 "nccl",
             ],
+            Op::ReduceScatter => &["auto", "lamport", "ring", "pull", "copy_engine", "nccl"],
+            Op::AllGather => &["auto", "lamport", "sm", "pull", "copy_engine", "nccl"],
         }
     }
     fn accepts(self, base: &str) -> bool {
-        self.default_algos().contains(&base)
+        self.default_algos().contains(&base) || (self == Op::AllGather && base == "copy_engine_staged")
     }
 }
 
@@ -153,17 +157,21 @@ struct Args {
     algos: Option<Vec<AlgoSpec>>,
     ranks: Option<usize>,
     staging: usize,
+    /// Lamport buffer size (largest Lamport message) of the explicit kernels' collectives.
+    lamport_bytes: Option<usize>,
     json: Option<PathBuf>,
     quick: bool,
     nccl: bool,
     setup: bool,
     /// Run the latency probes (symm_cuda::probe) instead of the collectives.
     probe: bool,
+    /// Run the bandwidth probes (SM and copy-engine copies to and from the peer) instead.
+    probe_bw: bool,
 }
 
 const USAGE: &str = "usage: symm-bench [--ops LIST] [--sizes LIST] [--dtype bf16|f16|f32] [--redop sum|avg|max|min] \
-[--iters N] [--rounds N] [--modes eager,graph] [--algos LIST] [--ranks N] [--staging BYTES] [--json PATH] \
-[--quick] [--no-nccl] [--no-setup] [--probe]";
+[--iters N] [--rounds N] [--modes eager,graph] [--algos LIST] [--ranks N] [--staging BYTES] [--lamport-bytes BYTES] [--json PATH] \
+[--quick] [--no-nccl] [--no-setup] [--probe] [--probe-bw]";
 
 fn parse_size(s: &str) -> Result<usize, String> {
     let s = s.trim();
@@ -203,11 +211,13 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
         algos: None,
         ranks: None,
         staging: 10 * MIB,
+        lamport_bytes: None,
         json: None,
         quick: false,
         nccl: true,
         setup: true,
         probe: false,
+        probe_bw: false,
     };
     let mut sizes_given = false;
     let mut it = argv.iter();
@@ -266,11 +276,13 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
             }
             "--ranks" => a.ranks = Some(val("--ranks")?.parse().map_err(|_| "bad --ranks")?),
             "--staging" => a.staging = parse_size(&val("--staging")?)?,
+            "--lamport-bytes" => a.lamport_bytes = Some(parse_size(&val("--lamport-bytes")?)?),
             "--json" => a.json = Some(PathBuf::from(val("--json")?)),
             "--quick" => a.quick = true,
             "--no-nccl" => a.nccl = false,
             "--no-setup" => a.setup = false,
             "--probe" => a.probe = true,
+            "--probe-bw" => a.probe_bw = true,
             "-h" | "--help" => return Err(USAGE.to_string()),
             o => return Err(format!("unknown argument {o:?}\n{USAGE}")),
         }
@@ -829,6 +841,9 @@ mod host {
     use symm_ops::{AllGatherAlgo, AllReduceAlgo, CommConfig, Communicator};
 
     pub fn run(args: Args) -> BoxResult<()> {
+        if args.probe || args.probe_bw {
+            return Err("--probe and --probe-bw measure GPU kernels: no CUDA device here".into());
+        }
         symm_testkit::link();
         let world = args.ranks.unwrap_or(2).max(1);
         let total = args
@@ -1214,6 +1229,9 @@ mod gpu {
         let group = Group::new(format!("{}-main", sh.run_id), rank, world, sh.store.clone())?;
         let mut config = CollectivesConfig::new(args.staging, Duration::from_secs(60));
         config.timeout = Duration::from_secs(60);
+        if let Some(b) = args.lamport_bytes {
+            config.lamport_bytes = Some(b);
+        }
         let coll = CudaCollectives::with_config(&group, &ctx, config)?;
         let setup = if args.setup {
             setup_costs(rank, sh, &ctx, &stream)?
@@ -1268,6 +1286,10 @@ mod gpu {
         let mut rows = Vec::new();
         if args.probe {
             probes(sh, &st)?;
+            return Ok((rows, setup));
+        }
+        if args.probe_bw {
+            bandwidth_probes(sh, &st)?;
             return Ok((rows, setup));
         }
         let mut disabled: Vec<(Op, String)> = Vec::new();
@@ -1341,6 +1363,78 @@ mod gpu {
         }
         if !short.is_empty() {
             return Err(format!("rank {}: probes did not complete: {}", st.rank, short.join("; ")).into());
+        }
+        Ok(())
+    }
+
+    /// `--probe-bw`: SM copy kernel and copy engine, reading from or writing to the next rank's
+    /// memory, with every rank copying at once ("both") and with rank 0 alone ("one"); per size
+    /// (`--sizes`, bytes moved per rank and direction), median us per copy of the slowest copying
+    /// rank and GB/s per direction. `sm+ce` splits the bytes half and half between the SM kernel
+    /// and the copy engine on a second stream, both running at once.
+    fn bandwidth_probes(sh: &Shared, st: &RankState) -> BoxResult<()> {
+        use symm_ops::symm_cuda::probe::BandwidthProbe;
+        let args = &sh.args;
+        let max = args.sizes.iter().copied().max().unwrap_or(MIB).div_ceil(4096) * 4096;
+        let g = Group::new(format!("{}-probe-bw", sh.run_id), st.rank, st.world, sh.store.clone())?;
+        let a = get_allocator(DeviceType::Cuda)?.alloc(2 * max, Device::cuda(st.rank as u32), &g)?;
+        let m = a.rendezvous(T_STORE)?;
+        let own = m.buffer_ptrs()[st.rank];
+        let peer = m.buffer_ptrs()[(st.rank + 1) % st.world];
+        let p = BandwidthProbe::new(&st.ctx, st.coll.sm_count())?;
+        let side = st.stream.fork()?;
+        let s = &st.stream;
+        // Source [0, max), destination [max, 2 max) on every rank.
+        symm_ops::symm_cuda::driver::mem::memset_d32_async(s, own, 0x3f80_3f80, max / 2)?;
+        s.synchronize()?;
+        let iters = args.iters.unwrap_or(10);
+        let mut table = String::new();
+        for &size in &args.sizes {
+            let bytes = size.div_ceil(16) * 16;
+            let half = (bytes / 2).div_ceil(16) * 16;
+            for engine in ["sm", "ce", "sm+ce"] {
+                for dir in ["read", "write"] {
+                    for who in ["both", "one"] {
+                        let active = who == "both" || st.rank == 0;
+                        // read: own dst <- peer src; write: peer dst <- own src.
+                        let (dst, src) = if dir == "read" { (own + max as u64, peer) } else { (peer + max as u64, own) };
+                        let mut run = |_: usize| -> BoxResult<()> {
+                            if !active {
+                                return Ok(());
+                            }
+                            match engine {
+                                "sm" => p.sm_copy(s, dst, src, bytes)?,
+                                "ce" => p.ce_copy(s, dst, src, bytes)?,
+                                _ => {
+                                    side.join(s)?;
+                                    p.ce_copy(&side, dst + half as u64, src + half as u64, bytes - half)?;
+                                    p.sm_copy(s, dst, src, half)?;
+                                    s.join(&side)?;
+                                }
+                            }
+                            Ok(())
+                        };
+                        run(0)?;
+                        let mut times = time_rounds(st, Mode::Eager, iters, args.rounds, &mut run)?;
+                        s.synchronize()?;
+                        let mine = if active { median(&mut times) } else { 0.0 };
+                        let key = sh.next_key(st.rank, &format!("probe-bw-{size}-{engine}-{dir}-{who}"));
+                        let all = gather_f64s(sh, st.rank, &key, &[mine])?;
+                        let us = all.iter().filter_map(|v| v.first().copied()).fold(0.0, f64::max);
+                        let _ = writeln!(
+                            table,
+                            "{:>10} {engine:>6} {dir:>6} {who:>5} {us:>10.2} {:>8.1}",
+                            fmt_size(size),
+                            bytes as f64 / us / 1e3
+                        );
+                    }
+                }
+            }
+        }
+        if st.rank == 0 {
+            println!("# bandwidth probes: median us per copy ({iters} copies per round, {} rounds), GB/s per direction", args.rounds);
+            println!("{:>10} {:>6} {:>6} {:>5} {:>10} {:>8}", "size", "engine", "dir", "ranks", "us", "GB/s");
+            print!("{table}");
         }
         Ok(())
     }
@@ -1454,6 +1548,7 @@ mod gpu {
                     Op::AllGather => c.all_gather_out(i, o),
                 }?)
             }
+            (Op::AllReduce, "ce_two_shot") => Ok(st.coll.all_reduce_ce_two_shot(s, input, out, g.count, dtype, redop)?),
             (Op::AllReduce, base) => {
                 let algo = match base {
                     "lamport" => KAlgo::Lamport,
@@ -1467,6 +1562,7 @@ mod gpu {
                     .all_reduce_tuned(s, algo, tuning, input, out, g.count, dtype, redop)?)
             }
             (Op::ReduceScatter, "pull") => Ok(st.coll.reduce_scatter_pull(s, input, out, g.count, dtype, redop)?),
+            (Op::ReduceScatter, "copy_engine") => Ok(st.coll.reduce_scatter_ce(s, input, out, g.count, dtype, redop)?),
             (Op::ReduceScatter, base) => {
                 let algo = if base == "lamport" {
                     ReduceScatterAlgo::Lamport
