@@ -114,6 +114,9 @@
 #define COLL_FLAG_INPLACE 1u
 // Lamport `mode` argument bit: count blocks with atom.acq_rel.gpu instead of a relaxed atomic.
 #define COLL_LAM_ACQREL_ARRIVE 0x100u
+// Lamport software-pipeline lag (vectors per thread between a push and the receive of the same
+// step's vector; the mode argument's bits 16-23 override it).
+#define COLL_LAM_LAG 1u
 
 // Largest world size the collective kernels handle (register arrays).
 #define COLL_MAXW 8
@@ -553,6 +556,10 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
     // COLL_LAM_ACQREL_ARRIVE in mode_arg: count blocks with atom.acq_rel.gpu instead of a
     // relaxed atomic (measurement switch).
     const bool acq_rel_arrive = (mode_arg & COLL_LAM_ACQREL_ARRIVE) != 0u;
+    // Pipeline lag in vectors per thread (bits 16-23 of mode_arg; 0: COLL_LAM_LAG; 255: receive
+    // only after every push, the order before round 5 -- a measurement switch).
+    const unsigned int lag_arg = (mode_arg >> 16) & 0xFFu;
+    const unsigned int lag = lag_arg == 0u ? COLL_LAM_LAG : (lag_arg == 255u ? 0xFFFFFFFFu : lag_arg);
     char* ws = reinterpret_cast<char*>(coll_ws(wsv, rank));
     unsigned int* st = reinterpret_cast<unsigned int*>(ws + state_off);
     const unsigned int w1 = world - 1;
@@ -578,9 +585,16 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
     w.abort_host = abort_host;
     w.timeout_ns = timeout_ns;
 
-    // 1. push (canonicalised: no lane ever equals the sentinel). (Loading several vectors per
-    //    thread before the first store measured slower at 4 MiB: bench-notes.md, round 4.)
-    for (unsigned long long v = tid; v < nv; v += nth) {
+    const unsigned long long prev = prev_used;
+    char* const cb = ws + lam_off + ((idx + 2u) % 3u) * buf_bytes;
+    const char* const mine = ws + lam_off + idx * buf_bytes;
+    const uint4 sentinel = make_uint4(COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL);
+    unsigned long long deadline = 0;
+    bool failed = false;
+
+    // 1. push vector v (canonicalised: no lane ever equals the sentinel) into every peer's buffer
+    //    idx, slot jr, and clear vector v of the previous op's buffer (k+2)%3.
+    auto push = [&](unsigned long long v) {
         const long long nvalid = (long long)(count - v * VE);
         if (mode == COLL_MODE_RS) {
             for (unsigned int l = 0; l < w1; ++l) {
@@ -602,41 +616,15 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
                            x);
             }
         }
-    }
-    // Every thread of this block has read the op state. One block: it advances the state at its
-    // end (nothing to count). More: each block counts itself in, and the LAST one to arrive
-    // advances the state at once (every block has read it; the next kernel on the stream starts
-    // after this one ends) -- no block waits at the end.
-    __syncthreads();
-    if (threadIdx.x == 0 && gridDim.x > 1u) {
-        // Relaxed: the block's state loads are complete (their values addressed every store
-        // before the __syncthreads), and the acq_rel form measured 0.05-0.2 us slower.
-        const unsigned int before = acq_rel_arrive ? coll_atom_add_acq_rel_gpu(st + COLL_ST_LAM_ARRIVE, 1u)
-                                                   : atomicAdd(st + COLL_ST_LAM_ARRIVE, 1u);
-        if (before == gridDim.x - 1u) {
-            st[COLL_ST_LAM_ARRIVE] = 0u;
-            st[COLL_ST_LAM_USED] = (unsigned int)nv;
-            st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
-        }
-    }
-
-    // 2. clear the previous op's buffer
-    {
-        const unsigned long long prev = prev_used;
-        char* cb = ws + lam_off + ((idx + 2u) % 3u) * buf_bytes;
-        const uint4 s = make_uint4(COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL);
-        for (unsigned int j = 0; j < w1; ++j) {
-            for (unsigned long long v = tid; v < prev; v += nth) {
-                coll_st_v4(cb + j * slot_bytes + v * 16, s);
+        if (v < prev) {
+            for (unsigned int j = 0; j < w1; ++j) {
+                coll_st_v4(cb + j * slot_bytes + v * 16, sentinel);
             }
         }
-    }
-
-    // 3. poll own buffer, then reduce (AR, RS) or place (AG)
-    const char* mine = ws + lam_off + idx * buf_bytes;
-    unsigned long long deadline = 0;
-    bool failed = false;
-    for (unsigned long long v = tid; v < nv && !failed; v += nth) {
+    };
+    // 3. poll vector v of the own buffer idx until no lane is the sentinel, then reduce (AR, RS)
+    //    or place (AG). False when the wait gave up.
+    auto recv = [&](unsigned long long v) -> bool {
         const long long nvalid = (long long)(count - v * VE);
         const uint4 own = coll_canon<DT>(coll_load<DT>(own_in + v * 16, nvalid, al_own));
         uint4 pv[COLL_MAXW - 1];
@@ -655,13 +643,9 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
             if (pending != 0u && (++polls % SYMM_CHECK_EVERY) == 0u) {
                 coll_start_deadline(deadline, w);
                 if (coll_poll_gives_up(polls, deadline, w)) {
-                    failed = true;
-                    break;
+                    return false;
                 }
             }
-        }
-        if (failed) {
-            break;
         }
         if (mode == COLL_MODE_AG) {
             const bool al = al_out && al_part;
@@ -677,6 +661,52 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
             const uint4 r = coll_reduce_ranks<DT, OP>(own, pv, (int)rank, (int)world);
             coll_store<DT>(output + v * 16, r, nvalid, al_out);
         }
+        return true;
+    };
+
+    // 2. Software pipeline over this thread's vectors v = tid, tid + nth, ...: push vector i, then
+    //    receive vector i - lag (pushed by the peers' same thread `lag` steps ago, so it is most
+    //    likely there), so the receiving side's local work (poll, reduce, store, clear) overlaps
+    //    the pushes instead of following them (bench-notes.md, round 5). Every wait is for a
+    //    vector the peers push at an earlier step than the one this thread is at, and all blocks
+    //    are resident (one wave), so it cannot deadlock. One vector per thread (small messages):
+    //    push, then receive, as before.
+    unsigned long long rv = tid;  // next vector to receive
+    {
+        unsigned int step = 0;
+        for (unsigned long long v = tid; v < nv; v += nth) {
+            push(v);
+            if (++step > lag && !failed) {
+                failed = !recv(rv);
+                rv += nth;
+            }
+        }
+        // Clear what the previous op used beyond this op's vectors.
+        for (unsigned long long v = (nv > tid ? tid + ((nv - tid + nth - 1) / nth) * nth : tid); v < prev; v += nth) {
+            for (unsigned int j = 0; j < w1; ++j) {
+                coll_st_v4(cb + j * slot_bytes + v * 16, sentinel);
+            }
+        }
+    }
+    // Every thread of this block has read the op state. One block: it advances the state at its
+    // end (nothing to count). More: each block counts itself in, and the LAST one to arrive
+    // advances the state at once (every block has read it; the next kernel on the stream starts
+    // after this one ends) -- no block waits at the end.
+    __syncthreads();
+    if (threadIdx.x == 0 && gridDim.x > 1u) {
+        // Relaxed: the block's state loads are complete (their values addressed every store
+        // before the __syncthreads), and the acq_rel form measured 0.05-0.2 us slower.
+        const unsigned int before = acq_rel_arrive ? coll_atom_add_acq_rel_gpu(st + COLL_ST_LAM_ARRIVE, 1u)
+                                                   : atomicAdd(st + COLL_ST_LAM_ARRIVE, 1u);
+        if (before == gridDim.x - 1u) {
+            st[COLL_ST_LAM_ARRIVE] = 0u;
+            st[COLL_ST_LAM_USED] = (unsigned int)nv;
+            st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
+        }
+    }
+    // The vectors not received in the pipeline.
+    for (; rv < nv && !failed; rv += nth) {
+        failed = !recv(rv);
     }
 
     // 4. one block: advance the op state (its threads all read it before the __syncthreads

@@ -251,6 +251,20 @@ fn lamport2_index(mode: RingMode, op: u32) -> usize {
     }
 }
 
+/// `SYMM_LAMPORT_LAG=N` (1..=255): the Lamport kernel's software-pipeline lag in vectors per
+/// thread (`COLL_LAM_LAG` by default; 255 receives only after every push, the order before;
+/// measurements).
+fn lamport_lag() -> u32 {
+    static V: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("SYMM_LAMPORT_LAG")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .filter(|&v| (1..=255).contains(&v))
+            .unwrap_or(0)
+    })
+}
+
 /// `SYMM_LAMPORT_ACQREL_ARRIVE=1`: the Lamport kernel counts its blocks with atom.acq_rel.gpu
 /// instead of a relaxed atomic (`COLL_LAM_ACQREL_ARRIVE`; measurements).
 fn lamport_acq_rel_arrive() -> bool {
@@ -712,9 +726,12 @@ impl CudaCollectives {
             &self.layout,
             &self.bound(),
         );
+        let mut bits = mode as u32;
         if lamport_acq_rel_arrive() {
-            a[args::LAMPORT_MODE_ARG] = KernelArg::U32(mode as u32 | args::LAMPORT_ACQREL_ARRIVE);
+            bits |= args::LAMPORT_ACQREL_ARRIVE;
         }
+        bits |= lamport_lag() << args::LAMPORT_LAG_SHIFT;
+        a[args::LAMPORT_MODE_ARG] = KernelArg::U32(bits);
         launch(stream, f, cfg(p.blocks, p.threads), &a)
     }
 

@@ -110,6 +110,8 @@ pub fn pull(c: &Common, d: &Direct, state: u64, p: &Pull, bound: &Bound) -> [Ker
 pub const LAMPORT_MODE_ARG: usize = 11;
 /// `COLL_LAM_ACQREL_ARRIVE`: a bit of the Lamport `mode` argument.
 pub const LAMPORT_ACQREL_ARRIVE: u32 = 0x100;
+/// Bits 16-23 of the Lamport `mode` argument: the pipeline lag (0: the kernel's default).
+pub const LAMPORT_LAG_SHIFT: u32 = 16;
 
 /// `symm_lamport_{dt}(COLL_LAMPORT_ARGS)`.
 #[allow(clippy::too_many_arguments)]
