@@ -116,7 +116,7 @@
 #define COLL_LAM_ACQREL_ARRIVE 0x100u
 // Lamport software-pipeline lag (vectors per thread between a push and the receive of the same
 // step's vector; the mode argument's bits 16-23 override it).
-#define COLL_LAM_LAG 1u
+#define COLL_LAM_LAG 2u
 
 // Largest world size the collective kernels handle (register arrays).
 #define COLL_MAXW 8
@@ -574,9 +574,16 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
     const bool al_out = (reinterpret_cast<unsigned long long>(output) & 15ull) == 0;
     const bool al_part = (part_bytes & 15ull) == 0;
     const bool al_in = (reinterpret_cast<unsigned long long>(input) & 15ull) == 0;
+    // One pushed vector per step (AR, AG, and RS with one peer: the peer's shard) is loaded a
+    // step ahead (`xn` below), so the load's latency hides behind the step's stores and receive;
+    // RS with more peers loads one vector per peer inside the step.
+    const bool one_vec = mode != COLL_MODE_RS || w1 == 1u;
+    const char* const push_src =
+        input + (mode == COLL_MODE_RS ? (unsigned long long)((rank + 1u) % world) * part_bytes : 0ull);
+    const bool al_push = al_in && (mode != COLL_MODE_RS || al_part);
     uint4 x0 = make_uint4(0u, 0u, 0u, 0u);
-    if (mode != COLL_MODE_RS && tid < nv) {
-        x0 = coll_load<DT>(input + tid * 16, (long long)(count - tid * VE), al_in);
+    if (one_vec && tid < nv) {
+        x0 = coll_load<DT>(push_src + tid * 16, (long long)(count - tid * VE), al_push);
     }
     const unsigned int idx = symm_ld_volatile(st + COLL_ST_LAM_IDX) % 3u;
     const unsigned int prev_used = symm_ld_volatile(st + COLL_ST_LAM_USED);
@@ -594,9 +601,9 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
 
     // 1. push vector v (canonicalised: no lane ever equals the sentinel) into every peer's buffer
     //    idx, slot jr, and clear vector v of the previous op's buffer (k+2)%3.
-    auto push = [&](unsigned long long v) {
+    auto push = [&](unsigned long long v, uint4 xv) {
         const long long nvalid = (long long)(count - v * VE);
-        if (mode == COLL_MODE_RS) {
+        if (!one_vec) {
             for (unsigned int l = 0; l < w1; ++l) {
                 const unsigned int p = (rank + 1 + l) % world;
                 const unsigned int jr = world - 2 - l;
@@ -607,7 +614,7 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
                            x);
             }
         } else {
-            const uint4 x = coll_canon<DT>(v == tid ? x0 : coll_load<DT>(input + v * 16, nvalid, al_in));
+            const uint4 x = coll_canon<DT>(xv);
             for (unsigned int l = 0; l < w1; ++l) {
                 const unsigned int p = (rank + 1 + l) % world;
                 const unsigned int jr = world - 2 - l;
@@ -674,8 +681,13 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
     unsigned long long rv = tid;  // next vector to receive
     {
         unsigned int step = 0;
+        uint4 xn = x0;
         for (unsigned long long v = tid; v < nv; v += nth) {
-            push(v);
+            const uint4 xv = xn;
+            if (one_vec && v + nth < nv) {
+                xn = coll_load<DT>(push_src + (v + nth) * 16, (long long)(count - (v + nth) * VE), al_push);
+            }
+            push(v, xv);
             if (++step > lag && !failed) {
                 failed = !recv(rv);
                 rv += nth;
