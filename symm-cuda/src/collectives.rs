@@ -43,12 +43,17 @@ pub use layout::WorkspaceLayout;
 pub use plan::{AllGatherPath, AllReduceAlgo, ReduceScatterAlgo, RingMode, Selection, Tuning};
 
 use layout::{peer_index, ERR_MISMATCH, MAX_WORLD, ST_ERR_OUT};
-use plan::{ce_rs_chunks, ce_split, check_word, kernel_dtype, kernel_op, lamport_plan, ring_plan, two_shot_shard, RingPlan};
+use plan::{
+    ce_rs_chunks, ce_split, check_word, kernel_dtype, kernel_op, lamport_plan, ring_plan, two_shot_shard, RingPlan,
+};
 
 /// Default staging (ring) bytes.
 pub const DEFAULT_STAGING_BYTES: usize = 10 << 20;
 /// Default largest Lamport message for two ranks (smaller for more ranks: 16 MiB / (world-1)).
-pub const DEFAULT_LAMPORT_BYTES: usize = 4 << 20;
+/// The workspace holds three such buffers (48 MiB per rank for two ranks): 2 x H200 measured the
+/// pipelined Lamport kernel ahead of the zero-copy pull up to 16 MiB all-reduce and 32 MiB
+/// reduce-scatter / all-gather (bench-notes.md, round 5).
+pub const DEFAULT_LAMPORT_BYTES: usize = 16 << 20;
 /// Default ring slots per peer.
 pub const DEFAULT_RING_SLOTS: usize = 64;
 /// Copy-engine all-reduce scratch slots (events per kind).
@@ -972,8 +977,7 @@ impl CudaCollectives {
         }
         if ranges_overlap(input, bytes, output, bytes) {
             return Err(Error::InvalidArgument(
-                "the copy-engine two-shot all-reduce runs out of place (the peer's half lands in the output)"
-                    .into(),
+                "the copy-engine two-shot all-reduce runs out of place (the peer's half lands in the output)".into(),
             ));
         }
         let need = |what: &str, ptr: u64| {
@@ -1004,7 +1008,9 @@ impl CudaCollectives {
         if n > 0 {
             let ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
             ce.fork.record(stream).map_err(|e| from_driver(e, "cuEventRecord"))?;
-            ce.side.wait(&ce.fork).map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
+            ce.side
+                .wait(&ce.fork)
+                .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
             let chunks = ce_rs_chunks(n, dtype, CE_EVENTS);
             let mut at = start;
             for (k, &m) in chunks.iter().enumerate() {
@@ -1229,7 +1235,9 @@ impl CudaCollectives {
         self.launch_barrier(stream, mask, check)?;
         let ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
         ce.fork.record(stream).map_err(|e| from_driver(e, "cuEventRecord"))?;
-        ce.side.wait(&ce.fork).map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
+        ce.side
+            .wait(&ce.fork)
+            .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
         let chunks = ce_rs_chunks(count, dtype, CE_EVENTS);
         let mut start = 0usize;
         for (k, &n) in chunks.iter().enumerate() {
@@ -1580,7 +1588,7 @@ mod tests {
     #[test]
     fn config_defaults() {
         let c = CollectivesConfig::new(DEFAULT_STAGING_BYTES, Duration::from_secs(10));
-        assert_eq!(c.lamport_bytes_for(2), 4 << 20);
+        assert_eq!(c.lamport_bytes_for(2), 16 << 20);
         assert_eq!(c.lamport_bytes_for(8), (16 << 20) / 7);
         assert!(check_ptr("x", 0, DType::F32).is_err());
         assert!(check_ptr("x", 2, DType::F32).is_err());

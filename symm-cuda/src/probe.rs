@@ -245,7 +245,11 @@ impl BandwidthProbe {
 
 /// The copy kernel's arguments (mirrors `symm_probe_copy`).
 fn copy_args(dst: u64, src: u64, bytes: usize) -> [KernelArg; 3] {
-    [KernelArg::U64(dst), KernelArg::U64(src), KernelArg::U64((bytes / 16) as u64)]
+    [
+        KernelArg::U64(dst),
+        KernelArg::U64(src),
+        KernelArg::U64((bytes / 16) as u64),
+    ]
 }
 
 #[cfg(test)]

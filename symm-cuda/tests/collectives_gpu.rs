@@ -443,8 +443,9 @@ fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
                     let es = dtype.size();
                     let (bytes, off) = (count * es, offset * es);
                     let exact = op == ReduceOp::Sum && seed % 2 == 0;
-                    let inputs: Vec<Vec<f64>> =
-                        (0..env.world()).map(|r| gen_input(seed, r, count, dtype, exact)).collect();
+                    let inputs: Vec<Vec<f64>> = (0..env.world())
+                        .map(|r| gen_input(seed, r, count, dtype, exact))
+                        .collect();
                     let want: Vec<f64> = (0..count)
                         .map(|i| reduce_ref(op, &inputs.iter().map(|x| x[i]).collect::<Vec<_>>()))
                         .collect();
@@ -733,7 +734,12 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
             let total = count * world;
             let inputs: Vec<Vec<f64>> = (0..world).map(|r| gen_input(seed, r, total, dtype, true)).collect();
             let want: Vec<f64> = (0..count)
-                .map(|i| reduce_ref(ReduceOp::Sum, &inputs.iter().map(|x| x[me * count + i]).collect::<Vec<_>>()))
+                .map(|i| {
+                    reduce_ref(
+                        ReduceOp::Sum,
+                        &inputs.iter().map(|x| x[me * count + i]).collect::<Vec<_>>(),
+                    )
+                })
                 .collect();
             let want = decode(dtype, &encode(dtype, &want));
             env.stream.synchronize()?;
@@ -763,7 +769,11 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                 let mut inp = Buf::new(&env.stream, n * es + off)?;
                 inp.fill(&env.stream, off, &data)?;
                 let output = bsym.buffer_ptrs()[me] + off as u64;
-                let input = if in_place { output + (me * n * es) as u64 } else { inp.at(off) };
+                let input = if in_place {
+                    output + (me * n * es) as u64
+                } else {
+                    inp.at(off)
+                };
                 c.all_gather(&env.stream, input, output, n, dtype, AllGatherPath::CopyEngine)?;
                 env.stream.synchronize()?;
                 c.check_error()?;

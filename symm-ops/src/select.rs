@@ -46,6 +46,13 @@ pub enum AllReduceAlgo {
     /// output; other inputs run the size's usual choice. The host engine runs
     /// it as one-shot.
     Pull,
+    /// Zero-copy copy-engine two-shot (CUDA, two ranks): a copy engine pulls the peer's input
+    /// for this rank's half into the output, the SMs reduce each chunk as it lands, a second
+    /// copy engine pushes each reduced chunk into the peer's output. Input and output must both
+    /// lie in registered symmetric memory, apart; otherwise [`AllReduceAlgo::Pull`] runs when
+    /// the input alone qualifies, else the size's usual choice. The host engine runs it as
+    /// one-shot.
+    CopyEngine,
     /// NCCL's all-reduce.
     Nccl,
 }
@@ -57,6 +64,7 @@ impl fmt::Display for AllReduceAlgo {
             AllReduceAlgo::TwoShot => "two-shot",
             AllReduceAlgo::Lamport => "lamport (one-shot, data as flag)",
             AllReduceAlgo::Pull => "zero-copy pull",
+            AllReduceAlgo::CopyEngine => "zero-copy copy-engine two-shot",
             AllReduceAlgo::Nccl => "nccl",
         })
     }
@@ -141,6 +149,10 @@ pub struct SelectionThresholds {
     /// memory (same offset on every rank) and is not the output; otherwise the
     /// size's usual choice (NCCL where it takes over). CUDA only.
     pub all_reduce_pull_min_bytes: usize,
+    /// all_reduce from this size on: the zero-copy copy-engine two-shot
+    /// ([`AllReduceAlgo::CopyEngine`]) when input and output both lie in registered symmetric
+    /// memory, apart (else the pull when the input does). CUDA, two ranks only.
+    pub all_reduce_ce_min_bytes: usize,
 }
 
 const KIB: usize = 1024;
@@ -167,6 +179,7 @@ impl SelectionThresholds {
                 all_gather_copy_engine_min_bytes: usize::MAX,
                 all_gather_pull_min_bytes: usize::MAX,
                 all_reduce_pull_min_bytes: usize::MAX,
+                all_reduce_ce_min_bytes: usize::MAX,
                 reduce_scatter_pull_min_bytes: usize::MAX,
             },
             EngineKind::Nccl => SelectionThresholds {
@@ -178,33 +191,35 @@ impl SelectionThresholds {
                 all_gather_copy_engine_min_bytes: usize::MAX,
                 all_gather_pull_min_bytes: usize::MAX,
                 all_reduce_pull_min_bytes: usize::MAX,
+                all_reduce_ce_min_bytes: usize::MAX,
                 reduce_scatter_pull_min_bytes: usize::MAX,
             },
             EngineKind::Cuda if world_size <= 2 => {
                 // Measured on 2 x H200 (NV18), graph replay, NCCL 2.28.9 in the same run
-                // (symm-ops/bench-notes.md, round 4; docs/benchmarks.md): up to 4 MiB the Lamport
-                // kernels (all-reduce 16.4 against NCCL 32.4 us at 4 MiB, 2.4 against 5.8 at
-                // 1 KiB; reduce-scatter 9.5 against 22.4; all-gather 9.2 against 25.1). Above,
-                // for inputs in registered symmetric memory, the fused zero-copy pulls:
-                // all-reduce 57.2 / 208 / 805 against 70.7 / 221 / 827 at 16 / 64 / 256 MiB,
-                // reduce-scatter 32.5 / 109 / 408 against 51.0 / 163 / 583, all-gather 31.8 / 108
-                // against 44.4 / 123 up to 64 MiB, the copy engine above (391 against pull 410
-                // and NCCL 436 at 256 MiB). Unregistered inputs above 4 MiB go to NCCL (every push
-                // kernel loses to it there: 114 against 72 us at 16 MiB).
+                // (symm-ops/bench-notes.md, rounds 4-5; docs/benchmarks.md): the pipelined Lamport
+                // kernels up to 16 MiB all-reduce (53.1 us at 16 MiB against the pull's 57.3 and
+                // NCCL's 71.9; 2.2-2.4 against 5.8 at 1 KiB) and 32 MiB reduce-scatter /
+                // all-gather (54.7 / 53.4 against the pulls' 57.9 / 58.1 and NCCL's 92 / 73).
+                // Above, for inputs in registered symmetric memory, the fused zero-copy pulls
+                // (all-reduce 107 / 208 / 406 at 32 / 64 / 128 MiB against NCCL's 129 / 232 /
+                // 445; reduce-scatter 109 / 409 at 64 / 256 MiB against 165 / 588; all-gather
+                // 109 at 64 MiB against 123), the all-gather copy engine above 64 MiB (a push
+                // into registered outputs: 369 against pull 414 and NCCL 434 at 256 MiB), and
+                // the all-reduce copy-engine two-shot from 256 MiB when the output is registered
+                // too (783 against the pull's 806 and NCCL's 865; at 128 MiB the pull wins, 406
+                // against 416). Unregistered inputs above the Lamport bounds go to NCCL.
                 let (lamport, _, _) = kernel_defaults();
                 SelectionThresholds {
                     lamport_max_bytes: lamport,
                     one_shot_max_bytes: usize::MAX,
-                    two_shot_max_bytes: 4 * MIB,
-                    reduce_scatter_max_bytes: 4 * MIB,
-                    all_gather_max_bytes: 4 * MIB,
+                    two_shot_max_bytes: lamport,
+                    reduce_scatter_max_bytes: 32 * MIB,
+                    all_gather_max_bytes: 32 * MIB,
                     all_gather_copy_engine_min_bytes: 64 * MIB + 1,
-                    all_gather_pull_min_bytes: 4 * MIB + 1,
-                    all_reduce_pull_min_bytes: 4 * MIB + 1,
-                    // Zero-copy reduce-scatter pull above the Lamport range, for registered
-                    // inputs (reads half the bytes of the all-reduce pull, which measured 58.9
-                    // us at 16 MiB against NCCL's 71.7).
-                    reduce_scatter_pull_min_bytes: 4 * MIB + 1,
+                    all_gather_pull_min_bytes: 32 * MIB + 1,
+                    all_reduce_pull_min_bytes: lamport + 1,
+                    all_reduce_ce_min_bytes: 256 * MIB,
+                    reduce_scatter_pull_min_bytes: 32 * MIB + 1,
                 }
             }
             EngineKind::Cuda => {
@@ -222,6 +237,7 @@ impl SelectionThresholds {
                     all_gather_copy_engine_min_bytes: usize::MAX,
                     all_gather_pull_min_bytes: usize::MAX,
                     all_reduce_pull_min_bytes: usize::MAX,
+                    all_reduce_ce_min_bytes: usize::MAX,
                     reduce_scatter_pull_min_bytes: usize::MAX,
                 }
             }
@@ -240,7 +256,7 @@ fn kernel_defaults() -> (usize, usize, usize) {
 /// The same values as symm-cuda's defaults, for builds without it.
 #[cfg(not(feature = "cuda"))]
 fn kernel_defaults() -> (usize, usize, usize) {
-    (4 * MIB, MIB, 256 * KIB)
+    (16 * MIB, MIB, 256 * KIB)
 }
 
 /// The selection in force for one communicator.
@@ -269,6 +285,10 @@ impl Selector {
         }
         if bytes <= t.lamport_max_bytes {
             AllReduceAlgo::Lamport
+        } else if bytes >= t.all_reduce_ce_min_bytes {
+            // The engine runs the pull (or the size's usual choice) when the buffers do not
+            // qualify.
+            AllReduceAlgo::CopyEngine
         } else if bytes >= t.all_reduce_pull_min_bytes {
             // The engine runs the size's usual choice when the input is not registered.
             AllReduceAlgo::Pull
@@ -287,6 +307,7 @@ impl Selector {
         let no_ce = Selector {
             thresholds: SelectionThresholds {
                 all_reduce_pull_min_bytes: usize::MAX,
+                all_reduce_ce_min_bytes: usize::MAX,
                 ..self.thresholds
             },
             ..self.clone()
@@ -346,6 +367,7 @@ impl Selector {
             t.one_shot_max_bytes,
             t.two_shot_max_bytes,
             t.all_reduce_pull_min_bytes.saturating_sub(1),
+            t.all_reduce_ce_min_bytes.saturating_sub(1),
         ]);
         block(&mut s, "all_reduce (bytes of the tensor)", &ar, |b| {
             self.all_reduce(b).to_string()
@@ -434,36 +456,40 @@ mod tests {
     fn cuda_world2_hands_large_to_nccl_only_if_present() {
         let s = sel(EngineKind::Cuda, 2, true);
         let (lamport, _, _) = kernel_defaults();
-        assert_eq!(lamport, 4 * MIB);
+        assert_eq!(lamport, 16 * MIB);
         assert_eq!(s.all_reduce(1024), AllReduceAlgo::Lamport);
         assert_eq!(s.all_reduce(lamport), AllReduceAlgo::Lamport);
-        // Above the Lamport bound: the zero-copy pull (registered inputs; NCCL for others).
+        // Above the Lamport bound: the zero-copy pull (registered inputs; NCCL for others), the
+        // copy-engine two-shot from 256 MiB (registered inputs and outputs).
         assert_eq!(s.all_reduce(lamport + 2), AllReduceAlgo::Pull);
-        assert_eq!(s.all_reduce(1 << 40), AllReduceAlgo::Pull);
+        assert_eq!(s.all_reduce(128 * MIB), AllReduceAlgo::Pull);
+        assert_eq!(s.all_reduce(256 * MIB), AllReduceAlgo::CopyEngine);
+        assert_eq!(s.all_reduce(1 << 40), AllReduceAlgo::CopyEngine);
         assert_eq!(s.fallback_all_reduce(lamport + 2), AllReduceAlgo::Nccl);
         assert_eq!(s.fallback_all_reduce(1 << 40), AllReduceAlgo::Nccl);
-        assert_eq!(s.reduce_scatter(4 * MIB), ReduceScatterAlgo::Symm);
+        assert_eq!(s.reduce_scatter(32 * MIB), ReduceScatterAlgo::Symm);
         // Above the symmetric bound: the zero-copy pull (registered inputs; NCCL for others).
-        assert_eq!(s.reduce_scatter(4 * MIB + 2), ReduceScatterAlgo::Pull);
-        assert_eq!(s.reduce_scatter(16 * MIB), ReduceScatterAlgo::Pull);
+        assert_eq!(s.reduce_scatter(32 * MIB + 2), ReduceScatterAlgo::Pull);
+        assert_eq!(s.reduce_scatter(256 * MIB), ReduceScatterAlgo::Pull);
         let mut no_pull = s.clone();
         no_pull.thresholds.reduce_scatter_pull_min_bytes = usize::MAX;
-        assert_eq!(no_pull.reduce_scatter(16 * MIB), ReduceScatterAlgo::Nccl);
+        assert_eq!(no_pull.reduce_scatter(64 * MIB), ReduceScatterAlgo::Nccl);
         assert_eq!(s.all_gather(4 * MIB), AllGatherAlgo::Sm);
-        assert_eq!(s.all_gather(8 * MIB), AllGatherAlgo::Pull);
-        assert_eq!(s.all_gather(16 * MIB), AllGatherAlgo::Pull);
+        assert_eq!(s.all_gather(32 * MIB), AllGatherAlgo::Sm);
+        assert_eq!(s.all_gather(48 * MIB), AllGatherAlgo::Pull);
         assert_eq!(s.all_gather(64 * MIB), AllGatherAlgo::Pull);
         assert_eq!(s.all_gather(256 * MIB), AllGatherAlgo::CopyEngine);
         let mut no_pull = s.clone();
         no_pull.thresholds.all_reduce_pull_min_bytes = usize::MAX;
+        no_pull.thresholds.all_reduce_ce_min_bytes = usize::MAX;
         no_pull.thresholds.all_gather_pull_min_bytes = usize::MAX;
         assert_eq!(no_pull.all_reduce(lamport + 2), AllReduceAlgo::Nccl);
-        assert_eq!(no_pull.all_gather(8 * MIB), AllGatherAlgo::Nccl);
+        assert_eq!(no_pull.all_gather(48 * MIB), AllGatherAlgo::Nccl);
         let s = sel(EngineKind::Cuda, 2, false);
         assert_eq!(s.all_reduce(lamport + 2), AllReduceAlgo::Pull);
         assert_eq!(s.fallback_all_reduce(lamport + 2), AllReduceAlgo::OneShot);
         assert_eq!(s.fallback_all_reduce(1 << 40), AllReduceAlgo::OneShot);
-        assert_eq!(s.all_gather(8 * MIB), AllGatherAlgo::Pull);
+        assert_eq!(s.all_gather(48 * MIB), AllGatherAlgo::Pull);
         assert_eq!(s.reduce_scatter(4 * MIB), ReduceScatterAlgo::Symm);
         assert_eq!(s.reduce_scatter(1 << 40), ReduceScatterAlgo::Pull);
         assert_eq!(s.all_gather(64 * KIB), AllGatherAlgo::Sm);
@@ -511,6 +537,9 @@ mod tests {
         assert!(t.contains("larger nccl"), "{raw}");
         assert!(t.contains("< 4 MiB sm copy"), "{raw}");
         assert!(t.contains("<= 8 MiB copy engine"), "{raw}");
+        let t2 = norm(&sel(EngineKind::Cuda, 2, true).table("two"));
+        assert!(t2.contains("<= 16 MiB lamport"), "{t2}");
+        assert!(t2.contains("zero-copy copy-engine two-shot"), "{t2}");
         let h = norm(&sel(EngineKind::Host, 2, false).table("h"));
         assert!(h.contains("any size symm"), "{h}");
         assert_eq!(human(1000), "1000 B");

@@ -391,7 +391,8 @@ impl ReduceScatterAlgo {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Selection {
     /// All-reduce, two ranks: Lamport up to this message size (capped by the Lamport buffers).
-    /// 2 x H200: Lamport 19.3 us at 4 MiB against one-shot 42 and NCCL 32.5 (bench-notes.md).
+    /// 2 x H200, pipelined Lamport kernel (bench-notes.md, round 5): 15.8 us at 4 MiB, 28.4 at 8,
+    /// 53.1 at 16 against the zero-copy pull's 19.2 / 32.1 / 57.3 and NCCL's 32.5 / 44.9 / 71.9.
     pub lamport_max: usize,
     /// All-reduce, more than two ranks: Lamport up to this size (every rank pushes the whole
     /// message to every peer; unmeasured, kept at the PyTorch / vLLM one-shot bound).
@@ -400,19 +401,18 @@ pub struct Selection {
     pub one_shot_max: usize,
     /// Reduce-scatter / all-gather: Lamport up to this size of the whole tensor (the unreduced
     /// input / the gathered output, as nccl-tests counts), if one rank's part fits a Lamport slot.
-    /// 2 x H200 at 4 MiB: Lamport RS 11.9 us / AG 11.0 against the ring's 21.4 / 20.8 and NCCL's
-    /// 22.6 / 25.0, so the default is 4 MiB. (The 8 MiB all-gather that did not finish in the
-    /// helper's third GPU run went through the copy engine, not Lamport: see bench-notes.md.)
+    /// 2 x H200 at 16 / 32 MiB: Lamport RS 30.1 / 54.7 us, AG 28.5 / 53.4, against the pulls'
+    /// 32.6 / 57.9 and 32.2 / 58.1 (bench-notes.md, round 5).
     pub rs_ag_lamport_max: usize,
 }
 
 impl Default for Selection {
     fn default() -> Self {
         Selection {
-            lamport_max: 4 << 20,
+            lamport_max: 16 << 20,
             lamport_max_multi: 1 << 20,
             one_shot_max: 256 << 10,
-            rs_ag_lamport_max: 4 << 20,
+            rs_ag_lamport_max: 32 << 20,
         }
     }
 }
@@ -651,9 +651,15 @@ mod tests {
             assert_eq!(ReduceScatterAlgo::from_name(a.name()), Some(a));
         }
         assert!(rs_ag_use_lamport(2048, 2, &l, &s));
-        // 4 MiB of whole tensor on two ranks: 2 MiB per rank.
-        assert!(rs_ag_use_lamport(2 << 20, 2, &l, &s));
-        assert!(!rs_ag_use_lamport((2 << 20) + 2, 2, &l, &s));
+        // 4 MiB Lamport buffers: a rank's part up to 4 MiB.
+        assert!(rs_ag_use_lamport(4 << 20, 2, &l, &s));
+        assert!(!rs_ag_use_lamport((4 << 20) + 2, 2, &l, &s));
+        // The default 16 MiB buffers: up to 32 MiB of whole tensor (the selection bound).
+        let l16 = WorkspaceLayout::new(2, 10 << 20, 16 << 20, 64).unwrap();
+        assert!(rs_ag_use_lamport(16 << 20, 2, &l16, &s));
+        assert!(!rs_ag_use_lamport((16 << 20) + 2, 2, &l16, &s));
+        assert_eq!(select_all_reduce(16 << 20, 2, &l16, &s), AllReduceAlgo::Lamport);
+        assert_eq!(select_all_reduce((16 << 20) + 2, 2, &l16, &s), AllReduceAlgo::OneShot);
         assert!(!rs_ag_use_lamport(2048, 1, &l, &s));
     }
 

@@ -1397,7 +1397,11 @@ mod gpu {
                     for who in ["both", "one"] {
                         let active = who == "both" || st.rank == 0;
                         // read: own dst <- peer src; write: peer dst <- own src.
-                        let (dst, src) = if dir == "read" { (own + max as u64, peer) } else { (peer + max as u64, own) };
+                        let (dst, src) = if dir == "read" {
+                            (own + max as u64, peer)
+                        } else {
+                            (peer + max as u64, own)
+                        };
                         let mut run = |_: usize| -> BoxResult<()> {
                             if !active {
                                 return Ok(());
@@ -1432,8 +1436,14 @@ mod gpu {
             }
         }
         if st.rank == 0 {
-            println!("# bandwidth probes: median us per copy ({iters} copies per round, {} rounds), GB/s per direction", args.rounds);
-            println!("{:>10} {:>6} {:>6} {:>5} {:>10} {:>8}", "size", "engine", "dir", "ranks", "us", "GB/s");
+            println!(
+                "# bandwidth probes: median us per copy ({iters} copies per round, {} rounds), GB/s per direction",
+                args.rounds
+            );
+            println!(
+                "{:>10} {:>6} {:>6} {:>5} {:>10} {:>8}",
+                "size", "engine", "dir", "ranks", "us", "GB/s"
+            );
             print!("{table}");
         }
         Ok(())
@@ -1548,7 +1558,9 @@ mod gpu {
                     Op::AllGather => c.all_gather_out(i, o),
                 }?)
             }
-            (Op::AllReduce, "ce_two_shot") => Ok(st.coll.all_reduce_ce_two_shot(s, input, out, g.count, dtype, redop)?),
+            (Op::AllReduce, "ce_two_shot") => {
+                Ok(st.coll.all_reduce_ce_two_shot(s, input, out, g.count, dtype, redop)?)
+            }
             (Op::AllReduce, base) => {
                 let algo = match base {
                     "lamport" => KAlgo::Lamport,
@@ -1562,7 +1574,9 @@ mod gpu {
                     .all_reduce_tuned(s, algo, tuning, input, out, g.count, dtype, redop)?)
             }
             (Op::ReduceScatter, "pull") => Ok(st.coll.reduce_scatter_pull(s, input, out, g.count, dtype, redop)?),
-            (Op::ReduceScatter, "copy_engine") => Ok(st.coll.reduce_scatter_ce(s, input, out, g.count, dtype, redop)?),
+            (Op::ReduceScatter, "copy_engine") => {
+                Ok(st.coll.reduce_scatter_ce(s, input, out, g.count, dtype, redop)?)
+            }
             (Op::ReduceScatter, base) => {
                 let algo = if base == "lamport" {
                     ReduceScatterAlgo::Lamport

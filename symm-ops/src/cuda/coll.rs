@@ -44,6 +44,11 @@ impl Coll {
             AllReduceAlgo::TwoShot => KernelAlgo::TwoShot,
             AllReduceAlgo::Lamport => KernelAlgo::Lamport,
             AllReduceAlgo::Pull => KernelAlgo::Pull,
+            AllReduceAlgo::CopyEngine => {
+                return self
+                    .inner
+                    .all_reduce_ce_two_shot(stream, input, output, count, dtype, op)
+            }
             AllReduceAlgo::Nccl => {
                 return Err(Error::InvalidArgument(
                     "internal: nccl is not a kernel algorithm".into(),
@@ -77,6 +82,26 @@ impl Coll {
         op: ReduceOp,
     ) -> Result<()> {
         self.inner.reduce_scatter_pull(stream, input, output, count, dtype, op)
+    }
+
+    /// Copy-engine two-shot all-reduce (two ranks, input and output registered, apart).
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_reduce_ce_two_shot(
+        &self,
+        stream: &CudaStream,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.inner
+            .all_reduce_ce_two_shot(stream, input, output, count, dtype, op)
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.inner.group().rank().get()
     }
 
     /// Ranks of the group.

@@ -241,12 +241,21 @@ impl CudaEngine {
         // symmetric memory (the same offset on every rank, so every rank decides alike) and apart
         // from the output; otherwise `fallback` runs (the table without it: NCCL where it takes
         // over).
+        // The copy-engine two-shot also writes the peer's output: it needs both registered (and
+        // two ranks); otherwise the pull when the input qualifies.
+        let bytes = count * dtype.size();
+        let apart = in_ptr.saturating_add(bytes as u64) <= out_ptr || out_ptr.saturating_add(bytes as u64) <= in_ptr;
         let algo = match algo {
-            AllReduceAlgo::Pull => {
-                let bytes = count * dtype.size();
-                let apart =
-                    in_ptr.saturating_add(bytes as u64) <= out_ptr || out_ptr.saturating_add(bytes as u64) <= in_ptr;
-                if apart && self.coll()?.is_registered(in_ptr, bytes) {
+            AllReduceAlgo::CopyEngine | AllReduceAlgo::Pull => {
+                let coll = self.coll()?;
+                let input_ok = apart && coll.is_registered(in_ptr, bytes);
+                if algo == AllReduceAlgo::CopyEngine
+                    && input_ok
+                    && coll.world_size() == 2
+                    && coll.is_registered(out_ptr, bytes)
+                {
+                    AllReduceAlgo::CopyEngine
+                } else if input_ok {
                     AllReduceAlgo::Pull
                 } else {
                     fallback(bytes)
@@ -256,6 +265,10 @@ impl CudaEngine {
         };
         match algo {
             AllReduceAlgo::Nccl => self.nccl()?.all_reduce(in_ptr, out_ptr, count, dtype, op),
+            AllReduceAlgo::CopyEngine => {
+                self.coll()?
+                    .all_reduce_ce_two_shot(&self.stream, in_ptr, out_ptr, count, dtype, op)
+            }
             a => self
                 .coll()?
                 .all_reduce(&self.stream, a, in_ptr, out_ptr, count, dtype, op),
@@ -317,14 +330,22 @@ impl CudaEngine {
         let _l = self.lock()?;
         let (out_ptr, _g_out) = self.dst(&mut output)?;
         let (in_ptr, _g_in) = self.src(&input)?;
-        // The copy engine wins only zero-copy (a registered input); a staged copy loses to NCCL
-        // (2 x H200: 58 us against 44 at 16 MiB), so an unregistered input goes to NCCL where it
-        // is available, else to the SM path. The pull reads peers' inputs in place: registered
-        // inputs only, likewise.
+        // The copy engine wins only zero-copy: a push into a registered output, or a pull from a
+        // registered input; a staged copy loses to NCCL (2 x H200: 58 us against 44 at 16 MiB),
+        // so other buffers go to NCCL where it is available, else to the SM path. The pull reads
+        // peers' inputs in place: a registered input, or in place in a registered output.
+        let coll = self.coll()?;
+        let bytes = count * dtype.size();
+        let whole = bytes * coll.world_size();
+        let out_reg = coll.is_registered(out_ptr, whole);
+        let in_place = out_ptr.checked_add((coll.rank() * bytes) as u64) == Some(in_ptr);
+        let zero_copy = match algo {
+            AllGatherAlgo::CopyEngine => out_reg || coll.is_registered(in_ptr, bytes),
+            AllGatherAlgo::Pull => (in_place && out_reg) || coll.is_registered(in_ptr, bytes),
+            _ => true,
+        };
         let algo = match algo {
-            AllGatherAlgo::CopyEngine | AllGatherAlgo::Pull
-                if !self.coll()?.is_registered(in_ptr, count * dtype.size()) =>
-            {
+            AllGatherAlgo::CopyEngine | AllGatherAlgo::Pull if !zero_copy => {
                 if self.nccl.is_some() {
                     AllGatherAlgo::Nccl
                 } else {
