@@ -1238,18 +1238,14 @@ impl CudaCollectives {
         ce.side
             .wait(&ce.fork)
             .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
-        ce.side2
-            .wait(&ce.fork)
-            .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
         let chunks = ce_rs_chunks(count, dtype, CE_EVENTS);
         let mut start = 0usize;
         for (k, &n) in chunks.iter().enumerate() {
             let off = (start * es) as u64;
-            // Chunks alternate between the two copy streams, so the next copy is already queued
-            // on the other stream when one ends.
-            let side = if k % 2 == 0 { &ce.side } else { &ce.side2 };
-            dtod_async(side, output + off, sym.ptrs[peer] + shard + off, n * es)?;
-            ce.copied[k].record(side).map_err(|e| from_driver(e, "cuEventRecord"))?;
+            dtod_async(&ce.side, output + off, sym.ptrs[peer] + shard + off, n * es)?;
+            ce.copied[k]
+                .record(&ce.side)
+                .map_err(|e| from_driver(e, "cuEventRecord"))?;
             stream
                 .wait(&ce.copied[k])
                 .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
