@@ -4,7 +4,7 @@
 #
 #   ./run.sh tests [test-binary args]   every GPU test executable (SYMM_REQUIRE_GPUS=1: a skip fails)
 #   ./run.sh bench [symm-bench args]    the benchmark (JSON + SVG plot into $OUT when set)
-#   ./run.sh anchors [args]             torchrun --nproc-per-node 2 anchors_torch.py (PyTorch / NCCL anchors)
+#   ./run.sh anchors [args]             torchrun --nproc-per-node ${NPROC:-2} anchors_torch.py (PyTorch / NCCL anchors)
 #   ./run.sh store-interop [args]       symm-store against PyTorch's TCPStore
 #   ./run.sh all                        all of the above, in that order
 #   ./run.sh list                       what the bundle holds
@@ -88,7 +88,7 @@ cmd_anchors() {
   [ -f "$HERE/anchors_torch.py" ] || { echo "anchors_torch.py is not in this bundle" >&2; return 1; }
   local extra=()
   if [ -n "$OUT" ] && ! has_arg --out "$@"; then extra=(--out "$OUT/anchors.json"); fi
-  run anchors torchrun --nproc-per-node 2 "$HERE/anchors_torch.py" "$@" "${extra[@]}"
+  run anchors torchrun --nproc-per-node "${NPROC:-2}" "$HERE/anchors_torch.py" "$@" "${extra[@]}"
 }
 
 cmd_store_interop() {
