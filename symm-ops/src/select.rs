@@ -223,22 +223,29 @@ impl SelectionThresholds {
                 }
             }
             EngineKind::Cuda => {
+                // Measured on 4 x H200 (NVLink, graph replay, NCCL 2.28.9 in the same run;
+                // docs/benchmarks.md): all-reduce Lamport up to 1 MiB (14.4 us against NCCL's
+                // 17.7), two-shot at 4 MiB (35.7 against 40.5), NCCL above (99 against two-shot
+                // 134 at 16 MiB; the pull reads three peers and loses everywhere); reduce-scatter
+                // and all-gather Lamport up to 16 MiB (50.6 / 44.7 against 59.2 / 58.5), then
+                // the reduce-scatter pull for registered inputs (166 / 629 against 189 / 673 at
+                // 64 / 256 MiB) and NCCL for all-gather (170 / 606 against the pull's 162 / 623:
+                // a wash). Five to eight ranks are unmeasured: the same all-reduce bound, half
+                // the reduce-scatter / all-gather one, and no pull.
                 let (_, lamport, one_shot) = kernel_defaults();
-                let nccl_above = match world_size {
-                    0..=4 => 32 * MIB,
-                    _ => 8 * MIB,
-                };
+                let measured = world_size <= 4;
+                let rs_ag = if measured { 16 * MIB } else { 8 * MIB };
                 SelectionThresholds {
                     lamport_max_bytes: lamport,
                     one_shot_max_bytes: one_shot,
-                    two_shot_max_bytes: nccl_above,
-                    reduce_scatter_max_bytes: nccl_above,
-                    all_gather_max_bytes: nccl_above,
+                    two_shot_max_bytes: 4 * MIB,
+                    reduce_scatter_max_bytes: rs_ag,
+                    all_gather_max_bytes: rs_ag,
                     all_gather_copy_engine_min_bytes: usize::MAX,
                     all_gather_pull_min_bytes: usize::MAX,
                     all_reduce_pull_min_bytes: usize::MAX,
                     all_reduce_ce_min_bytes: usize::MAX,
-                    reduce_scatter_pull_min_bytes: usize::MAX,
+                    reduce_scatter_pull_min_bytes: if measured { 16 * MIB + 1 } else { usize::MAX },
                 }
             }
         }
@@ -511,6 +518,25 @@ mod tests {
     }
 
     #[test]
+    fn cuda_world4_from_the_4_gpu_measurements() {
+        let s = sel(EngineKind::Cuda, 4, true);
+        let (_, lamport_multi, _) = kernel_defaults();
+        assert_eq!(s.all_reduce(lamport_multi), AllReduceAlgo::Lamport);
+        assert_eq!(s.all_reduce(4 * MIB), AllReduceAlgo::TwoShot);
+        assert_eq!(s.all_reduce(4 * MIB + 2), AllReduceAlgo::Nccl);
+        assert_eq!(s.reduce_scatter(16 * MIB), ReduceScatterAlgo::Symm);
+        assert_eq!(s.reduce_scatter(64 * MIB), ReduceScatterAlgo::Pull);
+        assert_eq!(s.fallback_all_reduce(64 * MIB), AllReduceAlgo::Nccl);
+        assert_eq!(s.all_gather(16 * MIB), AllGatherAlgo::Sm);
+        assert_eq!(s.all_gather(64 * MIB), AllGatherAlgo::Nccl);
+        // Eight ranks (unmeasured): no pull.
+        assert_eq!(
+            sel(EngineKind::Cuda, 8, true).reduce_scatter(64 * MIB),
+            ReduceScatterAlgo::Nccl
+        );
+    }
+
+    #[test]
     fn nccl_only_and_host() {
         let s = sel(EngineKind::Nccl, 4, true);
         assert_eq!(s.all_reduce(4), AllReduceAlgo::Nccl);
@@ -533,7 +559,7 @@ mod tests {
         let t = norm(&raw);
         assert!(t.contains("<= 64 KiB lamport"), "{raw}");
         assert!(t.contains("<= 256 KiB one-shot"), "{raw}");
-        assert!(t.contains("<= 8 MiB two-shot"), "{raw}");
+        assert!(t.contains("<= 4 MiB two-shot"), "{raw}");
         assert!(t.contains("larger nccl"), "{raw}");
         assert!(t.contains("< 4 MiB sm copy"), "{raw}");
         assert!(t.contains("<= 8 MiB copy engine"), "{raw}");
