@@ -42,9 +42,14 @@
 //   1. every thread stores its canonicalised 16-byte vectors into every peer's buffer k, slot jr;
 //   2. clears its own buffer (k+2)%3 (used by the previous op; ST_LAM_USED says how much);
 //      the Lamport kernel reads the state in every thread (no barrier before its first store) and
-//      counts a block in ARRIVE after its push (every thread of it has read the state by then);
+//      counts a block in ARRIVE once its threads are past their pipelined loop (every thread of
+//      it has read the state by then);
 //   3. polls its own buffer k with ld.volatile.v4 until no lane is the sentinel, then reduces in
 //      rank order 0..world-1 (own lanes from its canonicalised input) in fp32.
+//   A thread with several vectors runs 1-3 as a software pipeline: at step i it pushes (and
+//   clears) its i-th vector, then receives its (i-lag)-th (COLL_LAM_LAG), the rest after the
+//   loop. Its waits are for vectors the peers' same thread pushes at earlier steps, and the grid
+//   is one wave (all blocks resident), so it cannot deadlock.
 //   Safety: the buffer cleared in op k was last written by peers in op k-1, and this rank saw all
 //   of those writes. A peer writes buffer (k+2)%3 again only in op k+2, which needs this rank's
 //   op k+1 data, sent after op k (and its clearing) ended. The spare buffer (k+1)%3 was cleared in

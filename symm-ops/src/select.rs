@@ -205,9 +205,9 @@ impl SelectionThresholds {
                 // 445; reduce-scatter 109 / 409 at 64 / 256 MiB against 165 / 588; all-gather
                 // 109 at 64 MiB against 123), the all-gather copy engine above 64 MiB (a push
                 // into registered outputs: 369 against pull 414 and NCCL 434 at 256 MiB), and
-                // the all-reduce copy-engine two-shot from 256 MiB when the output is registered
-                // too (783 against the pull's 806 and NCCL's 865; at 128 MiB the pull wins, 406
-                // against 416). Unregistered inputs above the Lamport bounds go to NCCL.
+                // the all-reduce copy-engine two-shot above 128 MiB when the output is registered
+                // too (778 against the pull's 806 and NCCL's 850 at 256 MiB; at 128 MiB the pull
+                // wins, 406 against 416). Unregistered inputs above the Lamport bounds go to NCCL.
                 let (lamport, _, _) = kernel_defaults();
                 SelectionThresholds {
                     lamport_max_bytes: lamport,
@@ -218,7 +218,7 @@ impl SelectionThresholds {
                     all_gather_copy_engine_min_bytes: 64 * MIB + 1,
                     all_gather_pull_min_bytes: 32 * MIB + 1,
                     all_reduce_pull_min_bytes: lamport + 1,
-                    all_reduce_ce_min_bytes: 256 * MIB,
+                    all_reduce_ce_min_bytes: 128 * MIB + 1,
                     reduce_scatter_pull_min_bytes: 32 * MIB + 1,
                 }
             }
@@ -467,7 +467,7 @@ mod tests {
         assert_eq!(s.all_reduce(1024), AllReduceAlgo::Lamport);
         assert_eq!(s.all_reduce(lamport), AllReduceAlgo::Lamport);
         // Above the Lamport bound: the zero-copy pull (registered inputs; NCCL for others), the
-        // copy-engine two-shot from 256 MiB (registered inputs and outputs).
+        // copy-engine two-shot above 128 MiB (registered inputs and outputs).
         assert_eq!(s.all_reduce(lamport + 2), AllReduceAlgo::Pull);
         assert_eq!(s.all_reduce(128 * MIB), AllReduceAlgo::Pull);
         assert_eq!(s.all_reduce(256 * MIB), AllReduceAlgo::CopyEngine);
