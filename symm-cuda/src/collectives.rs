@@ -125,6 +125,19 @@ struct CeState {
     reduced: Vec<CudaEvent>,
 }
 
+/// One copy-engine pull-and-reduce ([`CudaCollectives::ce_pull_reduce`]), device addresses.
+struct CePull {
+    /// This rank's own contribution (`count` elements).
+    own: u64,
+    /// Where the peer's data lands and the result is reduced in place.
+    out: u64,
+    /// The peer's data.
+    remote: u64,
+    count: usize,
+    /// The peer's output for this range: push each reduced chunk there.
+    push_to: Option<u64>,
+}
+
 /// A symmetric allocation registered for zero-copy (copy-engine) paths.
 struct Registered {
     mem: Arc<dyn SymmetricMemory>,
@@ -1003,43 +1016,71 @@ impl CudaCollectives {
             dt as u64,
         ]);
         let mask = self.full_mask();
-        let tuning = self.config.tuning;
         self.launch_barrier(stream, mask, check)?;
         if n > 0 {
-            let ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
-            ce.fork.record(stream).map_err(|e| from_driver(e, "cuEventRecord"))?;
-            ce.side
-                .wait(&ce.fork)
+            let off = (start * es) as u64;
+            self.ce_pull_reduce(
+                stream,
+                dt,
+                dtype,
+                op,
+                CePull {
+                    own: input + off,
+                    out: output + off,
+                    remote: sin.ptrs[peer] + off,
+                    count: n,
+                    push_to: Some(sout.ptrs[peer] + off),
+                },
+            )?;
+        }
+        // The peer's pushes into this output have landed; it no longer reads this input.
+        self.launch_barrier(stream, mask, 0)
+    }
+
+    /// The copy-engine pipeline of [`Self::reduce_scatter_ce`] and
+    /// [`Self::all_reduce_ce_two_shot`] (two ranks): the copy stream pulls `p.remote` into
+    /// `p.out` in chunks ([`ce_rs_chunks`]); as each lands, the SMs reduce it in place with
+    /// `p.own` (rank order); with `push_to`, a second copy stream then pushes each reduced chunk
+    /// there. Returns with every copy joined into `stream`.
+    fn ce_pull_reduce(&self, stream: &CudaStream, dt: usize, dtype: DType, op: ReduceOp, p: CePull) -> Result<()> {
+        let es = dtype.size();
+        let peer = 1 - self.rank;
+        let tuning = self.config.tuning;
+        let ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
+        ce.fork.record(stream).map_err(|e| from_driver(e, "cuEventRecord"))?;
+        ce.side
+            .wait(&ce.fork)
+            .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
+        let mut at = 0usize;
+        for (k, &m) in ce_rs_chunks(p.count, dtype, CE_EVENTS).iter().enumerate() {
+            let off = (at * es) as u64;
+            dtod_async(&ce.side, p.out + off, p.remote + off, m * es)?;
+            ce.copied[k]
+                .record(&ce.side)
+                .map_err(|e| from_driver(e, "cuEventRecord"))?;
+            stream
+                .wait(&ce.copied[k])
                 .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
-            let chunks = ce_rs_chunks(n, dtype, CE_EVENTS);
-            let mut at = start;
-            for (k, &m) in chunks.iter().enumerate() {
-                let off = (at * es) as u64;
-                dtod_async(&ce.side, output + off, sin.ptrs[peer] + off, m * es)?;
-                ce.copied[k]
-                    .record(&ce.side)
-                    .map_err(|e| from_driver(e, "cuEventRecord"))?;
-                stream
-                    .wait(&ce.copied[k])
-                    .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
-                let mut srcs = [0u64; 2];
-                srcs[self.rank] = input + off;
-                srcs[peer] = output + off;
-                self.launch_reduce_ptrs(stream, dt, op, output + off, m, &srcs, &tuning)?;
+            let mut srcs = [0u64; 2];
+            srcs[self.rank] = p.own + off;
+            srcs[peer] = p.out + off;
+            self.launch_reduce_ptrs(stream, dt, op, p.out + off, m, &srcs, &tuning)?;
+            if let Some(dst) = p.push_to {
                 ce.reduced[k]
                     .record(stream)
                     .map_err(|e| from_driver(e, "cuEventRecord"))?;
                 ce.side2
                     .wait(&ce.reduced[k])
                     .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
-                dtod_async(&ce.side2, sout.ptrs[peer] + off, output + off, m * es)?;
-                at += m;
+                dtod_async(&ce.side2, dst + off, p.out + off, m * es)?;
             }
+            at += m;
+        }
+        if p.push_to.is_some() {
             ce.join.record(&ce.side2).map_err(|e| from_driver(e, "cuEventRecord"))?;
             stream.wait(&ce.join).map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
         }
-        // The peer's pushes into this output have landed; it no longer reads this input.
-        self.launch_barrier(stream, mask, 0)
+        Ok(())
     }
 
     // ------------------------------------------------------------------ reduce-scatter
@@ -1231,31 +1272,20 @@ impl CudaCollectives {
         let peer = 1 - self.rank;
         let check = check_word(&[8, sym.offset as u64, sym.alloc_size as u64, count as u64, dt as u64]);
         let mask = self.full_mask();
-        let tuning = self.config.tuning;
         self.launch_barrier(stream, mask, check)?;
-        let ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
-        ce.fork.record(stream).map_err(|e| from_driver(e, "cuEventRecord"))?;
-        ce.side
-            .wait(&ce.fork)
-            .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
-        let chunks = ce_rs_chunks(count, dtype, CE_EVENTS);
-        let mut start = 0usize;
-        for (k, &n) in chunks.iter().enumerate() {
-            let off = (start * es) as u64;
-            dtod_async(&ce.side, output + off, sym.ptrs[peer] + shard + off, n * es)?;
-            ce.copied[k]
-                .record(&ce.side)
-                .map_err(|e| from_driver(e, "cuEventRecord"))?;
-            stream
-                .wait(&ce.copied[k])
-                .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
-            let mut srcs = [0u64; 2];
-            srcs[self.rank] = own + off;
-            srcs[peer] = output + off;
-            self.launch_reduce_ptrs(stream, dt, op, output + off, n, &srcs, &tuning)?;
-            start += n;
-        }
-        drop(ce);
+        self.ce_pull_reduce(
+            stream,
+            dt,
+            dtype,
+            op,
+            CePull {
+                own,
+                out: output,
+                remote: sym.ptrs[peer] + shard,
+                count,
+                push_to: None,
+            },
+        )?;
         // The peer reads this rank's input until here.
         self.launch_barrier(stream, mask, 0)
     }
