@@ -1091,12 +1091,17 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
         c.all_reduce(s, AllReduceAlgo::OneShot, inp + 2, out, 10, dtype, ReduceOp::Sum),
         c.all_reduce(s, AllReduceAlgo::OneShot, inp, inp + 8, 100, dtype, ReduceOp::Sum),
         c.all_reduce(s, AllReduceAlgo::OneShot, inp, out, 10, DType::F64, ReduceOp::Sum),
-        c.all_reduce(s, AllReduceAlgo::Lamport, inp, out, 2 << 20, dtype, ReduceOp::Sum),
+        // In place (no overlap error first): one element past the 16 MiB Lamport buffers.
+        c.all_reduce(s, AllReduceAlgo::Lamport, out, out, (4 << 20) + 1, dtype, ReduceOp::Sum),
         c.all_reduce(s, AllReduceAlgo::CopyEngine, inp, out, 10, dtype, ReduceOp::Sum),
         c.all_reduce(s, AllReduceAlgo::Pull, inp, out, 10, dtype, ReduceOp::Sum),
         c.all_gather(s, inp, out, 10, dtype, AllGatherPath::Pull),
         c.all_gather(s, inp, inp + 4, 10, dtype, AllGatherPath::Sm),
         c.barrier(s, &[Rank::new(1 - me, 2)?]),
+        // The copy-engine paths: unregistered buffers, and in place.
+        c.reduce_scatter_ce(s, inp, out, 10, dtype, ReduceOp::Sum),
+        c.all_reduce_ce_two_shot(s, inp, out, 10, dtype, ReduceOp::Sum),
+        c.all_reduce_ce_two_shot(s, out, out, 10, dtype, ReduceOp::Sum),
     ];
     for (i, r) in bad.iter().enumerate() {
         if r.is_ok() {
