@@ -632,21 +632,11 @@ impl CudaCollectives {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        let dt = kernel_dtype(dtype, "all_reduce")?;
-        if count == 0 {
+        let Some((dt, _bytes)) = self.all_reduce_args(stream, input, output, count, dtype)? else {
             return Ok(());
-        }
+        };
         tuning.validate()?;
-        check_ptr("all_reduce input", input, dtype)?;
-        check_ptr("all_reduce output", output, dtype)?;
-        let bytes = byte_len(count, dtype)?;
         let in_place = input == output;
-        if !in_place && ranges_overlap(input, bytes, output, bytes) {
-            return Err(Error::InvalidArgument(
-                "all_reduce input and output overlap without being equal".into(),
-            ));
-        }
         let algo = match algo {
             // Nothing to exchange: the ring kernel reduces the rank's own data (avg divides by 1).
             _ if self.world == 1 => AllReduceAlgo::OneShot,
@@ -950,6 +940,33 @@ impl CudaCollectives {
         self.launch_barrier(stream, mask, 0)
     }
 
+    /// The checks every all-reduce entry makes: the stream, the dtype, the pointers' alignment,
+    /// and input and output either equal or apart. `None` for an empty message (nothing to do),
+    /// else the kernels' dtype index and the message's bytes.
+    fn all_reduce_args(
+        &self,
+        stream: &CudaStream,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+    ) -> Result<Option<(usize, usize)>> {
+        self.check_stream(stream)?;
+        let dt = kernel_dtype(dtype, "all_reduce")?;
+        if count == 0 {
+            return Ok(None);
+        }
+        check_ptr("all_reduce input", input, dtype)?;
+        check_ptr("all_reduce output", output, dtype)?;
+        let bytes = byte_len(count, dtype)?;
+        if input != output && ranges_overlap(input, bytes, output, bytes) {
+            return Err(Error::InvalidArgument(
+                "all_reduce input and output overlap without being equal".into(),
+            ));
+        }
+        Ok(Some((dt, bytes)))
+    }
+
     /// Copy-engine two-shot all-reduce (two ranks; input and output both in registered
     /// symmetric memory, at the same offsets on every rank, out of place): after a barrier that
     /// checks the geometry, each rank owns half of the message. A copy stream pulls the peer's
@@ -973,15 +990,10 @@ impl CudaCollectives {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        let dt = kernel_dtype(dtype, "all_reduce")?;
-        if count == 0 {
+        let Some((dt, bytes)) = self.all_reduce_args(stream, input, output, count, dtype)? else {
             return Ok(());
-        }
-        check_ptr("all_reduce input", input, dtype)?;
-        check_ptr("all_reduce output", output, dtype)?;
+        };
         let es = dtype.size();
-        let bytes = byte_len(count, dtype)?;
         if self.world != 2 {
             return Err(Error::InvalidArgument(format!(
                 "the copy-engine two-shot all-reduce runs on two ranks, this group has {}",
@@ -1052,7 +1064,8 @@ impl CudaCollectives {
             .wait(&ce.fork)
             .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
         let mut at = 0usize;
-        for (k, &m) in ce_rs_chunks(p.count, dtype, CE_EVENTS).iter().enumerate() {
+        let (chunks, nchunks) = ce_rs_chunks(p.count, dtype, CE_EVENTS);
+        for (k, &m) in chunks[..nchunks].iter().enumerate() {
             let off = (at * es) as u64;
             dtod_async(&ce.side, p.out + off, p.remote + off, m * es)?;
             ce.copied[k]

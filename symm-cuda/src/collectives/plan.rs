@@ -474,33 +474,39 @@ pub fn ce_split(
     Ok((ce_elems, chunk, nchunks, slots))
 }
 
-/// Chunks (elements) of the copy-engine reduce-scatter's shard of `count` elements: at most
-/// `max_chunks`, a quarter of the shard each for the first three, then halving, so the last
-/// reduction (which nothing overlaps) is short while the copies stay large (the copy engine
-/// reads a 32 MiB copy at ~356 GB/s, a 1 MiB one at ~156: docs/benchmarks.md). Every chunk but
-/// the last is a whole number of 16-byte vectors; the chunks add up to `count`.
-pub fn ce_rs_chunks(count: usize, dtype: DType, max_chunks: usize) -> Vec<usize> {
+/// Most chunks [`ce_rs_chunks`] cuts.
+pub const CE_RS_MAX_CHUNKS: usize = 8;
+
+/// Chunks (elements) of the copy-engine reduce-scatter's shard of `count` elements, as
+/// `(chunks, how many)` (no allocation on the launch path): at most `max_chunks` (and
+/// [`CE_RS_MAX_CHUNKS`]), a quarter of the shard each for the first three, then halving, so the
+/// last reduction (which nothing overlaps) is short while the copies stay large (the copy
+/// engine reads a 32 MiB copy at ~356 GB/s, a 1 MiB one at ~156: docs/benchmarks.md). Every
+/// chunk but the last is a whole number of 16-byte vectors; the chunks add up to `count`.
+pub fn ce_rs_chunks(count: usize, dtype: DType, max_chunks: usize) -> ([usize; CE_RS_MAX_CHUNKS], usize) {
     let ve = vec_elems(dtype);
     // Fractions of the shard in 64ths: 16, 16, 16, 8, 4, 2, 1, 1.
-    const PARTS: [usize; 8] = [16, 16, 16, 8, 4, 2, 1, 1];
-    let mut out = Vec::with_capacity(PARTS.len());
+    const PARTS: [usize; CE_RS_MAX_CHUNKS] = [16, 16, 16, 8, 4, 2, 1, 1];
+    let max = max_chunks.clamp(1, CE_RS_MAX_CHUNKS);
+    let mut out = [0usize; CE_RS_MAX_CHUNKS];
+    let mut len = 0;
     let mut left = count;
-    for (i, &p) in PARTS.iter().enumerate() {
+    for &p in &PARTS {
         if left == 0 {
             break;
         }
-        let last = i + 1 == PARTS.len() || out.len() + 1 == max_chunks.max(1);
-        let n = if last {
+        let n = if len + 1 == max {
             left
         } else {
             // At least one 4 MiB-ish copy per chunk; small shards take fewer chunks.
             let min = ((4 << 20) / dtype.size()).div_ceil(ve) * ve;
             ((count * p / 64).div_ceil(ve) * ve).max(min).min(left)
         };
-        out.push(n);
+        out[len] = n;
+        len += 1;
         left -= n;
     }
-    out
+    (out, len)
 }
 
 /// A non-zero 32-bit check word (FNV-1a of the parts) the barrier compares across ranks.
@@ -524,19 +530,20 @@ mod tests {
         for dtype in [DType::BF16, DType::F32] {
             for count in [1usize, 7, 1000, 1 << 20, (64 << 20) + 3, 64 << 20, 100_000_001] {
                 for max in [1usize, 3, 16] {
-                    let c = ce_rs_chunks(count, dtype, max);
+                    let (c, n) = ce_rs_chunks(count, dtype, max);
+                    let c = &c[..n];
                     assert_eq!(c.iter().sum::<usize>(), count, "{count} {max}");
-                    assert!(c.len() <= max && !c.is_empty() && c.iter().all(|&n| n > 0), "{c:?}");
+                    assert!(n <= max && n >= 1 && c.iter().all(|&x| x > 0), "{c:?}");
                     let ve = vec_elems(dtype);
-                    assert!(c[..c.len() - 1].iter().all(|n| n % ve == 0), "{c:?}");
+                    assert!(c[..n - 1].iter().all(|x| x % ve == 0), "{c:?}");
                 }
             }
         }
         // 128 MiB of bf16: 32, 32, 32, 16, 8, 4, 4 MiB (no chunk under 4 MiB).
-        let c = ce_rs_chunks(64 << 20, DType::BF16, 16);
-        assert_eq!(c.len(), 7, "{c:?}");
+        let (c, n) = ce_rs_chunks(64 << 20, DType::BF16, 16);
+        assert_eq!(n, 7, "{c:?}");
         assert_eq!(c[0], 16 << 20);
-        assert_eq!(*c.last().unwrap(), 2 << 20);
+        assert_eq!(c[n - 1], 2 << 20);
     }
 
     fn layout2() -> WorkspaceLayout {
