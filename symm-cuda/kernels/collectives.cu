@@ -122,6 +122,8 @@
 // Lamport software-pipeline lag (vectors per thread between a push and the receive of the same
 // step's vector; the mode argument's bits 16-23 override it).
 #define COLL_LAM_LAG 2u
+// Where the lag sits in the mode argument (symm-cuda's args::LAMPORT_LAG_SHIFT).
+#define COLL_LAM_LAG_SHIFT 16
 
 // Largest world size the collective kernels handle (register arrays).
 #define COLL_MAXW 8
@@ -561,9 +563,9 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
     // COLL_LAM_ACQREL_ARRIVE in mode_arg: count blocks with atom.acq_rel.gpu instead of a
     // relaxed atomic (measurement switch).
     const bool acq_rel_arrive = (mode_arg & COLL_LAM_ACQREL_ARRIVE) != 0u;
-    // Pipeline lag in vectors per thread (bits 16-23 of mode_arg; 0: COLL_LAM_LAG; 255: receive
+    // Pipeline lag in vectors per thread (bits 16-23 of mode_arg, COLL_LAM_LAG_SHIFT; 0: COLL_LAM_LAG; 255: receive
     // only after every push, the order before round 5 -- a measurement switch).
-    const unsigned int lag_arg = (mode_arg >> 16) & 0xFFu;
+    const unsigned int lag_arg = (mode_arg >> COLL_LAM_LAG_SHIFT) & 0xFFu;
     const unsigned int lag = lag_arg == 0u ? COLL_LAM_LAG : (lag_arg == 255u ? 0xFFFFFFFFu : lag_arg);
     char* ws = reinterpret_cast<char*>(coll_ws(wsv, rank));
     unsigned int* st = reinterpret_cast<unsigned int*>(ws + state_off);

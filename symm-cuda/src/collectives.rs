@@ -548,6 +548,16 @@ impl CudaCollectives {
         self.lookup_symmetric(ptr, bytes).is_some()
     }
 
+    /// [`Self::lookup_symmetric`], or an `InvalidArgument` that says `needs` ("the ... needs its
+    /// input") and what registration means.
+    fn registered(&self, ptr: u64, bytes: usize, needs: &str) -> Result<SymInput> {
+        self.lookup_symmetric(ptr, bytes).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{needs} in symmetric memory registered with register_symmetric (the same offset on every rank)"
+            ))
+        })
+    }
+
     fn lookup_symmetric(&self, ptr: u64, bytes: usize) -> Option<SymInput> {
         let reg = self.registered.read().unwrap_or_else(|e| e.into_inner());
         reg.iter().find_map(|r| {
@@ -837,13 +847,7 @@ impl CudaCollectives {
     ) -> Result<()> {
         let es = dtype.size();
         let bytes = count * es;
-        let sym = self.lookup_symmetric(input, bytes).ok_or_else(|| {
-            Error::InvalidArgument(
-                "the copy-engine all-reduce needs its input in symmetric memory registered with \
-                 register_symmetric (the same offset on every rank)"
-                    .into(),
-            )
-        })?;
+        let sym = self.registered(input, bytes, "the copy-engine all-reduce needs its input")?;
         if ranges_overlap(input, bytes, output, bytes) {
             return Err(Error::InvalidArgument(
                 "the copy-engine all-reduce cannot run in place (peers read the input while the output is written)"
@@ -1005,16 +1009,8 @@ impl CudaCollectives {
                 "the copy-engine two-shot all-reduce runs out of place (the peer's half lands in the output)".into(),
             ));
         }
-        let need = |what: &str, ptr: u64| {
-            self.lookup_symmetric(ptr, bytes).ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "the copy-engine two-shot all-reduce needs its {what} in symmetric memory registered \
-                     with register_symmetric (the same offset on every rank)"
-                ))
-            })
-        };
-        let sin = need("input", input)?;
-        let sout = need("output", output)?;
+        let sin = self.registered(input, bytes, "the copy-engine two-shot all-reduce needs its input")?;
+        let sout = self.registered(output, bytes, "the copy-engine two-shot all-reduce needs its output")?;
         let peer = 1 - self.rank;
         let q = two_shot_shard(count, 2, dtype).min(count);
         let (start, n) = if self.rank == 0 { (0, q) } else { (q, count - q) };
@@ -1137,8 +1133,7 @@ impl CudaCollectives {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        let Some((dt, _)) = self.reduce_scatter_geometry(input, output, count, dtype)? else {
+        let Some((dt, _)) = self.reduce_scatter_geometry(stream, input, output, count, dtype)? else {
             return Ok(());
         };
         tuning.validate()?;
@@ -1166,13 +1161,17 @@ impl CudaCollectives {
 
     /// Checks a reduce-scatter's arguments (`count` output elements; the input holds `count *
     /// world`); `None` when there is nothing to do.
+    /// The checks every reduce-scatter entry makes (the stream, the dtype, the shard geometry);
+    /// `None` for an empty shard.
     fn reduce_scatter_geometry(
         &self,
+        stream: &CudaStream,
         input: u64,
         output: u64,
         count: usize,
         dtype: DType,
     ) -> Result<Option<(usize, ShardGeometry)>> {
+        self.check_stream(stream)?;
         let dt = kernel_dtype(dtype, "reduce_scatter")?;
         if count == 0 {
             return Ok(None);
@@ -1206,19 +1205,12 @@ impl CudaCollectives {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        let Some((dt, g)) = self.reduce_scatter_geometry(input, output, count, dtype)? else {
+        let Some((dt, g)) = self.reduce_scatter_geometry(stream, input, output, count, dtype)? else {
             return Ok(());
         };
         let own = g.own;
         let shard = own - input;
-        let sym = self.lookup_symmetric(input, g.whole_bytes).ok_or_else(|| {
-            Error::InvalidArgument(
-                "the zero-copy reduce-scatter needs its input in symmetric memory registered with \
-                 register_symmetric (the same offset on every rank)"
-                    .into(),
-            )
-        })?;
+        let sym = self.registered(input, g.whole_bytes, "the zero-copy reduce-scatter needs its input")?;
         let check = check_word(&[4, sym.offset as u64, sym.alloc_size as u64, count as u64, dt as u64]);
         let mut srcs = [0u64; MAX_WORLD];
         for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
@@ -1242,9 +1234,10 @@ impl CudaCollectives {
     /// straight into `output`, in chunks that shrink towards the end ([`ce_rs_chunks`]), on a side
     /// stream; as each chunk lands the SMs reduce it in place with this rank's own shard
     /// (`output = own + output`, fp32, rank order), overlapping the next copy; a closing barrier
-    /// (the peer reads this rank's input until then). No staging, no scratch. Measured with both
-    /// GPUs copying at once, the copy engine reads at ~370 GB/s per direction against ~333 for
-    /// the SM pull (docs/benchmarks.md, bandwidth probes), so this wins for large shards.
+    /// (the peer reads this rank's input until then). No staging, no scratch. Bare copy-engine
+    /// reads run at ~370 GB/s per direction with both GPUs copying, against ~333 for SM reads,
+    /// but with the gaps between its chunked copies this path measured 417 us against the SM
+    /// pull's 409 at 256 MiB on 2 x H200 (docs/benchmarks.md), so `auto` does not take it.
     /// `output` must not overlap `input` (in place: use the pull). Stream-ordered, allocates
     /// nothing, graph-capturable.
     #[allow(clippy::too_many_arguments)]
@@ -1257,8 +1250,7 @@ impl CudaCollectives {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        let Some((dt, g)) = self.reduce_scatter_geometry(input, output, count, dtype)? else {
+        let Some((dt, g)) = self.reduce_scatter_geometry(stream, input, output, count, dtype)? else {
             return Ok(());
         };
         if self.world != 2 {
@@ -1275,13 +1267,7 @@ impl CudaCollectives {
         }
         let own = g.own;
         let shard = own - input;
-        let sym = self.lookup_symmetric(input, g.whole_bytes).ok_or_else(|| {
-            Error::InvalidArgument(
-                "the copy-engine reduce-scatter needs its input in symmetric memory registered with \
-                 register_symmetric (the same offset on every rank)"
-                    .into(),
-            )
-        })?;
+        let sym = self.registered(input, g.whole_bytes, "the copy-engine reduce-scatter needs its input")?;
         let peer = 1 - self.rank;
         let check = check_word(&[8, sym.offset as u64, sym.alloc_size as u64, count as u64, dt as u64]);
         let mask = self.full_mask();
@@ -1425,13 +1411,11 @@ impl CudaCollectives {
             }
             check_word(&[6, sym.offset as u64, sym.alloc_size as u64, count as u64, dt as u64])
         } else {
-            let sym = self.lookup_symmetric(input, bytes).ok_or_else(|| {
-                Error::InvalidArgument(
-                    "the zero-copy all-gather pull needs its input (or, in place, its output) in \
-                     symmetric memory registered with register_symmetric (the same offset on every rank)"
-                        .into(),
-                )
-            })?;
+            let sym = self.registered(
+                input,
+                bytes,
+                "the zero-copy all-gather pull needs its input (or, in place, its output)",
+            )?;
             for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
                 *src = if s == self.rank { input } else { sym.ptrs[s] };
             }
@@ -1461,30 +1445,31 @@ impl CudaCollectives {
             ce.join.record(&ce.side).map_err(|e| from_driver(e, "cuEventRecord"))?;
             stream.wait(&ce.join).map_err(|e| from_driver(e, "cuStreamWaitEvent"))
         };
-        if let Some(out_sym) = self.lookup_symmetric(output, bytes * self.world) {
-            // Zero-copy push: the output is registered (in place or not), so this rank's copy
-            // engine writes its input into every peer's output slice between two barriers (the
-            // opening one: every peer's output is free; the closing one: every write into this
-            // rank's output has landed). Writes ran at ~389 GB/s per direction with both GPUs
-            // copying, reads at ~370 (docs/benchmarks.md, bandwidth probes).
-            let check = check_word(&[7, out_sym.offset as u64, out_sym.alloc_size as u64, count as u64]);
-            self.launch_barrier(stream, mask, check)?;
-            fork(&ce)?;
+        // Zero-copy, as (check word, per rank s: (destination, source) of its copy).
+        let zero_copy = if let Some(o) = self.lookup_symmetric(output, bytes * self.world) {
+            // Push: the output is registered (in place or not), so this rank's copy engine writes
+            // its input into every peer's output slice between two barriers (the opening one:
+            // every peer's output is free; the closing one: every write into this rank's output
+            // has landed). Writes ran at ~389 GB/s per direction with both GPUs copying, reads at
+            // ~370 (docs/benchmarks.md, bandwidth probes).
             let slice = (self.rank * bytes) as u64;
-            for s in (0..self.world).filter(|&s| s != self.rank) {
-                dtod_async(&ce.side, out_sym.ptrs[s] + slice, input, bytes)?;
-            }
-            if own != input {
-                dtod_async(stream, own, input, bytes)?;
-            }
-            join(&ce)?;
-        } else if let Some(sym) = self.lookup_symmetric(input, bytes) {
-            // Zero-copy: peers' inputs are read in place between two barriers.
-            let check = check_word(&[1, sym.offset as u64, sym.alloc_size as u64, count as u64]);
+            let check = check_word(&[7, o.offset as u64, o.alloc_size as u64, count as u64]);
+            Some((
+                check,
+                std::array::from_fn::<_, MAX_WORLD, _>(|s| (o.ptrs[s] + slice, input)),
+            ))
+        } else {
+            // Pull: peers' inputs are read in place between two barriers.
+            self.lookup_symmetric(input, bytes).map(|i| {
+                let check = check_word(&[1, i.offset as u64, i.alloc_size as u64, count as u64]);
+                (check, std::array::from_fn(|s| (output + (s * bytes) as u64, i.ptrs[s])))
+            })
+        };
+        if let Some((check, copies)) = zero_copy {
             self.launch_barrier(stream, mask, check)?;
             fork(&ce)?;
             for s in (0..self.world).filter(|&s| s != self.rank) {
-                dtod_async(&ce.side, output + (s * bytes) as u64, sym.ptrs[s], bytes)?;
+                dtod_async(&ce.side, copies[s].0, copies[s].1, bytes)?;
             }
             if own != input {
                 dtod_async(stream, own, input, bytes)?;

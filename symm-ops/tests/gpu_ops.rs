@@ -439,28 +439,27 @@ fn gpu_64mib() {
             comm.select_all_gather(m * 4)
         );
         sym_write(&rig, &si, 0, &input::<f32>(Values::Integers, 4, me, m))?;
-        sym_write(&rig, &so, 0, &vec![f32::NAN; m])?;
-        comm.all_reduce_out(&si, &so, ReduceOp::Sum)?;
-        s.synchronize()?;
-        comm.check_error()?;
-        let got = sym_read::<f32>(&rig, &so, 0, m)?;
-        check_all_reduce(Values::Integers, 4, WORLD, ReduceOp::Sum, &got)
-            .map_err(|e| format!("pull all_reduce: {e}"))?;
-        hashes.push(hash(&got));
-        // The copy-engine two-shot (auto from 256 MiB; here asked for), both tensors registered.
-        sym_write(&rig, &so, 0, &vec![f32::NAN; m])?;
-        comm.all_reduce_with(
-            AllReduceAlgo::CopyEngine,
-            Some((&si).into()),
-            (&so).into(),
-            ReduceOp::Sum,
-        )?;
-        s.synchronize()?;
-        comm.check_error()?;
-        let got = sym_read::<f32>(&rig, &so, 0, m)?;
-        check_all_reduce(Values::Integers, 4, WORLD, ReduceOp::Sum, &got)
-            .map_err(|e| format!("copy-engine two-shot all_reduce: {e}"))?;
-        hashes.push(hash(&got));
+        // auto (the pull at this size), then the copy-engine two-shot (auto above 128 MiB; here
+        // asked for), both tensors registered; each on a poisoned output.
+        for (what, ce) in [("pull", false), ("copy-engine two-shot", true)] {
+            sym_write(&rig, &so, 0, &vec![f32::NAN; m])?;
+            if ce {
+                comm.all_reduce_with(
+                    AllReduceAlgo::CopyEngine,
+                    Some((&si).into()),
+                    (&so).into(),
+                    ReduceOp::Sum,
+                )?;
+            } else {
+                comm.all_reduce_out(&si, &so, ReduceOp::Sum)?;
+            }
+            s.synchronize()?;
+            comm.check_error()?;
+            let got = sym_read::<f32>(&rig, &so, 0, m)?;
+            check_all_reduce(Values::Integers, 4, WORLD, ReduceOp::Sum, &got)
+                .map_err(|e| format!("{what} all_reduce: {e}"))?;
+            hashes.push(hash(&got));
+        }
         let seg = so.narrow(0, per)?;
         comm.reduce_scatter_out(&si, &seg, ReduceOp::Max)?;
         s.synchronize()?;

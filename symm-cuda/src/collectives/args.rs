@@ -110,7 +110,8 @@ pub fn pull(c: &Common, d: &Direct, state: u64, p: &Pull, bound: &Bound) -> [Ker
 pub const LAMPORT_MODE_ARG: usize = 11;
 /// `COLL_LAM_ACQREL_ARRIVE`: a bit of the Lamport `mode` argument.
 pub const LAMPORT_ACQREL_ARRIVE: u32 = 0x100;
-/// Bits 16-23 of the Lamport `mode` argument: the pipeline lag (0: the kernel's default).
+/// Bits 16-23 of the Lamport `mode` argument: the pipeline lag (0: the kernel's default;
+/// `COLL_LAM_LAG_SHIFT` in collectives.cu).
 pub const LAMPORT_LAG_SHIFT: u32 = 16;
 
 /// `symm_lamport_{dt}(COLL_LAMPORT_ARGS)`.
@@ -271,8 +272,8 @@ mod tests {
     use crate::collectives::plan::{ring_plan, Tuning};
     use symm_core::DType;
 
-    #[test]
-    fn lamport_mode_argument_position() {
+    /// A two-rank layout, rank 0's common arguments and a bound, for the argument tests.
+    fn fixture() -> (WorkspaceLayout, Common, Bound) {
         let layout = WorkspaceLayout::new(2, 10 << 20, 4 << 20, 64).unwrap();
         let c = Common {
             bufs_dev: 1,
@@ -280,15 +281,21 @@ mod tests {
             rank: 0,
             world: 2,
         };
+        let bound = Bound {
+            timeout_ns: 1,
+            abort_host: 0,
+        };
+        (layout, c, bound)
+    }
+
+    #[test]
+    fn lamport_mode_argument_position() {
+        let (layout, c, bound) = fixture();
         let mut d = Direct::default();
         for r in 0..MAX_WORLD {
             d.ws[r] = 0x1000 * (r as u64 + 1);
             d.pads[r] = 0x10_0000 * (r as u64 + 1);
         }
-        let bound = Bound {
-            timeout_ns: 1,
-            abort_host: 0,
-        };
         let a = lamport(&c, &d, RingMode::AllGather, 3, 0, 0, 10, &layout, &bound);
         assert_eq!(a[LAMPORT_MODE_ARG], KernelArg::U32(RingMode::AllGather as u32));
         // The eight workspace bases, then this rank's (rank 0's) pad.
@@ -300,6 +307,7 @@ mod tests {
         assert_eq!(a[8], KernelArg::U64(0x20_0000));
         let src = crate::kernels::source("collectives").unwrap().source;
         assert!(src.contains(&format!("#define COLL_LAM_ACQREL_ARRIVE {LAMPORT_ACQREL_ARRIVE:#x}u")));
+        assert!(src.contains(&format!("#define COLL_LAM_LAG_SHIFT {LAMPORT_LAG_SHIFT}\n")));
     }
 
     #[test]
@@ -319,17 +327,7 @@ mod tests {
         }
         let src = crate::kernels::source("collectives").unwrap();
         let ptx = crate::kernels::compile(src, "", "sm_90").unwrap();
-        let layout = WorkspaceLayout::new(2, 10 << 20, 4 << 20, 64).unwrap();
-        let c = Common {
-            bufs_dev: 1,
-            pads_dev: 2,
-            rank: 0,
-            world: 2,
-        };
-        let bound = Bound {
-            timeout_ns: 1,
-            abort_host: 0,
-        };
+        let (layout, c, bound) = fixture();
         let plan = ring_plan(
             RingMode::AllReduce,
             1000,

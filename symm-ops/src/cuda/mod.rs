@@ -337,11 +337,12 @@ impl CudaEngine {
         let coll = self.coll()?;
         let bytes = count * dtype.size();
         let whole = bytes * coll.world_size();
-        let out_reg = coll.is_registered(out_ptr, whole);
+        // The registry is only searched for the zero-copy algorithms.
+        let out_reg = || coll.is_registered(out_ptr, whole);
         let in_place = out_ptr.checked_add((coll.rank() * bytes) as u64) == Some(in_ptr);
         let zero_copy = match algo {
-            AllGatherAlgo::CopyEngine => out_reg || coll.is_registered(in_ptr, bytes),
-            AllGatherAlgo::Pull => (in_place && out_reg) || coll.is_registered(in_ptr, bytes),
+            AllGatherAlgo::CopyEngine => out_reg() || coll.is_registered(in_ptr, bytes),
+            AllGatherAlgo::Pull => (in_place && out_reg()) || coll.is_registered(in_ptr, bytes),
             _ => true,
         };
         let algo = match algo {
