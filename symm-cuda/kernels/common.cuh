@@ -57,6 +57,35 @@ __device__ __forceinline__ unsigned int symm_ld_volatile(const unsigned int* p) 
     return v;
 }
 
+// ---- programmatic dependent launch (PDL) ---------------------------------
+//
+// NOTE [pdl]
+// ==========
+// A kernel launched with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+// (symm-cuda's driver::launch, `Launch::pdl`) may START before the kernel ahead
+// of it on the stream has finished: its blocks are scheduled once every block
+// of that kernel has called symm_pdl_launch_dependents() (or exited), which
+// hides the launch latency of back-to-back kernels. Such a kernel MUST call
+// symm_pdl_wait() before its first access to global memory: it returns once
+// the kernel ahead has completed and its writes are visible, so what follows
+// sees exactly what a plain launch would. Hence the rule: every kernel that
+// symm-cuda may launch with PDL calls symm_pdl_wait() first, then
+// symm_pdl_launch_dependents() (nothing after it depends on the next kernel,
+// whose own wait holds it back until this one has completed). Without the
+// attribute both are no-ops. Before sm_90 (and on HIP) they compile to nothing,
+// and the host never sets the attribute there.
+__device__ __forceinline__ void symm_pdl_wait() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void symm_pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 // Nanoseconds of the GPU's global timer.
 __device__ __forceinline__ unsigned long long symm_globaltimer() {
     unsigned long long t;

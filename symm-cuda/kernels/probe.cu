@@ -14,14 +14,22 @@
 #define PROBE_DATA 16384     // bytes: [parity][src][64 x 16 B] (after STATE and FLAGS)
 #define PROBE_VECS 64
 
+// Every latency probe starts with this, so symm-bench can time each one launched plainly and with
+// programmatic dependent launch (NOTE [pdl] in common.cuh; no-ops in a plain launch).
+__device__ __forceinline__ void probe_pdl_prologue() {
+    symm_pdl_wait();
+    symm_pdl_launch_dependents();
+}
+
 __device__ __forceinline__ bool probe_expired(unsigned long long deadline) {
     return symm_globaltimer() >= deadline;
 }
 
-extern "C" __global__ void symm_probe_empty() {}
+extern "C" __global__ void symm_probe_empty() { probe_pdl_prologue(); }
 
 // 1: thread 0 increments this probe's counter (local global memory).
 extern "C" __global__ void symm_probe_local(unsigned long long own) {
+    probe_pdl_prologue();
     if (threadIdx.x == 0) {
         unsigned int* st = reinterpret_cast<unsigned int*>(own) + PROBE_STATE + 1;
         *st = *st + 1u;
@@ -30,6 +38,7 @@ extern "C" __global__ void symm_probe_local(unsigned long long own) {
 
 // 2: one remote store (volatile), no wait.
 extern "C" __global__ void symm_probe_put(unsigned long long own, unsigned long long peer, unsigned int rank) {
+    probe_pdl_prologue();
     if (threadIdx.x == 0) {
         unsigned int* st = reinterpret_cast<unsigned int*>(own) + PROBE_STATE + 2;
         const unsigned int e = *st + 1u;
@@ -44,6 +53,7 @@ extern "C" __global__ void symm_probe_put(unsigned long long own, unsigned long 
 extern "C" __global__ void symm_probe_flag(unsigned long long own, unsigned long long peer, unsigned int rank,
                                            unsigned int peer_rank, unsigned int release,
                                            unsigned long long timeout_ns) {
+    probe_pdl_prologue();
     if (threadIdx.x != 0) {
         return;
     }
@@ -72,6 +82,7 @@ extern "C" __global__ void symm_probe_flag(unsigned long long own, unsigned long
 extern "C" __global__ void symm_probe_data(unsigned long long own, unsigned long long peer, unsigned int rank,
                                            unsigned int peer_rank, unsigned int fence,
                                            unsigned long long timeout_ns) {
+    probe_pdl_prologue();
     const unsigned int k = fence ? 6u : 5u;
     unsigned int* st = reinterpret_cast<unsigned int*>(own) + PROBE_STATE + k;
     const unsigned int e = symm_ld_volatile(st) + 1u;

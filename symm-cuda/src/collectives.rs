@@ -34,7 +34,7 @@ use symm_core::{
     get_allocator, Allocation, DType, Device, DeviceType, Error, Group, Rank, ReduceOp, Result, SymmetricMemory,
 };
 
-use crate::driver::launch::{launch, KernelArg};
+use crate::driver::launch::{launch, launch_with, KernelArg, Launch};
 use crate::driver::mem::{dtod_async, dtoh_sync};
 use crate::driver::{self, bind, from_driver};
 use crate::kernels;
@@ -75,6 +75,13 @@ pub struct CollectivesConfig {
     pub tuning: Tuning,
     /// Thresholds of [`AllReduceAlgo::Auto`].
     pub selection: Selection,
+    /// Launch the collective kernels with programmatic dependent launch (NOTE [pdl] in
+    /// `kernels/common.cuh`): a kernel may be scheduled while the kernel ahead of it on the
+    /// stream is still running, and waits on the device for it, which hides most of the launch
+    /// latency of back-to-back kernels. Applies on compute capability 9.0 or newer only.
+    /// Default: `SYMM_PDL=1` in the environment ([`pdl_from_env`]); off otherwise until it is
+    /// measured on two GPUs (symm-ops/bench-notes.md, round 6).
+    pub pdl: bool,
 }
 
 impl CollectivesConfig {
@@ -86,6 +93,7 @@ impl CollectivesConfig {
             timeout,
             tuning: Tuning::default(),
             selection: Selection::default(),
+            pdl: pdl_from_env(),
         }
     }
 
@@ -164,6 +172,9 @@ pub struct CudaCollectives {
     rank: usize,
     world: usize,
     sm_count: u32,
+    /// How the collective kernels are launched ([`CollectivesConfig::pdl`] where the device
+    /// supports it).
+    how: Launch,
     fns: Fns,
     ws: u64,
     /// Every rank's workspace base and pad, passed to the Lamport and pull kernels by value.
@@ -297,6 +308,12 @@ fn lamport_generic_forced() -> bool {
     *V.get_or_init(|| std::env::var("SYMM_LAMPORT_GENERIC").is_ok_and(|v| v == "1"))
 }
 
+/// `SYMM_PDL=1`: [`CollectivesConfig::pdl`]'s default (read once per process).
+pub fn pdl_from_env() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("SYMM_PDL").is_ok_and(|v| v == "1"))
+}
+
 fn cfg(blocks: u32, threads: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (blocks.max(1), 1, 1),
@@ -336,6 +353,9 @@ impl CudaCollectives {
             CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         )?;
         let sm_count = u32::try_from(sm_count).unwrap_or(1).max(1);
+        let how = Launch {
+            pdl: config.pdl && driver::supports_pdl(ctx.cu_device())?,
+        };
 
         let module = kernels::load(ctx, kernels::source("collectives")?, "")?;
         let get = |name: &str| {
@@ -432,6 +452,7 @@ impl CudaCollectives {
             rank,
             world,
             sm_count,
+            how,
             fns,
             ws,
             abort_host,
@@ -462,6 +483,17 @@ impl CudaCollectives {
     /// SMs of the device (the grid limit).
     pub fn sm_count(&self) -> u32 {
         self.sm_count
+    }
+    /// Whether the collective kernels are launched with programmatic dependent launch
+    /// ([`CollectivesConfig::pdl`] and a device that supports it).
+    pub fn pdl(&self) -> bool {
+        self.how.pdl
+    }
+
+    /// Launches one of the collective kernels on the caller's stream, the way [`Self::pdl`] says
+    /// (every such kernel starts with `coll_pdl_prologue()`, NOTE [pdl]).
+    fn launch_coll(&self, stream: &CudaStream, f: &CudaFunction, grid: LaunchConfig, a: &[KernelArg]) -> Result<()> {
+        launch_with(stream, f, grid, a, self.how)
     }
     /// Largest message (bytes) [`AllReduceAlgo::Lamport`] takes.
     pub fn lamport_max_bytes(&self) -> usize {
@@ -750,7 +782,7 @@ impl CudaCollectives {
         }
         bits |= lamport_lag() << args::LAMPORT_LAG_SHIFT;
         a[args::LAMPORT_MODE_ARG] = KernelArg::U32(bits);
-        launch(stream, f, cfg(p.blocks, p.threads), &a)
+        self.launch_coll(stream, f, cfg(p.blocks, p.threads), &a)
     }
 
     /// One ring launch (see NOTE [collectives-protocols]).
@@ -781,7 +813,7 @@ impl CudaCollectives {
             &self.bound(),
             flags,
         );
-        launch(stream, &self.fns.ring[dt], cfg(p.blocks(), p.threads), &a)
+        self.launch_coll(stream, &self.fns.ring[dt], cfg(p.blocks(), p.threads), &a)
     }
 
     /// `out[0..n] = reduce over ranks of srcs[r][0..n]` on `stream`.
@@ -806,12 +838,12 @@ impl CudaCollectives {
             .div_ceil(threads as usize)
             .clamp(1, 4 * tuning.blocks(self.sm_count) as usize) as u32;
         let a = args::reduce_ptrs(self.rank as u32, self.world as u32, kernel_op(op), out, n, srcs);
-        launch(stream, &self.fns.reduce_ptrs[dt], cfg(blocks, threads), &a)
+        self.launch_coll(stream, &self.fns.reduce_ptrs[dt], cfg(blocks, threads), &a)
     }
 
     fn launch_barrier(&self, stream: &CudaStream, mask: u64, check: u32) -> Result<()> {
         let a = args::barrier(&self.common(), mask, &self.bound(), check);
-        launch(stream, &self.fns.barrier, cfg(1, 64), &a)
+        self.launch_coll(stream, &self.fns.barrier, cfg(1, 64), &a)
     }
 
     /// One fused zero-copy pull (opening barrier, pull, closing barrier in one kernel; NOTE
@@ -830,7 +862,7 @@ impl CudaCollectives {
         } else {
             &self.fns.pull[dt]
         };
-        launch(stream, f, cfg(blocks, threads.max(64)), &a)
+        self.launch_coll(stream, f, cfg(blocks, threads.max(64)), &a)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1686,6 +1718,64 @@ mod tests {
             let end = body[1..].find(".entry").map_or(body.len(), |e| e + 1);
             assert!(!body[..end].contains("__local_depot"), "{k} spills to local memory");
         }
+        // NOTE [pdl]: every entry `launch_coll` may launch with PDL waits for the kernel ahead
+        // before its first memory access and then releases the next one.
+        let mut checked = 0;
+        for (name, body) in ptx_entries(&ptx) {
+            if matches!(name, "symm_coll_init" | "symm_coll_take_error") {
+                continue;
+            }
+            let wait = body
+                .find("griddepcontrol.wait")
+                .unwrap_or_else(|| panic!("{name}: no griddepcontrol.wait"));
+            assert!(
+                body.contains("griddepcontrol.launch_dependents"),
+                "{name}: no griddepcontrol.launch_dependents"
+            );
+            if let Some((at, ins)) = first_memory_access(body) {
+                assert!(wait < at, "{name}: `{ins}` before griddepcontrol.wait");
+            }
+            checked += 1;
+        }
+        // 3 x (generic Lamport, ring, reduce_ptrs, generic pull) + 2 x 27 two-rank + the barrier.
+        assert_eq!(checked, 12 + 54 + 1);
+    }
+
+    /// The `.entry` functions of a PTX text: (name, body up to the next entry).
+    fn ptx_entries(ptx: &str) -> Vec<(&str, &str)> {
+        let starts: Vec<usize> = ptx.match_indices(".entry ").map(|(i, _)| i).collect();
+        starts
+            .iter()
+            .enumerate()
+            .map(|(k, &s)| {
+                let body = &ptx[s..starts.get(k + 1).copied().unwrap_or(ptx.len())];
+                let name = body[".entry ".len()..].split('(').next().unwrap_or("").trim();
+                (name, body)
+            })
+            .collect()
+    }
+
+    /// Byte offset and text of the first instruction of `body` that touches memory other than
+    /// the kernel's parameters (loads, stores, atomics, reductions, async copies).
+    fn first_memory_access(body: &str) -> Option<(usize, &str)> {
+        let mut off = 0;
+        for line in body.split_inclusive('\n') {
+            let t = line.trim_start();
+            // Skip a guard predicate (`@%p1 ld.global...`).
+            let ins = match t.strip_prefix('@') {
+                Some(rest) => rest.split_once(char::is_whitespace).map_or("", |(_, i)| i.trim_start()),
+                None => t,
+            };
+            let is_mem = ["ld.", "ldu.", "st.", "atom.", "red.", "cp."]
+                .iter()
+                .any(|p| ins.starts_with(p))
+                && !ins.starts_with("ld.param");
+            if is_mem {
+                return Some((off, ins.trim_end()));
+            }
+            off += line.len();
+        }
+        None
     }
 
     /// The `COLL_ST_*` / `COLL_OPS_*` defines of the kernel file match layout.rs.

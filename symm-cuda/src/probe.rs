@@ -19,7 +19,7 @@ use std::time::Duration;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use symm_core::{Error, Result, SymmetricMemory};
 
-use crate::driver::launch::{launch, KernelArg};
+use crate::driver::launch::{launch, launch_with, KernelArg, Launch};
 use crate::driver::mem::memset_d32_async;
 use crate::kernels;
 
@@ -164,6 +164,12 @@ impl LatencyProbe {
 
     /// Launches one probe on `stream` (every rank must launch the same sequence).
     pub fn launch(&self, stream: &CudaStream, probe: Probe) -> Result<()> {
+        self.launch_with(stream, probe, Launch::default())
+    }
+
+    /// [`Self::launch`], the way `how` says (every probe kernel starts with the PDL prologue,
+    /// NOTE [pdl] in `kernels/common.cuh`, so `how.pdl` is allowed on compute capability 9.0+).
+    pub fn launch_with(&self, stream: &CudaStream, probe: Probe, how: Launch) -> Result<()> {
         let (name, threads, args) = probe_args(probe, self.own, self.peer, self.rank, self.peer_rank, self.timeout_ns);
         let f = match name {
             "symm_probe_empty" => &self.empty,
@@ -177,7 +183,7 @@ impl LatencyProbe {
             block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         };
-        launch(stream, f, cfg, &args)
+        launch_with(stream, f, cfg, &args, how)
     }
 
     /// Every probe's counter (index = [`Probe::ALL`] order), read back synchronously: each

@@ -55,7 +55,18 @@ pub fn pack(args: &[KernelArg]) -> ([u64; MAX_ARGS], usize) {
     (words, off)
 }
 
-/// Launches `f` on `stream` with `cfg` and `args` (asynchronous).
+/// How a kernel is launched, beyond its grid and arguments.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Launch {
+    /// Programmatic dependent launch (NOTE [pdl] in `kernels/common.cuh`): the kernel may be
+    /// scheduled before the kernel ahead of it on the stream has finished, which hides the
+    /// launch latency of back-to-back kernels. Only for kernels that call `symm_pdl_wait()`
+    /// before touching memory (the collective kernels do); needs compute capability 9.0 or newer
+    /// (the caller checks).
+    pub pdl: bool,
+}
+
+/// Launches `f` on `stream` with `cfg` and `args` (asynchronous), the plain way.
 ///
 /// The argument list must match the kernel's parameter list in number, order
 /// and size; every kernel wrapper in this crate builds it from the kernel's
@@ -66,6 +77,20 @@ pub fn pack(args: &[KernelArg]) -> ([u64; MAX_ARGS], usize) {
 /// one pointer per parameter instead, `cudarc` goes through cudarc's launch
 /// builder (diagnostics and comparisons: all three must behave the same).
 pub fn launch(stream: &CudaStream, f: &CudaFunction, cfg: LaunchConfig, args: &[KernelArg]) -> Result<()> {
+    launch_with(stream, f, cfg, args, Launch::default())
+}
+
+/// [`launch`] with options: with `how.pdl`, `cuLaunchKernelEx` with the
+/// programmatic-stream-serialization attribute (the arguments passed the same
+/// way; `SYMM_LAUNCH_MODE=cudarc` does not apply, cudarc's builder takes no
+/// attributes).
+pub fn launch_with(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    args: &[KernelArg],
+    how: Launch,
+) -> Result<()> {
     if args.len() > MAX_ARGS {
         return Err(symm_core::Error::InvalidArgument(format!(
             "kernel launch with {} arguments (at most {MAX_ARGS})",
@@ -74,8 +99,8 @@ pub fn launch(stream: &CudaStream, f: &CudaFunction, cfg: LaunchConfig, args: &[
     }
     bind(stream.context())?;
     match launch_mode() {
-        LaunchMode::Cudarc => return launch_cudarc(stream, f, cfg, args),
-        LaunchMode::Params => {}
+        LaunchMode::Cudarc if !how.pdl => return launch_cudarc(stream, f, cfg, args),
+        LaunchMode::Cudarc | LaunchMode::Params => {}
         LaunchMode::Packed => {
             let (mut words, len) = pack(args);
             debug_assert!(len <= PACKED_BYTES);
@@ -93,7 +118,7 @@ pub fn launch(stream: &CudaStream, f: &CudaFunction, cfg: LaunchConfig, args: &[
             // function's contract, and lives on the stack until cuLaunchKernel, which copies it,
             // returns. Device addresses among them point into memory kept alive by the caller
             // until the stream is synchronised. The function and stream belong to the bound context.
-            return unsafe { cu_launch(stream, f, cfg, std::ptr::null_mut(), extra.as_mut_ptr()) };
+            return unsafe { cu_launch(stream, f, cfg, how, std::ptr::null_mut(), extra.as_mut_ptr()) };
         }
     }
     // Every argument is stored in an 8-byte cell; the driver reads as many bytes as the
@@ -117,11 +142,22 @@ pub fn launch(stream: &CudaStream, f: &CudaFunction, cfg: LaunchConfig, args: &[
     // cuLaunchKernel copies them before returning. They match the kernel's signature by this
     // function's contract; device addresses among them point into memory kept alive by the caller
     // until the stream is synchronised. The function and stream belong to the bound context.
-    unsafe { cu_launch(stream, f, cfg, ptrs.as_mut_ptr(), std::ptr::null_mut()) }
+    unsafe { cu_launch(stream, f, cfg, how, ptrs.as_mut_ptr(), std::ptr::null_mut()) }
 }
 
-/// `cuLaunchKernel` of `f` on `stream` with `cfg`, the arguments given either way the driver
-/// takes them.
+/// The programmatic-stream-serialization attribute (NOTE [pdl]).
+fn pdl_attribute() -> sys::CUlaunchAttribute {
+    sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        pad: [0; 4],
+        value: sys::CUlaunchAttributeValue {
+            programmaticStreamSerializationAllowed: 1,
+        },
+    }
+}
+
+/// `cuLaunchKernel` (or, with `how.pdl`, `cuLaunchKernelEx`) of `f` on `stream` with `cfg`, the
+/// arguments given either way the driver takes them.
 ///
 /// # Safety
 /// Exactly one of `params` (one pointer per kernel parameter, each to the parameter's value) and
@@ -132,9 +168,29 @@ unsafe fn cu_launch(
     stream: &CudaStream,
     f: &CudaFunction,
     cfg: LaunchConfig,
+    how: Launch,
     params: *mut *mut std::ffi::c_void,
     extra: *mut *mut std::ffi::c_void,
 ) -> Result<()> {
+    if how.pdl {
+        let mut attrs = [pdl_attribute()];
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: stream.cu_stream(),
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: attrs.len() as u32,
+        };
+        // SAFETY: `config` and the attribute array it points to live on the stack until the call
+        // returns (the driver copies them); the arguments satisfy this function's contract.
+        let r = unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), params, extra) };
+        return check(r, "cuLaunchKernelEx");
+    }
     // SAFETY: this function's contract (the arguments and what they point to are valid for the
     // call, which copies them before returning).
     let r = unsafe {

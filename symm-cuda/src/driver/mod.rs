@@ -166,6 +166,12 @@ pub fn compute_capability(dev: sys::CUdevice) -> Result<(i32, i32)> {
     ))
 }
 
+/// Whether kernels on `dev` can be launched with programmatic dependent launch
+/// ([`launch::Launch::pdl`]; compute capability 9.0 or newer).
+pub fn supports_pdl(dev: sys::CUdevice) -> Result<bool> {
+    Ok(compute_capability(dev)?.0 >= 9)
+}
+
 /// The device UUID as 32 lowercase hex digits.
 pub fn uuid(dev: sys::CUdevice) -> Result<String> {
     init()?;

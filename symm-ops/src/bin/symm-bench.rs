@@ -1162,7 +1162,13 @@ mod gpu {
             Ok(c) => c.name().unwrap_or_else(|_| "CUDA".into()),
             Err(_) => "CUDA".into(),
         };
-        report(&format!("{world} x {name}"), world, &args, &rows, &setup)
+        // SYMM_PDL=1: the collective kernels are launched with programmatic dependent launch.
+        let pdl = if symm_ops::symm_cuda::collectives::pdl_from_env() {
+            ", PDL"
+        } else {
+            ""
+        };
+        report(&format!("{world} x {name}{pdl}"), world, &args, &rows, &setup)
     }
 
     fn setup_costs(
@@ -1319,25 +1325,34 @@ mod gpu {
         let s = &st.stream;
         let mut expected = [0u32; 7];
         let mut table = String::new();
-        for (i, probe) in Probe::ALL.into_iter().enumerate() {
-            let mut cols = Vec::new();
-            for &mode in &args.modes {
-                // One warm-up launch, then the rounds (each counted in the probe's counter).
-                p.launch(s, probe)?;
-                expected[i] += 1;
-                let mut times = time_rounds(st, mode, iters, args.rounds, &mut |_| Ok(p.launch(s, probe)?))?;
-                expected[i] += ((args.rounds + 1) * iters) as u32;
-                s.synchronize()?;
-                let mine = median(&mut times);
-                let key = sh.next_key(st.rank, &format!("probe-{i}-{}", mode.name()));
-                let all = gather_f64s(sh, st.rank, &key, &[mine])?;
-                cols.push(all.iter().filter_map(|v| v.first().copied()).fold(0.0, f64::max));
+        // Every probe launched plainly, then (compute capability 9.0+) with programmatic
+        // dependent launch (NOTE [pdl]): the launch latency PDL hides between back-to-back kernels.
+        let pdl_ok = symm_ops::symm_cuda::driver::supports_pdl(st.ctx.cu_device())?;
+        let hows: &[bool] = if pdl_ok { &[false, true] } else { &[false] };
+        for &pdl in hows {
+            let how = symm_ops::symm_cuda::driver::launch::Launch { pdl };
+            for (i, probe) in Probe::ALL.into_iter().enumerate() {
+                let mut cols = Vec::new();
+                for &mode in &args.modes {
+                    // One warm-up launch, then the rounds (each counted in the probe's counter).
+                    p.launch_with(s, probe, how)?;
+                    expected[i] += 1;
+                    let mut times =
+                        time_rounds(st, mode, iters, args.rounds, &mut |_| Ok(p.launch_with(s, probe, how)?))?;
+                    expected[i] += ((args.rounds + 1) * iters) as u32;
+                    s.synchronize()?;
+                    let mine = median(&mut times);
+                    let key = sh.next_key(st.rank, &format!("probe-{i}-{pdl}-{}", mode.name()));
+                    let all = gather_f64s(sh, st.rank, &key, &[mine])?;
+                    cols.push(all.iter().filter_map(|v| v.first().copied()).fold(0.0, f64::max));
+                }
+                let name = format!("{}{}", probe.name(), if pdl { ", PDL" } else { "" });
+                let _ = write!(table, "{name:<42}");
+                for c in &cols {
+                    let _ = write!(table, " {c:>9.2}");
+                }
+                table.push('\n');
             }
-            let _ = write!(table, "{:<42}", probe.name());
-            for c in &cols {
-                let _ = write!(table, " {c:>9.2}");
-            }
-            table.push('\n');
         }
         let got = p.counters(s)?;
         // The empty kernel keeps no counter.
