@@ -850,11 +850,18 @@ fn sum_ref(dtype: DType, per_rank: &[Vec<f64>]) -> Vec<u8> {
     encode(dtype, &v)
 }
 
-fn body_stress(ctx: RankCtx) -> TestResult<String> {
+/// The stress suite; with `pdl`, every collective kernel is launched with programmatic dependent
+/// launch (NOTE [pdl]), so each op may start while the one ahead of it still runs.
+fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
     let env = Env::new(ctx)?;
     let me = env.rank();
-    let c = env.collectives("coll-stress", config(symm_cuda::collectives::DEFAULT_STAGING_BYTES))?;
-    let mut notes = Vec::new();
+    let mut cfg = config(symm_cuda::collectives::DEFAULT_STAGING_BYTES);
+    cfg.pdl = pdl;
+    let c = env.collectives("coll-stress", cfg)?;
+    if c.pdl() != (pdl && symm_cuda::driver::supports_pdl(env.cuda.cu_device())?) {
+        return Err(format!("pdl asked {pdl}, collectives report {}", c.pdl()).into());
+    }
+    let mut notes = vec![format!("pdl {}", c.pdl())];
     let dtype = DType::BF16;
     // ---- 10,000 back-to-back all-reduces per algorithm, rotating payloads, one host sync per
     // round of Q ops.
@@ -1072,8 +1079,18 @@ fn coll_stress_graph_delay() {
     if !gate(2) {
         return;
     }
-    let out = run_threads(2, Duration::from_secs(900), body_stress).expect("ranks failed");
+    let out = run_threads(2, Duration::from_secs(900), |c| body_stress(c, false)).expect("ranks failed");
     summary(&format!("coll_stress_graph_delay ok threads 2 {}", out.join("; ")));
+}
+
+/// The same suite with programmatic dependent launch (`CollectivesConfig::pdl`).
+#[test]
+fn coll_stress_graph_delay_pdl() {
+    if !gate(2) {
+        return;
+    }
+    let out = run_threads(2, Duration::from_secs(900), |c| body_stress(c, true)).expect("ranks failed");
+    summary(&format!("coll_stress_graph_delay_pdl ok threads 2 {}", out.join("; ")));
 }
 
 // ---------------------------------------------------------------- errors

@@ -44,6 +44,13 @@ pub struct CommConfig {
     pub force_engine: Option<EngineKind>,
     /// Create the NCCL fallback (CUDA groups). Default true.
     pub nccl: bool,
+    /// Launch the symmetric-memory kernels with programmatic dependent
+    /// launch (CUDA, compute capability 9.0+: each op's kernel is
+    /// scheduled while the kernel ahead of it on the stream still runs;
+    /// `symm_cuda::collectives::CollectivesConfig::pdl`). `None`: the
+    /// `SYMM_PDL` environment variable (`1` turns it on; off otherwise).
+    /// Ranks may differ in it.
+    pub pdl: Option<bool>,
 }
 
 impl Default for CommConfig {
@@ -54,6 +61,7 @@ impl Default for CommConfig {
             selection: None,
             force_engine: None,
             nccl: true,
+            pdl: None,
         }
     }
 }

@@ -754,86 +754,100 @@ fn gpu_graph_capture() {
     if !gate("gpu_graph_capture") {
         return;
     }
-    const OPS: usize = 100;
-    const N: usize = 2048;
-    const REPLAYS: usize = 100;
     let t = Instant::now();
+    // Plain launches, then programmatic dependent launch (CommConfig::pdl): every kernel may
+    // start while the op ahead of it (NCCL's and the barriers' included) still runs.
     run_threads(WORLD, LIMIT, |rc| {
-        let rig = rig(&rc, "gpu-graph", CommConfig::default())?;
-        let (s, comm) = (&rig.stream, &rig.comm);
-        let me = rc.rank;
-        let mut bank = Vec::with_capacity(OPS * N * WORLD);
-        for i in 0..OPS {
-            bank.extend(input::<bf16>(Values::Random, 90_000 + i as u64, me, N * WORLD));
-        }
-        let bank = s.clone_htod(&bank)?;
-        let mut outs = s.clone_htod(&vec![bf16::NAN; OPS * N * WORLD])?;
-        let mut algos = vec![AllReduceAlgo::Lamport, AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot];
-        if comm.has_nccl() {
-            algos.push(AllReduceAlgo::Nccl);
-        }
-        let issue = |outs: &mut CudaSlice<bf16>| -> symm_core::Result<()> {
-            for i in 0..OPS {
-                let span = i * N * WORLD..(i + 1) * N * WORLD;
-                let x = bank.slice(span.clone());
-                let mut o = outs.slice_mut(span);
-                match i % 6 {
-                    4 => comm.reduce_scatter_out(&x, &mut o.slice_mut(..N), ReduceOp::Sum)?,
-                    5 => comm.all_gather_out(&x.slice(..N), &mut o)?,
-                    k => {
-                        let a = algos[k % algos.len()];
-                        comm.all_reduce_with(a, Some((&x).into()), (&mut o).into(), ReduceOp::Sum)?
-                    }
-                }
-                if i % 25 == 24 {
-                    comm.barrier(None)?;
-                }
-            }
-            Ok(())
-        };
-        issue(&mut outs)?;
-        s.synchronize()?;
-        comm.check_error()?;
-        let eager = s.clone_dtoh(&outs)?;
-        // Spot-check the eager run against the reference.
-        for i in 0..OPS {
-            let o = &eager[i * N * WORLD..(i + 1) * N * WORLD];
-            let seed = 90_000 + i as u64;
-            match i % 6 {
-                4 => check_reduce_scatter(Values::Random, seed, WORLD, me, ReduceOp::Sum, &o[..N])?,
-                5 => check_all_gather(Values::Random, seed, WORLD, o)?,
-                _ => check_all_reduce(Values::Random, seed, WORLD, ReduceOp::Sum, o)?,
-            }
-        }
-        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        let issued = issue(&mut outs);
-        let graph = s.end_capture(CUgraphInstantiate_flags(0))?;
-        issued?;
-        let graph = graph.ok_or("the capture produced no graph")?;
-        let poison = vec![bf16::NAN; OPS * N * WORLD];
-        for rep in 0..REPLAYS {
-            s.memcpy_htod(&poison, &mut outs)?;
-            graph.launch()?;
-            s.synchronize()?;
-            comm.check_error()?;
-            let got = s.clone_dtoh(&outs)?;
-            if got.iter().map(|&v| to_bits(v)).ne(eager.iter().map(|&v| to_bits(v))) {
-                let i = got
-                    .iter()
-                    .zip(&eager)
-                    .position(|(a, b)| to_bits(*a) != to_bits(*b))
-                    .unwrap_or(0);
-                return Err(format!("replay {rep} differs from eager at element {i}").into());
-            }
+        for pdl in [false, true] {
+            graph_capture_case(&rc, pdl).map_err(|e| format!("pdl {pdl}: {e}"))?;
         }
         Ok(())
     })
     .unwrap();
     println!(
         "SUMMARY gpu_graph_capture ok {OPS} ops (lamport/one-shot/two-shot/nccl all-reduce, reduce-scatter, \
-         all-gather, barriers) in one graph, {REPLAYS} replays bitwise equal to eager, {:.1} s",
+         all-gather, barriers) in one graph, {REPLAYS} replays bitwise equal to eager, without and with PDL, {:.1} s",
         t.elapsed().as_secs_f64()
     );
+}
+
+const OPS: usize = 100;
+const REPLAYS: usize = 100;
+
+fn graph_capture_case(rc: &RankCtx, pdl: bool) -> TestResult {
+    const N: usize = 2048;
+    let config = CommConfig {
+        pdl: Some(pdl),
+        ..CommConfig::default()
+    };
+    let rig = rig(rc, &format!("gpu-graph-{pdl}"), config)?;
+    let (s, comm) = (&rig.stream, &rig.comm);
+    let me = rc.rank;
+    let mut bank = Vec::with_capacity(OPS * N * WORLD);
+    for i in 0..OPS {
+        bank.extend(input::<bf16>(Values::Random, 90_000 + i as u64, me, N * WORLD));
+    }
+    let bank = s.clone_htod(&bank)?;
+    let mut outs = s.clone_htod(&vec![bf16::NAN; OPS * N * WORLD])?;
+    let mut algos = vec![AllReduceAlgo::Lamport, AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot];
+    if comm.has_nccl() {
+        algos.push(AllReduceAlgo::Nccl);
+    }
+    let issue = |outs: &mut CudaSlice<bf16>| -> symm_core::Result<()> {
+        for i in 0..OPS {
+            let span = i * N * WORLD..(i + 1) * N * WORLD;
+            let x = bank.slice(span.clone());
+            let mut o = outs.slice_mut(span);
+            match i % 6 {
+                4 => comm.reduce_scatter_out(&x, &mut o.slice_mut(..N), ReduceOp::Sum)?,
+                5 => comm.all_gather_out(&x.slice(..N), &mut o)?,
+                k => {
+                    let a = algos[k % algos.len()];
+                    comm.all_reduce_with(a, Some((&x).into()), (&mut o).into(), ReduceOp::Sum)?
+                }
+            }
+            if i % 25 == 24 {
+                comm.barrier(None)?;
+            }
+        }
+        Ok(())
+    };
+    issue(&mut outs)?;
+    s.synchronize()?;
+    comm.check_error()?;
+    let eager = s.clone_dtoh(&outs)?;
+    // Spot-check the eager run against the reference.
+    for i in 0..OPS {
+        let o = &eager[i * N * WORLD..(i + 1) * N * WORLD];
+        let seed = 90_000 + i as u64;
+        match i % 6 {
+            4 => check_reduce_scatter(Values::Random, seed, WORLD, me, ReduceOp::Sum, &o[..N])?,
+            5 => check_all_gather(Values::Random, seed, WORLD, o)?,
+            _ => check_all_reduce(Values::Random, seed, WORLD, ReduceOp::Sum, o)?,
+        }
+    }
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let issued = issue(&mut outs);
+    let graph = s.end_capture(CUgraphInstantiate_flags(0))?;
+    issued?;
+    let graph = graph.ok_or("the capture produced no graph")?;
+    let poison = vec![bf16::NAN; OPS * N * WORLD];
+    for rep in 0..REPLAYS {
+        s.memcpy_htod(&poison, &mut outs)?;
+        graph.launch()?;
+        s.synchronize()?;
+        comm.check_error()?;
+        let got = s.clone_dtoh(&outs)?;
+        if got.iter().map(|&v| to_bits(v)).ne(eager.iter().map(|&v| to_bits(v))) {
+            let i = got
+                .iter()
+                .zip(&eager)
+                .position(|(a, b)| to_bits(*a) != to_bits(*b))
+                .unwrap_or(0);
+            return Err(format!("replay {rep} differs from eager at element {i}").into());
+        }
+    }
+    Ok(())
 }
 
 #[test]

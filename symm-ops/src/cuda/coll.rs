@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaStream};
 use symm_core::{get_symmetric_memory, DType, Error, Group, Rank, ReduceOp, Result, SymmTensor, SymmetricMemory};
-use symm_cuda::collectives::{AllGatherPath, AllReduceAlgo as KernelAlgo, CudaCollectives};
+use symm_cuda::collectives::{AllGatherPath, AllReduceAlgo as KernelAlgo, CollectivesConfig, CudaCollectives};
 
 use crate::select::{AllGatherAlgo, AllReduceAlgo};
+use crate::CommConfig;
 
 pub(crate) struct Coll {
     inner: CudaCollectives,
@@ -17,9 +18,13 @@ pub(crate) struct Coll {
 
 impl Coll {
     /// Collective setup (allocates and rendezvouses the workspace).
-    pub fn new(group: &Arc<Group>, ctx: &Arc<CudaContext>, staging_bytes: usize, timeout: Duration) -> Result<Self> {
+    pub fn new(group: &Arc<Group>, ctx: &Arc<CudaContext>, config: &CommConfig, timeout: Duration) -> Result<Self> {
+        let mut c = CollectivesConfig::new(config.staging_bytes, timeout);
+        if let Some(pdl) = config.pdl {
+            c.pdl = pdl;
+        }
         Ok(Coll {
-            inner: CudaCollectives::new(group, ctx, staging_bytes, timeout)?,
+            inner: CudaCollectives::with_config(group, ctx, c)?,
         })
     }
 

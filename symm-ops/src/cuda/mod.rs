@@ -90,7 +90,7 @@ impl CudaEngine {
             ));
         }
         let coll = if symm {
-            Some(Coll::new(group, stream.context(), config.staging_bytes, timeout)?)
+            Some(Coll::new(group, stream.context(), config, timeout)?)
         } else {
             None
         };
