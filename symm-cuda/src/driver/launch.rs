@@ -115,7 +115,7 @@ pub fn launch_with(
             // SAFETY: `extra` is the driver's documented list (buffer pointer, pointer to its size,
             // end marker); the buffer holds the arguments at the offsets of the kernel's parameter
             // space (natural alignment, `pack`), which match the kernel's signature by this
-            // function's contract, and lives on the stack until cuLaunchKernel, which copies it,
+            // function's contract, and lives on the stack until the launch call, which copies it,
             // returns. Device addresses among them point into memory kept alive by the caller
             // until the stream is synchronised. The function and stream belong to the bound context.
             return unsafe { cu_launch(stream, f, cfg, how, std::ptr::null_mut(), extra.as_mut_ptr()) };
@@ -139,7 +139,7 @@ pub fn launch_with(
     }
     // SAFETY: `ptrs[..args.len()]` point at live stack cells holding the arguments (4-byte values
     // in the cell's first bytes: little-endian targets only, checked below at compile time);
-    // cuLaunchKernel copies them before returning. They match the kernel's signature by this
+    // the launch call copies them before returning. They match the kernel's signature by this
     // function's contract; device addresses among them point into memory kept alive by the caller
     // until the stream is synchronised. The function and stream belong to the bound context.
     unsafe { cu_launch(stream, f, cfg, how, ptrs.as_mut_ptr(), std::ptr::null_mut()) }
