@@ -507,13 +507,6 @@ __device__ __forceinline__ uint4 coll_reduce_ranks(const uint4& own, const uint4
     return coll_pack<DT>(acc);
 }
 
-// Every kernel of this file that symm-cuda may launch with PDL starts with this (NOTE [pdl] in
-// common.cuh): wait for the kernel ahead on the stream, then let the next one be scheduled.
-__device__ __forceinline__ void coll_pdl_prologue() {
-    symm_pdl_wait();
-    symm_pdl_launch_dependents();
-}
-
 // ---------------------------------------------------------------- init / error
 
 // Fills the workspace: `zero_words` 32-bit zeros from `ws` (state and flags), then `fill_bytes`
@@ -555,7 +548,7 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
                                              unsigned long long lam_off, unsigned long long slot_bytes,
                                              unsigned long long state_off, unsigned long long timeout_ns,
                                              const unsigned int* abort_host) {
-    coll_pdl_prologue();
+    symm_pdl_prologue();
     // count: AR the message's elements; RS the elements of one shard (the output); AG the
     // elements of one rank's input. Every slot holds nv = ceil(count / VE) vectors.
     // Latency: the workspace bases and the own pad come as kernel arguments (no dependent global
@@ -855,7 +848,7 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
                                           unsigned long long flags_off, unsigned long long ring_off,
                                           unsigned long long state_off, unsigned long long timeout_ns,
                                           const unsigned int* abort_host, unsigned int flags) {
-    coll_pdl_prologue();
+    symm_pdl_prologue();
     constexpr int VE = CollT<DT>::VE;
     constexpr int ES = CollT<DT>::ES;
     __shared__ unsigned int s_base;
@@ -1182,7 +1175,7 @@ __device__ __forceinline__ void coll_reduce_ptrs(unsigned int rank, unsigned int
              const char* s1, const char* s2, const char* s3, const char* s4, const char* s5, const char* s6,          \
              const char* s7) {                                                                                        \
         const CollSrcs src = {s0, s1, s2, s3, s4, s5, s6, s7};                                                        \
-        coll_pdl_prologue();                                                                                          \
+        symm_pdl_prologue();                                                                                          \
         switch (op) {                                                                                                 \
             case COLL_SUM:                                                                                            \
                 coll_reduce_ptrs<DT, COLL_SUM>(rank, world, out, n, src);                                             \
@@ -1302,7 +1295,7 @@ __device__ __forceinline__ void coll_pull(const CollWs8 pads, const CollSrcs src
                                           unsigned int world_arg, unsigned int mode_arg, char* out,
                                           unsigned long long n, unsigned int check, unsigned long long timeout_ns,
                                           const unsigned int* abort_host) {
-    coll_pdl_prologue();
+    symm_pdl_prologue();
     const unsigned int world = W > 0 ? (unsigned int)W : world_arg;
     const unsigned int mode = MODE >= 0 ? (unsigned int)MODE : mode_arg;
     __shared__ int s_last;
@@ -1423,7 +1416,7 @@ extern "C" __global__ void symm_coll_barrier(const unsigned long long* bufs, con
                                              unsigned int rank, unsigned int world, unsigned long long mask,
                                              unsigned long long state_off, unsigned long long timeout_ns,
                                              const unsigned int* abort_host, unsigned int check) {
-    coll_pdl_prologue();
+    symm_pdl_prologue();
     const unsigned int t = threadIdx.x;
     if (t >= world || t == rank || ((mask >> t) & 1ull) == 0ull) {
         return;

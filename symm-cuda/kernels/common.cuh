@@ -86,6 +86,12 @@ __device__ __forceinline__ void symm_pdl_launch_dependents() {
 #endif
 }
 
+// The rule above in one call: the first statement of every kernel symm-cuda may launch with PDL.
+__device__ __forceinline__ void symm_pdl_prologue() {
+    symm_pdl_wait();
+    symm_pdl_launch_dependents();
+}
+
 // Nanoseconds of the GPU's global timer.
 __device__ __forceinline__ unsigned long long symm_globaltimer() {
     unsigned long long t;

@@ -7,29 +7,24 @@
 // buffer layout (NOTE [probe-layout] there). Each probe keeps its epoch counter in device memory
 // (STATE, one word per probe), so graph replays work; both ranks run the same sequence of probes.
 // Waits are bounded by %globaltimer (timeout_ns) and give up silently: a probe measures, it
-// reports nothing (the benchmark checks the counters afterwards).
+// reports nothing (the benchmark checks the counters afterwards). Every latency probe starts with
+// symm_pdl_prologue() (NOTE [pdl] in common.cuh), so symm-bench can time each one launched plainly
+// and with programmatic dependent launch.
 
 #define PROBE_STATE 0        // u32 words: one counter per probe
 #define PROBE_FLAGS 1024     // u32 words [probe][src]
 #define PROBE_DATA 16384     // bytes: [parity][src][64 x 16 B] (after STATE and FLAGS)
 #define PROBE_VECS 64
 
-// Every latency probe starts with this, so symm-bench can time each one launched plainly and with
-// programmatic dependent launch (NOTE [pdl] in common.cuh; no-ops in a plain launch).
-__device__ __forceinline__ void probe_pdl_prologue() {
-    symm_pdl_wait();
-    symm_pdl_launch_dependents();
-}
-
 __device__ __forceinline__ bool probe_expired(unsigned long long deadline) {
     return symm_globaltimer() >= deadline;
 }
 
-extern "C" __global__ void symm_probe_empty() { probe_pdl_prologue(); }
+extern "C" __global__ void symm_probe_empty() { symm_pdl_prologue(); }
 
 // 1: thread 0 increments this probe's counter (local global memory).
 extern "C" __global__ void symm_probe_local(unsigned long long own) {
-    probe_pdl_prologue();
+    symm_pdl_prologue();
     if (threadIdx.x == 0) {
         unsigned int* st = reinterpret_cast<unsigned int*>(own) + PROBE_STATE + 1;
         *st = *st + 1u;
@@ -38,7 +33,7 @@ extern "C" __global__ void symm_probe_local(unsigned long long own) {
 
 // 2: one remote store (volatile), no wait.
 extern "C" __global__ void symm_probe_put(unsigned long long own, unsigned long long peer, unsigned int rank) {
-    probe_pdl_prologue();
+    symm_pdl_prologue();
     if (threadIdx.x == 0) {
         unsigned int* st = reinterpret_cast<unsigned int*>(own) + PROBE_STATE + 2;
         const unsigned int e = *st + 1u;
@@ -53,7 +48,7 @@ extern "C" __global__ void symm_probe_put(unsigned long long own, unsigned long 
 extern "C" __global__ void symm_probe_flag(unsigned long long own, unsigned long long peer, unsigned int rank,
                                            unsigned int peer_rank, unsigned int release,
                                            unsigned long long timeout_ns) {
-    probe_pdl_prologue();
+    symm_pdl_prologue();
     if (threadIdx.x != 0) {
         return;
     }
@@ -82,7 +77,7 @@ extern "C" __global__ void symm_probe_flag(unsigned long long own, unsigned long
 extern "C" __global__ void symm_probe_data(unsigned long long own, unsigned long long peer, unsigned int rank,
                                            unsigned int peer_rank, unsigned int fence,
                                            unsigned long long timeout_ns) {
-    probe_pdl_prologue();
+    symm_pdl_prologue();
     const unsigned int k = fence ? 6u : 5u;
     unsigned int* st = reinterpret_cast<unsigned int*>(own) + PROBE_STATE + k;
     const unsigned int e = symm_ld_volatile(st) + 1u;

@@ -491,7 +491,7 @@ impl CudaCollectives {
     }
 
     /// Launches one of the collective kernels on the caller's stream, the way [`Self::pdl`] says
-    /// (every such kernel starts with `coll_pdl_prologue()`, NOTE [pdl]).
+    /// (every such kernel starts with `symm_pdl_prologue()`, NOTE [pdl]).
     fn launch_coll(&self, stream: &CudaStream, f: &CudaFunction, grid: LaunchConfig, a: &[KernelArg]) -> Result<()> {
         launch_with(stream, f, grid, a, self.how)
     }

@@ -1074,23 +1074,24 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
     Ok(format!("rank {me}: {}", notes.join(", ")))
 }
 
-#[test]
-fn coll_stress_graph_delay() {
+/// The stress suite on two ranks (threads), reported as `name`.
+fn stress(name: &str, pdl: bool) {
     if !gate(2) {
         return;
     }
-    let out = run_threads(2, Duration::from_secs(900), |c| body_stress(c, false)).expect("ranks failed");
-    summary(&format!("coll_stress_graph_delay ok threads 2 {}", out.join("; ")));
+    let out = run_threads(2, Duration::from_secs(900), move |c| body_stress(c, pdl)).expect("ranks failed");
+    summary(&format!("{name} ok threads 2 {}", out.join("; ")));
+}
+
+#[test]
+fn coll_stress_graph_delay() {
+    stress("coll_stress_graph_delay", false);
 }
 
 /// The same suite with programmatic dependent launch (`CollectivesConfig::pdl`).
 #[test]
 fn coll_stress_graph_delay_pdl() {
-    if !gate(2) {
-        return;
-    }
-    let out = run_threads(2, Duration::from_secs(900), |c| body_stress(c, true)).expect("ranks failed");
-    summary(&format!("coll_stress_graph_delay_pdl ok threads 2 {}", out.join("; ")));
+    stress("coll_stress_graph_delay_pdl", true);
 }
 
 // ---------------------------------------------------------------- errors

@@ -1158,16 +1158,16 @@ mod gpu {
         });
         let nccl_ok = nccl_note.is_none();
         let (rows, setup) = launch(shared, move |rank, sh| rank_body(rank, sh, nccl_ok))?;
-        let name = match symm_ops::symm_cuda::driver::context(0) {
-            Ok(c) => c.name().unwrap_or_else(|_| "CUDA".into()),
-            Err(_) => "CUDA".into(),
-        };
-        // SYMM_PDL=1: the collective kernels are launched with programmatic dependent launch.
-        let pdl = if symm_ops::symm_cuda::collectives::pdl_from_env() {
-            ", PDL"
-        } else {
-            ""
-        };
+        let ctx0 = symm_ops::symm_cuda::driver::context(0).ok();
+        let name = ctx0
+            .as_ref()
+            .and_then(|c| c.name().ok())
+            .unwrap_or_else(|| "CUDA".into());
+        // The collective kernels ran with programmatic dependent launch: asked (SYMM_PDL=1) and
+        // supported, the same test CudaCollectives makes.
+        let pdl_ran = symm_ops::symm_cuda::collectives::pdl_from_env()
+            && ctx0.is_some_and(|c| symm_ops::symm_cuda::driver::supports_pdl(c.cu_device()).unwrap_or(false));
+        let pdl = if pdl_ran { ", PDL" } else { "" };
         report(&format!("{world} x {name}{pdl}"), world, &args, &rows, &setup)
     }
 
