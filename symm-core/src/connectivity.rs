@@ -174,23 +174,44 @@ pub fn check_same_host(host_ids: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Checks that no two ranks use the same device, unless
-/// `SYMM_ALLOW_OVERLAPPING_DEVICES=1` (PyTorch's
-/// `TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES`).
-pub fn check_distinct_devices(device_ids: &[String]) -> Result<()> {
-    if std::env::var("SYMM_ALLOW_OVERLAPPING_DEVICES").is_ok_and(|v| v == "1") {
-        return Ok(());
-    }
-    for (a, da) in device_ids.iter().enumerate() {
-        if let Some(b) = device_ids[a + 1..].iter().position(|db| db == da) {
-            return Err(Error::OverlappingDevices {
-                a,
-                b: a + 1 + b,
-                device: da.clone(),
-            });
+/// Checks how the ranks of a rendezvous use their devices (NOTE [shared-device] in
+/// docs/architecture.md) from what every rank published, the same way on every rank:
+/// `devices[r]` names rank r's device, `shared_ok[r]` is its group's
+/// [`GroupOptions::shared_devices`](crate::GroupOptions), and `processes[r]`, for GPU backends,
+/// names its process (ranks sharing a GPU must be threads of one process: contexts of different
+/// processes time-slice, so a rank's kernel could wait on a peer's that cannot run).
+///
+/// Fails with [`Error::Mismatch`] when ranks disagree on the permission, with
+/// [`Error::OverlappingDevices`] when ranks share a device without it, and with
+/// [`Error::Unavailable`] when ranks of different processes share a GPU. Returns, for every rank,
+/// how many ranks use its device (itself included).
+pub fn check_device_sharing(devices: &[String], shared_ok: &[bool], processes: Option<&[String]>) -> Result<Vec<usize>> {
+    crate::agree::check_equal("shared-device permission (GroupOptions::shared_devices)", shared_ok, |b| *b)?;
+    let allowed = shared_ok.first().copied().unwrap_or(false);
+    for (a, da) in devices.iter().enumerate() {
+        if let Some(b) = devices[a + 1..].iter().position(|db| db == da).map(|b| a + 1 + b) {
+            if !allowed {
+                return Err(Error::OverlappingDevices {
+                    a,
+                    b,
+                    device: da.clone(),
+                });
+            }
+            if let Some(p) = processes {
+                if p.get(a) != p.get(b) {
+                    return Err(Error::Unavailable(format!(
+                        "ranks {a} and {b} share device {da} from different processes; ranks that share \
+                         a GPU must be threads of one process (one context, so every rank's kernels run \
+                         together): run them as threads"
+                    )));
+                }
+            }
         }
     }
-    Ok(())
+    Ok(devices
+        .iter()
+        .map(|d| devices.iter().filter(|e| *e == d).count())
+        .collect())
 }
 
 #[cfg(test)]
@@ -249,12 +270,28 @@ mod tests {
             check_same_host(&["a".into(), "b".into()]),
             Err(Error::NotSameHost(_))
         ));
-        assert!(check_distinct_devices(&["0".into(), "1".into()]).is_ok());
-        if std::env::var("SYMM_ALLOW_OVERLAPPING_DEVICES").is_err() {
-            assert!(matches!(
-                check_distinct_devices(&["0".into(), "1".into(), "0".into()]),
-                Err(Error::OverlappingDevices { a: 0, b: 2, .. })
-            ));
-        }
+        let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(check_device_sharing(&ids(&["0", "1"]), &[false; 2], None).unwrap(), vec![1, 1]);
+        assert!(matches!(
+            check_device_sharing(&ids(&["0", "1", "0"]), &[false; 3], None),
+            Err(Error::OverlappingDevices { a: 0, b: 2, .. })
+        ));
+        assert_eq!(
+            check_device_sharing(&ids(&["0", "1", "0"]), &[true; 3], None).unwrap(),
+            vec![2, 1, 2]
+        );
+        // Ranks that disagree on the permission all fail alike.
+        assert!(matches!(
+            check_device_sharing(&ids(&["0", "1"]), &[true, false], None),
+            Err(Error::Mismatch { .. })
+        ));
+        // GPU backends: sharing only among threads of one process.
+        let procs = ids(&["p", "p", "q"]);
+        assert_eq!(
+            check_device_sharing(&ids(&["0", "0", "1"]), &[true; 3], Some(&procs)).unwrap(),
+            vec![2, 2, 1]
+        );
+        let e = check_device_sharing(&ids(&["0", "1", "0"]), &[true; 3], Some(&procs)).unwrap_err();
+        assert!(matches!(e, Error::Unavailable(ref m) if m.contains("threads")), "{e}");
     }
 }

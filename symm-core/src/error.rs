@@ -53,8 +53,12 @@ pub enum Error {
     /// The ranks are not all on the same host.
     #[error("ranks are not on one host: {0}")]
     NotSameHost(String),
-    /// Two ranks use the same device (set SYMM_ALLOW_OVERLAPPING_DEVICES=1 to allow).
-    #[error("ranks {a} and {b} share device {device}; set SYMM_ALLOW_OVERLAPPING_DEVICES=1 to allow")]
+    /// Two ranks use the same device in a group that does not allow it
+    /// ([`crate::GroupOptions::shared_devices`]).
+    #[error(
+        "ranks {a} and {b} share device {device}; build the group with GroupOptions {{ shared_devices: true }} \
+         (or SYMM_ALLOW_OVERLAPPING_DEVICES=1 for Group::new) to allow it"
+    )]
     OverlappingDevices { a: usize, b: usize, device: String },
     /// Rendezvous has not happened for this allocation yet.
     #[error("allocation has not been rendezvoused")]

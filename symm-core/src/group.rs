@@ -5,6 +5,11 @@
 //! thread per GPU). For one process per rank, [`set_group_info`] /
 //! [`group_info`] keep a process-wide registry by name, as PyTorch does.
 //!
+//! A group also carries the options every rank must agree on
+//! ([`GroupOptions`]: whether ranks may share a device); backends compare
+//! them at rendezvous, so ranks that disagree fail alike instead of deciding
+//! differently.
+//!
 //! Store keys of a group live under `symm/{name}/g{generation}/`: the
 //! generation is agreed through the store when the group is built, so a
 //! recycled group name never sees the keys of its predecessor, and subgroups
@@ -20,6 +25,33 @@ use symm_store::Store;
 use crate::error::{Error, Result};
 use crate::types::Rank;
 
+/// Environment switch that turns [`GroupOptions::shared_devices`] on for groups built with
+/// [`Group::new`] (PyTorch's `TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES`).
+pub const ALLOW_OVERLAPPING_DEVICES_ENV: &str = "SYMM_ALLOW_OVERLAPPING_DEVICES";
+
+/// Options of a group that every rank must pass alike (checked at every
+/// rendezvous: a rank that disagrees makes every rank fail with
+/// [`Error::Mismatch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GroupOptions {
+    /// Ranks may share a device (several ranks on one GPU, NOTE
+    /// [shared-device] in docs/architecture.md). CUDA and ROCm allow it for
+    /// ranks that are threads of one process (one context, the kernels of
+    /// every rank resident together); the NCCL fallback is off in such a
+    /// group. Default false: two ranks on one device is usually a mistake.
+    pub shared_devices: bool,
+}
+
+impl GroupOptions {
+    /// The options [`Group::new`] uses: `shared_devices` when
+    /// `SYMM_ALLOW_OVERLAPPING_DEVICES=1`.
+    pub fn from_env() -> GroupOptions {
+        GroupOptions {
+            shared_devices: std::env::var(ALLOW_OVERLAPPING_DEVICES_ENV).is_ok_and(|v| v == "1"),
+        }
+    }
+}
+
 /// One rank's view of a group.
 pub struct Group {
     name: String,
@@ -28,6 +60,7 @@ pub struct Group {
     generation: u64,
     timeout: Duration,
     seq: AtomicU64,
+    options: GroupOptions,
 }
 
 impl std::fmt::Debug for Group {
@@ -36,6 +69,7 @@ impl std::fmt::Debug for Group {
             .field("name", &self.name)
             .field("rank", &self.rank)
             .field("generation", &self.generation)
+            .field("options", &self.options)
             .finish()
     }
 }
@@ -44,8 +78,19 @@ impl Group {
     /// Builds a group and agrees its generation with the other ranks through
     /// the store. Every rank of the group must call this (with the same name
     /// and world size) before any rank builds the next generation of the same
-    /// name.
+    /// name. Options: [`GroupOptions::from_env`].
     pub fn new(name: impl Into<String>, rank: usize, world_size: usize, store: Arc<dyn Store>) -> Result<Arc<Group>> {
+        Self::with_options(name, rank, world_size, store, GroupOptions::from_env())
+    }
+
+    /// [`Group::new`] with explicit options (every rank passes the same).
+    pub fn with_options(
+        name: impl Into<String>,
+        rank: usize,
+        world_size: usize,
+        store: Arc<dyn Store>,
+        options: GroupOptions,
+    ) -> Result<Arc<Group>> {
         let name = name.into();
         if name.is_empty() || name.contains('\0') {
             return Err(Error::InvalidArgument(format!(
@@ -63,7 +108,13 @@ impl Group {
             generation,
             timeout,
             seq: AtomicU64::new(0),
+            options,
         }))
+    }
+
+    /// The options the group was built with.
+    pub fn options(&self) -> GroupOptions {
+        self.options
     }
 
     pub fn name(&self) -> &str {
@@ -98,8 +149,8 @@ impl Group {
     }
 
     /// Builds a subgroup of `ranks` (global ranks of this group, in order)
-    /// named `name`. Ranks not in the list get `None`. Every rank of this
-    /// group must call it.
+    /// named `name`, with this group's options. Ranks not in the list get
+    /// `None`. Every rank of this group must call it.
     pub fn subgroup(&self, name: &str, ranks: &[usize]) -> Result<Option<Arc<Group>>> {
         let mut seen = vec![false; self.world_size()];
         for &r in ranks {
@@ -111,7 +162,7 @@ impl Group {
             }
         }
         match ranks.iter().position(|&r| r == self.rank.get()) {
-            Some(i) => Group::new(name, i, ranks.len(), self.store.clone()).map(Some),
+            Some(i) => Group::with_options(name, i, ranks.len(), self.store.clone(), self.options).map(Some),
             None => Ok(None),
         }
     }

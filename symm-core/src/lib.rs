@@ -42,12 +42,12 @@ pub use allocator::{
     get_allocator, has_allocator, registered_device_types, Allocation, BackendRegistration, SymmetricAllocator,
 };
 pub use connectivity::{
-    check_distinct_devices, check_same_host, detect_topology, get_connectivity, is_fully_connected, Connectivity,
+    check_device_sharing, check_same_host, detect_topology, get_connectivity, is_fully_connected, Connectivity,
     ConnectivityDetector, LinkMatrix, Topology,
 };
 pub use error::{Error, Result};
 pub use fault::fault_point;
-pub use group::{group_info, remove_group_info, set_group_info, Group};
+pub use group::{group_info, remove_group_info, set_group_info, Group, GroupOptions, ALLOW_OVERLAPPING_DEVICES_ENV};
 pub use memory::{check_range, BufferView, SymmetricMemory, SymmetricMemoryExt};
 pub use tensor::{
     contiguous_strides, empty_p2p, empty_strided_p2p, get_symmetric_memory, release_persistent, SymmTensor,

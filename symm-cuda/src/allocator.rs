@@ -22,7 +22,9 @@
 //!    size, host id, device UUID / PCI id / ordinal, pid, pid namespace, a
 //!    per-process nonce and its allocation key (StoreExchange all_gather);
 //! 2. every rank checks every record the same way ([`check_infos`]), so all
-//!    fail alike before anything is mapped;
+//!    fail alike before anything is mapped (ranks sharing a GPU: only with
+//!    the group's [`GroupOptions::shared_devices`](symm_core::GroupOptions)
+//!    and only as threads of one process, NOTE [shared-device]);
 //! 3. handles: if every rank is in this process (one thread per GPU), each
 //!    publishes its `Arc<PhysicalAllocation>` in a process-wide table and
 //!    takes the peers' after a store barrier (no fds at all); otherwise every
@@ -51,7 +53,7 @@ use cudarc::driver::{CudaContext, CudaStream};
 use symm_core::pad::{self, SIGNAL_PAD_SIZE};
 use symm_core::symm_store::{FdChannel, StoreError, StoreExchange};
 use symm_core::{
-    check_distinct_devices, check_same_host, fault_point, Allocation, BackendRegistration, Device, DeviceType, Error,
+    check_device_sharing, check_same_host, fault_point, Allocation, BackendRegistration, Device, DeviceType, Error,
     Group, Result, SymmetricAllocator, SymmetricMemory,
 };
 
@@ -221,17 +223,19 @@ pub struct RankInfo {
     pub pid_ns: String,
     pub nonce: u64,
     pub key: u64,
+    /// The group's [`GroupOptions::shared_devices`](symm_core::GroupOptions).
+    pub shared_ok: bool,
 }
 
-const INFO_MAGIC: &str = "symm-cuda-rdzv-1";
-const INFO_FIELDS: usize = 13;
+const INFO_MAGIC: &str = "symm-cuda-rdzv-2";
+const INFO_FIELDS: usize = 14;
 
 impl RankInfo {
     /// Newline-separated text (fields cleaned of newlines).
     pub fn encode(&self) -> Vec<u8> {
         let clean = |s: &str| s.replace(['\n', '\r'], " ");
         format!(
-            "{INFO_MAGIC}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
+            "{INFO_MAGIC}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
             self.world,
             self.buffer_size,
             self.pad_size,
@@ -243,7 +247,8 @@ impl RankInfo {
             self.pid,
             clean(&self.pid_ns),
             self.nonce,
-            self.key
+            self.key,
+            u8::from(self.shared_ok)
         )
         .into_bytes()
     }
@@ -276,21 +281,35 @@ impl RankInfo {
             pid_ns: f[10].to_string(),
             nonce: num(f[11])?,
             key: num(f[12])?,
+            shared_ok: match f[13] {
+                "0" => false,
+                "1" => true,
+                _ => return Err(bad()),
+            },
         })
     }
 }
 
 /// Checks the records of all ranks (identical on every rank, so every rank
 /// fails the same way): world size (also against `world`), signal-pad size,
-/// buffer size, allocation size, host, distinct devices.
-pub fn check_infos(world: usize, infos: &[RankInfo]) -> Result<()> {
+/// buffer size, allocation size, host, device sharing
+/// ([`check_device_sharing`]). Returns how many ranks use each rank's device.
+pub fn check_infos(world: usize, infos: &[RankInfo]) -> Result<Vec<usize>> {
     check_world_size(world, infos, |i| i.world)?;
     check_equal("signal pad size", infos, |i| i.pad_size)?;
     check_equal("buffer size", infos, |i| i.buffer_size)?;
     check_equal("allocation size (granularity)", infos, |i| i.total)?;
     check_same_host(&infos.iter().map(|i| i.host.clone()).collect::<Vec<_>>())?;
-    check_distinct_devices(&infos.iter().map(|i| format!("GPU-{}", i.uuid)).collect::<Vec<_>>())?;
-    Ok(())
+    check_device_sharing(
+        &infos.iter().map(|i| format!("GPU-{}", i.uuid)).collect::<Vec<_>>(),
+        &infos.iter().map(|i| i.shared_ok).collect::<Vec<_>>(),
+        Some(
+            &infos
+                .iter()
+                .map(|i| format!("{}/{}/{}", i.pid, i.pid_ns, i.nonce))
+                .collect::<Vec<_>>(),
+        ),
+    )
 }
 
 /// Which ranks share this rank's process (same pid, pid namespace and nonce).
@@ -419,6 +438,7 @@ impl CudaAllocation {
             pid_ns: pid_namespace(),
             nonce: process_nonce(),
             key: self.local.key,
+            shared_ok: self.group.options().shared_devices,
         }
     }
 
@@ -551,12 +571,12 @@ impl CudaAllocation {
             .enumerate()
             .map(|(r, b)| RankInfo::decode(r, b))
             .collect::<Result<Vec<_>>>()?;
-        check_infos(world, &infos)?;
+        let sharers = check_infos(world, &infos)?[rank];
 
         let outcome = self
             .exchange_and_map(&prefix, &infos, deadline, timeout)
             .and_then(|(peers, published)| {
-                let mem = CudaSymmetricMemory::new(g.clone(), self.device, self.local.clone(), peers)?;
+                let mem = CudaSymmetricMemory::new(g.clone(), self.device, self.local.clone(), peers, sharers)?;
                 Ok((mem, published))
             });
         // An injected fault stands for a dead rank: leave without a word.
@@ -660,6 +680,7 @@ mod tests {
             pid_ns: "pid:[1]".into(),
             nonce: 9,
             key: r as u64 + 1,
+            shared_ok: false,
         }
     }
 
@@ -738,14 +759,21 @@ mod tests {
         let mut v = ok.clone();
         v[1].host = "other/b".into();
         assert!(matches!(check_infos(2, &v), Err(Error::NotSameHost(_))));
-        if std::env::var("SYMM_ALLOW_OVERLAPPING_DEVICES").is_err() {
-            let mut v = ok.clone();
-            v[1].uuid = v[0].uuid.clone();
-            assert!(matches!(
-                check_infos(2, &v),
-                Err(Error::OverlappingDevices { a: 0, b: 1, .. })
-            ));
-        }
+        let mut v = ok.clone();
+        v[1].uuid = v[0].uuid.clone();
+        assert!(matches!(
+            check_infos(2, &v),
+            Err(Error::OverlappingDevices { a: 0, b: 1, .. })
+        ));
+        // Shared devices: with the permission, among threads of one process; every rank counts
+        // the ranks on its device.
+        v.iter_mut().for_each(|i| i.shared_ok = true);
+        assert_eq!(check_infos(2, &v).unwrap(), vec![2, 2]);
+        v[1].pid = 8;
+        assert!(matches!(check_infos(2, &v), Err(Error::Unavailable(_))));
+        let mut v = ok.clone();
+        v[0].shared_ok = true;
+        assert!(matches!(check_infos(2, &v), Err(Error::Mismatch { .. })));
     }
 
     #[test]

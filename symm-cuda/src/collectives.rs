@@ -40,7 +40,7 @@ use crate::driver::{self, bind, from_driver};
 use crate::kernels;
 
 pub use layout::WorkspaceLayout;
-pub use plan::{AllGatherPath, AllReduceAlgo, ReduceScatterAlgo, RingMode, Selection, Tuning};
+pub use plan::{AllGatherPath, AllReduceAlgo, GridBudget, ReduceScatterAlgo, RingMode, Selection, Tuning};
 
 use layout::{peer_index, ERR_MISMATCH, MAX_WORLD, ST_ERR_OUT};
 use plan::{
@@ -172,6 +172,8 @@ pub struct CudaCollectives {
     rank: usize,
     world: usize,
     sm_count: u32,
+    /// Most blocks of one grid (NOTE [co-residency]).
+    grid: GridBudget,
     /// How the collective kernels are launched ([`CollectivesConfig::pdl`] where the device
     /// supports it).
     how: Launch,
@@ -412,6 +414,7 @@ impl CudaCollectives {
             .ok_or_else(|| Error::InvalidArgument("the CUDA allocator returned a non-CUDA symmetric memory".into()))?;
         let abort_host = cuda.abort_word_ptr();
         let err_word = cuda.error_word_ptr();
+        let grid = GridBudget::new(sm_count, cuda.device_sharers(), how.pdl)?;
         let ws = mem.buffer_ptrs()[rank];
         if ws != ws_local {
             return Err(Error::Mismatch {
@@ -452,6 +455,7 @@ impl CudaCollectives {
             rank,
             world,
             sm_count,
+            grid,
             how,
             fns,
             ws,
@@ -480,9 +484,14 @@ impl CudaCollectives {
     pub fn config(&self) -> &CollectivesConfig {
         &self.config
     }
-    /// SMs of the device (the grid limit).
+    /// SMs of the device.
     pub fn sm_count(&self) -> u32 {
         self.sm_count
+    }
+    /// Most blocks of one collective grid: the SM count, or this rank's share of it when ranks of
+    /// the group share the device (NOTE [co-residency]).
+    pub fn grid_budget(&self) -> GridBudget {
+        self.grid
     }
     /// Whether the collective kernels are launched with programmatic dependent launch
     /// ([`CollectivesConfig::pdl`] and a device that supports it).
@@ -758,7 +767,7 @@ impl CudaCollectives {
         tuning: &Tuning,
     ) -> Result<()> {
         let dtype = [DType::F32, DType::F16, DType::BF16][dt];
-        let p = lamport_plan(count, dtype, &self.layout, tuning, self.sm_count)?;
+        let p = lamport_plan(count, dtype, &self.layout, tuning, self.grid.blocks)?;
         // Two ranks: the entry specialised for this (mode, op) (NOTE in collectives.cu).
         let f = if self.world == 2 && !lamport_generic_forced() {
             &self.fns.lamport2[dt][lamport2_index(mode, kernel_op(op))]
@@ -801,7 +810,7 @@ impl CudaCollectives {
         in_place: bool,
     ) -> Result<()> {
         let dtype = [DType::F32, DType::F16, DType::BF16][dt];
-        let p: RingPlan = ring_plan(mode, total, shard, dtype, &self.layout, tuning, self.sm_count)?;
+        let p: RingPlan = ring_plan(mode, total, shard, dtype, &self.layout, tuning, self.grid.blocks)?;
         let flags = u32::from(in_place && mode == RingMode::AllReduce && self.world > 1);
         let a = args::ring(
             &self.common(),
@@ -836,7 +845,7 @@ impl CudaCollectives {
         let threads = tuning.threads;
         let blocks = vectors
             .div_ceil(threads as usize)
-            .clamp(1, 4 * tuning.blocks(self.sm_count) as usize) as u32;
+            .clamp(1, self.grid.independent(tuning.blocks(self.grid.blocks), 4) as usize) as u32;
         let a = args::reduce_ptrs(self.rank as u32, self.world as u32, kernel_op(op), out, n, srcs);
         self.launch_coll(stream, &self.fns.reduce_ptrs[dt], cfg(blocks, threads), &a)
     }
@@ -854,7 +863,7 @@ impl CudaCollectives {
         let threads = tuning.threads;
         let blocks = vectors
             .div_ceil(threads as usize)
-            .clamp(1, tuning.blocks(self.sm_count) as usize) as u32;
+            .clamp(1, tuning.blocks(self.grid.blocks) as usize) as u32;
         // The state words are at the start of the workspace.
         let a = args::pull(&self.common(), &self.direct, self.ws, p, &self.bound());
         let f = if self.world == 2 && !lamport_generic_forced() {

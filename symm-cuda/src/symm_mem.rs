@@ -73,6 +73,8 @@ pub(crate) struct MemInner {
     device: Device,
     rank: usize,
     world: usize,
+    /// Ranks of the group on this rank's device (this one included).
+    device_sharers: usize,
     local: Arc<LocalMemory>,
     /// Peer mappings (None at this rank's own index, which uses `local`);
     /// only held: dropping them unmaps the peers.
@@ -132,6 +134,7 @@ impl CudaSymmetricMemory {
         device: Device,
         local: Arc<LocalMemory>,
         peers: Vec<Option<Mapping>>,
+        device_sharers: usize,
     ) -> Result<Self> {
         let rank = group.rank().get();
         let world = group.world_size();
@@ -164,6 +167,7 @@ impl CudaSymmetricMemory {
                 device,
                 rank,
                 world,
+                device_sharers,
                 local,
                 _peers: peers,
                 buffer_ptrs,
@@ -191,6 +195,12 @@ impl CudaSymmetricMemory {
     /// The device ordinal.
     pub fn ordinal(&self) -> usize {
         self.inner.local.ordinal
+    }
+
+    /// How many ranks of the group use this rank's device, this one included (1 unless the
+    /// group shares devices, NOTE [shared-device]).
+    pub fn device_sharers(&self) -> usize {
+        self.inner.device_sharers
     }
 
     /// Device-visible address of the abort word kernels poll (pinned host

@@ -1,8 +1,14 @@
-//! The conformance suite of symm-testkit on the CUDA backend: world sizes 1
-//! and 2, ranks as threads (one process, one thread per GPU) and as
-//! processes (one process per GPU, fds over the FdChannel). Every test passes
-//! the GPU gate first: it skips (printing why) without enough GPUs, and fails
-//! instead with `SYMM_REQUIRE_GPUS=1`.
+//! The conformance suite of symm-testkit on the CUDA backend:
+//! - `cuda`: world sizes 1 and 2, one GPU per rank, ranks as threads (one
+//!   process, one thread per GPU) and as processes (one process per GPU, fds
+//!   over the FdChannel);
+//! - `cuda_shared`: world sizes 2, 3, 4 and 8, every rank a thread on GPU 0
+//!   (NOTE [shared-device]), so the suite runs on a machine with one GPU.
+//!
+//! Every test passes the GPU gate first: it skips (printing why) without
+//! enough GPUs, and fails instead when `SYMM_REQUIRE_GPUS` says the machine
+//! has them. The alloc/free cycles check open fds and the device memory in
+//! use against their baselines.
 
 use std::time::Duration;
 
@@ -15,6 +21,14 @@ fn cuda_device(_rank: usize, local_rank: usize) -> Device {
 
 fn one_gpu_per_rank(world: usize) -> usize {
     world
+}
+
+fn gpu_0(_rank: usize, _local_rank: usize) -> Device {
+    Device::cuda(0)
+}
+
+fn one_gpu(_world: usize) -> usize {
+    1
 }
 
 /// Open fds of this process, measured after the CUDA context of this
@@ -30,16 +44,22 @@ fn cuda_resources() -> Vec<Resource> {
     let fds = std::fs::read_dir("/proc/self/fd")
         .map(|d| d.count() as u64)
         .unwrap_or(0);
-    vec![("open fds", fds)]
+    let used_mib = symm_cuda::driver::context(local)
+        .and_then(|c| symm_cuda::driver::mem_get_info(&c))
+        .map(|(free, total)| ((total - free) >> 20) as u64)
+        .unwrap_or(0);
+    vec![("open fds", fds), ("device MiB in use", used_mib)]
 }
 
 fn cuda_slack(name: &str) -> u64 {
     // The driver may open an fd or two on first use of a feature (an extra
     // stream, the first kernel); a leak per cycle would show as hundreds.
-    if name == "open fds" {
-        8
-    } else {
-        0
+    // Device memory: the driver's own pools may grow by a few MiB on first use; every cycle
+    // maps at least 2 MiB per rank, so a leak per cycle would show as hundreds of MiB.
+    match name {
+        "open fds" => 8,
+        "device MiB in use" => 64,
+        _ => 0,
     }
 }
 
@@ -51,6 +71,7 @@ fn cuda_backend() -> Backend {
         min_devices: one_gpu_per_rank,
         threads: true,
         processes: true,
+        shared_device: false,
         timeout: Duration::from_secs(60),
         fault_timeout: Duration::from_secs(3),
         launch_limit: Duration::from_secs(240),
@@ -61,4 +82,20 @@ fn cuda_backend() -> Backend {
     }
 }
 
+/// Every rank a thread on GPU 0 (processes cannot share a GPU: their contexts time-slice).
+fn cuda_shared_backend() -> Backend {
+    Backend {
+        name: "cuda-shared",
+        device_for_rank: gpu_0,
+        min_devices: one_gpu,
+        processes: false,
+        shared_device: true,
+        // Eight ranks' cycles on one GPU: fewer of them, a longer launch limit.
+        cycles: 100,
+        launch_limit: Duration::from_secs(300),
+        ..cuda_backend()
+    }
+}
+
 symm_testkit::conformance_tests!(cuda, cuda_backend(), [1, 2]);
+symm_testkit::conformance_tests!(cuda_shared, cuda_shared_backend(), [2, 3, 4, 8]);

@@ -67,10 +67,15 @@ impl Default for CommConfig {
 }
 
 impl CommConfig {
-    fn fingerprint(&self) -> String {
+    /// What every rank must agree on: this config and the group's options.
+    fn fingerprint(&self, group: &Group) -> String {
         format!(
-            "staging={} selection={:?} force={:?} nccl={}",
-            self.staging_bytes, self.selection, self.force_engine, self.nccl
+            "staging={} selection={:?} force={:?} nccl={} shared_devices={}",
+            self.staging_bytes,
+            self.selection,
+            self.force_engine,
+            self.nccl,
+            group.options().shared_devices
         )
     }
 }
@@ -135,6 +140,8 @@ pub struct Communicator {
     timeout: Duration,
     topology: Topology,
     same_host: bool,
+    /// Ranks of the group on this rank's device, this one included (NOTE [shared-device]).
+    device_sharers: usize,
     selector: Selector,
     engine: Engine,
     poisoned: AtomicBool,
@@ -219,12 +226,22 @@ impl Communicator {
             device_type: setup::device_type_name(device.ty),
             device_index: device.index,
             device_id,
-            fingerprint: config.fingerprint(),
+            fingerprint: config.fingerprint(group),
         };
         let peers = setup::exchange(group, &me, timeout)?;
         setup::check_agreement(&peers, &me)?;
         let same_host = setup::same_host(&peers);
         let world = group.world_size();
+
+        // Ranks per device (1 each unless the group shares devices, NOTE [shared-device]).
+        let sharers = if same_host && device.ty != DeviceType::Host {
+            let ids: Vec<String> = peers.iter().map(|p| p.device_id.clone()).collect();
+            symm_core::check_device_sharing(&ids, &vec![group.options().shared_devices; world], None)?
+        } else {
+            vec![1; world]
+        };
+        let shared = sharers.iter().any(|&n| n > 1);
+        let device_sharers = sharers[group.rank().get()];
 
         let (kind, topology) = match device.ty {
             DeviceType::Host => {
@@ -251,15 +268,21 @@ impl Communicator {
             }
             DeviceType::Cuda => {
                 let topology = if same_host {
-                    let ids: Vec<String> = peers.iter().map(|p| p.device_id.clone()).collect();
-                    symm_core::check_distinct_devices(&ids)?;
-                    // The link matrix is indexed by CUDA ordinal; ordinals that
-                    // collide (per-process CUDA_VISIBLE_DEVICES) say nothing.
-                    let devices: Vec<usize> = peers.iter().map(|p| p.device_index as usize).collect();
+                    // One entry per distinct device (ranks sharing a device reach each other
+                    // through its own memory). The link matrix is indexed by CUDA ordinal;
+                    // ordinals that collide (per-process CUDA_VISIBLE_DEVICES) say nothing.
+                    let mut distinct: Vec<(&str, usize)> = Vec::new();
+                    for p in &peers {
+                        if !distinct.iter().any(|(id, _)| *id == p.device_id) {
+                            distinct.push((&p.device_id, p.device_index as usize));
+                        }
+                    }
+                    let devices: Vec<usize> = distinct.iter().map(|&(_, d)| d).collect();
                     let mut sorted = devices.clone();
                     sorted.sort_unstable();
                     sorted.dedup();
                     match get_connectivity(DeviceType::Cuda, "nvlink") {
+                        _ if devices.len() == 1 => Topology::FullyConnected,
                         Ok(c) if sorted.len() == devices.len() => detect_topology(&c.matrix, &devices),
                         _ => Topology::Unknown,
                     }
@@ -284,8 +307,21 @@ impl Communicator {
                             "the host engine on CUDA devices: use the cuda or nccl engine".into(),
                         ))
                     }
+                    Some(EngineKind::Nccl) if shared => {
+                        return Err(Error::Unavailable(
+                            "the nccl engine for ranks that share a GPU (NCCL refuses duplicate GPUs); \
+                             use the cuda engine"
+                                .into(),
+                        ))
+                    }
                     Some(k) => k,
                     None if same_host && topology == Topology::FullyConnected => EngineKind::Cuda,
+                    None if shared => {
+                        return Err(Error::Unavailable(format!(
+                            "ranks share a GPU but the group's devices are not fully connected \
+                             (topology {topology:?}); NCCL, the fallback, refuses duplicate GPUs"
+                        )))
+                    }
                     None => EngineKind::Nccl,
                 };
                 (kind, topology)
@@ -302,6 +338,7 @@ impl Communicator {
                 &config,
                 timeout,
                 kind == EngineKind::Cuda,
+                shared.then_some("ranks of the group share a GPU (NCCL refuses duplicate GPUs)"),
             )?),
             #[cfg(not(feature = "cuda"))]
             EngineKind::Cuda | EngineKind::Nccl => {
@@ -337,6 +374,7 @@ impl Communicator {
             timeout,
             topology,
             same_host,
+            device_sharers,
             selector,
             engine,
             poisoned: AtomicBool::new(false),
@@ -368,6 +406,12 @@ impl Communicator {
     /// Whether every rank runs on this host.
     pub fn same_host(&self) -> bool {
         self.same_host
+    }
+    /// How many ranks of the group use this rank's device, this one included: 1 unless the
+    /// group shares devices ([`symm_core::GroupOptions::shared_devices`], NOTE
+    /// [shared-device]), where NCCL is off and timings say nothing about NVLink.
+    pub fn device_sharers(&self) -> usize {
+        self.device_sharers
     }
     /// The engine running the ops.
     pub fn engine_kind(&self) -> EngineKind {
@@ -426,10 +470,15 @@ impl Communicator {
     /// The selection table in force, as text.
     pub fn selection_table(&self) -> String {
         let header = format!(
-            "symm-ops selection: group {:?}, world {}, device {}, engine {}{}, topology {:?}, {}, staging {}",
+            "symm-ops selection: group {:?}, world {}, device {}{}, engine {}{}, topology {:?}, {}, staging {}",
             self.group.name(),
             self.world_size(),
             self.device,
+            if self.device_sharers > 1 {
+                format!(" (shared by {} ranks)", self.device_sharers)
+            } else {
+                String::new()
+            },
             self.selector.engine,
             if self.selector.nccl { " (nccl fallback)" } else { "" },
             self.topology,

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use symm_core::{
-    check_distinct_devices, check_same_host, pad, Allocation, Device, DeviceType, Error, Group, Result,
+    check_device_sharing, check_same_host, pad, Allocation, Device, DeviceType, Error, Group, Result,
     SymmetricAllocator, SymmetricMemory,
 };
 use symm_store::{FdChannel, StoreExchange};
@@ -119,13 +119,21 @@ pub struct RankInfo {
     pub size: usize,
     pub pad_offset: usize,
     pub total: usize,
+    /// The group's [`symm_core::GroupOptions::shared_devices`].
+    pub shared_ok: bool,
 }
 
 impl RankInfo {
     pub fn encode(&self) -> Vec<u8> {
         format!(
-            "symm-rocm/1\n{}\n{}\n{}\n{}\n{}\n{}\n",
-            self.host, self.pid, self.pci, self.size, self.pad_offset, self.total
+            "symm-rocm/2\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n",
+            self.host,
+            self.pid,
+            self.pci,
+            self.size,
+            self.pad_offset,
+            self.total,
+            u8::from(self.shared_ok)
         )
         .into_bytes()
     }
@@ -136,7 +144,7 @@ impl RankInfo {
         };
         let s = std::str::from_utf8(b).map_err(|_| bad("non-UTF-8 data"))?;
         let f: Vec<&str> = s.lines().collect();
-        if f.len() != 7 || f[0] != "symm-rocm/1" {
+        if f.len() != 8 || f[0] != "symm-rocm/2" {
             return Err(bad("a record of another backend or version"));
         }
         let n = |i: usize| f[i].parse::<usize>().map_err(|_| bad("a malformed number"));
@@ -147,14 +155,24 @@ impl RankInfo {
             size: n(4)?,
             pad_offset: n(5)?,
             total: n(6)?,
+            shared_ok: match f[7] {
+                "0" => false,
+                "1" => true,
+                _ => return Err(bad("a malformed shared-device flag")),
+            },
         })
     }
 }
 
-/// Checks the records of every rank agree (same host, distinct devices, same size).
+/// Checks the records of every rank agree (same host, device sharing as
+/// [`check_device_sharing`] allows it, same size).
 pub fn check_records(infos: &[RankInfo]) -> Result<()> {
     check_same_host(&infos.iter().map(|i| i.host.clone()).collect::<Vec<_>>())?;
-    check_distinct_devices(&infos.iter().map(|i| i.pci.clone()).collect::<Vec<_>>())?;
+    check_device_sharing(
+        &infos.iter().map(|i| i.pci.clone()).collect::<Vec<_>>(),
+        &infos.iter().map(|i| i.shared_ok).collect::<Vec<_>>(),
+        Some(&infos.iter().map(|i| i.pid.to_string()).collect::<Vec<_>>()),
+    )?;
     if let Some(first) = infos.first() {
         for (r, i) in infos.iter().enumerate() {
             if i.size != first.size {
@@ -268,6 +286,7 @@ fn rendezvous(local: &Arc<Local>, group: &Arc<Group>, timeout: Duration) -> Resu
         size: local.layout.size,
         pad_offset: local.layout.pad_offset,
         total: local.layout.total,
+        shared_ok: group.options().shared_devices,
     };
     let infos = exchange
         .all_gather(rank, world, &me.encode(), timeout)?
@@ -332,10 +351,11 @@ mod tests {
             size: 100,
             pad_offset: 4096,
             total: 2 << 20,
+            shared_ok: false,
         };
         assert_eq!(RankInfo::decode(0, &a.encode()).unwrap(), a);
         assert!(RankInfo::decode(1, b"symm-cuda/1\n").is_err());
-        assert!(RankInfo::decode(1, b"symm-rocm/1\nh\nx\np\n1\n2\n3\n").is_err());
+        assert!(RankInfo::decode(1, b"symm-rocm/2\nh\nx\np\n1\n2\n3\n0\n").is_err());
         let b = RankInfo {
             pci: "0000:c2:00.0".into(),
             ..a.clone()
@@ -357,11 +377,18 @@ mod tests {
             check_records(&[a.clone(), other_host]),
             Err(Error::NotSameHost(_))
         ));
-        if std::env::var("SYMM_ALLOW_OVERLAPPING_DEVICES").is_err() {
-            assert!(matches!(
-                check_records(&[a.clone(), a.clone()]),
-                Err(Error::OverlappingDevices { .. })
-            ));
-        }
+        assert!(matches!(
+            check_records(&[a.clone(), a.clone()]),
+            Err(Error::OverlappingDevices { .. })
+        ));
+        let shared = RankInfo {
+            shared_ok: true,
+            ..a.clone()
+        };
+        assert!(check_records(&[shared.clone(), shared.clone()]).is_ok());
+        assert!(matches!(
+            check_records(&[shared, a.clone()]),
+            Err(Error::Mismatch { .. })
+        ));
     }
 }

@@ -43,6 +43,7 @@ fn rocm() -> Backend {
         min_devices: one_per_rank,
         threads: true,
         processes: true,
+        shared_device: false,
         timeout: Duration::from_secs(60),
         fault_timeout: Duration::from_secs(3),
         launch_limit: Duration::from_secs(300),

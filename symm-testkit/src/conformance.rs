@@ -51,6 +51,9 @@ pub struct Backend {
     pub min_devices: fn(usize) -> usize,
     pub threads: bool,
     pub processes: bool,
+    /// Every rank uses the same device, in groups that allow it (NOTE
+    /// [shared-device]; threads only).
+    pub shared_device: bool,
     /// Timeout of operations that must succeed.
     pub timeout: Duration,
     /// Timeout of operations expected to fail (a dead or absent peer).
@@ -109,6 +112,7 @@ impl Backend {
             min_devices: no_devices,
             threads: true,
             processes: true,
+            shared_device: false,
             timeout: Duration::from_secs(60),
             fault_timeout: Duration::from_secs(2),
             launch_limit: Duration::from_secs(180),
@@ -984,6 +988,7 @@ fn run_threads_case(b: &Backend, case: Case, world: usize) {
     let mut opts = ThreadOptions::new(world, b.launch_limit);
     opts.store_timeout = b.timeout;
     opts.fault = case.fault(world);
+    opts.shared_device = b.shared_device;
     let victim = opts.fault.as_ref().map(|f| f.rank);
     let bb = b.clone();
     let outcomes = run_threads_outcomes(&opts, move |ctx| case_body(&bb, case, &ctx));
@@ -1071,8 +1076,13 @@ pub fn run_case(backend: &Backend, case: Case, mode: Mode, world: usize, test_pa
         use std::io::Write;
         let _ = writeln!(
             std::io::stderr(),
-            "skipped: backend {} does not run ranks as {mode}",
-            backend.name
+            "skipped: backend {} does not run ranks as {mode}{}",
+            backend.name,
+            if backend.shared_device {
+                " (ranks that share a device must be threads of one process)"
+            } else {
+                ""
+            }
         );
         return;
     }

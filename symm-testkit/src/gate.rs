@@ -1,12 +1,20 @@
 //! The GPU gate: a GPU test without GPUs skips at run time and says why, or
-//! fails when `SYMM_REQUIRE_GPUS=1`.
+//! fails when `SYMM_REQUIRE_GPUS=<n>` says this machine has the `n` GPUs it
+//! needs.
+//!
+//! `SYMM_REQUIRE_GPUS=<n>` (what `cargo xtask test-multigpu` and the GPU
+//! bundle's `run.sh tests` set to the machine's GPU count): a test that needs
+//! at most `n` devices must run, so its skip is a failure; a test that needs
+//! more skips and says so (on one GPU the shared-device suites run and the
+//! distinct-GPU suites skip).
 #![forbid(unsafe_code)]
 
 use std::io::Write;
 
 use symm_core::{get_allocator, DeviceType};
 
-/// Environment variable that turns a skip into a failure.
+/// Environment variable that turns a skip into a failure (its value: how many
+/// GPUs the run requires tests to use).
 pub const REQUIRE_GPUS_ENV: &str = "SYMM_REQUIRE_GPUS";
 
 /// Why a test was skipped.
@@ -19,9 +27,19 @@ impl std::fmt::Display for SkipReason {
     }
 }
 
-/// True when `SYMM_REQUIRE_GPUS=1`.
-pub fn gpus_required() -> bool {
-    std::env::var(REQUIRE_GPUS_ENV).is_ok_and(|v| v == "1")
+/// How many GPUs `SYMM_REQUIRE_GPUS` requires tests to use (0 when unset or
+/// not a number: every gated test may skip).
+pub fn gpus_required() -> usize {
+    std::env::var(REQUIRE_GPUS_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Whether a gate for `min_devices` devices fails instead of skipping when
+/// `required` GPUs are required.
+pub fn skip_is_failure(min_devices: usize, required: usize) -> bool {
+    required > 0 && min_devices <= required
 }
 
 /// Why `min_devices` devices of `device_type` cannot be used here, if they
@@ -47,11 +65,13 @@ pub fn gpu_unavailable(device_type: DeviceType, min_devices: usize) -> Option<Sk
 /// The gate for a test needing `min_devices` devices of `device_type`.
 /// Returns `None` when the test can run. Otherwise prints `skipped: <reason>`
 /// to stderr (bypassing the harness's capture) and returns the reason, or,
-/// with `SYMM_REQUIRE_GPUS=1`, panics (this is for tests: it fails them).
+/// when `SYMM_REQUIRE_GPUS` is at least `min_devices`, panics (this is for
+/// tests: it fails them).
 pub fn gpu_gate(device_type: DeviceType, min_devices: usize) -> Option<SkipReason> {
     let reason = gpu_unavailable(device_type, min_devices)?;
-    if gpus_required() {
-        panic!("{REQUIRE_GPUS_ENV}=1 but the test cannot run: {reason}");
+    let required = gpus_required();
+    if skip_is_failure(min_devices, required) {
+        panic!("{REQUIRE_GPUS_ENV}={required} but the test (needing {min_devices} device(s)) cannot run: {reason}");
     }
     let _ = writeln!(std::io::stderr(), "skipped: {reason}");
     Some(reason)
@@ -65,6 +85,17 @@ mod tests {
     fn host_is_never_gated() {
         crate::link();
         assert_eq!(gpu_unavailable(DeviceType::Host, 64), None);
+    }
+
+    #[test]
+    fn required_count_decides_which_skips_fail() {
+        // Unset: nothing fails. One GPU: shared-device tests (1 device) must run, distinct-GPU
+        // ones (2) skip. Two GPUs: both must run; an 8-GPU test skips.
+        assert!(!skip_is_failure(1, 0));
+        assert!(skip_is_failure(1, 1));
+        assert!(!skip_is_failure(2, 1));
+        assert!(skip_is_failure(2, 2));
+        assert!(!skip_is_failure(8, 2));
     }
 
     #[test]

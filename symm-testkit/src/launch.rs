@@ -37,7 +37,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use symm_core::symm_store::{HashStore, Store, StoreError, StoreExchange};
-use symm_core::Group;
+use symm_core::{Group, GroupOptions};
 
 use crate::fault::{set_thread_fault, Fault, FAULT_ENV};
 
@@ -84,6 +84,9 @@ pub struct RankCtx {
     pub store: Arc<dyn Store>,
     /// A random id shared by all ranks of one launch (see [`RankCtx::unique`]).
     pub launch_id: u64,
+    /// Every rank of the launch uses device 0 (threads sharing one GPU, NOTE
+    /// [shared-device]); groups from [`RankCtx::group`] allow it.
+    pub shared_device: bool,
 }
 
 impl std::fmt::Debug for RankCtx {
@@ -92,6 +95,7 @@ impl std::fmt::Debug for RankCtx {
             .field("rank", &self.rank)
             .field("world", &self.world)
             .field("mode", &self.mode)
+            .field("shared_device", &self.shared_device)
             .finish()
     }
 }
@@ -103,9 +107,26 @@ impl RankCtx {
         format!("{base}-{:016x}", self.launch_id)
     }
 
-    /// Builds group `name` of all ranks of the launch (collective).
+    /// Builds group `name` of all ranks of the launch (collective). A
+    /// shared-device launch's groups allow ranks to share a device; others
+    /// take [`Group::new`]'s options.
     pub fn group(&self, name: &str) -> symm_core::Result<Arc<Group>> {
-        Group::new(name, self.rank, self.world, self.store.clone())
+        if self.shared_device {
+            let options = GroupOptions { shared_devices: true };
+            Group::with_options(name, self.rank, self.world, self.store.clone(), options)
+        } else {
+            Group::new(name, self.rank, self.world, self.store.clone())
+        }
+    }
+
+    /// The device ordinal (of a GPU backend) this rank uses: 0 in a
+    /// shared-device launch, else its local rank.
+    pub fn gpu(&self) -> usize {
+        if self.shared_device {
+            0
+        } else {
+            self.local_rank
+        }
     }
 
     /// A store barrier of all ranks, keyed by `name` (call each name once).
@@ -194,6 +215,8 @@ pub struct ThreadOptions {
     pub store_timeout: Duration,
     /// A fault armed in the faulted rank's thread ([`crate::fault`]).
     pub fault: Option<Fault>,
+    /// Every rank uses device 0 ([`RankCtx::shared_device`]).
+    pub shared_device: bool,
 }
 
 impl ThreadOptions {
@@ -203,6 +226,7 @@ impl ThreadOptions {
             limit,
             store_timeout: DEFAULT_STORE_TIMEOUT,
             fault: None,
+            shared_device: false,
         }
     }
 }
@@ -230,6 +254,7 @@ where
             mode: Mode::Threads,
             store: store.clone(),
             launch_id,
+            shared_device: opts.shared_device,
         };
         let (f, tx) = (f.clone(), tx.clone());
         let fault = opts.fault.as_ref().filter(|x| x.rank == rank).map(|x| x.point.clone());
@@ -276,10 +301,20 @@ where
     T: Send + 'static,
     F: Fn(RankCtx) -> TestResult<T> + Send + Sync + 'static,
 {
-    if world == 0 {
+    run_threads_with(&ThreadOptions::new(world, limit), f)
+}
+
+/// [`run_threads`] with options (a shared-device launch, a store timeout).
+pub fn run_threads_with<T, F>(opts: &ThreadOptions, f: F) -> Result<Vec<T>, LaunchError>
+where
+    T: Send + 'static,
+    F: Fn(RankCtx) -> TestResult<T> + Send + Sync + 'static,
+{
+    if opts.world == 0 {
         return Err(LaunchError::Invalid("world size 0".into()));
     }
-    let outcomes = run_threads_outcomes(&ThreadOptions::new(world, limit), f);
+    let limit = opts.limit;
+    let outcomes = run_threads_outcomes(opts, f);
     let mut failed = Vec::new();
     let mut values = Vec::new();
     for (rank, o) in outcomes.into_iter().enumerate() {
@@ -752,6 +787,7 @@ pub fn child_ctx() -> Result<Option<RankCtx>, LaunchError> {
         mode: Mode::Processes,
         store,
         launch_id,
+        shared_device: false,
     }))
 }
 

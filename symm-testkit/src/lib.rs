@@ -14,6 +14,9 @@
 //!   thread-armed fault), at points backends mark with [`fault_point`].
 //! - [`gate`]: [`gpu_gate`], skipping GPU tests without GPUs (failing them
 //!   with `SYMM_REQUIRE_GPUS=1`).
+//! - [`gpu_world`]: the worlds every multi-rank GPU suite runs at (distinct
+//!   GPUs, and threads sharing one GPU at worlds 2, 3, 4 and 8) and
+//!   [`gpu_world_tests!`], one test per world.
 //! - [`conformance`]: the conformance suite, written once, instantiated per
 //!   backend with [`conformance_tests!`]:
 //!   `symm_testkit::conformance_tests!(host, symm_testkit::conformance::Backend::host(), [1, 2, 3, 5, 8]);`
@@ -24,11 +27,15 @@
 pub mod conformance;
 pub mod fault;
 pub mod gate;
+pub mod gpu_world;
 pub mod host;
 pub mod launch;
 mod store_host;
 
 pub use fault::{fault_point, Fault};
 pub use gate::{gpu_gate, SkipReason};
+pub use gpu_world::{GpuWorld, Placement, GPU_WORLDS};
 pub use host::link;
-pub use launch::{child_ctx, child_rank, is_child, run_processes, run_threads, Mode, RankCtx, TestResult};
+pub use launch::{
+    child_ctx, child_rank, is_child, run_processes, run_threads, run_threads_with, Mode, RankCtx, TestResult,
+};

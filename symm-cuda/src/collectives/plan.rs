@@ -93,6 +93,67 @@ impl Tuning {
     }
 }
 
+/// How many blocks one collective grid of this rank may have: NOTE [co-residency].
+///
+/// Ranks on distinct GPUs: the device's SM count (one block per SM, so a ring grid's senders and
+/// receivers are resident together). Ranks sharing a GPU (`sharers` > 1): every rank's waiting
+/// kernels must be resident at once, or one rank's kernel waits for a peer's kernel that cannot
+/// start. A block of any collective kernel fits on an empty SM, so grids that together ask for at
+/// most one block per SM are all resident: each rank gets `sm_count / sharers` SMs, less
+/// [`GRID_RESERVE`] for its one-block barrier and signal kernels, divided by the grids it can
+/// have in flight (2 with programmatic dependent launch, whose next kernel may sit resident in
+/// `griddepcontrol.wait`; else 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GridBudget {
+    /// Most blocks of one grid (the planners' `sm_count`).
+    pub blocks: u32,
+    /// Whether the device is shared with other ranks of the group (kernels that wait on no peer
+    /// are held to `blocks` too, instead of a multiple of it).
+    pub shared: bool,
+}
+
+/// Blocks each rank keeps for its one-block kernels (barriers, signals) on a shared GPU.
+pub const GRID_RESERVE: u32 = 2;
+
+impl GridBudget {
+    /// The budget of a rank on a device of `sm_count` SMs used by `sharers` ranks of the group
+    /// (itself included), launching with programmatic dependent launch when `pdl`. An error
+    /// naming the limit when the device cannot hold every rank's kernels (the ring needs 2
+    /// blocks per grid).
+    pub fn new(sm_count: u32, sharers: usize, pdl: bool) -> Result<GridBudget> {
+        let sm_count = sm_count.max(1);
+        if sharers <= 1 {
+            return Ok(GridBudget {
+                blocks: sm_count,
+                shared: false,
+            });
+        }
+        let in_flight = if pdl { 2 } else { 1 };
+        let per_rank = sm_count / u32::try_from(sharers).unwrap_or(u32::MAX);
+        let blocks = per_rank.saturating_sub(GRID_RESERVE) / in_flight;
+        if blocks < 2 {
+            return Err(Error::OutOfRange {
+                what: "ranks sharing one GPU (its SMs cannot hold every rank's collective kernels at once; \
+                       NOTE [co-residency])",
+                value: sharers as u64,
+                limit: u64::from(sm_count / (in_flight * 2 + GRID_RESERVE)),
+            });
+        }
+        Ok(GridBudget { blocks, shared: true })
+    }
+
+    /// Most blocks of a kernel that waits on no peer, given a grid of `blocks` (at most
+    /// [`Self::blocks`]): `factor` times that on a GPU of its own, `blocks` on a shared one
+    /// (with programmatic dependent launch such a kernel may sit resident behind a waiting one).
+    pub fn independent(&self, blocks: u32, factor: u32) -> u32 {
+        if self.shared {
+            blocks
+        } else {
+            blocks.saturating_mul(factor)
+        }
+    }
+}
+
 /// Elements per 16-byte vector.
 pub fn vec_elems(dtype: DType) -> usize {
     VEC_BYTES / dtype.size()
@@ -577,6 +638,31 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn grid_budget_fits_every_sharing_rank() {
+        // Distinct GPUs: one block per SM, unchanged.
+        assert_eq!(GridBudget::new(132, 1, true).unwrap(), GridBudget { blocks: 132, shared: false });
+        for sms in [78u32, 108, 132, 144] {
+            for sharers in 2..=8usize {
+                for pdl in [false, true] {
+                    let g = GridBudget::new(sms, sharers, pdl).unwrap();
+                    let in_flight = if pdl { 2 } else { 1 };
+                    // Every rank's grids in flight plus its reserved one-block kernels fit the SMs.
+                    let demand = sharers as u32 * (g.blocks * in_flight + GRID_RESERVE);
+                    assert!(demand <= sms, "{sms} SMs, {sharers} ranks, pdl {pdl}: {demand}");
+                    assert!(g.blocks >= 2 && g.shared);
+                    assert_eq!(g.independent(g.blocks, 4), g.blocks);
+                }
+            }
+        }
+        assert_eq!(GridBudget::new(132, 8, false).unwrap().blocks, 14);
+        assert_eq!(GridBudget::new(132, 8, true).unwrap().blocks, 7);
+        // Too many ranks for the device: an error that names the limit.
+        let e = GridBudget::new(16, 8, true).unwrap_err();
+        assert!(matches!(e, Error::OutOfRange { limit: 2, .. }), "{e}");
+        assert_eq!(GridBudget::new(132, 1, false).unwrap().independent(132, 4), 528);
     }
 
     #[test]

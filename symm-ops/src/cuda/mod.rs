@@ -76,6 +76,8 @@ pub(crate) struct CudaEngine {
 impl CudaEngine {
     /// Collective setup on `stream` (of `device`). `symm`: build the
     /// symmetric-memory kernels (one host, fully connected); else NCCL only.
+    /// `no_nccl`: why NCCL cannot serve this group although the config asks
+    /// for it (ranks sharing a GPU), the same on every rank.
     pub fn new(
         group: &Arc<Group>,
         device: Device,
@@ -83,6 +85,7 @@ impl CudaEngine {
         config: &CommConfig,
         timeout: Duration,
         symm: bool,
+        no_nccl: Option<&str>,
     ) -> Result<Self> {
         if !symm && !config.nccl {
             return Err(Error::Unavailable(
@@ -94,7 +97,12 @@ impl CudaEngine {
         } else {
             None
         };
-        let (nccl, nccl_missing) = if config.nccl {
+        let (nccl, nccl_missing) = if let (true, Some(why)) = (config.nccl, no_nccl) {
+            if !symm {
+                return Err(Error::Unavailable(format!("NCCL, the only engine for this group: {why}")));
+            }
+            (None, Some(why.to_string()))
+        } else if config.nccl {
             match nccl::agree_available(group, timeout)? {
                 Ok(()) => (Some(Nccl::new(group, &stream, timeout)?), None),
                 // The fallback is optional where the kernels can run.

@@ -34,7 +34,7 @@ use symm_core::agree::{check_equal, check_world_size, host_id, pid_namespace, ti
 use symm_core::pad::SIGNAL_PAD_SIZE;
 use symm_core::symm_store::{FdChannel, FdKind, StoreExchange};
 use symm_core::{
-    check_distinct_devices, check_same_host, Allocation, Device, DeviceType, Error, Group, Result, SymmetricAllocator,
+    check_device_sharing, check_same_host, Allocation, Device, DeviceType, Error, Group, Result, SymmetricAllocator,
     SymmetricMemory,
 };
 
@@ -101,15 +101,17 @@ pub struct RankInfo {
     pub pid_ns: String,
     pub nonce: u64,
     pub key: u64,
+    /// The group's [`symm_core::GroupOptions::shared_devices`].
+    pub shared_ok: bool,
 }
 
-const INFO_MAGIC: &str = "symm-host-rdzv-1";
+const INFO_MAGIC: &str = "symm-host-rdzv-2";
 
 impl RankInfo {
     fn encode(&self) -> Vec<u8> {
         let clean = |s: &str| s.replace(['\n', '\t'], " ");
         format!(
-            "{INFO_MAGIC}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
+            "{INFO_MAGIC}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
             self.world,
             self.buffer_size,
             self.pad_size,
@@ -118,7 +120,8 @@ impl RankInfo {
             self.pid,
             clean(&self.pid_ns),
             self.nonce,
-            self.key
+            self.key,
+            u8::from(self.shared_ok)
         )
         .into_bytes()
     }
@@ -130,7 +133,7 @@ impl RankInfo {
         };
         let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
         let f: Vec<&str> = text.split('\n').collect();
-        if f.len() != 10 || f[0] != INFO_MAGIC {
+        if f.len() != 11 || f[0] != INFO_MAGIC {
             return Err(bad());
         }
         let num = |s: &str| s.parse::<u64>().map_err(|_| bad());
@@ -144,19 +147,28 @@ impl RankInfo {
             pid_ns: f[7].to_string(),
             nonce: num(f[8])?,
             key: num(f[9])?,
+            shared_ok: match f[10] {
+                "0" => false,
+                "1" => true,
+                _ => return Err(bad()),
+            },
         })
     }
 }
 
 /// Checks the records of all ranks (the same on every rank, so every rank
 /// fails the same way): world size (also against `world`), signal-pad size,
-/// buffer size, host, distinct devices.
+/// buffer size, host, device sharing ([`check_device_sharing`]).
 pub fn check_infos(world: usize, infos: &[RankInfo]) -> Result<()> {
     check_world_size(world, infos, |i| i.world)?;
     check_equal("signal pad size", infos, |i| i.pad_size)?;
     check_equal("buffer size", infos, |i| i.buffer_size)?;
     check_same_host(&infos.iter().map(|i| i.host.clone()).collect::<Vec<_>>())?;
-    check_distinct_devices(&infos.iter().map(|i| i.device.clone()).collect::<Vec<_>>())?;
+    check_device_sharing(
+        &infos.iter().map(|i| i.device.clone()).collect::<Vec<_>>(),
+        &infos.iter().map(|i| i.shared_ok).collect::<Vec<_>>(),
+        None,
+    )?;
     Ok(())
 }
 
@@ -224,6 +236,7 @@ impl HostAllocation {
             pid_ns: pid_namespace(),
             nonce: process_nonce(),
             key: self.key,
+            shared_ok: self.group.options().shared_devices,
         }
     }
 
@@ -385,6 +398,7 @@ mod tests {
             pid_ns: "pid:[1]".into(),
             nonce: 9,
             key: r as u64,
+            shared_ok: false,
         }
     }
 
@@ -425,13 +439,16 @@ mod tests {
         let mut v = ok.clone();
         v[2].host = "other/b".into();
         assert!(matches!(check_infos(3, &v), Err(Error::NotSameHost(_))));
-        if std::env::var("SYMM_ALLOW_OVERLAPPING_DEVICES").is_err() {
-            let mut v = ok;
-            v[2].device = "host-rank-0".into();
-            assert!(matches!(
-                check_infos(3, &v),
-                Err(Error::OverlappingDevices { a: 0, b: 2, .. })
-            ));
-        }
+        let mut v = ok.clone();
+        v[2].device = "host-rank-0".into();
+        assert!(matches!(
+            check_infos(3, &v),
+            Err(Error::OverlappingDevices { a: 0, b: 2, .. })
+        ));
+        v.iter_mut().for_each(|i| i.shared_ok = true);
+        assert!(check_infos(3, &v).is_ok());
+        let mut v = ok;
+        v[1].shared_ok = true;
+        assert!(matches!(check_infos(3, &v), Err(Error::Mismatch { .. })));
     }
 }
