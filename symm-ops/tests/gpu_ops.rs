@@ -1,4 +1,7 @@
-//! The ops on CUDA GPUs (two ranks, as threads and as processes): the host
+//! The ops on CUDA GPUs, ranks as threads at every world of
+//! `symm_testkit::GPU_WORLDS` (two ranks on two GPUs; 2, 3, 4 and 8 ranks
+//! sharing GPU 0, NOTE [shared-device]; tests `<name>::distinct_w2`,
+//! `<name>::shared_w8`...) and two ranks as processes on two GPUs: the host
 //! suite's matrix (every dtype x op x algorithm against a float64
 //! reference, odd sizes and offsets, poisoned outputs, guards, bitwise
 //! equality across ranks, exact integer sums); 10,000 back-to-back ops with a
@@ -8,8 +11,9 @@
 //! and replayed 100 times equal to eager; the selection table. Every test
 //! prints a `SUMMARY <name> <result> <figures>` line.
 //!
-//! Without two GPUs every test skips and says why; with
-//! `SYMM_REQUIRE_GPUS=1` it fails instead. Built with the `cuda` feature.
+//! Without the GPUs a world needs its test skips and says why; when
+//! `SYMM_REQUIRE_GPUS` says the machine has them it fails instead. Built with
+//! the `cuda` feature.
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -23,23 +27,34 @@ use symm_core::{get_symmetric_memory, DType, DeviceType, Error, ReduceOp, SymmTe
 use symm_ops::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use symm_ops::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use symm_ops::symm_cuda::SymmView;
-use symm_ops::{AllReduceAlgo, CommConfig, Communicator, Element, RawDevicePtr};
-use symm_testkit::launch::{child_ctx, run_processes, run_threads, RankCtx, TestResult};
+use symm_ops::{AllReduceAlgo, CommConfig, Communicator, Element, EngineKind, RawDevicePtr};
+use symm_testkit::launch::{child_ctx, run_processes, run_threads_with, RankCtx, TestResult};
+use symm_testkit::GpuWorld;
 
-const WORLD: usize = 2;
+/// Ranks of the process test (one GPU each).
+const PROCESS_WORLD: usize = 2;
 const LIMIT: Duration = Duration::from_secs(540);
 
-/// True when the test can run; else prints why (the gate itself fails the
-/// test when SYMM_REQUIRE_GPUS=1).
-fn gate(name: &str) -> bool {
+/// True when the test can run at `w`; else prints why (the gate itself fails
+/// the test when SYMM_REQUIRE_GPUS says the GPUs are there).
+fn gate(name: &str, w: GpuWorld) -> bool {
     symm_ops::link();
-    match symm_testkit::gpu_gate(DeviceType::Cuda, WORLD) {
+    match symm_testkit::gpu_gate(DeviceType::Cuda, w.min_devices()) {
         None => true,
         Some(reason) => {
-            println!("SUMMARY {name} skipped {reason}");
+            println!("SUMMARY {name} {} skipped {reason}", w.label());
             false
         }
     }
+}
+
+/// Runs `f` on every rank of `w` as threads; panics naming the world when a rank fails.
+fn run<T, F>(w: GpuWorld, f: F) -> Vec<T>
+where
+    T: Send + 'static,
+    F: Fn(RankCtx) -> TestResult<T> + Send + Sync + 'static,
+{
+    run_threads_with(&w.thread_options(LIMIT), f).unwrap_or_else(|e| panic!("{}: {e}", w.label()))
 }
 
 /// One rank's GPU, stream and communicator.
@@ -51,7 +66,7 @@ struct Rig {
 
 fn rig(rc: &RankCtx, name: &str, config: CommConfig) -> TestResult<Rig> {
     symm_ops::link();
-    let ctx = CudaContext::new(rc.local_rank)?;
+    let ctx = CudaContext::new(rc.gpu())?;
     // SAFETY: every cudarc buffer of these tests is used on `stream` only
     // (the host reads results after synchronising it), so cudarc's
     // cross-stream events are not needed; without them the ops can be
@@ -333,25 +348,26 @@ fn same_everywhere(per_rank: &[Vec<(String, Option<u64>)>]) -> Result<usize, Str
 
 const SIZES: &[usize] = &[1, 7, 1000, 4099, 33_333, (1 << 18) + 3];
 
-#[test]
-fn gpu_matrix_threads() {
-    if !gate("gpu_matrix_threads") {
+fn gpu_matrix_threads(w: GpuWorld) {
+    if !gate("gpu_matrix_threads", w) {
         return;
     }
     let t = Instant::now();
-    let per_rank = run_threads(WORLD, LIMIT, |rc| matrix(&rc, SIZES)).unwrap();
+    let per_rank = run(w, |rc| matrix(&rc, SIZES));
     let n = same_everywhere(&per_rank).unwrap();
     println!(
-        "SUMMARY gpu_matrix_threads ok {n} cases x {WORLD} ranks (3 dtypes x 4 ops x {} sizes x all algorithms), \
+        "SUMMARY gpu_matrix_threads ok {n} cases x {} (3 dtypes x 4 ops x {} sizes x all algorithms), \
          bitwise equal across ranks, {:.1} s",
+        w.label(),
         SIZES.len(),
         t.elapsed().as_secs_f64()
     );
 }
+symm_testkit::gpu_world_tests!(gpu_matrix_threads, gpu_matrix_threads);
 
 #[test]
 fn gpu_matrix_processes() {
-    if !gate("gpu_matrix_processes") {
+    if !gate("gpu_matrix_processes", GpuWorld::distinct(PROCESS_WORLD)) {
         return;
     }
     if let Some(rc) = child_ctx().unwrap() {
@@ -365,21 +381,20 @@ fn gpu_matrix_processes() {
         return;
     }
     let t = Instant::now();
-    run_processes("gpu_matrix_processes", WORLD, LIMIT).unwrap();
+    run_processes("gpu_matrix_processes", PROCESS_WORLD, LIMIT).unwrap();
     println!(
-        "SUMMARY gpu_matrix_processes ok {WORLD} processes, bitwise equal across ranks, {:.1} s",
+        "SUMMARY gpu_matrix_processes ok {PROCESS_WORLD} processes, bitwise equal across ranks, {:.1} s",
         t.elapsed().as_secs_f64()
     );
 }
 
 /// 64 MiB payloads: several trips through the 10 MiB staging ring.
-#[test]
-fn gpu_64mib() {
-    if !gate("gpu_64mib") {
+fn gpu_64mib(w: GpuWorld) {
+    if !gate("gpu_64mib", w) {
         return;
     }
     let t = Instant::now();
-    let h = run_threads(WORLD, LIMIT, |rc| {
+    let h = run(w, |rc| {
         let rig = rig(&rc, "gpu-64mib", CommConfig::default())?;
         let (s, comm) = (&rig.stream, &rig.comm);
         let me = rc.rank;
@@ -400,7 +415,7 @@ fn gpu_64mib() {
             s.synchronize()?;
             comm.check_error()?;
             let got = s.clone_dtoh(&out)?;
-            check_all_reduce(Values::Integers, 1, WORLD, ReduceOp::Sum, &got).map_err(|e| format!("{algo}: {e}"))?;
+            check_all_reduce(Values::Integers, 1, rc.world, ReduceOp::Sum, &got).map_err(|e| format!("{algo}: {e}"))?;
             hashes.push(hash(&got));
         }
         let nb = 64 << 19; // bf16
@@ -410,25 +425,26 @@ fn gpu_64mib() {
         s.synchronize()?;
         comm.check_error()?;
         let got = s.clone_dtoh(&out)?;
-        check_all_reduce(Values::Random, 2, WORLD, ReduceOp::Avg, &got)?;
+        check_all_reduce(Values::Random, 2, rc.world, ReduceOp::Avg, &got)?;
         hashes.push(hash(&got));
-        let per = n / WORLD;
+        // Reduce-scatter and all-gather of whole shards (n need not be a multiple of the world).
+        let per = n / rc.world;
         let z = s.clone_htod(&input::<f32>(Values::Random, 3, me, per))?;
-        let mut out = s.clone_htod(&vec![f32::NAN; n])?;
+        let mut out = s.clone_htod(&vec![f32::NAN; per * rc.world])?;
         comm.all_gather_out(&z, &mut out)?;
         let mut seg = s.clone_htod(&vec![f32::NAN; per])?;
-        comm.reduce_scatter_out(&x, &mut seg, ReduceOp::Max)?;
+        comm.reduce_scatter_out(&x.slice(..per * rc.world), &mut seg, ReduceOp::Max)?;
         s.synchronize()?;
         comm.check_error()?;
         let got = s.clone_dtoh(&out)?;
-        check_all_gather(Values::Random, 3, WORLD, &got)?;
+        check_all_gather(Values::Random, 3, rc.world, &got)?;
         hashes.push(hash(&got));
         let got = s.clone_dtoh(&seg)?;
-        check_reduce_scatter(Values::Integers, 1, WORLD, me, ReduceOp::Max, &got)?;
+        check_reduce_scatter(Values::Integers, 1, rc.world, me, ReduceOp::Max, &got)?;
         // Registered symmetric tensors above the Lamport bounds: auto takes the zero-copy pulls
         // (all-reduce, reduce-scatter, all-gather out of place and in place).
-        let m = 16 << 20; // f32: 64 MiB
-        let per = m / WORLD;
+        let per = (16 << 20) / rc.world;
+        let m = per * rc.world; // f32: 64 MiB (less what the world does not divide)
         let si = comm.persistent_buffer(900, &[m], DType::F32)?;
         let so = comm.persistent_buffer(901, &[m], DType::F32)?;
         let sg = comm.persistent_buffer(902, &[m], DType::F32)?;
@@ -456,7 +472,7 @@ fn gpu_64mib() {
             s.synchronize()?;
             comm.check_error()?;
             let got = sym_read::<f32>(&rig, &so, 0, m)?;
-            check_all_reduce(Values::Integers, 4, WORLD, ReduceOp::Sum, &got)
+            check_all_reduce(Values::Integers, 4, rc.world, ReduceOp::Sum, &got)
                 .map_err(|e| format!("{what} all_reduce: {e}"))?;
             hashes.push(hash(&got));
         }
@@ -465,7 +481,7 @@ fn gpu_64mib() {
         s.synchronize()?;
         comm.check_error()?;
         let got = sym_read::<f32>(&rig, &so, 0, per)?;
-        check_reduce_scatter(Values::Integers, 4, WORLD, me, ReduceOp::Max, &got)
+        check_reduce_scatter(Values::Integers, 4, rc.world, me, ReduceOp::Max, &got)
             .map_err(|e| format!("pull reduce_scatter: {e}"))?;
         // all-gather out of place from a registered input, then in place in a registered output.
         sym_write(&rig, &si, 0, &input::<f32>(Values::Random, 5, me, per))?;
@@ -479,15 +495,14 @@ fn gpu_64mib() {
         comm.check_error()?;
         for (what, t) in [("out of place", &so), ("in place", &sg)] {
             let got = sym_read::<f32>(&rig, t, 0, m)?;
-            check_all_gather(Values::Random, 5, WORLD, &got).map_err(|e| format!("pull all_gather {what}: {e}"))?;
+            check_all_gather(Values::Random, 5, rc.world, &got).map_err(|e| format!("pull all_gather {what}: {e}"))?;
             hashes.push(hash(&got));
         }
         if me == 0 {
             println!("SUMMARY gpu_64mib registered 64 MiB: auto picked {picks}");
         }
         Ok(hashes)
-    })
-    .unwrap();
+    });
     assert!(h.iter().all(|x| *x == h[0]), "results differ across ranks");
     println!(
         "SUMMARY gpu_64mib ok all_reduce f32 (auto, one-shot, two-shot, nccl) / two-shot bf16 avg / all_gather / \
@@ -495,18 +510,18 @@ fn gpu_64mib() {
         t.elapsed().as_secs_f64()
     );
 }
+symm_testkit::gpu_world_tests!(gpu_64mib, gpu_64mib);
 
 /// 10,000 ops back to back, each with its own payload and output, no host
 /// synchronisation between them; then every output checked.
-#[test]
-fn gpu_10000_back_to_back() {
-    if !gate("gpu_10000_back_to_back") {
+fn gpu_10000_back_to_back(w: GpuWorld) {
+    if !gate("gpu_10000_back_to_back", w) {
         return;
     }
     const OPS: usize = 10_000;
     const N: usize = 1000;
     let t = Instant::now();
-    let rates = run_threads(WORLD, LIMIT, move |rc| {
+    let rates = run(w, move |rc| {
         // A short bound on every wait, so a stuck op surfaces as an error naming where it waited
         // (this test has hung intermittently on the GPU machine; see bench-notes.md).
         let config = CommConfig {
@@ -561,15 +576,14 @@ fn gpu_10000_back_to_back() {
             check_all_reduce(
                 Values::Integers,
                 50_000 + i as u64,
-                WORLD,
+                rc.world,
                 ReduceOp::Sum,
                 &got[i * N..(i + 1) * N],
             )
             .map_err(|e| format!("op {i}: {e}"))?;
         }
         Ok((enqueued, total))
-    })
-    .unwrap();
+    });
     println!(
         "SUMMARY gpu_10000_back_to_back ok {OPS} all-reduces of {N} f32 (auto/lamport/one-shot/two-shot), all \
          correct; enqueue {:?}, complete {:?} (rank 0: {:.2} us/op), {:.1} s",
@@ -579,19 +593,19 @@ fn gpu_10000_back_to_back() {
         t.elapsed().as_secs_f64()
     );
 }
+symm_testkit::gpu_world_tests!(gpu_10000_back_to_back, gpu_10000_back_to_back);
 
 /// NaN copied (stream-ordered) into the input right after each op returns
 /// never reaches an output: for staged cudarc inputs and zero-copy
 /// symmetric ones, every algorithm.
-#[test]
-fn gpu_nan_after_return() {
-    if !gate("gpu_nan_after_return") {
+fn gpu_nan_after_return(w: GpuWorld) {
+    if !gate("gpu_nan_after_return", w) {
         return;
     }
     const ITERS: usize = 400;
     const N: usize = 4099;
     let t = Instant::now();
-    run_threads(WORLD, LIMIT, |rc| {
+    run(w, |rc| {
         let rig = rig(&rc, "gpu-nan", CommConfig::default())?;
         let (s, comm) = (&rig.stream, &rig.comm);
         let me = rc.rank;
@@ -635,29 +649,28 @@ fn gpu_nan_after_return() {
             check_all_reduce(
                 Values::Integers,
                 70_000 + i as u64,
-                WORLD,
+                rc.world,
                 ReduceOp::Sum,
                 &got[i * N..(i + 1) * N],
             )
             .map_err(|e| format!("op {i} ({}): {e}", algos[i % algos.len()]))?;
         }
         Ok(())
-    })
-    .unwrap();
+    });
     println!(
         "SUMMARY gpu_nan_after_return ok {ITERS} ops, NaN written into the input after each never reached an \
          output, {:.1} s",
         t.elapsed().as_secs_f64()
     );
 }
+symm_testkit::gpu_world_tests!(gpu_nan_after_return, gpu_nan_after_return);
 
 /// One rank launches 100 ms late: every op still completes, correctly.
-#[test]
-fn gpu_delayed_rank() {
-    if !gate("gpu_delayed_rank") {
+fn gpu_delayed_rank(w: GpuWorld) {
+    if !gate("gpu_delayed_rank", w) {
         return;
     }
-    run_threads(WORLD, LIMIT, |rc| {
+    run(w, |rc| {
         let rig = rig(&rc, "gpu-delay", CommConfig::default())?;
         let (s, comm) = (&rig.stream, &rig.comm);
         let me = rc.rank;
@@ -691,7 +704,7 @@ fn gpu_delayed_rank() {
             }
             s.synchronize()?;
             comm.check_error()?;
-            check_all_reduce(Values::Integers, 9, WORLD, ReduceOp::Sum, &s.clone_dtoh(&out)?)
+            check_all_reduce(Values::Integers, 9, rc.world, ReduceOp::Sum, &s.clone_dtoh(&out)?)
                 .map_err(|e| format!("{a}: {e}"))?;
         }
         if me == 1 {
@@ -701,19 +714,18 @@ fn gpu_delayed_rank() {
         s.synchronize()?;
         comm.check_error()?;
         Ok(())
-    })
-    .unwrap();
+    });
     println!("SUMMARY gpu_delayed_rank ok every algorithm and a barrier completed with rank 1 100 ms late");
 }
+symm_testkit::gpu_world_tests!(gpu_delayed_rank, gpu_delayed_rank);
 
 /// A rank that never arrives: the device wait gives up at the timeout and
 /// the error is reported; no hang.
-#[test]
-fn gpu_missing_rank_times_out() {
-    if !gate("gpu_missing_rank_times_out") {
+fn gpu_missing_rank_times_out(w: GpuWorld) {
+    if !gate("gpu_missing_rank_times_out", w) {
         return;
     }
-    let took = run_threads(WORLD, LIMIT, |rc| {
+    let took = run(w, |rc| {
         let cfg = CommConfig {
             timeout: Some(Duration::from_secs(2)),
             nccl: false,
@@ -739,37 +751,36 @@ fn gpu_missing_rank_times_out() {
             rc.store.wait(&[&done], Some(Duration::from_secs(120)))?;
             Ok(None)
         }
-    })
-    .unwrap();
+    });
     println!(
         "SUMMARY gpu_missing_rank_times_out ok Timeout after {:?} (limit 2 s), no hang",
         took[0].unwrap_or_default()
     );
 }
+symm_testkit::gpu_world_tests!(gpu_missing_rank_times_out, gpu_missing_rank_times_out);
 
 /// 100 ops (every algorithm, reduce-scatter, all-gather, a barrier) captured
 /// in one CUDA graph, replayed 100 times: every replay equals the eager run.
-#[test]
-fn gpu_graph_capture() {
-    if !gate("gpu_graph_capture") {
+fn gpu_graph_capture(w: GpuWorld) {
+    if !gate("gpu_graph_capture", w) {
         return;
     }
     let t = Instant::now();
     // Plain launches, then programmatic dependent launch (CommConfig::pdl): every kernel may
     // start while the op ahead of it (NCCL's and the barriers' included) still runs.
-    run_threads(WORLD, LIMIT, |rc| {
+    run(w, |rc| {
         for pdl in [false, true] {
             graph_capture_case(&rc, pdl).map_err(|e| format!("pdl {pdl}: {e}"))?;
         }
         Ok(())
-    })
-    .unwrap();
+    });
     println!(
         "SUMMARY gpu_graph_capture ok {OPS} ops (lamport/one-shot/two-shot/nccl all-reduce, reduce-scatter, \
          all-gather, barriers) in one graph, {REPLAYS} replays bitwise equal to eager, without and with PDL, {:.1} s",
         t.elapsed().as_secs_f64()
     );
 }
+symm_testkit::gpu_world_tests!(gpu_graph_capture, gpu_graph_capture);
 
 const OPS: usize = 100;
 const REPLAYS: usize = 100;
@@ -783,19 +794,19 @@ fn graph_capture_case(rc: &RankCtx, pdl: bool) -> TestResult {
     let rig = rig(rc, &format!("gpu-graph-{pdl}"), config)?;
     let (s, comm) = (&rig.stream, &rig.comm);
     let me = rc.rank;
-    let mut bank = Vec::with_capacity(OPS * N * WORLD);
+    let mut bank = Vec::with_capacity(OPS * N * rc.world);
     for i in 0..OPS {
-        bank.extend(input::<bf16>(Values::Random, 90_000 + i as u64, me, N * WORLD));
+        bank.extend(input::<bf16>(Values::Random, 90_000 + i as u64, me, N * rc.world));
     }
     let bank = s.clone_htod(&bank)?;
-    let mut outs = s.clone_htod(&vec![bf16::NAN; OPS * N * WORLD])?;
+    let mut outs = s.clone_htod(&vec![bf16::NAN; OPS * N * rc.world])?;
     let mut algos = vec![AllReduceAlgo::Lamport, AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot];
     if comm.has_nccl() {
         algos.push(AllReduceAlgo::Nccl);
     }
     let issue = |outs: &mut CudaSlice<bf16>| -> symm_core::Result<()> {
         for i in 0..OPS {
-            let span = i * N * WORLD..(i + 1) * N * WORLD;
+            let span = i * N * rc.world..(i + 1) * N * rc.world;
             let x = bank.slice(span.clone());
             let mut o = outs.slice_mut(span);
             match i % 6 {
@@ -818,12 +829,12 @@ fn graph_capture_case(rc: &RankCtx, pdl: bool) -> TestResult {
     let eager = s.clone_dtoh(&outs)?;
     // Spot-check the eager run against the reference.
     for i in 0..OPS {
-        let o = &eager[i * N * WORLD..(i + 1) * N * WORLD];
+        let o = &eager[i * N * rc.world..(i + 1) * N * rc.world];
         let seed = 90_000 + i as u64;
         match i % 6 {
-            4 => check_reduce_scatter(Values::Random, seed, WORLD, me, ReduceOp::Sum, &o[..N])?,
-            5 => check_all_gather(Values::Random, seed, WORLD, o)?,
-            _ => check_all_reduce(Values::Random, seed, WORLD, ReduceOp::Sum, o)?,
+            4 => check_reduce_scatter(Values::Random, seed, rc.world, me, ReduceOp::Sum, &o[..N])?,
+            5 => check_all_gather(Values::Random, seed, rc.world, o)?,
+            _ => check_all_reduce(Values::Random, seed, rc.world, ReduceOp::Sum, o)?,
         }
     }
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
@@ -831,7 +842,7 @@ fn graph_capture_case(rc: &RankCtx, pdl: bool) -> TestResult {
     let graph = s.end_capture(CUgraphInstantiate_flags(0))?;
     issued?;
     let graph = graph.ok_or("the capture produced no graph")?;
-    let poison = vec![bf16::NAN; OPS * N * WORLD];
+    let poison = vec![bf16::NAN; OPS * N * rc.world];
     for rep in 0..REPLAYS {
         s.memcpy_htod(&poison, &mut outs)?;
         graph.launch()?;
@@ -850,29 +861,55 @@ fn graph_capture_case(rc: &RankCtx, pdl: bool) -> TestResult {
     Ok(())
 }
 
-#[test]
-fn gpu_selection_table() {
-    if !gate("gpu_selection_table") {
+fn gpu_selection_table(w: GpuWorld) {
+    if !gate("gpu_selection_table", w) {
         return;
     }
-    let tables = run_threads(WORLD, LIMIT, |rc| {
+    let tables = run(w, move |rc| {
         let rig = rig(&rc, "gpu-table", CommConfig::default())?;
-        Ok((rig.comm.selection_table(), rig.comm.engine_kind(), rig.comm.topology()))
-    })
-    .unwrap();
+        let comm = &rig.comm;
+        let table = comm.selection_table();
+        if w.is_shared() {
+            // Ranks sharing a GPU: the kernels, no NCCL (it refuses duplicate GPUs), said so; an
+            // op only NCCL could run is a clear error, and so is the nccl engine.
+            let said = table.contains(&format!("shared by {} ranks", rc.world)) && table.contains("share a GPU");
+            if comm.engine_kind() != EngineKind::Cuda || comm.has_nccl() || !said {
+                return Err(format!("shared-device communicator: {table}").into());
+            }
+            if comm.device_sharers() != rc.world {
+                return Err(format!("device_sharers {} of {}", comm.device_sharers(), rc.world).into());
+            }
+            let mut x = rig.stream.clone_htod(&[1f32; 8])?;
+            match comm.all_reduce_with(AllReduceAlgo::Nccl, None, (&mut x).into(), ReduceOp::Sum) {
+                Err(Error::Unavailable(_)) => {}
+                other => return Err(format!("an nccl all-reduce on a shared GPU gave {other:?}").into()),
+            }
+            let nccl_only = CommConfig {
+                force_engine: Some(EngineKind::Nccl),
+                ..CommConfig::default()
+            };
+            match Communicator::with_stream(comm.group(), rig.stream.clone(), nccl_only) {
+                Err(Error::Unavailable(m)) if m.contains("duplicate GPUs") => {}
+                other => return Err(format!("the nccl engine on a shared GPU gave {other:?}").into()),
+            }
+        } else if comm.device_sharers() != 1 {
+            return Err(format!("distinct GPUs, device_sharers {}", comm.device_sharers()).into());
+        }
+        Ok((table, comm.engine_kind(), comm.topology()))
+    });
     println!("{}", tables[0].0);
     println!(
         "SUMMARY gpu_selection_table ok engine {} topology {:?}",
         tables[0].1, tables[0].2
     );
 }
+symm_testkit::gpu_world_tests!(gpu_selection_table, gpu_selection_table);
 
-#[test]
-fn gpu_bad_input_is_an_error() {
-    if !gate("gpu_bad_input_is_an_error") {
+fn gpu_bad_input_is_an_error(w: GpuWorld) {
+    if !gate("gpu_bad_input_is_an_error", w) {
         return;
     }
-    run_threads(WORLD, LIMIT, |rc| {
+    run(w, |rc| {
         let rig = rig(&rc, "gpu-bad", CommConfig::default())?;
         let (s, comm) = (&rig.stream, &rig.comm);
         let x = s.clone_htod(&vec![1f32; 64])?;
@@ -899,7 +936,7 @@ fn gpu_bad_input_is_an_error() {
         if !matches!(r, Err(Error::Misaligned { .. })) {
             failures.push("misaligned");
         }
-        if !matches!(comm.barrier(Some(&[0, 7])), Err(Error::OutOfRange { .. })) {
+        if !matches!(comm.barrier(Some(&[0, rc.world])), Err(Error::OutOfRange { .. })) {
             failures.push("barrier rank");
         }
         // The communicator still works.
@@ -907,7 +944,7 @@ fn gpu_bad_input_is_an_error() {
         comm.all_reduce(&mut z, ReduceOp::Sum)?;
         s.synchronize()?;
         comm.check_error()?;
-        if s.clone_dtoh(&z)? != vec![2f32; 64] {
+        if s.clone_dtoh(&z)? != vec![rc.world as f32; 64] {
             failures.push("after the errors");
         }
         if failures.is_empty() {
@@ -915,7 +952,7 @@ fn gpu_bad_input_is_an_error() {
         } else {
             Err(format!("no (or the wrong) error for: {failures:?}").into())
         }
-    })
-    .unwrap();
+    });
     println!("SUMMARY gpu_bad_input_is_an_error ok");
 }
+symm_testkit::gpu_world_tests!(gpu_bad_input_is_an_error, gpu_bad_input_is_an_error);

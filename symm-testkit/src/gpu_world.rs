@@ -115,7 +115,7 @@ pub fn summary(line: &str) {
 /// ```
 #[macro_export]
 macro_rules! gpu_world_tests {
-    ($name:ident, $run:path) => {
+    ($name:ident, $run:ident) => {
         mod $name {
             #[test]
             fn distinct_w2() {
