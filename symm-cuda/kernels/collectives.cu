@@ -5,6 +5,10 @@
 // The Rust side is symm-cuda/src/collectives.rs; its `layout` module owns the workspace layout
 // (offsets reach the kernels as arguments) and its `plan` module the chunking.
 //
+// Grids: at most one block per SM on a GPU of its own; ranks sharing a GPU get a share of its SMs
+// so every rank's waiting kernels are resident together (NOTE [co-residency] in
+// docs/architecture.md, GridBudget in plan.rs). Every kernel works at any grid size.
+//
 // NOTE [collectives-protocols]
 // ============================
 // Every rank owns one symmetric WORKSPACE (one symmetric allocation). Peers only ever WRITE into

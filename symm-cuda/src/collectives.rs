@@ -360,11 +360,7 @@ impl CudaCollectives {
         };
 
         let module = kernels::load(ctx, kernels::source("collectives")?, "")?;
-        let get = |name: &str| {
-            module
-                .load_function(name)
-                .map_err(|e| from_driver(e, &format!("cuModuleGetFunction({name})")))
-        };
+        let get = |name: &str| driver::load_function(&module, name);
         let dts = ["f32", "f16", "bf16"];
         let two_rank = |kind: &str| -> Result<[Vec<CudaFunction>; 3]> {
             let load = |dt: &str| {

@@ -137,11 +137,7 @@ impl LatencyProbe {
             )));
         }
         let module = kernels::load(ctx, kernels::source("probe")?, "")?;
-        let get = |name: &str| {
-            module
-                .load_function(name)
-                .map_err(|e| crate::driver::from_driver(e, &format!("cuModuleGetFunction({name})")))
-        };
+        let get = |name: &str| crate::driver::load_function(&module, name);
         let (rank, world) = (mem.rank().get(), mem.world_size());
         let peer_rank = (rank + 1) % world;
         let own = mem.buffer_ptrs()[rank];
@@ -217,9 +213,7 @@ impl BandwidthProbe {
     /// Loads the copy kernel for `ctx`; `blocks` is the grid (normally the SM count).
     pub fn new(ctx: &Arc<CudaContext>, blocks: u32) -> Result<Self> {
         let module = kernels::load(ctx, kernels::source("probe")?, "")?;
-        let copy = module
-            .load_function("symm_probe_copy")
-            .map_err(|e| crate::driver::from_driver(e, "cuModuleGetFunction(symm_probe_copy)"))?;
+        let copy = crate::driver::load_function(&module, "symm_probe_copy")?;
         Ok(BandwidthProbe {
             copy,
             blocks: blocks.max(1),

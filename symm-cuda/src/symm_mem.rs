@@ -161,7 +161,7 @@ impl CudaSymmetricMemory {
         htod_sync(&local.stream, local.meta_ptr(), &table)?;
         let host_words = PinnedWords::new(&local.ctx)?;
         let control = local.ctx.new_stream().map_err(|e| from_driver(e, "cuStreamCreate"))?;
-        Ok(CudaSymmetricMemory {
+        let mem = CudaSymmetricMemory {
             inner: Arc::new(MemInner {
                 group,
                 device,
@@ -184,7 +184,14 @@ impl CudaSymmetricMemory {
                     timeout: Duration::ZERO,
                 }),
             }),
-        })
+        };
+        // Ranks sharing a GPU load the barrier and signal kernels now, during rendezvous: loading
+        // a module or function later could synchronise the context while a peer's kernel spins
+        // on this rank (NOTE [co-residency]).
+        if device_sharers > 1 {
+            mem.fns()?;
+        }
+        Ok(mem)
     }
 
     /// The CUDA context (primary context of the device) this memory lives in.
@@ -253,11 +260,7 @@ impl CudaSymmetricMemory {
             return Ok(f.clone());
         }
         let module = kernels::load(self.context(), kernels::source("sync")?, "")?;
-        let get = |name: &str| {
-            module
-                .load_function(name)
-                .map_err(|e| from_driver(e, &format!("cuModuleGetFunction({name})")))
-        };
+        let get = |name: &str| driver::load_function(&module, name);
         let f = Arc::new(SyncFns {
             barrier: get("symm_barrier")?,
             put_signal: get("symm_put_signal")?,

@@ -47,7 +47,7 @@ pub fn main(args: &[String]) -> Result<()> {
     cmd.current_dir(util::root()).args(&pass).arg("--json").arg(&json);
     let gpus = util::gpu_count();
     if gpus > 0 {
-        crate::gpu::gpu_env(&mut cmd);
+        crate::gpu::gpu_env(&mut cmd, gpus);
         cmd.env_remove("SYMM_REQUIRE_GPUS").env_remove("RUST_TEST_THREADS");
         eprintln!("{gpus} GPUs found: benchmarking on them");
     } else {

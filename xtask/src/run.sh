@@ -2,7 +2,9 @@
 # symm GPU bundle, built by `cargo xtask gpu-bundle` on a machine with cargo,
 # for a machine with GPUs but no cargo.
 #
-#   ./run.sh tests [test-binary args]   every GPU test executable (SYMM_REQUIRE_GPUS=1: a skip fails)
+#   ./run.sh tests [test-binary args]   every GPU test executable (SYMM_REQUIRE_GPUS=<GPUs here>: a test
+#                                       needing at most that many GPUs fails instead of skipping; on one
+#                                       GPU the shared-device suites run, the distinct-GPU ones skip)
 #   ./run.sh bench [symm-bench args]    the benchmark (JSON + SVG plot into $OUT when set)
 #   ./run.sh anchors [args]             torchrun --nproc-per-node ${NPROC:-2} anchors_torch.py (PyTorch / NCCL anchors)
 #   ./run.sh store-interop [args]       symm-store against PyTorch's TCPStore
@@ -41,7 +43,10 @@ done
 export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=0
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-export SYMM_REQUIRE_GPUS=1
+# How many GPUs the tests must use: those needing more skip and say so.
+gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
+[ "${gpus:-0}" -gt 0 ] || gpus="$(ls /proc/driver/nvidia/gpus 2>/dev/null | wc -l)"
+export SYMM_REQUIRE_GPUS="${SYMM_REQUIRE_GPUS:-${gpus:-0}}"
 
 # run NAME CMD...: runs CMD, appending its output to $OUT/NAME.log when OUT is set.
 run() {

@@ -247,6 +247,21 @@ pub fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
 }
 
 /// Binds `ctx` to the calling thread (every operation calls this first).
+/// Function `name` of `module`, loaded onto the device now (`cuFuncLoad`)
+/// rather than at its first launch. Under CUDA's lazy loading (the default) a
+/// first launch loads the function, and loading may synchronise the whole
+/// context: with ranks sharing a GPU it would wait for a peer's kernel that
+/// spins until this rank's kernel runs (NOTE [co-residency]).
+pub fn load_function(module: &Arc<cudarc::driver::CudaModule>, name: &str) -> Result<cudarc::driver::CudaFunction> {
+    let f = module
+        .load_function(name)
+        .map_err(|e| from_driver(e, &format!("cuModuleGetFunction({name})")))?;
+    // SAFETY: `f` is a live function handle of a module loaded in its context (kept alive by
+    // `f`'s own reference to the module); cuFuncLoad only loads it.
+    check(unsafe { sys::cuFuncLoad(f.cu_function()) }, &format!("cuFuncLoad({name})"))?;
+    Ok(f)
+}
+
 pub fn bind(ctx: &CudaContext) -> Result<()> {
     ctx.bind_to_thread().map_err(|e| from_driver(e, "cuCtxSetCurrent"))
 }

@@ -743,6 +743,15 @@ fn run(args: Args) -> BoxResult<()> {
     {
         symm_ops::link();
         if let Ok(n) = symm_ops::symm_cuda::cuda_available() {
+            // One rank per GPU: ranks sharing a GPU (NOTE [shared-device]) are a correctness mode,
+            // and their timings would say nothing about the links between GPUs.
+            if let Some(r) = args.ranks.filter(|&r| r > n && n > 0) {
+                return Err(format!(
+                    "--ranks {r} on {n} GPU(s): symm-bench times one rank per GPU and does not time ranks \
+                     sharing a GPU (a correctness mode: the GPU suites run it)"
+                )
+                .into());
+            }
             let world = args.ranks.unwrap_or(n).min(n);
             if world >= 1 {
                 return gpu::run(args, world);
