@@ -185,8 +185,16 @@ pub fn check_same_host(host_ids: &[String]) -> Result<()> {
 /// [`Error::OverlappingDevices`] when ranks share a device without it, and with
 /// [`Error::Unavailable`] when ranks of different processes share a GPU. Returns, for every rank,
 /// how many ranks use its device (itself included).
-pub fn check_device_sharing(devices: &[String], shared_ok: &[bool], processes: Option<&[String]>) -> Result<Vec<usize>> {
-    crate::agree::check_equal("shared-device permission (GroupOptions::shared_devices)", shared_ok, |b| *b)?;
+pub fn check_device_sharing(
+    devices: &[String],
+    shared_ok: &[bool],
+    processes: Option<&[String]>,
+) -> Result<Vec<usize>> {
+    crate::agree::check_equal(
+        "shared-device permission (GroupOptions::shared_devices)",
+        shared_ok,
+        |b| *b,
+    )?;
     let allowed = shared_ok.first().copied().unwrap_or(false);
     for (a, da) in devices.iter().enumerate() {
         if let Some(b) = devices[a + 1..].iter().position(|db| db == da).map(|b| a + 1 + b) {
@@ -271,7 +279,10 @@ mod tests {
             Err(Error::NotSameHost(_))
         ));
         let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(check_device_sharing(&ids(&["0", "1"]), &[false; 2], None).unwrap(), vec![1, 1]);
+        assert_eq!(
+            check_device_sharing(&ids(&["0", "1"]), &[false; 2], None).unwrap(),
+            vec![1, 1]
+        );
         assert!(matches!(
             check_device_sharing(&ids(&["0", "1", "0"]), &[false; 3], None),
             Err(Error::OverlappingDevices { a: 0, b: 2, .. })

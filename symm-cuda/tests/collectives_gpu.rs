@@ -1092,13 +1092,17 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
 }
 
 fn stress(w: GpuWorld) {
-    run_world("coll_stress_graph_delay", w, Duration::from_secs(900), |c| body_stress(c, false));
+    run_world("coll_stress_graph_delay", w, Duration::from_secs(900), |c| {
+        body_stress(c, false)
+    });
 }
 symm_testkit::gpu_world_tests!(coll_stress_graph_delay, stress);
 
 /// The same suite with programmatic dependent launch (`CollectivesConfig::pdl`).
 fn stress_pdl(w: GpuWorld) {
-    run_world("coll_stress_graph_delay_pdl", w, Duration::from_secs(900), |c| body_stress(c, true));
+    run_world("coll_stress_graph_delay_pdl", w, Duration::from_secs(900), |c| {
+        body_stress(c, true)
+    });
 }
 symm_testkit::gpu_world_tests!(coll_stress_graph_delay_pdl, stress_pdl);
 

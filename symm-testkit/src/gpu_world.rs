@@ -151,7 +151,11 @@ mod tests {
         assert_eq!(GpuWorld::shared(8).min_devices(), 1);
         assert_eq!(GpuWorld::distinct(2).min_devices(), 2);
         assert!(GpuWorld::shared(3).thread_options(Duration::from_secs(1)).shared_device);
-        assert!(!GpuWorld::distinct(2).thread_options(Duration::from_secs(1)).shared_device);
+        assert!(
+            !GpuWorld::distinct(2)
+                .thread_options(Duration::from_secs(1))
+                .shared_device
+        );
         assert_eq!(GpuWorld::shared(4).label(), "threads 4 on one GPU");
     }
 

@@ -643,7 +643,13 @@ mod tests {
     #[test]
     fn grid_budget_fits_every_sharing_rank() {
         // Distinct GPUs: one block per SM, unchanged.
-        assert_eq!(GridBudget::new(132, 1, true).unwrap(), GridBudget { blocks: 132, shared: false });
+        assert_eq!(
+            GridBudget::new(132, 1, true).unwrap(),
+            GridBudget {
+                blocks: 132,
+                shared: false
+            }
+        );
         for sms in [78u32, 108, 132, 144] {
             for sharers in 2..=8usize {
                 for pdl in [false, true] {

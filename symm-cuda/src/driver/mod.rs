@@ -258,7 +258,10 @@ pub fn load_function(module: &Arc<cudarc::driver::CudaModule>, name: &str) -> Re
         .map_err(|e| from_driver(e, &format!("cuModuleGetFunction({name})")))?;
     // SAFETY: `f` is a live function handle of a module loaded in its context (kept alive by
     // `f`'s own reference to the module); cuFuncLoad only loads it.
-    check(unsafe { sys::cuFuncLoad(f.cu_function()) }, &format!("cuFuncLoad({name})"))?;
+    check(
+        unsafe { sys::cuFuncLoad(f.cu_function()) },
+        &format!("cuFuncLoad({name})"),
+    )?;
     Ok(f)
 }
 

@@ -99,7 +99,9 @@ impl CudaEngine {
         };
         let (nccl, nccl_missing) = if let (true, Some(why)) = (config.nccl, no_nccl) {
             if !symm {
-                return Err(Error::Unavailable(format!("NCCL, the only engine for this group: {why}")));
+                return Err(Error::Unavailable(format!(
+                    "NCCL, the only engine for this group: {why}"
+                )));
             }
             (None, Some(why.to_string()))
         } else if config.nccl {
