@@ -219,6 +219,7 @@ struct Env {
     cuda: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     calls: AtomicUsize,
+    started: Instant,
 }
 
 impl Env {
@@ -230,6 +231,7 @@ impl Env {
             cuda,
             stream,
             calls: AtomicUsize::new(0),
+            started: Instant::now(),
         })
     }
     fn rank(&self) -> usize {
@@ -237,6 +239,27 @@ impl Env {
     }
     fn world(&self) -> usize {
         self.ctx.world
+    }
+    /// A progress line (shown with the output of a failing or `--nocapture` run): where a rank
+    /// was when a run stopped.
+    fn progress(&self, what: &str) {
+        eprintln!(
+            "[{:8.3} s] rank {}/{}: {what}",
+            self.started.elapsed().as_secs_f64(),
+            self.rank(),
+            self.world()
+        );
+    }
+    /// Ranks sharing a GPU: a store barrier, so no rank launches an op (whose kernel spins until
+    /// every peer's kernel runs) while a peer is still in a host call that waits for the whole
+    /// device, such as a first allocation from a growing memory pool (NOTE [co-residency],
+    /// co_residency_gpu.rs). Distinct GPUs: nothing.
+    fn ready(&self) -> TestResult {
+        if self.ctx.shared_device {
+            let n = self.calls.fetch_add(1, Ordering::Relaxed);
+            self.ctx.barrier(&format!("ready-{n}"), T)?;
+        }
+        Ok(())
     }
     /// True when every rank passes the same hash.
     fn same_everywhere(&self, h: u64) -> TestResult<bool> {
@@ -347,6 +370,7 @@ fn run_all_reduce(
     if algo == AllReduceAlgo::CopyEngine {
         tuning.ce_fraction = 0.5;
     }
+    env.ready()?;
     c.all_reduce_tuned(&env.stream, algo, &tuning, input, out.at(off), count, dtype, op)?;
     env.stream.synchronize()?;
     c.check_error()?;
@@ -408,6 +432,7 @@ fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
             if name == "small-staging" && zero_copy(algo) {
                 continue;
             }
+            env.progress(&format!("all_reduce matrix: {} ({name})", algo.name()));
             for dtype in DTYPES {
                 for op in ReduceOp::ALL {
                     for &count in &AR_SIZES {
@@ -480,6 +505,7 @@ fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
                     let base = sym2.buffer_ptrs()[me];
                     // No host barrier: the op's opening barrier orders the peers' reads and
                     // pushes after these (synchronous) writes.
+                    env.ready()?;
                     c.all_reduce_ce_two_shot(
                         &env.stream,
                         base + off as u64,
@@ -573,6 +599,7 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                                 (inp.at(off), out.at(off))
                             };
                             let tuning = obj.config().tuning;
+                            env.ready()?;
                             obj.reduce_scatter_tuned(&env.stream, algo, &tuning, i_ptr, o_ptr, count, dtype, op)?;
                             env.stream.synchronize()?;
                             obj.check_error()?;
@@ -624,6 +651,7 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                             } else {
                                 out.at(off)
                             };
+                            env.ready()?;
                             if ce {
                                 obj.reduce_scatter_ce(&env.stream, base, o_ptr, count, dtype, op)?;
                             } else {
@@ -709,6 +737,7 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                         } else {
                             out.at(off)
                         };
+                        env.ready()?;
                         obj.all_gather(&env.stream, input, output, count, dtype, path)?;
                         env.stream.synchronize()?;
                         obj.check_error()?;
@@ -767,6 +796,7 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
             let mut out = Buf::new(&env.stream, count * es + off)?;
             out.fill(&env.stream, off, &[])?;
             let base = bsym.buffer_ptrs()[me] + off as u64;
+            env.ready()?;
             c.reduce_scatter_ce(&env.stream, base, out.at(off), count, dtype, ReduceOp::Sum)?;
             env.stream.synchronize()?;
             c.check_error()?;
@@ -794,6 +824,7 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                 } else {
                     inp.at(off)
                 };
+                env.ready()?;
                 c.all_gather(&env.stream, input, output, n, dtype, AllGatherPath::CopyEngine)?;
                 env.stream.synchronize()?;
                 c.check_error()?;
@@ -817,6 +848,28 @@ fn rs_ag_matrix(w: GpuWorld) {
     run_world("coll_rs_ag_matrix", w, Duration::from_secs(900), body_rs_ag);
 }
 symm_testkit::gpu_world_tests!(coll_rs_ag_matrix, rs_ag_matrix);
+
+/// Where `got` differs from `want` (elements of `dtype`): how many elements, the first one, and
+/// how many of the wrong ones are the all-ones pattern (NaN written into an input).
+fn describe_mismatch(what: &str, dtype: DType, got: &[u8], want: &[u8]) -> String {
+    let es = dtype.size();
+    let wrong: Vec<usize> = (0..want.len() / es)
+        .filter(|&e| got[e * es..(e + 1) * es] != want[e * es..(e + 1) * es])
+        .collect();
+    let ones = wrong
+        .iter()
+        .filter(|&&e| got[e * es..(e + 1) * es].iter().all(|&b| b == 0xFF))
+        .count();
+    let first = wrong.first().copied().unwrap_or(0);
+    format!(
+        "{what}: {} of {} elements wrong ({ones} all-ones), first at {first}: got {:02x?} want {:02x?}, last at {}",
+        wrong.len(),
+        want.len() / es,
+        &got[first * es..(first + 1) * es],
+        &want[first * es..(first + 1) * es],
+        wrong.last().copied().unwrap_or(0)
+    )
+}
 
 // ---------------------------------------------------------------- stress, graphs, delay
 
@@ -888,9 +941,11 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
     ] {
         const P: usize = 7;
         const Q: usize = 100;
+        env.progress(&format!("stress: {total_ops} x {} of {count}", algo.name()));
         let pl = pool(&env, P, Q, count, dtype, 77)?;
         let bytes = count * dtype.size();
         let expected: Vec<Vec<u8>> = (0..P).map(|k| sum_ref(dtype, &pl.payloads[k])).collect();
+        env.ready()?;
         let t0 = Instant::now();
         let mut bad = 0usize;
         for round in 0..total_ops / Q {
@@ -940,7 +995,10 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
             p
         };
         let sym_in = sym.buffer_ptrs()[me];
+        env.ready()?;
+        env.progress("stress: copy-engine ops with NaN after");
         let mut bad = 0;
+        let mut first_bad = Vec::new();
         for i in 0..60 {
             let k = i % 3;
             symm_cuda::driver::mem::dtod_async(&env.stream, sym_in, pl.in_ptrs[k], bytes)?;
@@ -980,17 +1038,39 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
             };
             if host[..want.len()] != want[..] {
                 bad += 1;
+                if first_bad.len() < 6 {
+                    first_bad.push(describe_mismatch(
+                        &format!(
+                            "op {i} ({})",
+                            if i % 2 == 0 {
+                                "all-reduce"
+                            } else if i % 4 == 1 {
+                                "all-gather ce"
+                            } else {
+                                "all-gather pull"
+                            }
+                        ),
+                        dtype,
+                        &host[..want.len()],
+                        &want,
+                    ));
+                }
             }
         }
         c.check_error()?;
         if bad > 0 {
-            return Err(format!("copy-engine ops with NaN written after them: {bad} of 60 wrong").into());
+            return Err(format!(
+                "copy-engine ops with NaN written after them: {bad} of 60 wrong; {}",
+                first_bad.join("; ")
+            )
+            .into());
         }
         notes.push("copy-engine x60 with NaN after each ok".into());
     }
 
     // ---- 100 ops captured in one graph, replayed 100 times, equal to eager.
     {
+        env.progress("stress: graph");
         let count = 4099;
         let bytes = count * dtype.size();
         const OPS: usize = 100;
@@ -1001,6 +1081,7 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
             AllReduceAlgo::TwoShot,
             AllReduceAlgo::Auto,
         ];
+        env.ready()?;
         let issue = |stream: &Arc<CudaStream>| -> TestResult {
             for j in 0..OPS {
                 c.all_reduce(
@@ -1033,6 +1114,7 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
         let mut outputs = pl.outputs;
         env.stream.memcpy_htod(&zeros, &mut outputs)?;
         env.stream.synchronize()?;
+        env.ready()?;
         let t0 = Instant::now();
         for _ in 0..100 {
             graph.launch()?;
@@ -1050,6 +1132,7 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
 
     // ---- a rank delayed 100 ms still completes; subset barriers.
     {
+        env.progress("stress: delayed rank, barriers");
         let count = 1000;
         let pl = pool(&env, 1, 1, count, dtype, 4242)?;
         env.stream.synchronize()?;
