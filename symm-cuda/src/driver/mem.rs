@@ -78,8 +78,15 @@ pub fn memset_d32_async(stream: &CudaStream, dst: u64, value: u32, words: usize)
 /// a spinning kernel without any driver call, so it works while every stream
 /// of the device is busy; a kernel's store is seen by the host once the
 /// kernel's stream completed.
+///
+/// Dropped pages go back to a per-context free list that `new` takes from
+/// first, so dropping never calls `cuMemFreeHost`, which waits for every
+/// kernel running on the device: with ranks sharing a GPU it would wait for a
+/// peer's kernel spinning on this rank (NOTE [co-residency]). The pages stay
+/// for the life of the process, 4 KiB per symmetric memory alive at once.
 #[derive(Debug)]
 pub struct PinnedWords {
+    ctx: usize,
     host: *mut u32,
     dev: u64,
 }
@@ -99,6 +106,22 @@ impl PinnedWords {
     /// Allocates the page (zeroed) with `ctx` current.
     pub fn new(ctx: &CudaContext) -> Result<Self> {
         bind(ctx)?;
+        let key = ctx.cu_ctx() as usize;
+        let reused = {
+            let mut free = FREE_PAGES.lock().unwrap_or_else(|e| e.into_inner());
+            free.iter().position(|p| p.ctx == key).map(|i| free.swap_remove(i))
+        };
+        if let Some(page) = reused {
+            let words = PinnedWords {
+                ctx: key,
+                host: page.host as *mut u32,
+                dev: page.dev,
+            };
+            for i in 0..Self::LEN {
+                words.store(i, 0);
+            }
+            return Ok(words);
+        }
         let mut p: *mut c_void = std::ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
         // SAFETY: writes the new host pointer; a context is current.
@@ -110,8 +133,12 @@ impl PinnedWords {
         let mut dev: sys::CUdeviceptr = 0;
         // SAFETY: `p` is a live DEVICEMAP host allocation.
         let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, p, 0) };
-        let words = PinnedWords { host, dev };
-        check(r, "cuMemHostGetDevicePointer")?;
+        if let Err(e) = check(r, "cuMemHostGetDevicePointer") {
+            // SAFETY: allocated just above, never handed out.
+            unsafe { sys::cuMemFreeHost(p) };
+            return Err(e);
+        }
+        let words = PinnedWords { ctx: key, host, dev };
         for i in 0..Self::LEN {
             words.store(i, 0);
         }
@@ -143,10 +170,20 @@ impl PinnedWords {
 
 impl Drop for PinnedWords {
     fn drop(&mut self) {
-        // SAFETY: allocated by cuMemHostAlloc in `new`, freed once.
-        let r = unsafe { sys::cuMemFreeHost(self.host.cast::<c_void>()) };
-        if let Err(e) = check(r, "cuMemFreeHost") {
-            eprintln!("symm-cuda: {e}");
-        }
+        // Back to the free list, never cuMemFreeHost (see the type's doc).
+        FREE_PAGES.lock().unwrap_or_else(|e| e.into_inner()).push(FreePage {
+            ctx: self.ctx,
+            host: self.host as usize,
+            dev: self.dev,
+        });
     }
 }
+
+/// A page of a dropped [`PinnedWords`]: its context, host and device addresses.
+struct FreePage {
+    ctx: usize,
+    host: usize,
+    dev: u64,
+}
+
+static FREE_PAGES: std::sync::Mutex<Vec<FreePage>> = std::sync::Mutex::new(Vec::new());
