@@ -235,6 +235,10 @@ pub fn gpu_bundle(args: &[String]) -> Result<()> {
     } else {
         eprintln!("note: {} not found; `run.sh anchors` will fail", anchors.display());
     }
+    // The PyTorch side of the store interop check (`run.sh store-interop`).
+    let interop = util::root().join("symm-store").join("tests").join("torch_interop.py");
+    let _ = std::fs::remove_file(out.join("torch_interop.py"));
+    std::fs::copy(&interop, out.join("torch_interop.py")).map_err(|e| format!("copy {}: {e}", interop.display()))?;
     let run_sh = out.join("run.sh");
     std::fs::write(&run_sh, RUN_SH).map_err(|e| format!("write {}: {e}", run_sh.display()))?;
     set_mode(&run_sh, 0o755)?;

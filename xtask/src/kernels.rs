@@ -3,8 +3,10 @@
 //! The compile itself is symm-cuda's `kernels::compile_all(arch)`, called from
 //! the `nvrtc_compile_all` example of symm-cuda so xtask stays free of CUDA
 //! dependencies. This module finds libnvrtc (LD_LIBRARY_PATH, pip's
-//! `site-packages/nvidia/cu13/lib`, /usr/local/cuda/lib64) and hands its folder
-//! to the child through LD_LIBRARY_PATH.
+//! `site-packages/nvidia/cu13/lib`, the repo's git-ignored `.nvrtc/` folder,
+//! /usr/local/cuda/lib64) and hands its folder to the child through
+//! LD_LIBRARY_PATH. When none has it, it installs NVRTC from PyPI into
+//! `.nvrtc/` (`pip install --target`, nothing outside the repo changes).
 
 use std::path::PathBuf;
 
@@ -13,16 +15,71 @@ use crate::util::{self, Result};
 pub const EXAMPLE: &str = "nvrtc_compile_all";
 pub const DEFAULT_ARCH: &str = "sm_90";
 
-/// Folders holding libnvrtc, or a clear error saying how to get it.
+/// The NVRTC wheel: 13.0, the GPU machines' version.
+pub const NVRTC_WHEEL: &str = "nvidia-cuda-nvrtc==13.0.*";
+
+/// The repo folder NVRTC is installed into on demand (git-ignored).
+pub fn local_nvrtc() -> PathBuf {
+    util::root().join(".nvrtc")
+}
+
+/// Folders holding libnvrtc: those [`util::find_lib_dirs`] knows, then
+/// `.nvrtc/nvidia/*/lib`.
+fn find_nvrtc() -> Vec<PathBuf> {
+    let mut dirs = util::find_lib_dirs("libnvrtc");
+    if let Ok(rd) = std::fs::read_dir(local_nvrtc().join("nvidia")) {
+        let mut subs: Vec<PathBuf> = rd.flatten().map(|e| e.path().join("lib")).collect();
+        subs.sort();
+        for d in subs {
+            if util::dir_has_lib(&d, "libnvrtc") && !dirs.contains(&d) {
+                dirs.push(d);
+            }
+        }
+    }
+    dirs
+}
+
+/// Folders holding libnvrtc; when there are none, NVRTC is installed into
+/// `.nvrtc/` with pip first. An error says what was tried and how to get it.
 pub fn nvrtc_dirs() -> Result<Vec<PathBuf>> {
-    let dirs = util::find_lib_dirs("libnvrtc");
+    let dirs = find_nvrtc();
+    if !dirs.is_empty() {
+        return Ok(dirs);
+    }
+    let target = local_nvrtc();
+    eprintln!(
+        "libnvrtc not found: installing {NVRTC_WHEEL} into {} (python3 -m pip install --target)",
+        target.display()
+    );
+    let installed = util::run(
+        std::process::Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--target",
+            ])
+            .arg(&target)
+            .arg(NVRTC_WHEEL)
+            // The child's environment only: `--target` writes nowhere else, so the
+            // system python's PEP 668 marker does not apply.
+            .env("PIP_BREAK_SYSTEM_PACKAGES", "1")
+            .env("PIP_ROOT_USER_ACTION", "ignore"),
+    );
+    let dirs = find_nvrtc();
     if dirs.is_empty() {
-        return Err(
-            "libnvrtc not found (looked in LD_LIBRARY_PATH, python's site-packages/nvidia/*/lib and \
-             /usr/local/cuda/lib64); install it with `python3 -m pip install \"nvidia-cuda-nvrtc==13.0.*\"` \
-             or put its folder on LD_LIBRARY_PATH"
-                .into(),
-        );
+        let why = match installed {
+            Err(e) => format!("the install failed: {e}"),
+            Ok(()) => format!("the install left no libnvrtc under {}", target.display()),
+        };
+        return Err(format!(
+            "libnvrtc not found (looked in LD_LIBRARY_PATH, python's site-packages/nvidia/*/lib, {} and \
+             /usr/local/cuda/lib64) and {why}; install it with `python3 -m pip install \"{NVRTC_WHEEL}\"` \
+             or put its folder on LD_LIBRARY_PATH",
+            target.display()
+        ));
     }
     Ok(dirs)
 }

@@ -7,7 +7,8 @@
 #                                       GPU the shared-device suites run, the distinct-GPU ones skip)
 #   ./run.sh bench [symm-bench args]    the benchmark (JSON + SVG plot into $OUT when set)
 #   ./run.sh anchors [args]             torchrun --nproc-per-node ${NPROC:-2} anchors_torch.py (PyTorch / NCCL anchors)
-#   ./run.sh store-interop [args]       symm-store against PyTorch's TCPStore
+#   ./run.sh store-interop [args]       symm-store against PyTorch's TCPStore, both directions, one
+#                                       verdict line (args: the Rust side alone, server | client <port>)
 #   ./run.sh all                        all of the above, in that order
 #   ./run.sh list                       what the bundle holds
 #
@@ -98,7 +99,27 @@ cmd_anchors() {
 
 cmd_store_interop() {
   [ -x "$HERE/bin/symm-store-interop" ] || { echo "symm-store-interop is not in this bundle" >&2; return 1; }
-  run store-interop "$HERE/bin/symm-store-interop" "$@"
+  # With arguments: the Rust side alone (server | client <port>). Without: both directions
+  # against PyTorch's TCPStore (torch_interop.py drives it) and one verdict line.
+  if [ "$#" -gt 0 ]; then
+    run store-interop "$HERE/bin/symm-store-interop" "$@"
+    return
+  fi
+  [ -f "$HERE/torch_interop.py" ] || { echo "torch_interop.py is not in this bundle" >&2; return 1; }
+  local log rc
+  log="$(mktemp "${TMPDIR:-/tmp}/symm-interop.XXXXXX")"
+  SYMM_STORE_INTEROP_BIN="$HERE/bin/symm-store-interop" run store-interop python3 "$HERE/torch_interop.py" > "$log" 2>&1
+  rc=$?
+  cat "$log"
+  if [ "$rc" -ne 0 ]; then
+    echo "store-interop: FAILED (exit $rc): $(grep -E 'FAIL|INTEROP' "$log" | tail -1)"
+  elif grep -q '^skipped' "$log"; then
+    echo "store-interop: SKIPPED, NOT CHECKED: $(grep '^skipped' "$log" | head -1)"
+  else
+    echo "store-interop: PASSED ($(grep -c '^ok ' "$log") checks, torch clients on our server and our client on torch's servers)"
+  fi
+  rm -f "$log"
+  return "$rc"
 }
 
 cmd_all() {

@@ -72,7 +72,7 @@ pub fn prepend_path(var: &str, first: &[PathBuf]) -> OsString {
     std::env::join_paths(dirs).unwrap_or_default()
 }
 
-fn dir_has_lib(dir: &Path, stem: &str) -> bool {
+pub fn dir_has_lib(dir: &Path, stem: &str) -> bool {
     std::fs::read_dir(dir)
         .map(|rd| {
             rd.flatten()
