@@ -3,7 +3,8 @@
 //!
 //! Builds symm-bench in release, runs it (it picks the GPUs when there are
 //! any, the host backend otherwise) with `--json DIR/bench.json` (default
-//! `target/bench/`), then plots `DIR/bench.svg` from that JSON. Every other
+//! `target/bench/`), then plots `DIR/bench.svg` (ours against NCCL) and
+//! `DIR/bench-detail.svg` (every algorithm) from that JSON. Every other
 //! argument goes to symm-bench unchanged.
 
 use std::path::PathBuf;
@@ -57,7 +58,8 @@ pub fn main(args: &[String]) -> Result<()> {
     if !json.is_file() {
         return Err(format!("{BIN} did not write {}", json.display()));
     }
-    let n = crate::plot::plot_file(&json, &svg)?;
-    println!("bench: {n} results in {}, plot in {}", json.display(), svg.display());
+    let plotted = crate::plot::plot_file(&json, None, &svg)?;
+    println!("bench: results in {}", json.display());
+    println!("{}", crate::plot::summary(&plotted));
     Ok(())
 }

@@ -10,7 +10,8 @@
 //! - `gpu-bundle [--out .gpu]`: GPU test and benchmark executables plus
 //!   `run.sh`, for a GPU machine without cargo.
 //! - `bench [--quick] [--out DIR] [args]`: the benchmark, JSON and SVG plot.
-//! - `plot BENCH.json [--out PLOT.svg]`: the plot alone.
+//! - `plot BENCH.json [--out PLOT.svg] [--anchors ANCHORS.json]`: the plots alone
+//!   (PLOT.svg: ours against NCCL; PLOT-detail.svg: every algorithm).
 
 #![forbid(unsafe_code)]
 
@@ -26,13 +27,13 @@ const USAGE: &str = "usage: cargo xtask <command> [args]
 commands:
   ci                          everything CI checks (what .ci/run runs)
   kernels [--arch sm_90]      NVRTC-compile every CUDA kernel (needs libnvrtc)
-  test-multigpu [test args]   build and run the GPU test suites here (needs >= 2 GPUs)
+  test-multigpu [test args]   build and run the GPU test suites here (one GPU: shared-device worlds)
   gpu-bundle [--out .gpu]     build GPU tests + binaries + run.sh for a GPU machine without cargo
   bench [--quick] [--out DIR] [args]
                               run symm-bench (GPU when present, host backend otherwise);
                               JSON + SVG plot in DIR (default target/bench)
-  plot BENCH.json [--out PLOT.svg]
-                              plot a symm-bench JSON file";
+  plot BENCH.json [--out PLOT.svg] [--anchors ANCHORS.json]
+                              plot a symm-bench JSON file (and PLOT-detail.svg)";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

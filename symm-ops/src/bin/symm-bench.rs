@@ -15,9 +15,13 @@
 //! symm-bench [--ops all_reduce,reduce_scatter,all_gather] [--sizes 1K,16K,1M,...]
 //!            [--dtype bf16|f16|f32] [--redop sum|avg|max|min] [--iters N] [--rounds N]
 //!            [--modes eager,graph] [--algos auto,lamport,one_shot,two_shot,pull,copy_engine,nccl,...]
-//!            [--ranks N] [--staging BYTES] [--lamport-bytes BYTES] [--json PATH] [--quick] [--no-nccl]
-//!            [--no-setup] [--probe] [--probe-bw]
+//!            [--ranks N] [--staging BYTES] [--lamport-bytes BYTES] [--json PATH] [--quick] [--full]
+//!            [--no-nccl] [--no-setup] [--probe] [--probe-bw]
 //! ```
+//! The default sweep is 1K..256M on GPUs. On the host backend it stops at `host_default_cap`
+//! (4M; why: there) and says so in one line; `--full` runs it to 256M there too, and `--sizes`
+//! runs exactly the sizes given. The progress line on stderr counts the rows left and estimates
+//! the time left from the time per byte measured so far.
 //! Algorithms (each may carry tuning, e.g. `one_shot:chunk=64K:minchunk=8K:cpb=2:blocks=64:threads=256`,
 //! `copy_engine:frac=0.5:cechunk=8M`; see `symm_cuda::collectives::Tuning`): all_reduce `auto lamport one_shot two_shot pull
 //! copy_engine ce_two_shot nccl`; reduce_scatter `auto lamport ring pull copy_engine nccl`; all_gather `auto lamport sm pull
@@ -34,7 +38,7 @@ use std::io::Write as _;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use symm_ops::symm_core::symm_store::{HashStore, Store, StoreExchange};
@@ -161,6 +165,10 @@ struct Args {
     lamport_bytes: Option<usize>,
     json: Option<PathBuf>,
     quick: bool,
+    /// `--full`: the whole default sweep on the host backend too (see `host_default_cap`).
+    full: bool,
+    /// The sizes are the default sweep (neither `--sizes` nor `--quick` chose them).
+    default_sweep: bool,
     nccl: bool,
     setup: bool,
     /// Run the latency probes (symm_cuda::probe) instead of the collectives.
@@ -171,7 +179,7 @@ struct Args {
 
 const USAGE: &str = "usage: symm-bench [--ops LIST] [--sizes LIST] [--dtype bf16|f16|f32] [--redop sum|avg|max|min] \
 [--iters N] [--rounds N] [--modes eager,graph] [--algos LIST] [--ranks N] [--staging BYTES] [--lamport-bytes BYTES] [--json PATH] \
-[--quick] [--no-nccl] [--no-setup] [--probe] [--probe-bw]";
+[--quick] [--full] [--no-nccl] [--no-setup] [--probe] [--probe-bw]";
 
 fn parse_size(s: &str) -> Result<usize, String> {
     let s = s.trim();
@@ -199,6 +207,49 @@ fn default_sizes() -> Vec<usize> {
     v
 }
 
+/// The largest size of the host backend's default sweep (4M; `--full` goes on to 256M).
+///
+/// The host engine (symm-ops' `HostEngine`, used with `CommConfig::default()` here) moves every
+/// op through its symmetric staging buffer in chunks of half of it (`DEFAULT_STAGING_BYTES / 2`
+/// = 5 MiB): stage, barrier, read and reduce, barrier, write. Up to 4M a message is one chunk and
+/// the sweep shows the latency-to-bandwidth curve; above it every message is the same 5 MiB step
+/// repeated `bytes / 5 MiB` times, host-memory-bandwidth bound, so the time just scales with the
+/// size and algbw / busbw stay flat. Measured (`taskset -c 0,1 symm-bench`: 2 cores, 2 ranks,
+/// bf16, sum), busbw in GB/s at 4M / 16M / 64M / 256M: all_reduce two_shot 1.87 / 1.76 / 1.75 /
+/// 1.80 (2244 / 9510 / 38367 / 149285 us: 561-599 us per MiB), reduce_scatter ring 1.40 / 1.37 /
+/// 1.36 / 1.37, all_gather sm 3.23 / 2.65 / 2.55 / 2.61. Yet every row from 16M up takes 7 to 20
+/// s (`iters_for` moves 2 GiB per round, 16 rounds): those 21 rows took 5.8 of the 6.3 minutes
+/// of the whole sweep there (9.9 minutes on CI's 2-core machine); the sweep to 4M takes 32 s.
+fn host_default_cap() -> usize {
+    let chunk = symm_ops::DEFAULT_STAGING_BYTES / 2;
+    default_sizes().into_iter().filter(|&s| s <= chunk).max().unwrap_or(KIB)
+}
+
+/// The sizes the host backend runs, and the one line saying where the default sweep stopped
+/// (when it did): the default sweep stops at `host_default_cap` unless `--full`; sizes from
+/// `--sizes` or `--quick` run as given.
+fn host_sweep(args: &Args) -> (Vec<usize>, Option<String>) {
+    if !args.default_sweep || args.full {
+        return (args.sizes.clone(), None);
+    }
+    let cap = host_default_cap();
+    let kept: Vec<usize> = args.sizes.iter().copied().filter(|&s| s <= cap).collect();
+    let Some(&max) = args.sizes.iter().max() else {
+        return (kept, None);
+    };
+    if kept.len() == args.sizes.len() {
+        return (kept, None);
+    }
+    let note = format!(
+        "# host backend: sizes stop at {} (above it the host engine repeats its {} staging step and the time \
+         just scales with size); --full runs the whole sweep to {}",
+        fmt_size(cap),
+        fmt_size(symm_ops::DEFAULT_STAGING_BYTES / 2),
+        fmt_size(max)
+    );
+    (kept, Some(note))
+}
+
 fn parse_args(argv: &[String]) -> Result<Args, String> {
     let mut a = Args {
         ops: Op::ALL.to_vec(),
@@ -214,6 +265,8 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
         lamport_bytes: None,
         json: None,
         quick: false,
+        full: false,
+        default_sweep: true,
         nccl: true,
         setup: true,
         probe: false,
@@ -279,6 +332,7 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
             "--lamport-bytes" => a.lamport_bytes = Some(parse_size(&val("--lamport-bytes")?)?),
             "--json" => a.json = Some(PathBuf::from(val("--json")?)),
             "--quick" => a.quick = true,
+            "--full" => a.full = true,
             "--no-nccl" => a.nccl = false,
             "--no-setup" => a.setup = false,
             "--probe" => a.probe = true,
@@ -287,9 +341,17 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
             o => return Err(format!("unknown argument {o:?}\n{USAGE}")),
         }
     }
+    if a.full && (sizes_given || a.quick) {
+        return Err(format!(
+            "--full runs the whole default sweep; it does not go with {} (which {} the sizes)\n{USAGE}",
+            if sizes_given { "--sizes" } else { "--quick" },
+            if sizes_given { "sets" } else { "shortens" }
+        ));
+    }
     if a.quick && !sizes_given {
         a.sizes = vec![KIB, 16 * KIB, 64 * KIB];
     }
+    a.default_sweep = !sizes_given && !a.quick;
     if a.quick && a.iters.is_none() {
         a.iters = Some(10);
         a.rounds = a.rounds.min(5);
@@ -317,6 +379,11 @@ impl Args {
     /// Ops per timed round for a message of `bytes`.
     fn iters_for(&self, bytes: usize) -> usize {
         self.iters.unwrap_or_else(|| (2048 * MIB / bytes.max(1)).clamp(5, 100))
+    }
+    /// Bytes one row of `bytes` moves: the checked op, a warm-up round and the timed rounds (the
+    /// progress line's estimate takes a row's time as proportional to it).
+    fn work(&self, bytes: usize) -> f64 {
+        ((self.rounds as f64 + 1.0) * self.iters_for(bytes) as f64 + 1.0) * bytes as f64
     }
 }
 
@@ -628,8 +695,186 @@ struct Shared {
     args: Args,
     run_id: String,
     seq: Vec<AtomicUsize>,
-    progress: AtomicUsize,
-    total: usize,
+    progress: Mutex<Progress>,
+}
+
+impl Shared {
+    /// `plan`: the (op, size) of every progress step (a row on the host backend, an algorithm's
+    /// rows at one size on GPUs), in the order they run.
+    fn new(store: Arc<dyn Store>, world: usize, args: Args, run_id: String, plan: Vec<(Op, usize)>) -> Shared {
+        let plan = plan
+            .into_iter()
+            .map(|(op, size)| Step {
+                op,
+                size,
+                work: args.work(size),
+            })
+            .collect();
+        Shared {
+            store,
+            world,
+            args,
+            run_id,
+            seq: (0..world).map(|_| AtomicUsize::new(0)).collect(),
+            progress: Mutex::new(Progress::new(plan)),
+        }
+    }
+}
+
+/// One progress step: an op at a size, and its work (`Args::work`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Step {
+    op: Op,
+    size: usize,
+    work: f64,
+}
+
+/// The progress line: how many steps are left and an estimate of the time they take.
+///
+/// A step's time is taken as proportional to its work, the bytes it moves (`Args::work`); the
+/// estimate for a step still to run is its work times the seconds per byte measured so far:
+/// on steps of the same op and size (another algorithm's), or else on steps of the same size of
+/// the ops before, scaled by how this op compares with them at its largest size measured, or else
+/// on this op's (or any op's) largest size measured. Early on, with only small latency-bound
+/// sizes measured, the estimate runs high; it settles once the larger sizes have run.
+#[derive(Debug)]
+struct Progress {
+    plan: Vec<Step>,
+    /// Steps started.
+    started: usize,
+    start: Option<Instant>,
+    /// The running step and when it started.
+    current: Option<(Step, Instant)>,
+    /// Finished steps and their seconds.
+    done: Vec<(Step, f64)>,
+    /// Length of the last line printed (to blank it out).
+    width: usize,
+}
+
+impl Progress {
+    /// No estimate before this much time has passed.
+    const ESTIMATE_AFTER: Duration = Duration::from_secs(1);
+
+    fn new(plan: Vec<Step>) -> Progress {
+        Progress {
+            plan,
+            started: 0,
+            start: None,
+            current: None,
+            done: Vec::new(),
+            width: 0,
+        }
+    }
+
+    /// Records that `step` starts at `now`; returns the line to show.
+    fn step(&mut self, step: Step, now: Instant, what: &str) -> String {
+        self.finish_current(now);
+        let start = *self.start.get_or_insert(now);
+        self.started += 1;
+        self.current = Some((step, now));
+        let total = self.plan.len().max(self.started);
+        let left = total + 1 - self.started;
+        let mut line = format!("[{}/{total}] {what}: {left} left", self.started);
+        // The first steps' times are too short to extrapolate from.
+        if now.duration_since(start) >= Self::ESTIMATE_AFTER {
+            if let Some(secs) = self.estimate(self.started - 1) {
+                let _ = write!(line, ", ~{} (estimate)", fmt_secs(secs));
+            }
+        }
+        line
+    }
+
+    fn finish_current(&mut self, now: Instant) {
+        if let Some((step, t)) = self.current.take() {
+            self.done.push((step, now.duration_since(t).as_secs_f64()));
+        }
+    }
+
+    /// Seconds per unit of work of the finished steps that `keep` selects.
+    fn rate_of(&self, keep: impl Fn(&Step) -> bool) -> Option<f64> {
+        let (w, t) = self
+            .done
+            .iter()
+            .filter(|(s, _)| keep(s))
+            .fold((0.0, 0.0), |(w, t), (s, secs)| (w + s.work, t + secs));
+        (w > 0.0).then(|| t / w)
+    }
+
+    /// The largest size of the finished steps that `keep` selects.
+    fn largest(&self, keep: impl Fn(&Step) -> bool) -> Option<usize> {
+        self.done.iter().filter(|(s, _)| keep(s)).map(|(s, _)| s.size).max()
+    }
+
+    /// Estimated seconds per unit of work of a step of `op` at `size`; None before any step
+    /// finished.
+    fn rate(&self, op: Op, size: usize) -> Option<f64> {
+        if let Some(r) = self.rate_of(|s| s.op == op && s.size == size) {
+            return Some(r);
+        }
+        if let Some(r) = self.rate_of(|s| s.size == size) {
+            // Only other ops ran this size: scale by this op's speed against theirs at the
+            // largest size both ran.
+            let common = self.largest(|s| s.op == op && self.done.iter().any(|(o, _)| o.op != op && o.size == s.size));
+            let scale = common
+                .and_then(|m| {
+                    Some(self.rate_of(|s| s.op == op && s.size == m)? / self.rate_of(|s| s.op != op && s.size == m)?)
+                })
+                .unwrap_or(1.0);
+            return Some(r * scale);
+        }
+        // A size nobody ran yet: this op's largest, else any op's largest.
+        match self.largest(|s| s.op == op) {
+            Some(m) => self.rate_of(|s| s.op == op && s.size == m),
+            None => {
+                let m = self.largest(|_| true)?;
+                self.rate_of(|s| s.size == m)
+            }
+        }
+    }
+
+    /// Estimated seconds for the planned steps from index `from` (the one starting) on.
+    fn estimate(&self, from: usize) -> Option<f64> {
+        let mut secs = 0.0;
+        for s in self.plan.iter().skip(from) {
+            secs += self.rate(s.op, s.size)? * s.work;
+        }
+        Some(secs)
+    }
+
+    /// The closing line: steps run and time taken; None when no step ran.
+    fn summary(&mut self, now: Instant) -> Option<String> {
+        self.finish_current(now);
+        let start = self.start?;
+        Some(format!(
+            "[{}/{}] done in {}",
+            self.started,
+            self.plan.len().max(self.started),
+            fmt_secs(now.duration_since(start).as_secs_f64())
+        ))
+    }
+
+    /// `line` padded to blank out the previous one, after a carriage return.
+    fn overwrite(&mut self, line: &str) -> String {
+        let w = self.width.max(line.len());
+        self.width = line.len();
+        format!("\r{line:<w$}")
+    }
+}
+
+/// Seconds for people: `45 s`, `3 min 05 s`, `1 h 02 min`.
+fn fmt_secs(secs: f64) -> String {
+    let s = if secs.is_finite() {
+        secs.max(0.0).round() as u64
+    } else {
+        0
+    };
+    if s < 60 {
+        format!("{s} s")
+    } else if s < 3600 {
+        format!("{} min {:02} s", s / 60, s % 60)
+    } else {
+        format!("{} h {:02} min", s / 3600, s % 3600 / 60)
+    }
 }
 
 /// Per-rank measurement exchanged through the store.
@@ -654,12 +899,33 @@ impl Shared {
         let n = self.seq.get(rank).map_or(0, |c| c.fetch_add(1, Ordering::Relaxed));
         format!("{what}-{n}")
     }
-    fn progress(&self, rank: usize, what: &str) {
-        if rank == 0 {
-            let n = self.progress.fetch_add(1, Ordering::Relaxed) + 1;
-            let line = format!("[{n}/{}] {what}", self.total);
-            let _ = write!(std::io::stderr(), "\r{line:<72}");
-            let _ = std::io::stderr().flush();
+    /// Rank 0 shows the progress line for a step of `size` starting now.
+    fn progress(&self, rank: usize, op: Op, size: usize, what: &str) {
+        if rank != 0 {
+            return;
+        }
+        let Ok(mut p) = self.progress.lock() else {
+            return;
+        };
+        let step = Step {
+            op,
+            size,
+            work: self.args.work(size),
+        };
+        let line = p.step(step, Instant::now(), what);
+        let out = p.overwrite(&line);
+        let _ = write!(std::io::stderr(), "{out}");
+        let _ = std::io::stderr().flush();
+    }
+
+    /// Closes the progress line (steps run, time taken), when there was one.
+    fn progress_done(&self) {
+        let Ok(mut p) = self.progress.lock() else {
+            return;
+        };
+        if let Some(line) = p.summary(Instant::now()) {
+            let out = p.overwrite(&line);
+            let _ = write!(std::io::stderr(), "{out}");
         }
     }
 }
@@ -799,6 +1065,7 @@ where
             Err(_) => errors.push(format!("rank {rank} thread died")),
         }
     }
+    shared.progress_done();
     let _ = writeln!(std::io::stderr());
     if !errors.is_empty() {
         return Err(errors.join("\n").into());
@@ -849,27 +1116,27 @@ mod host {
     use super::*;
     use symm_ops::{AllGatherAlgo, AllReduceAlgo, CommConfig, Communicator};
 
-    pub fn run(args: Args) -> BoxResult<()> {
+    pub fn run(mut args: Args) -> BoxResult<()> {
         if args.probe || args.probe_bw {
             return Err("--probe and --probe-bw measure GPU kernels: no CUDA device here".into());
         }
         symm_testkit::link();
         let world = args.ranks.unwrap_or(2).max(1);
-        let total = args
-            .ops
-            .iter()
-            .map(|&op| args.sizes.len() * args.algos_for(op).iter().filter(|a| host_algo(op, &a.base)).count())
-            .sum();
+        let (sizes, note) = host_sweep(&args);
+        args.sizes = sizes;
+        if let Some(note) = note {
+            println!("{note}");
+        }
+        let mut plan = Vec::new();
+        for &op in &args.ops {
+            let algos = args.algos_for(op).iter().filter(|a| host_algo(op, &a.base)).count();
+            for &size in &args.sizes {
+                plan.extend(std::iter::repeat_n((op, size), algos));
+            }
+        }
         let store: Arc<dyn Store> = HashStore::new(T_STORE);
-        let shared = Arc::new(Shared {
-            store,
-            world,
-            args: args.clone(),
-            run_id: format!("symm-bench/host/{}", std::process::id()),
-            seq: (0..world).map(|_| AtomicUsize::new(0)).collect(),
-            progress: AtomicUsize::new(0),
-            total,
-        });
+        let run_id = format!("symm-bench/host/{}", std::process::id());
+        let shared = Arc::new(Shared::new(store, world, args.clone(), run_id, plan));
         let (rows, setup) = launch(shared, |rank, sh| match sh.args.dtype {
             DType::F32 => rank_body::<f32>(rank, sh),
             DType::F16 => rank_body::<half::f16>(rank, sh),
@@ -909,7 +1176,12 @@ mod host {
                 let input: Vec<T> = (0..g.in_elems).map(|j| T::from_f32(value(rank, j) as f32)).collect();
                 let mut out: Vec<T> = vec![T::default(); g.out_elems];
                 for spec in args.algos_for(op).iter().filter(|a| host_algo(op, &a.base)) {
-                    sh.progress(rank, &format!("{} {} {}", op.name(), fmt_size(size), spec.label));
+                    sh.progress(
+                        rank,
+                        op,
+                        size,
+                        &format!("{} {} {}", op.name(), fmt_size(size), spec.label),
+                    );
                     let run_op = |out: &mut Vec<T>| -> symm_ops::symm_core::Result<()> {
                         match (op, spec.base.as_str()) {
                             (Op::AllReduce, "one_shot") => comm.all_reduce_with(
@@ -1151,20 +1423,16 @@ mod gpu {
         if let Some(n) = &nccl_note {
             eprintln!("NCCL rows skipped: {n}");
         }
-        let mut total = 0;
+        let mut plan = Vec::new();
         for &op in &args.ops {
-            total += args.sizes.len() * args.algos_for(op).len();
+            let algos = args.algos_for(op).len();
+            for &size in &args.sizes {
+                plan.extend(std::iter::repeat_n((op, size), algos));
+            }
         }
         let store: Arc<dyn Store> = HashStore::new(T_STORE);
-        let shared = Arc::new(Shared {
-            store,
-            world,
-            args: args.clone(),
-            run_id: format!("symm-bench/gpu/{}", std::process::id()),
-            seq: (0..world).map(|_| AtomicUsize::new(0)).collect(),
-            progress: AtomicUsize::new(0),
-            total,
-        });
+        let run_id = format!("symm-bench/gpu/{}", std::process::id());
+        let shared = Arc::new(Shared::new(store, world, args.clone(), run_id, plan));
         let nccl_ok = nccl_note.is_none();
         let (rows, setup) = launch(shared, move |rank, sh| rank_body(rank, sh, nccl_ok))?;
         let ctx0 = symm_ops::symm_cuda::driver::context(0).ok();
@@ -1653,7 +1921,12 @@ mod gpu {
         let ar = arena(st, &g, dtype, need_staged, st.coll.group())?;
         let iters = args.iters_for(g.bytes);
         for spec in &specs {
-            sh.progress(st.rank, &format!("{} {} {}", op.name(), fmt_size(g.bytes), spec.label));
+            sh.progress(
+                st.rank,
+                op,
+                size,
+                &format!("{} {} {}", op.name(), fmt_size(g.bytes), spec.label),
+            );
             let tuning = tuning_of(spec, &st.coll.config().tuning)?;
             let path = path_of(st, op, spec, &g, dtype, &tuning);
             // ---- correctness first: poisoned output, one op, float64 reference.
@@ -1870,6 +2143,94 @@ mod tests {
         assert!(a.algos_for(Op::AllReduce).iter().all(|s| s.base != "nccl"));
         assert_eq!(a.iters_for(KIB), 100);
         assert_eq!(a.iters_for(256 * MIB), 8);
+    }
+
+    fn argv(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn host_default_sweep_stops_at_the_cap() {
+        // The cap documented at host_default_cap: the largest default size in one 5 MiB
+        // staging chunk of the host engine.
+        assert_eq!(host_default_cap(), 4 * MIB);
+        let a = parse_args(&[]).unwrap();
+        // GPUs (which take args.sizes as parsed) keep the whole default sweep.
+        assert_eq!(a.sizes, default_sizes());
+        assert_eq!(a.sizes.last(), Some(&(256 * MIB)));
+        let (sizes, note) = host_sweep(&a);
+        assert_eq!(sizes, vec![KIB, 4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB]);
+        let note = note.expect("the capped sweep says where it stopped");
+        assert_eq!(note.lines().count(), 1, "{note}");
+        assert!(
+            note.contains("stop at 4M") && note.contains("--full runs the whole sweep to 256M"),
+            "{note}"
+        );
+        // --full: the whole sweep, as before.
+        let full = parse_args(&argv(&["--full"])).unwrap();
+        assert_eq!(host_sweep(&full), (default_sizes(), None));
+        // --sizes and --quick: exactly those sizes, nothing said.
+        let given = parse_args(&argv(&["--sizes", "1K,64M,512M"])).unwrap();
+        assert_eq!(host_sweep(&given), (vec![KIB, 64 * MIB, 512 * MIB], None));
+        let quick = parse_args(&argv(&["--quick"])).unwrap();
+        assert_eq!(host_sweep(&quick), (vec![KIB, 16 * KIB, 64 * KIB], None));
+        // --full with sizes chosen otherwise is a contradiction, said so.
+        let e = parse_args(&argv(&["--full", "--sizes", "1K"])).unwrap_err();
+        assert!(
+            e.starts_with("--full runs the whole default sweep") && e.contains("--sizes"),
+            "{e}"
+        );
+        let e = parse_args(&argv(&["--quick", "--full"])).unwrap_err();
+        assert!(e.contains("--quick"), "{e}");
+    }
+
+    #[test]
+    fn progress_counts_down_and_estimates() {
+        let args = parse_args(&[]).unwrap();
+        let step = |op, size| Step {
+            op,
+            size,
+            work: args.work(size),
+        };
+        let plan = vec![
+            step(Op::AllReduce, KIB),
+            step(Op::AllReduce, MIB),
+            step(Op::AllGather, KIB),
+            step(Op::AllGather, MIB),
+        ];
+        let (w1k, w1m) = (args.work(KIB), args.work(MIB));
+        let secs = Duration::from_secs;
+        let t0 = Instant::now();
+        let mut p = Progress::new(plan.clone());
+        assert_eq!(p.step(plan[0], t0, "a"), "[1/4] a: 4 left");
+        // 2 s for all_reduce 1K: the rest scaled by bytes from it.
+        let want = 2.0 / w1k * (w1m + w1k + w1m);
+        assert_eq!(
+            p.step(plan[1], t0 + secs(2), "b"),
+            format!("[2/4] b: 3 left, ~{} (estimate)", fmt_secs(want))
+        );
+        // 10 s for all_reduce 1M: all_gather estimated from all_reduce at the same sizes.
+        assert_eq!(p.step(plan[2], t0 + secs(12), "c"), "[3/4] c: 2 left, ~12 s (estimate)");
+        // all_gather 1K took half all_reduce's time: its 1M is estimated at half too.
+        assert_eq!(p.step(plan[3], t0 + secs(13), "d"), "[4/4] d: 1 left, ~5 s (estimate)");
+        assert_eq!(p.summary(t0 + secs(18)).as_deref(), Some("[4/4] done in 18 s"));
+        // No estimate from the first second; no summary when nothing ran.
+        let mut p = Progress::new(plan.clone());
+        p.step(plan[0], t0, "a");
+        assert_eq!(p.step(plan[1], t0 + Duration::from_millis(500), "b"), "[2/4] b: 3 left");
+        assert_eq!(Progress::new(plan).summary(t0), None);
+        // A shorter line blanks out the longer one before it.
+        assert_eq!(p.overwrite("abc"), "\rabc");
+        assert_eq!(p.overwrite("x"), "\rx  ");
+        for (s, want) in [
+            (0.4, "0 s"),
+            (59.4, "59 s"),
+            (65.0, "1 min 05 s"),
+            (3725.0, "1 h 02 min"),
+            (f64::NAN, "0 s"),
+        ] {
+            assert_eq!(fmt_secs(s), want);
+        }
     }
 
     #[test]
