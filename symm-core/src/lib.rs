@@ -34,6 +34,7 @@ pub mod error;
 pub mod fault;
 pub mod group;
 pub mod memory;
+pub mod op_desc;
 pub mod pad;
 pub mod tensor;
 pub mod types;
@@ -48,6 +49,7 @@ pub use connectivity::{
 pub use error::{Error, Result};
 pub use fault::fault_point;
 pub use group::{group_info, remove_group_info, set_group_info, Group, GroupOptions, ALLOW_OVERLAPPING_DEVICES_ENV};
+pub use op_desc::{OpDescriptor, OpKind, VariantNames};
 pub use memory::{check_range, BufferView, SymmetricMemory, SymmetricMemoryExt};
 pub use tensor::{
     contiguous_strides, empty_p2p, empty_strided_p2p, get_symmetric_memory, release_persistent, SymmTensor,

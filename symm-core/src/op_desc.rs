@@ -1,0 +1,226 @@
+//! What every rank of a collective must agree on, in one small record (NOTE
+//! [op-agreement] in docs/architecture.md): the op's kind, element type,
+//! element count, reduce operator, algorithm variant, and its sequence number
+//! in the communicator. Engines exchange it inside the synchronisation an op
+//! already does and compare it with every peer's, so ranks that disagree get
+//! [`Error::Mismatch`] naming both sides instead of `Ok` with wrong data.
+
+use std::fmt;
+
+use crate::error::{Error, Result};
+use crate::types::{DType, ReduceOp};
+
+/// The collective an op descriptor describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum OpKind {
+    AllReduce = 1,
+    ReduceScatter = 2,
+    AllGather = 3,
+    Barrier = 4,
+    /// The rank rejected its own arguments for this op: its peers fail too, so
+    /// none of them pairs with the rank's next op.
+    Rejected = 5,
+}
+
+impl OpKind {
+    fn from_u8(v: u8) -> Option<OpKind> {
+        Some(match v {
+            1 => OpKind::AllReduce,
+            2 => OpKind::ReduceScatter,
+            3 => OpKind::AllGather,
+            4 => OpKind::Barrier,
+            5 => OpKind::Rejected,
+            _ => return None,
+        })
+    }
+    pub const fn name(self) -> &'static str {
+        match self {
+            OpKind::AllReduce => "all_reduce",
+            OpKind::ReduceScatter => "reduce_scatter",
+            OpKind::AllGather => "all_gather",
+            OpKind::Barrier => "barrier",
+            OpKind::Rejected => "an op whose arguments it rejected",
+        }
+    }
+}
+
+/// One op as every rank must see it. `variant` tells apart algorithms whose
+/// synchronisation differs (an engine's own numbering); `count` is the
+/// element count the engine moves per rank (all-reduce: the message;
+/// reduce-scatter: one output; all-gather: one input).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpDescriptor {
+    pub seq: u64,
+    pub kind: OpKind,
+    pub dtype: Option<DType>,
+    pub count: u64,
+    pub reduce: Option<ReduceOp>,
+    pub variant: u8,
+}
+
+const MAGIC: u32 = 0x5359_4f50; // "SYOP"
+
+const DTYPES: [DType; 8] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::F64,
+    DType::I32,
+    DType::I64,
+    DType::U8,
+    DType::U32,
+];
+
+impl OpDescriptor {
+    /// Encoded size in bytes.
+    pub const BYTES: usize = 32;
+
+    /// The fixed little-endian encoding peers read.
+    pub fn encode(&self) -> [u8; Self::BYTES] {
+        let mut b = [0u8; Self::BYTES];
+        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4] = self.kind as u8;
+        b[5] = self
+            .dtype
+            .and_then(|d| DTYPES.iter().position(|&x| x == d))
+            .map_or(0, |i| i as u8 + 1);
+        b[6] = self
+            .reduce
+            .and_then(|r| ReduceOp::ALL.iter().position(|&x| x == r))
+            .map_or(0, |i| i as u8 + 1);
+        b[7] = self.variant;
+        b[8..16].copy_from_slice(&self.count.to_le_bytes());
+        b[16..24].copy_from_slice(&self.seq.to_le_bytes());
+        b
+    }
+
+    /// Decodes a peer's record; `None` when it is not one (never written, or
+    /// written by something else).
+    pub fn decode(b: &[u8]) -> Option<OpDescriptor> {
+        if b.len() < Self::BYTES || b[0..4] != MAGIC.to_le_bytes() {
+            return None;
+        }
+        let pick = |v: u8, n: usize| (v as usize).checked_sub(1).filter(|&i| i < n);
+        let dtype = match b[5] {
+            0 => None,
+            v => Some(DTYPES[pick(v, DTYPES.len())?]),
+        };
+        let reduce = match b[6] {
+            0 => None,
+            v => Some(ReduceOp::ALL[pick(v, ReduceOp::ALL.len())?]),
+        };
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[8..16]);
+        let count = u64::from_le_bytes(w);
+        w.copy_from_slice(&b[16..24]);
+        let seq = u64::from_le_bytes(w);
+        Some(OpDescriptor {
+            seq,
+            kind: OpKind::from_u8(b[4])?,
+            dtype,
+            count,
+            reduce,
+            variant: b[7],
+        })
+    }
+
+    /// Ok when `peer`'s record (as read from its memory) equals this rank's;
+    /// else [`Error::Mismatch`] naming both sides. `variant_names` names the
+    /// engine's variants of an op kind (`None`: the variant goes unsaid).
+    pub fn agree(&self, me: usize, peer: usize, theirs: &[u8], variant_names: VariantNames) -> Result<()> {
+        let mine = Show(self, variant_names);
+        match OpDescriptor::decode(theirs) {
+            Some(t) if t == *self => Ok(()),
+            Some(t) => Err(Error::Mismatch {
+                what: "the collective op",
+                detail: format!("rank {peer} ran {}, rank {me} ran {mine}", Show(&t, variant_names)),
+            }),
+            None => Err(Error::Mismatch {
+                what: "the collective op",
+                detail: format!("rank {peer} published no op record, rank {me} ran {mine}"),
+            }),
+        }
+    }
+}
+
+/// An engine's name for variant `v` of an op kind.
+pub type VariantNames = fn(OpKind, u8) -> Option<&'static str>;
+
+struct Show<'a>(&'a OpDescriptor, VariantNames);
+
+impl fmt::Display for Show<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = self.0;
+        write!(f, "op #{} {}", d.seq, d.kind.name())?;
+        if d.kind == OpKind::Rejected || d.kind == OpKind::Barrier {
+            return Ok(());
+        }
+        write!(f, " of {} x {}", d.count, d.dtype.map_or("?", DType::name))?;
+        if let Some(r) = d.reduce {
+            write!(f, ", {r:?}")?;
+        }
+        match (self.1)(d.kind, d.variant) {
+            Some(v) => write!(f, ", {v}"),
+            None if d.variant == 0 => Ok(()),
+            None => write!(f, ", variant {}", d.variant),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ar(count: u64) -> OpDescriptor {
+        OpDescriptor {
+            seq: 5,
+            kind: OpKind::AllReduce,
+            dtype: Some(DType::BF16),
+            count,
+            reduce: Some(ReduceOp::Sum),
+            variant: 0,
+        }
+    }
+
+    #[test]
+    fn round_trips_and_rejects_garbage() {
+        for d in [
+            ar(1000),
+            OpDescriptor {
+                seq: u64::MAX,
+                kind: OpKind::Rejected,
+                dtype: None,
+                count: 0,
+                reduce: None,
+                variant: 3,
+            },
+        ] {
+            assert_eq!(OpDescriptor::decode(&d.encode()), Some(d));
+        }
+        assert_eq!(OpDescriptor::decode(&[0u8; 32]), None);
+        let mut bad = ar(1).encode();
+        bad[5] = 200;
+        assert_eq!(OpDescriptor::decode(&bad), None);
+        assert_eq!(OpDescriptor::decode(&ar(1).encode()[..31]), None);
+    }
+
+    #[test]
+    fn disagreement_names_both_sides() {
+        fn names(k: OpKind, v: u8) -> Option<&'static str> {
+            (k == OpKind::AllReduce).then(|| ["one_shot", "two_shot"].get(v as usize).copied()).flatten()
+        }
+        let names: VariantNames = names;
+        assert!(ar(1000).agree(0, 1, &ar(1000).encode(), names).is_ok());
+        let e = ar(1000).agree(0, 1, &ar(2000).encode(), names).unwrap_err().to_string();
+        assert!(e.contains("rank 1 ran op #5 all_reduce of 2000 x bf16"), "{e}");
+        assert!(e.contains("rank 0 ran op #5 all_reduce of 1000 x bf16, Sum, one_shot"), "{e}");
+        let mut other = ar(1000);
+        other.reduce = Some(ReduceOp::Max);
+        assert!(ar(1000).agree(0, 1, &other.encode(), names).is_err());
+        other = ar(1000);
+        other.seq = 6;
+        assert!(ar(1000).agree(0, 1, &other.encode(), names).is_err());
+        assert!(ar(1000).agree(0, 1, &[0u8; 32], names).is_err());
+    }
+}
