@@ -56,7 +56,7 @@ pub enum Error {
     /// Two ranks use the same device in a group that does not allow it
     /// ([`crate::GroupOptions::shared_devices`]).
     #[error(
-        "ranks {a} and {b} share device {device}; build the group with GroupOptions {{ shared_devices: true }} \
+        "ranks {a} and {b} share device {device}; build the group with GroupOptions {{ shared_devices: true, .. }} \
          (or SYMM_ALLOW_OVERLAPPING_DEVICES=1 for Group::new) to allow it"
     )]
     OverlappingDevices { a: usize, b: usize, device: String },

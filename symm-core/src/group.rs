@@ -10,10 +10,14 @@
 //! them at rendezvous, so ranks that disagree fail alike instead of deciding
 //! differently.
 //!
-//! Store keys of a group live under `symm/{name}/g{generation}/`: the
-//! generation is agreed through the store when the group is built, so a
-//! recycled group name never sees the keys of its predecessor, and subgroups
-//! (their own names) never share keys with their parent.
+//! Store keys of a group live under `symm/{name}/g{generation}/` (with a job
+//! identity, `symm/job-{id}/{name}/g{generation}/`): the generation is agreed
+//! through the store when the group is built, so a recycled group name never
+//! sees the keys of its predecessor, and subgroups (their own names) never
+//! share keys with their parent. Two jobs on one store with different job
+//! identities never see each other's keys; every rank claims its rank in its
+//! generation, so a rank launched twice, or two jobs without identities that
+//! share a group name, fail with [`Error::Mismatch`] instead of pairing up.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,6 +33,43 @@ use crate::types::Rank;
 /// [`Group::new`] (PyTorch's `TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES`).
 pub const ALLOW_OVERLAPPING_DEVICES_ENV: &str = "SYMM_ALLOW_OVERLAPPING_DEVICES";
 
+/// Environment variables naming the job a group belongs to, first set wins:
+/// ours, then torchrun's run id ([`GroupOptions::from_env`]).
+pub const JOB_ID_ENVS: [&str; 2] = ["SYMM_JOB_ID", "TORCHELASTIC_RUN_ID"];
+
+/// A job's identity in store keys: a 64-bit FNV-1a hash of its text (so
+/// options stay `Copy` and keys stay short).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct JobId(u64);
+
+impl JobId {
+    /// The identity of job `text` (any non-empty string; every rank of the job
+    /// passes the same).
+    pub fn new(text: &str) -> JobId {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in text.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x100_0000_01b3);
+        }
+        JobId(h)
+    }
+
+    /// The identity [`JOB_ID_ENVS`] give, in order, through `var`; `None`
+    /// when none is set to a non-empty value.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Option<JobId> {
+        JOB_ID_ENVS
+            .iter()
+            .find_map(|k| var(k).filter(|v| !v.is_empty()))
+            .map(|v| JobId::new(&v))
+    }
+}
+
+impl std::fmt::Display for JobId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
 /// Options of a group that every rank must pass alike (checked at every
 /// rendezvous: a rank that disagrees makes every rank fail with
 /// [`Error::Mismatch`]).
@@ -40,14 +81,18 @@ pub struct GroupOptions {
     /// every rank resident together); the NCCL fallback is off in such a
     /// group. Default false: two ranks on one device is usually a mistake.
     pub shared_devices: bool,
+    /// The job the group belongs to: its store keys carry it, so two jobs
+    /// sharing a store and a group name never meet. `None`: no job segment.
+    pub job: Option<JobId>,
 }
 
 impl GroupOptions {
     /// The options [`Group::new`] uses: `shared_devices` when
-    /// `SYMM_ALLOW_OVERLAPPING_DEVICES=1`.
+    /// `SYMM_ALLOW_OVERLAPPING_DEVICES=1`; the job from [`JOB_ID_ENVS`].
     pub fn from_env() -> GroupOptions {
         GroupOptions {
             shared_devices: std::env::var(ALLOW_OVERLAPPING_DEVICES_ENV).is_ok_and(|v| v == "1"),
+            job: JobId::from_vars(|k| std::env::var(k).ok()),
         }
     }
 }
@@ -55,6 +100,8 @@ impl GroupOptions {
 /// One rank's view of a group.
 pub struct Group {
     name: String,
+    /// `symm/{name}` or `symm/job-{id}/{name}`.
+    base: String,
     rank: Rank,
     store: Arc<dyn Store>,
     generation: u64,
@@ -99,17 +146,40 @@ impl Group {
         }
         let rank = Rank::new(rank, world_size)?;
         let timeout = store.timeout();
-        let joins = store.add(&format!("symm/{name}/joins"), 1)?;
+        let base = match options.job {
+            Some(j) => format!("symm/job-{j}/{name}"),
+            None => format!("symm/{name}"),
+        };
+        let joins = store.add(&format!("{base}/joins"), 1)?;
         let generation = ((joins - 1).max(0) as u64) / world_size as u64;
-        Ok(Arc::new(Group {
+        let g = Group {
             name,
+            base,
             rank,
             store,
             generation,
             timeout,
             seq: AtomicU64::new(0),
             options,
-        }))
+        };
+        // Every rank claims its place in the generation once: a second claim is a rank launched
+        // twice, or another job sharing the name without a job identity.
+        let claims = g.store.add(&format!("{}/rank/{}", g.prefix(), rank.get()), 1)?;
+        if claims != 1 {
+            return Err(Error::Mismatch {
+                what: "group membership",
+                detail: format!(
+                    "rank {} of group {:?} (generation {}, world {world_size}) joined {claims} times: a rank \
+                     launched twice, or two jobs sharing the group name on one store (give each job its own \
+                     {} or GroupOptions::job)",
+                    rank.get(),
+                    g.name,
+                    g.generation,
+                    JOB_ID_ENVS[0]
+                ),
+            });
+        }
+        Ok(Arc::new(g))
     }
 
     /// The options the group was built with.
@@ -138,7 +208,7 @@ impl Group {
     }
     /// The store-key prefix of this group's generation.
     pub fn prefix(&self) -> String {
-        format!("symm/{}/g{}", self.name, self.generation)
+        format!("{}/g{}", self.base, self.generation)
     }
     /// A fresh prefix for the next collective setup step (rendezvous,
     /// communicator). Every rank calls this in the same order, so the
@@ -202,4 +272,74 @@ pub fn remove_group_info(name: &str) -> bool {
         .unwrap_or_else(|e| e.into_inner())
         .remove(name)
         .is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use symm_store::HashStore;
+
+    fn opts(job: Option<&str>) -> GroupOptions {
+        GroupOptions {
+            shared_devices: false,
+            job: job.map(JobId::new),
+        }
+    }
+
+    #[test]
+    fn job_identity_comes_from_the_first_variable_set() {
+        let vars = |set: &'static [(&'static str, &'static str)]| {
+            move |k: &str| set.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        assert_eq!(JobId::from_vars(vars(&[])), None);
+        assert_eq!(JobId::from_vars(vars(&[("SYMM_JOB_ID", "")])), None);
+        assert_eq!(
+            JobId::from_vars(vars(&[("TORCHELASTIC_RUN_ID", "t")])),
+            Some(JobId::new("t"))
+        );
+        assert_eq!(
+            JobId::from_vars(vars(&[("TORCHELASTIC_RUN_ID", "t"), ("SYMM_JOB_ID", "s")])),
+            Some(JobId::new("s"))
+        );
+        assert_ne!(JobId::new("a"), JobId::new("b"));
+    }
+
+    #[test]
+    fn two_jobs_with_identities_never_meet() {
+        let store: Arc<dyn Store> = HashStore::new(Duration::from_secs(5));
+        // The unlucky order: the jobs' ranks interleave.
+        let a0 = Group::with_options("tp", 0, 2, store.clone(), opts(Some("a"))).unwrap();
+        let b0 = Group::with_options("tp", 0, 2, store.clone(), opts(Some("b"))).unwrap();
+        let b1 = Group::with_options("tp", 1, 2, store.clone(), opts(Some("b"))).unwrap();
+        let a1 = Group::with_options("tp", 1, 2, store.clone(), opts(Some("a"))).unwrap();
+        assert_eq!(a0.prefix(), a1.prefix());
+        assert_eq!(b0.prefix(), b1.prefix());
+        assert_ne!(a0.prefix(), b0.prefix());
+        assert_eq!((a0.generation(), b0.generation()), (0, 0));
+        // Subgroups keep the job.
+        let sub = a0.subgroup("tp-sub", &[0]).unwrap().unwrap();
+        assert!(sub.prefix().starts_with(&format!("symm/job-{}/", JobId::new("a"))));
+    }
+
+    #[test]
+    fn a_second_claim_of_a_rank_is_a_mismatch() {
+        let store: Arc<dyn Store> = HashStore::new(Duration::from_secs(5));
+        // Two jobs without identities, same name, same unlucky order: no group pairs ranks of
+        // both jobs; the second claimant of a rank fails at once, naming it.
+        let a0 = Group::with_options("tp", 0, 2, store.clone(), opts(None)).unwrap();
+        let b0 = Group::with_options("tp", 0, 2, store.clone(), opts(None));
+        match b0 {
+            Err(Error::Mismatch { what, detail }) => {
+                assert_eq!(what, "group membership");
+                assert!(detail.contains("rank 0 of group \"tp\""), "{detail}");
+                assert!(detail.contains("SYMM_JOB_ID"), "{detail}");
+            }
+            other => panic!("second rank 0: {other:?}"),
+        }
+        let a1 = Group::with_options("tp", 1, 2, store.clone(), opts(None)).unwrap();
+        let b1 = Group::with_options("tp", 1, 2, store.clone(), opts(None));
+        assert!(matches!(b1, Err(Error::Mismatch { .. })), "{b1:?}");
+        // What is left never pairs up (its ops time out): a0 and a1 are in different generations.
+        assert_ne!(a0.prefix(), a1.prefix());
+    }
 }

@@ -48,7 +48,9 @@ pub use connectivity::{
 };
 pub use error::{Error, Result};
 pub use fault::fault_point;
-pub use group::{group_info, remove_group_info, set_group_info, Group, GroupOptions, ALLOW_OVERLAPPING_DEVICES_ENV};
+pub use group::{
+    group_info, remove_group_info, set_group_info, Group, GroupOptions, JobId, ALLOW_OVERLAPPING_DEVICES_ENV, JOB_ID_ENVS,
+};
 pub use op_desc::{OpDescriptor, OpKind, VariantNames};
 pub use memory::{check_range, BufferView, SymmetricMemory, SymmetricMemoryExt};
 pub use tensor::{

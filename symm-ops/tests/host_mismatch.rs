@@ -192,3 +192,65 @@ fn mismatch_processes_w3() {
     }
     run_processes("mismatch_processes_w3", 3, LIMIT).unwrap();
 }
+
+/// Two jobs of two ranks on one store with the same group name, joining interleaved: with job
+/// identities each all-reduces its own data; without, no rank gets `Ok` with the other job's data.
+#[test]
+fn two_jobs_on_one_store() {
+    use std::sync::Arc;
+    use symm_core::symm_store::{HashStore, Store};
+    use symm_core::{Group, GroupOptions, JobId};
+    symm_testkit::link();
+    for with_ids in [true, false] {
+        let store: Arc<dyn Store> = HashStore::new(Duration::from_secs(3));
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let mut handles = Vec::new();
+        // Joining order a0, b0, b1, a1: each thread waits for the previous one to have joined.
+        let order = [("a", 0usize), ("b", 0), ("b", 1), ("a", 1)];
+        let gates: Vec<_> = (0..order.len()).map(|_| std::sync::mpsc::channel::<()>()).collect();
+        let mut senders: Vec<_> = gates.iter().map(|(s, _)| Some(s.clone())).collect();
+        let mut receivers: Vec<_> = gates.into_iter().map(|(_, r)| Some(r)).collect();
+        for (i, &(job, rank)) in order.iter().enumerate() {
+            let store = store.clone();
+            let my_gate = receivers[i].take();
+            let next = if i + 1 < order.len() { senders[i + 1].take() } else { None };
+            let done = tx.clone();
+            handles.push(std::thread::spawn(move || -> (String, usize, symm_core::Result<Vec<f32>>) {
+                if i > 0 {
+                    let _ = my_gate.map(|g| g.recv());
+                }
+                let options = GroupOptions {
+                    job: with_ids.then(|| JobId::new(job)),
+                    ..GroupOptions::default()
+                };
+                let group = Group::with_options("tp", rank, 2, store, options);
+                if let Some(n) = next {
+                    let _ = n.send(());
+                }
+                let r = group.and_then(|g| {
+                    let c = Communicator::new(&g, Device::host(rank as u32), CommConfig::default())?;
+                    let base = if job == "a" { 1.0 } else { 100.0 };
+                    let mut x = vec![base * (rank + 1) as f32; 64];
+                    c.all_reduce(&mut x[..], ReduceOp::Sum)?;
+                    Ok(x)
+                });
+                let _ = done.send(());
+                (job.to_string(), rank, r)
+            }));
+        }
+        drop(tx);
+        for _ in 0..order.len() {
+            let _ = rx.recv_timeout(Duration::from_secs(60));
+        }
+        for h in handles {
+            let (job, rank, r) = h.join().unwrap();
+            let want = if job == "a" { 3.0 } else { 300.0 };
+            match (with_ids, r) {
+                (true, Ok(x)) => assert!(x.iter().all(|&v| v == want), "job {job} rank {rank}: {:?}", x[0]),
+                (true, Err(e)) => panic!("job {job} rank {rank} with job ids: {e}"),
+                (false, Ok(x)) => panic!("job {job} rank {rank} without job ids returned Ok ({:?})", x[0]),
+                (false, Err(_)) => {}
+            }
+        }
+    }
+}

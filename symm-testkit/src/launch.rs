@@ -112,7 +112,10 @@ impl RankCtx {
     /// take [`Group::new`]'s options.
     pub fn group(&self, name: &str) -> symm_core::Result<Arc<Group>> {
         if self.shared_device {
-            let options = GroupOptions { shared_devices: true };
+            let options = GroupOptions {
+                shared_devices: true,
+                ..GroupOptions::default()
+            };
             Group::with_options(name, self.rank, self.world, self.store.clone(), options)
         } else {
             Group::new(name, self.rank, self.world, self.store.clone())
