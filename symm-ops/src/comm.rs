@@ -106,11 +106,29 @@ impl<T: Element> NewOutput for Vec<T> {
                 T::DTYPE
             )));
         }
-        Ok(vec![T::default(); len])
+        try_zeroed(len, &format!("a {} result", T::DTYPE))
     }
     fn as_output(&mut self) -> BufMut<'_> {
         self.into()
     }
+}
+
+/// `n` default (zero) elements in host memory, allocated fallibly: a size
+/// the allocator refuses is [`Error::OutOfMemory`] naming `what` and the
+/// size asked for, never an abort. Every host allocation sized by the
+/// user's config or an op's size goes through it.
+pub(crate) fn try_zeroed<T: Clone + Default>(n: usize, what: &str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|e| Error::OutOfMemory {
+        device: "host".into(),
+        detail: format!(
+            "{what}: {n} elements of {} bytes ({} bytes) asked: {e}",
+            std::mem::size_of::<T>(),
+            n as u128 * std::mem::size_of::<T>() as u128
+        ),
+    })?;
+    v.resize(n, T::default());
+    Ok(v)
 }
 
 /// Errors after which the ranks' protocol state is out of step.
@@ -118,6 +136,7 @@ fn is_fatal(e: &Error) -> bool {
     matches!(
         e,
         Error::Timeout { .. }
+            | Error::Mismatch { .. }
             | Error::Aborted(_)
             | Error::PeerLost { .. }
             | Error::Backend { .. }
@@ -555,7 +574,7 @@ impl Communicator {
     fn run(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
         if self.poisoned.load(Ordering::Acquire) {
             return Err(Error::Aborted(
-                "an earlier op of this communicator failed (timeout, abort or lost peer); build a new one".into(),
+                "an earlier op of this communicator failed (timeout, abort, lost peer or ranks that disagreed on an op); build a new one".into(),
             ));
         }
         let r = f();
@@ -565,6 +584,29 @@ impl Communicator {
             }
         }
         r
+    }
+
+    /// `r`, unless it is this rank's rejection of its own arguments for an op
+    /// (NOTE [op-agreement]): then, on the host engine, the rejection takes the
+    /// op's place in the group's sequence, so every peer's matching op fails
+    /// with [`Error::Mismatch`] instead of pairing with this rank's next op;
+    /// unless every rank rejected it, the communicator is poisoned. The CUDA
+    /// engine does not exchange op records yet: there the rejection stays
+    /// local.
+    fn arg<T>(&self, r: Result<T>) -> Result<T> {
+        let e = match r {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(e);
+        }
+        if let Engine::Host(h) = &self.engine {
+            if h.reject().is_err() {
+                self.poisoned.store(true, Ordering::Release);
+            }
+        }
+        Err(e)
     }
 
     /// Sets (or clears) the abort word: every wait of this communicator's
@@ -648,20 +690,20 @@ impl Communicator {
     ) -> Result<()> {
         let count = output.len();
         let dtype = output.dtype();
-        check_dtype(dtype, "all_reduce")?;
+        self.arg(check_dtype(dtype, "all_reduce"))?;
         if let Some(i) = &input {
-            check_same("all_reduce", i, &output, i.len())?;
+            self.arg(check_same("all_reduce", i, &output, i.len()))?;
         }
-        self.check_algo(algo)?;
-        if count == 0 {
+        self.arg(self.check_algo(algo))?;
+        if count == 0 && !matches!(self.engine, Engine::Host(_)) {
             return Ok(());
         }
         match &self.engine {
             Engine::Host(h) => {
                 let in_place = input.is_none();
-                let mut out = h.resolve_out(output, in_place)?;
+                let mut out = self.arg(h.resolve_out(output, in_place))?;
                 let input = match input {
-                    Some(b) => h.resolve_in(b)?,
+                    Some(b) => self.arg(h.resolve_in(b))?,
                     None => In::Output,
                 };
                 self.run(|| match algo {
@@ -721,22 +763,22 @@ impl Communicator {
         let (input, output) = (input.into(), output.into());
         let w = self.world_size();
         let dtype = input.dtype();
-        check_dtype(dtype, "reduce_scatter")?;
+        self.arg(check_dtype(dtype, "reduce_scatter"))?;
         if input.len() % w != 0 {
-            return Err(Error::InvalidArgument(format!(
+            return self.arg(Err(Error::InvalidArgument(format!(
                 "reduce_scatter: input of {} elements is not a multiple of the world size {w}",
                 input.len()
-            )));
+            ))));
         }
         let count = input.len() / w;
-        check_same("reduce_scatter", &input, &output, count)?;
-        if count == 0 {
+        self.arg(check_same("reduce_scatter", &input, &output, count))?;
+        if count == 0 && !matches!(self.engine, Engine::Host(_)) {
             return Ok(());
         }
         match &self.engine {
             Engine::Host(h) => {
-                let input = h.resolve_in(input)?;
-                let mut out = h.resolve_out(output, false)?;
+                let input = self.arg(h.resolve_in(input))?;
+                let mut out = self.arg(h.resolve_out(output, false))?;
                 self.run(|| h.reduce_scatter(&input, &mut out, count, dtype, op))
             }
             #[cfg(feature = "cuda")]
@@ -753,7 +795,11 @@ impl Communicator {
     /// (rank r's input at `r * input.len()`).
     pub fn all_gather<'a, O: NewOutput>(&self, input: impl Into<Buf<'a>>) -> Result<O> {
         let input = input.into();
-        let mut out = O::new_output(self, input.len() * self.world_size(), input.dtype())?;
+        let (count, w) = (input.len(), self.world_size());
+        let len = count
+            .checked_mul(w)
+            .ok_or_else(|| Error::InvalidArgument(format!("all_gather: {count} elements x world {w} overflows")))?;
+        let mut out = O::new_output(self, len, input.dtype())?;
         self.all_gather_out(input, out.as_output())?;
         Ok(out)
     }
@@ -763,19 +809,21 @@ impl Communicator {
         let (input, output) = (input.into(), output.into());
         let w = self.world_size();
         let dtype = input.dtype();
-        check_dtype(dtype, "all_gather")?;
+        self.arg(check_dtype(dtype, "all_gather"))?;
         let count = input.len();
-        let want = count
-            .checked_mul(w)
-            .ok_or_else(|| Error::InvalidArgument(format!("all_gather: {count} elements x world {w} overflows")))?;
-        check_same("all_gather", &input, &output, want)?;
-        if count == 0 {
+        let want = self.arg(
+            count
+                .checked_mul(w)
+                .ok_or_else(|| Error::InvalidArgument(format!("all_gather: {count} elements x world {w} overflows"))),
+        )?;
+        self.arg(check_same("all_gather", &input, &output, want))?;
+        if count == 0 && !matches!(self.engine, Engine::Host(_)) {
             return Ok(());
         }
         match &self.engine {
             Engine::Host(h) => {
-                let input = h.resolve_in(input)?;
-                let mut out = h.resolve_out(output, false)?;
+                let input = self.arg(h.resolve_in(input))?;
+                let mut out = self.arg(h.resolve_out(output, false))?;
                 self.run(|| h.all_gather(&input, &mut out, count, dtype))
             }
             #[cfg(feature = "cuda")]

@@ -22,11 +22,22 @@
 //!
 //! Every op ends with no peer still reading this rank's input, so a caller
 //! may overwrite it as soon as the op returns.
+//!
+//! Agreement (NOTE [op-agreement]): at `2 * half` every rank publishes its
+//! op's [`OpDescriptor`] before the op's first barrier and compares every
+//! peer's right after it (chunk 0); the next op's descriptor is written only
+//! after the op's second barrier, so each rank reads the one its peers
+//! published for this op. Every rank reads the same records, so every rank
+//! reaches the same verdict: all go on, or all return [`Error::Mismatch`]
+//! (then the communicator is poisoned). Ops with nothing to move, full
+//! barriers and rejected arguments run the same exchange alone (barrier,
+//! compare, barrier).
 
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
 use symm_core::{empty_p2p, get_symmetric_memory, Channel, DType, Device, Error, Group, Rank, ReduceOp, Result};
+use symm_core::{OpDescriptor, OpKind};
 use symm_core::{SymmTensor, SymmetricMemory};
 
 use crate::buf::{check_symm_tensor, Buf, BufMut, HostIn, HostOut};
@@ -34,8 +45,18 @@ use crate::reduce;
 
 /// Channel of the ops' own barriers on the staging memory's pad.
 const OP_CHANNEL: usize = 0;
-/// Channel of [`HostEngine::barrier`] (user barriers, full or subset).
+/// Channel of [`HostEngine::barrier`] over a subset of ranks.
 const USER_CHANNEL: usize = 1;
+/// Bytes after the two staging regions holding this rank's op descriptor.
+const RECORD_BYTES: usize = 64;
+/// The engine's all-reduce variants (`OpDescriptor::variant`): 0 one-shot, 1 two-shot.
+fn variant_name(kind: OpKind, v: u8) -> Option<&'static str> {
+    match (kind, v) {
+        (OpKind::AllReduce, 0) => Some("one_shot"),
+        (OpKind::AllReduce, 1) => Some("two_shot"),
+        _ => None,
+    }
+}
 
 /// Where this rank's input is.
 pub(crate) enum In<'x> {
@@ -111,6 +132,8 @@ impl In<'_> {
 struct Scratch {
     acc: Vec<f32>,
     bytes: Vec<u8>,
+    /// Ops called so far (rejected ones included): the next op's sequence number.
+    seq: u64,
 }
 
 /// The generic engine of one communicator.
@@ -140,7 +163,13 @@ impl HostEngine {
                 limit: 128,
             });
         }
-        let tensor = empty_p2p(&[2 * half], DType::U8, device, group, None)?;
+        // Sized by the user's config: allocated fallibly (an error naming the size, not an abort),
+        // and before the staging buffer's collective rendezvous, so every rank fails here alike.
+        // Largest chunk: `half` bytes of 2-byte elements.
+        let what = |buf: &str| format!("the host engine's {buf} for staging_bytes = {staging_bytes}");
+        let acc = crate::comm::try_zeroed(half / 2, &what("f32 scratch"))?;
+        let bytes = crate::comm::try_zeroed(half, &what("byte scratch"))?;
+        let tensor = empty_p2p(&[2 * half + RECORD_BYTES], DType::U8, device, group, None)?;
         let staging = tensor.rendezvous(timeout)?;
         let me = group.rank();
         let ranks = (0..group.world_size())
@@ -157,11 +186,7 @@ impl HostEngine {
             timeout,
             op_channel: Channel::new(OP_CHANNEL)?,
             user_channel: Channel::new(USER_CHANNEL)?,
-            // Largest chunk: `half` bytes of 2-byte elements.
-            scratch: Mutex::new(Scratch {
-                acc: vec![0.0; half / 2],
-                bytes: vec![0; half],
-            }),
+            scratch: Mutex::new(Scratch { acc, bytes, seq: 0 }),
         })
     }
 
@@ -177,6 +202,59 @@ impl HostEngine {
 
     fn op_barrier(&self) -> Result<()> {
         self.staging.barrier(self.op_channel, self.timeout)
+    }
+
+    /// The next op's descriptor (advances the sequence number), published at
+    /// `2 * half` of this rank's staging buffer for its peers.
+    fn publish(
+        &self,
+        scratch: &mut Scratch,
+        kind: OpKind,
+        dtype: Option<DType>,
+        count: usize,
+        reduce: Option<ReduceOp>,
+        variant: u8,
+    ) -> Result<OpDescriptor> {
+        scratch.seq += 1;
+        let d = OpDescriptor {
+            seq: scratch.seq,
+            kind,
+            dtype,
+            count: count as u64,
+            reduce,
+            variant,
+        };
+        self.staging.write_bytes(self.me, 2 * self.half, &d.encode())?;
+        Ok(d)
+    }
+
+    /// After the op's first barrier: every peer's descriptor equals `d`, or
+    /// [`Error::Mismatch`] naming the first that differs.
+    fn check_peers(&self, d: &OpDescriptor) -> Result<()> {
+        let mut theirs = [0u8; OpDescriptor::BYTES];
+        for &p in self.ranks.iter().filter(|&&p| p != self.me) {
+            self.staging.read_bytes(p, 2 * self.half, &mut theirs)?;
+            d.agree(self.me.get(), p.get(), &theirs, variant_name)?;
+        }
+        Ok(())
+    }
+
+    /// The agreement alone (an op with nothing to move, a full barrier, a
+    /// rejected op): barrier, compare, barrier.
+    fn handshake(&self, d: &OpDescriptor) -> Result<()> {
+        self.op_barrier()?;
+        self.check_peers(d)?;
+        self.op_barrier()
+    }
+
+    /// This rank rejected its own arguments for its next op: its peers learn
+    /// it in that op's exchange and fail with [`Error::Mismatch`]. Ok when
+    /// every rank rejected that op (the group stays in step); else the
+    /// mismatch, and the caller poisons the communicator.
+    pub fn reject(&self) -> Result<()> {
+        let mut guard = self.lock()?;
+        let d = self.publish(&mut guard, OpKind::Rejected, None, 0, None, 0)?;
+        self.handshake(&d)
     }
 
     /// One chunk's start, for ops whose peers read elements `e0..e0 + n` of this rank's input:
@@ -290,13 +368,20 @@ impl HostEngine {
         let es = dtype.size();
         let chunk = self.half / es;
         let mut guard = self.lock()?;
-        let Scratch { acc, bytes } = &mut *guard;
+        let d = self.publish(&mut guard, OpKind::AllReduce, Some(dtype), count, Some(op), 0)?;
+        if count == 0 {
+            return self.handshake(&d);
+        }
+        let Scratch { acc, bytes, .. } = &mut *guard;
         let zc = input.zero_copy(out);
         let mut e0 = 0;
         while e0 < count {
             let n = chunk.min(count - e0);
             let nb = n * es;
             self.stage_chunk(input, out, zc.is_some(), e0, n, &mut bytes[..nb])?;
+            if e0 == 0 {
+                self.check_peers(&d)?;
+            }
             self.reduce_from(dtype, op, &mut acc[..n], &mut bytes[..nb], |p, b| {
                 self.read_src(&zc, p, e0 * es, 0, b)
             })?;
@@ -317,13 +402,20 @@ impl HostEngine {
         let es = dtype.size();
         let chunk = self.half / es;
         let mut guard = self.lock()?;
-        let Scratch { acc, bytes } = &mut *guard;
+        let d = self.publish(&mut guard, OpKind::AllReduce, Some(dtype), count, Some(op), 1)?;
+        if count == 0 {
+            return self.handshake(&d);
+        }
+        let Scratch { acc, bytes, .. } = &mut *guard;
         let zc = input.zero_copy(out);
         let me = self.me.get();
         let mut e0 = 0;
         while e0 < count {
             let n = chunk.min(count - e0);
             self.stage_chunk(input, out, zc.is_some(), e0, n, &mut bytes[..n * es])?;
+            if e0 == 0 {
+                self.check_peers(&d)?;
+            }
             let (lo, hi) = self.slice(me, n);
             let sb = (hi - lo) * es;
             self.reduce_from(dtype, op, &mut acc[..hi - lo], &mut bytes[..sb], |p, b| {
@@ -363,7 +455,11 @@ impl HostEngine {
             });
         }
         let mut guard = self.lock()?;
-        let Scratch { acc, bytes } = &mut *guard;
+        let d = self.publish(&mut guard, OpKind::ReduceScatter, Some(dtype), count, Some(op), 0)?;
+        if count == 0 {
+            return self.handshake(&d);
+        }
+        let Scratch { acc, bytes, .. } = &mut *guard;
         let zc = input.zero_copy(out);
         let me = self.me.get();
         let mut e0 = 0;
@@ -377,6 +473,9 @@ impl HostEngine {
                 self.staging.write_bytes(self.me, 0, &bytes[..w * nb])?;
             }
             self.op_barrier()?;
+            if e0 == 0 {
+                self.check_peers(&d)?;
+            }
             self.reduce_from(dtype, op, &mut acc[..n], &mut bytes[..nb], |p, b| {
                 self.read_src(&zc, p, (me * count + e0) * es, me * nb, b)
             })?;
@@ -392,6 +491,10 @@ impl HostEngine {
         let es = dtype.size();
         let chunk = self.half / es;
         let mut guard = self.lock()?;
+        let d = self.publish(&mut guard, OpKind::AllGather, Some(dtype), count, None, 0)?;
+        if count == 0 {
+            return self.handshake(&d);
+        }
         let Scratch { bytes, .. } = &mut *guard;
         let zc = input.zero_copy(out);
         let mut e0 = 0;
@@ -399,6 +502,9 @@ impl HostEngine {
             let n = chunk.min(count - e0);
             let nb = n * es;
             self.stage_chunk(input, out, zc.is_some(), e0, n, &mut bytes[..nb])?;
+            if e0 == 0 {
+                self.check_peers(&d)?;
+            }
             for &p in &self.ranks {
                 self.read_src(&zc, p, e0 * es, 0, &mut bytes[..nb])?;
                 out.store_bytes(p.get() * count + e0, &bytes[..nb], dtype)?;
@@ -409,12 +515,14 @@ impl HostEngine {
         Ok(())
     }
 
-    /// Barrier over `ranks` (sorted, distinct, including this rank): a full
-    /// pad barrier for the whole group, else pairwise signals.
+    /// Barrier over `ranks` (sorted, distinct, including this rank): for the
+    /// whole group an op of its own (the agreement exchange), else pairwise
+    /// signals (a subset barrier is no op of the group: no sequence number).
     pub fn barrier(&self, ranks: &[Rank]) -> Result<()> {
-        let _guard = self.lock()?;
+        let mut guard = self.lock()?;
         if ranks.len() == self.ranks.len() {
-            return self.staging.barrier(self.user_channel, self.timeout);
+            let d = self.publish(&mut guard, OpKind::Barrier, None, 0, None, 0)?;
+            return self.handshake(&d);
         }
         for &p in ranks.iter().filter(|&&p| p != self.me) {
             self.staging.put_signal(p, self.user_channel, self.timeout)?;

@@ -685,53 +685,6 @@ pub fn run_processes(test_name: &str, world: usize, limit: Duration) -> Result<(
     }
 }
 
-/// A program to run as `nproc` ranks (what `symmrun` does).
-#[derive(Debug, Clone)]
-pub struct ProgramSpec {
-    pub program: std::path::PathBuf,
-    pub args: Vec<String>,
-    pub nproc: usize,
-    /// Wall-clock limit (None: none).
-    pub limit: Option<Duration>,
-    /// After the first failure, how long the others may keep running.
-    pub grace: Duration,
-    /// Extra environment for every rank.
-    pub env: Vec<(String, String)>,
-    /// Capture the ranks' output (else they inherit stdout and stderr).
-    pub capture: bool,
-}
-
-/// Starts `spec.nproc` ranks of a program with torchrun's environment
-/// pointing at the store at `master` (hosted by the caller), and waits for
-/// them: the first failure kills the rest after `spec.grace`.
-pub fn run_program(spec: &ProgramSpec, master: SocketAddr) -> Result<Vec<ChildOutcome>, LaunchError> {
-    if spec.nproc == 0 {
-        return Err(LaunchError::Invalid("--nproc-per-node must be at least 1".into()));
-    }
-    let procs = spawn_ranks(&SpawnSpec {
-        program: &spec.program,
-        args: &spec.args,
-        world: spec.nproc,
-        master,
-        env: &spec.env,
-        remove_env: &[CHILD_ENV, ISOLATED_ENV],
-        capture: spec.capture,
-    })?;
-    // Far enough to mean "no limit", near enough not to overflow Instant.
-    let deadline = Instant::now() + spec.limit.unwrap_or(Duration::from_secs(100 * 365 * 86400));
-    Ok(supervise(procs, deadline, Some(spec.grace)))
-}
-
-/// The exit code of a launch: 0 if every rank succeeded, else the code of
-/// the lowest failed rank that was not killed because of another's failure.
-pub fn launch_exit_code(outcomes: &[ChildOutcome]) -> i32 {
-    outcomes
-        .iter()
-        .find(|o| !o.status.success() && o.status != ChildStatus::KilledAfterPeerFailure)
-        .or_else(|| outcomes.iter().find(|o| !o.status.success()))
-        .map_or(0, |o| o.status.code())
-}
-
 /// True in a child started by [`run_processes`].
 pub fn is_child() -> bool {
     std::env::var_os(CHILD_ENV).is_some()

@@ -10,19 +10,30 @@
 //! LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
 //! TORCHELASTIC_USE_AGENT_STORE=True (the ranks are clients of this store,
 //! as under torchrun's agent), and exits with 0 if every rank did, else with
-//! the first failed rank's code (128 + signal for a signal). After the first
-//! failure the other ranks get `--grace` seconds (default 5) before they are
-//! killed; at `--timeout` every rank is killed and symmrun exits 124.
+//! the code of the rank that failed first in time (128 + signal for a
+//! signal). After the first failure the other ranks get `--grace` seconds
+//! (default 5) before they are killed; at `--timeout` every rank still
+//! running is killed and symmrun exits 124 (unless a rank failed before).
+//! SIGINT, SIGTERM and SIGHUP sent to symmrun are forwarded to every rank
+//! still running; ranks still running `--grace` seconds later (or at a
+//! second such signal) are killed, and symmrun exits 128 + the signal.
+//! Every rank is reaped before symmrun exits.
 //! `--store-only` hosts the store and prints `MASTER_ADDR=... MASTER_PORT=...`
 //! without starting anything (until `--timeout`, or until killed).
 #![forbid(unsafe_code)]
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::ExitCode;
-use std::time::Duration;
+use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
+use nix::sys::signal::{kill, SigSet, Signal};
+use nix::unistd::Pid;
 use symm_core::symm_store::TcpServer;
-use symm_testkit::launch::{launch_exit_code, report, run_program, ChildStatus, ProgramSpec};
+use symm_testkit::launch::{ChildStatus, CHILD_ENV, ISOLATED_ENV};
+
+/// The signals symmrun forwards to its ranks.
+const FORWARDED: [Signal; 3] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP];
 
 const USAGE: &str = "usage: symmrun --nproc-per-node N [--master-addr ADDR] [--master-port PORT] \
 [--timeout SECS] [--grace SECS] [--store-only] [-- PROGRAM ARGS...]";
@@ -109,6 +120,210 @@ fn parse(argv: &[String]) -> Result<Args, String> {
     Ok(a)
 }
 
+/// Blocks the forwarded signals in this thread (and so in every thread
+/// started after it), and receives them on a thread of their own through
+/// `sigwait`. The ranks do not inherit the mask: `std::process::Command`
+/// clears the signal mask of the children it starts.
+fn catch_signals() -> Result<mpsc::Receiver<Signal>, nix::Error> {
+    let mut set = SigSet::empty();
+    for s in FORWARDED {
+        set.add(s);
+    }
+    set.thread_block()?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        while let Ok(sig) = set.wait() {
+            if tx.send(sig).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(rx)
+}
+
+/// One rank process.
+struct Rank {
+    rank: usize,
+    child: Child,
+    /// How it ended, once reaped.
+    status: Option<ChildStatus>,
+    /// Why symmrun killed it, if it did.
+    killed: Option<String>,
+}
+
+fn status_of(s: ExitStatus) -> ChildStatus {
+    use std::os::unix::process::ExitStatusExt;
+    match (s.code(), s.signal()) {
+        (Some(c), _) => ChildStatus::Exited(c),
+        (None, Some(sig)) => ChildStatus::Signaled(sig),
+        (None, None) => ChildStatus::Exited(-1),
+    }
+}
+
+impl Rank {
+    fn pid(&self) -> Option<Pid> {
+        i32::try_from(self.child.id()).ok().map(Pid::from_raw)
+    }
+
+    /// Sends `sig` if it is still running (not reaped, so its pid is not reused).
+    fn signal(&self, sig: Signal) {
+        if let (None, Some(pid)) = (self.status, self.pid()) {
+            let _ = kill(pid, sig);
+        }
+    }
+
+    /// Kills and reaps it if it is still running.
+    fn kill(&mut self, status: ChildStatus, why: &str) {
+        if self.status.is_none() {
+            let _ = self.child.kill();
+            let st = self.child.wait().map(status_of).unwrap_or(ChildStatus::Exited(-1));
+            // It may have ended on its own meanwhile: keep what it did.
+            if st == ChildStatus::Signaled(Signal::SIGKILL as i32) {
+                self.status = Some(status);
+                self.killed = Some(why.to_string());
+            } else {
+                self.status = Some(st);
+            }
+        }
+    }
+}
+
+/// Starts `nproc` ranks of `program` with torchrun's environment (as
+/// `symm_testkit::launch::run_program`). On a spawn error the ranks already
+/// started are killed and reaped.
+fn spawn(program: &[String], nproc: usize, master: SocketAddr) -> Result<Vec<Rank>, String> {
+    let Some((exe, args)) = program.split_first() else {
+        return Err("no program given".into());
+    };
+    let mut ranks: Vec<Rank> = Vec::with_capacity(nproc);
+    for rank in 0..nproc {
+        let mut cmd = Command::new(exe);
+        cmd.args(args)
+            .env("RANK", rank.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("GROUP_RANK", "0")
+            .env("WORLD_SIZE", nproc.to_string())
+            .env("LOCAL_WORLD_SIZE", nproc.to_string())
+            .env("MASTER_ADDR", master.ip().to_string())
+            .env("MASTER_PORT", master.port().to_string())
+            // As torchrun's agent store: the launcher hosts the store, ranks are clients.
+            .env("TORCHELASTIC_USE_AGENT_STORE", "True")
+            .env("SYMM_STORE_HOSTED", "1")
+            .env_remove(CHILD_ENV)
+            .env_remove(ISOLATED_ENV)
+            .stdin(Stdio::null());
+        match cmd.spawn() {
+            Ok(child) => ranks.push(Rank {
+                rank,
+                child,
+                status: None,
+                killed: None,
+            }),
+            Err(e) => {
+                for r in &mut ranks {
+                    r.kill(ChildStatus::KilledAfterPeerFailure, "a later rank could not be started");
+                }
+                return Err(format!("cannot start rank {rank} ({exe:?}): {e}"));
+            }
+        }
+    }
+    Ok(ranks)
+}
+
+/// What ended a launch early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    /// A rank failed (the first in time).
+    Failure { rank: usize, status: ChildStatus },
+    /// symmrun got this signal (and forwarded it).
+    Signal(Signal),
+    /// The wall-clock limit.
+    Timeout,
+}
+
+/// Waits for every rank; returns the first cause that ended the launch
+/// early, if any. Every rank is reaped when it returns.
+fn supervise(
+    ranks: &mut [Rank],
+    signals: &mpsc::Receiver<Signal>,
+    timeout: Option<Duration>,
+    grace: Duration,
+) -> Option<Cause> {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let mut cause: Option<Cause> = None;
+    // When the ranks still running get killed, and why.
+    let mut kill_at: Option<Instant> = None;
+    loop {
+        while let Ok(sig) = signals.try_recv() {
+            let live = ranks.iter().filter(|r| r.status.is_none()).count();
+            match cause {
+                Some(Cause::Signal(first)) => {
+                    eprintln!("symmrun: got {sig} after {first}: killing the {live} ranks still running");
+                    kill_at = Some(Instant::now());
+                }
+                _ => {
+                    eprintln!("symmrun: got {sig}: forwarding it to the {live} ranks still running");
+                    for r in ranks.iter() {
+                        r.signal(sig);
+                    }
+                    cause = Some(Cause::Signal(sig));
+                    let t = Instant::now() + grace;
+                    kill_at = Some(kill_at.map_or(t, |k| k.min(t)));
+                }
+            }
+        }
+        for r in ranks.iter_mut().filter(|r| r.status.is_none()) {
+            let st = match r.child.try_wait() {
+                Ok(Some(s)) => status_of(s),
+                Ok(None) => continue,
+                Err(_) => ChildStatus::Exited(-1),
+            };
+            r.status = Some(st);
+            if !st.success() && cause.is_none() {
+                cause = Some(Cause::Failure {
+                    rank: r.rank,
+                    status: st,
+                });
+                let t = Instant::now() + grace;
+                kill_at = Some(kill_at.map_or(t, |k| k.min(t)));
+            }
+        }
+        if ranks.iter().all(|r| r.status.is_some()) {
+            return cause;
+        }
+        let now = Instant::now();
+        if deadline.is_some_and(|d| now >= d) {
+            for r in ranks.iter_mut() {
+                r.kill(ChildStatus::TimedOut, "at the --timeout");
+            }
+            return cause.or(Some(Cause::Timeout));
+        }
+        if kill_at.is_some_and(|k| now >= k) {
+            let why = match cause {
+                Some(Cause::Signal(sig)) => format!("after symmrun got {sig}"),
+                _ => "after another rank failed".to_string(),
+            };
+            for r in ranks.iter_mut() {
+                r.kill(ChildStatus::KilledAfterPeerFailure, &why);
+            }
+            return cause;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// symmrun's exit code for how the launch ended.
+fn exit_code(cause: Option<Cause>) -> u8 {
+    let code = match cause {
+        None => 0,
+        Some(Cause::Failure { status, .. }) => status.code(),
+        Some(Cause::Signal(sig)) => 128 + sig as i32,
+        Some(Cause::Timeout) => 124,
+    };
+    // 1 for what is not a code a process can exit with (a rank that could not be waited for).
+    u8::try_from(code).unwrap_or(1)
+}
+
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let args = match parse(&argv) {
@@ -119,6 +334,18 @@ fn main() -> ExitCode {
             }
             eprintln!("{USAGE}");
             return ExitCode::from(2);
+        }
+    };
+    // Before any thread starts (the store's), so that every thread blocks them.
+    let signals = if args.store_only {
+        None
+    } else {
+        match catch_signals() {
+            Ok(rx) => Some(rx),
+            Err(e) => {
+                eprintln!("symmrun: cannot catch signals: {e}");
+                return ExitCode::from(1);
+            }
         }
     };
     let server = match TcpServer::bind(SocketAddr::new(args.addr, args.port)) {
@@ -132,39 +359,44 @@ fn main() -> ExitCode {
     if master.ip().is_unspecified() {
         master.set_ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
     }
-    if args.store_only {
-        println!("MASTER_ADDR={} MASTER_PORT={}", master.ip(), master.port());
-        match args.timeout {
-            Some(t) => std::thread::sleep(t),
-            None => server.join(),
+    let signals = match signals {
+        Some(rx) => rx,
+        None => {
+            println!("MASTER_ADDR={} MASTER_PORT={}", master.ip(), master.port());
+            match args.timeout {
+                Some(t) => std::thread::sleep(t),
+                None => server.join(),
+            }
+            return ExitCode::SUCCESS;
         }
-        return ExitCode::SUCCESS;
-    }
-    let spec = ProgramSpec {
-        program: args.program[0].clone().into(),
-        args: args.program[1..].to_vec(),
-        nproc: args.nproc.unwrap_or(1),
-        limit: args.timeout,
-        grace: args.grace,
-        env: Vec::new(),
-        capture: false,
     };
-    let outcomes = match run_program(&spec, master) {
-        Ok(o) => o,
+    let mut ranks = match spawn(&args.program, args.nproc.unwrap_or(1), master) {
+        Ok(r) => r,
         Err(e) => {
             eprintln!("symmrun: {e}");
             return ExitCode::from(1);
         }
     };
+    let cause = supervise(&mut ranks, &signals, args.timeout, args.grace);
     drop(server);
-    let code = launch_exit_code(&outcomes);
+    let code = exit_code(cause);
     if code != 0 {
-        eprint!("symmrun: failed:\n{}", report(&outcomes));
+        let mut report = String::new();
+        for r in &ranks {
+            let status = r.status.unwrap_or(ChildStatus::TimedOut);
+            let first = matches!(cause, Some(Cause::Failure { rank, .. }) if rank == r.rank);
+            report.push_str(&match (&r.killed, first) {
+                (Some(why), _) => format!("--- rank {}: killed {why}\n", r.rank),
+                (None, true) => format!("--- rank {}: {status} (the first failure)\n", r.rank),
+                (None, false) => format!("--- rank {}: {status}\n", r.rank),
+            });
+        }
+        eprint!("symmrun: failed:\n{report}");
     }
-    if outcomes.iter().any(|o| o.status == ChildStatus::TimedOut) {
+    if cause == Some(Cause::Timeout) || ranks.iter().any(|r| r.status == Some(ChildStatus::TimedOut)) {
         eprintln!("symmrun: timeout after {:?}", args.timeout.unwrap_or_default());
     }
-    ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1))
+    ExitCode::from(code)
 }
 
 #[cfg(test)]

@@ -46,7 +46,7 @@ pub(crate) fn page_round(n: usize) -> Result<usize> {
 
 fn os_err(call: &str, e: Errno) -> Error {
     match e {
-        Errno::ENOMEM | Errno::ENOSPC => Error::OutOfMemory {
+        Errno::ENOMEM | Errno::ENOSPC | Errno::EFBIG => Error::OutOfMemory {
             device: "host".into(),
             detail: format!("{call}: {e}"),
         },
@@ -107,7 +107,7 @@ fn map_shared(fd: BorrowedFd<'_>, len: NonZeroUsize) -> Result<NonNull<u8>> {
             0,
         )
     }
-    .map_err(|e| os_err("mmap", e))?;
+    .map_err(|e| os_err(&format!("mmap of {len} bytes"), e))?;
     Ok(p.cast())
 }
 
@@ -130,7 +130,7 @@ impl Region {
             value: len as u64,
             limit: i64::MAX as u64,
         })?;
-        nix::unistd::ftruncate(&fd, off).map_err(|e| os_err("ftruncate", e))?;
+        nix::unistd::ftruncate(&fd, off).map_err(|e| os_err(&format!("ftruncate to {len} bytes"), e))?;
         let ptr = map_shared(fd.as_fd(), nz)?;
         Ok(Region { ptr, len, fd: Some(fd) })
     }
@@ -310,5 +310,25 @@ mod tests {
         let dup = a.fd().unwrap().try_clone_to_owned().unwrap();
         assert!(matches!(Region::from_fd(dup, len * 2), Err(Error::Mismatch { .. })));
         assert!(Region::create("x", 100).is_err());
+    }
+
+    #[test]
+    fn refused_sizes_are_out_of_memory() {
+        // Past any user address space (47-bit mmap), so refused even where
+        // memory is overcommitted: an error naming the size, never an abort.
+        let len = 1usize << 50;
+        match Region::create("symm-test-huge", len) {
+            Err(Error::OutOfMemory { device, detail }) => {
+                assert_eq!(device, "host");
+                assert!(detail.contains(&len.to_string()), "{detail}");
+            }
+            other => panic!("expected OutOfMemory, got {other:?}"),
+        }
+        let huge = page_round(usize::MAX / 2).unwrap();
+        assert!(matches!(
+            Region::create("symm-test-huge", huge),
+            Err(Error::OutOfMemory { .. }) | Err(Error::OutOfRange { .. })
+        ));
+        assert!(matches!(page_round(usize::MAX), Err(Error::OutOfRange { .. })));
     }
 }

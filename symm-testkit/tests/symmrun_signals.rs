@@ -1,0 +1,210 @@
+//! `symmrun` with small shell ranks (issue #17): SIGTERM and SIGINT reach
+//! the ranks and no rank outlives symmrun; the exit code is the first
+//! failure's in time, not the lowest failed rank's, also when the other
+//! ranks are killed after the grace period.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// A rank script: writes its pid to `$PID_DIR/$RANK`, then runs `body`
+/// (a leading `trap ...;` runs before the pid is written).
+fn script(body: &str) -> String {
+    let (trap, body) = match body.split_once("; ") {
+        Some((t, b)) if t.starts_with("trap ") => (format!("{t}; "), b),
+        _ => (String::new(), body),
+    };
+    format!("{trap}echo $$ > \"$PID_DIR/$RANK.tmp\" && mv \"$PID_DIR/$RANK.tmp\" \"$PID_DIR/$RANK\"; {body}")
+}
+
+/// A fresh directory for the ranks' pid files.
+fn pid_dir(tag: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let d = std::env::temp_dir().join(format!("symmrun-{tag}-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn start(args: &[&str], body: &str, dir: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_symmrun"))
+        .args(args)
+        .args(["--", "sh", "-c", &script(body)])
+        .env("PID_DIR", dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for `child` up to `limit`; kills it and `ranks` (and fails) past that.
+fn wait_for(child: &mut Child, ranks: &[Pid], limit: Duration) -> (ExitStatus, Duration) {
+    let t0 = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return (s, t0.elapsed());
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            for &p in ranks {
+                let _ = kill(p, Signal::SIGKILL);
+            }
+            panic!("symmrun still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// symmrun's stderr. Read once its ranks are known to be gone: a rank that
+/// outlived symmrun would hold the pipe open.
+fn stderr_of(child: &mut Child) -> String {
+    use std::io::Read;
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    err
+}
+
+/// The pids the ranks wrote (waits up to 10 s for all `n`).
+fn rank_pids(dir: &Path, n: usize) -> Vec<Pid> {
+    let t0 = Instant::now();
+    loop {
+        let pids: Vec<Pid> = (0..n)
+            .filter_map(|r| std::fs::read_to_string(dir.join(r.to_string())).ok())
+            .filter_map(|s| s.trim().parse::<i32>().ok())
+            .map(Pid::from_raw)
+            .collect();
+        if pids.len() == n {
+            return pids;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "only {} of {n} ranks started",
+            pids.len()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether `pid` still exists (running, or a zombie nobody reaped).
+fn alive(pid: Pid) -> bool {
+    kill(pid, None) != Err(Errno::ESRCH)
+}
+
+/// Asserts every pid is gone within `limit` (then SIGKILLs survivors so no
+/// failed test leaves a process behind).
+fn assert_gone(pids: &[Pid], limit: Duration, what: &str) {
+    let t0 = Instant::now();
+    while pids.iter().any(|&p| alive(p)) && t0.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let left: Vec<Pid> = pids.iter().copied().filter(|&p| alive(p)).collect();
+    for &p in &left {
+        let _ = kill(p, Signal::SIGKILL);
+    }
+    assert!(left.is_empty(), "{what}: ranks {left:?} outlived symmrun");
+}
+
+fn forwards(sig: Signal) {
+    let dir = pid_dir(sig.as_str());
+    let mut run = start(&["--nproc-per-node", "3", "--timeout", "60"], "exec sleep 30", &dir);
+    let pids = rank_pids(&dir, 3);
+    let sent = Instant::now();
+    kill(Pid::from_raw(run.id() as i32), sig).unwrap();
+    let (status, _) = wait_for(&mut run, &pids, Duration::from_secs(10));
+    let took = sent.elapsed();
+    assert_gone(&pids, Duration::from_millis(200), sig.as_str());
+    let err = stderr_of(&mut run);
+    assert!(
+        took < Duration::from_secs(2),
+        "{sig}: symmrun took {took:?} to end\n{err}"
+    );
+    assert_eq!(status.code(), Some(128 + sig as i32), "{sig}: {status:?}\n{err}");
+    assert!(err.contains(&format!("got {sig}")), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sigterm_is_forwarded_and_no_rank_outlives_symmrun() {
+    forwards(Signal::SIGTERM);
+}
+
+#[test]
+fn sigint_is_forwarded_and_no_rank_outlives_symmrun() {
+    forwards(Signal::SIGINT);
+}
+
+/// Ranks that ignore the forwarded signal are killed `--grace` later.
+#[test]
+fn ranks_ignoring_sigterm_are_killed_after_the_grace() {
+    let dir = pid_dir("ignore");
+    let mut run = start(
+        &["--nproc-per-node", "2", "--grace", "0.5", "--timeout", "60"],
+        "trap '' TERM; exec sleep 30",
+        &dir,
+    );
+    let pids = rank_pids(&dir, 2);
+    kill(Pid::from_raw(run.id() as i32), Signal::SIGTERM).unwrap();
+    let (status, took) = wait_for(&mut run, &pids, Duration::from_secs(10));
+    assert_gone(&pids, Duration::from_millis(200), "ignoring SIGTERM");
+    let err = stderr_of(&mut run);
+    assert!(took < Duration::from_secs(3), "took {took:?}\n{err}");
+    assert_eq!(status.code(), Some(143), "{status:?}\n{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn exits_with_the_first_failure_in_time() {
+    // Rank 1 fails first (7 at 0.1 s), rank 0 later (3 at 1 s).
+    let dir = pid_dir("first");
+    let mut run = start(
+        &["--nproc-per-node", "2", "--timeout", "60"],
+        r#"if [ "$RANK" = 1 ]; then sleep 0.1; exit 7; fi; sleep 1; exit 3"#,
+        &dir,
+    );
+    let pids = rank_pids(&dir, 2);
+    let (status, took) = wait_for(&mut run, &pids, Duration::from_secs(20));
+    assert_gone(&pids, Duration::from_millis(200), "after the ranks ended");
+    let err = stderr_of(&mut run);
+    assert_eq!(status.code(), Some(7), "{status:?} after {took:?}\n{err}");
+    assert!(err.contains("rank 1: exit code 7 (the first failure)"), "{err}");
+    // The other way round: rank 0 first.
+    let mut run = start(
+        &["--nproc-per-node", "2", "--timeout", "60"],
+        r#"if [ "$RANK" = 0 ]; then sleep 0.1; exit 5; fi; sleep 1; exit 9"#,
+        &dir,
+    );
+    let (status, took) = wait_for(&mut run, &[], Duration::from_secs(20));
+    let err = stderr_of(&mut run);
+    assert_eq!(status.code(), Some(5), "{status:?} after {took:?}\n{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn first_failure_code_survives_killing_the_rest() {
+    // Rank 2 fails first (7), rank 1 later (3, within the grace), rank 0
+    // never ends and is killed after the grace.
+    let dir = pid_dir("grace");
+    let mut run = start(
+        &["--nproc-per-node", "3", "--grace", "0.7", "--timeout", "60"],
+        r#"case "$RANK" in 2) sleep 0.1; exit 7;; 1) sleep 0.3; exit 3;; *) exec sleep 30;; esac"#,
+        &dir,
+    );
+    let pids = rank_pids(&dir, 3);
+    let (status, took) = wait_for(&mut run, &pids, Duration::from_secs(20));
+    assert_gone(&pids, Duration::from_millis(200), "after a failure");
+    let err = stderr_of(&mut run);
+    assert_eq!(status.code(), Some(7), "{status:?}\n{err}");
+    assert!(took < Duration::from_secs(5), "took {took:?}\n{err}");
+    assert!(err.contains("rank 0: killed after another rank failed"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
