@@ -23,7 +23,7 @@ pub fn bench_package() -> Result<Option<String>> {
 }
 
 pub fn main(args: &[String]) -> Result<()> {
-    let mut out_dir = util::root().join("target").join("bench");
+    let mut out_dir = util::target_dir().join("bench");
     let mut pass: Vec<String> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -43,7 +43,7 @@ pub fn main(args: &[String]) -> Result<()> {
     let json = out_dir.join("bench.json");
     let svg = out_dir.join("bench.svg");
     let _ = std::fs::remove_file(&json);
-    let exe = util::root().join("target").join("release").join(BIN);
+    let exe = util::target_dir().join("release").join(BIN);
     let mut cmd = Command::new(&exe);
     cmd.current_dir(util::root()).args(&pass).arg("--json").arg(&json);
     let gpus = util::gpu_count();

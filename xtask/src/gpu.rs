@@ -191,7 +191,7 @@ pub fn gpu_bundle(args: &[String]) -> Result<()> {
     }
     // A target dir of its own: the stripped release profile would otherwise
     // evict the ordinary release artifacts.
-    let target_dir = util::root().join("target").join("gpu-bundle");
+    let target_dir = util::target_dir().join("gpu-bundle");
     let exes = build_tests(true, Some(&target_dir), true)?;
 
     let packages = util::workspace_packages()?;

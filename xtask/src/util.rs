@@ -13,6 +13,15 @@ pub fn root() -> PathBuf {
     manifest.parent().map(Path::to_path_buf).unwrap_or(manifest)
 }
 
+/// Cargo's target folder: `$CARGO_TARGET_DIR` (relative to the repo root when
+/// relative) or `target/` of the repo.
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR").filter(|v| !v.is_empty()) {
+        Some(d) => root().join(d),
+        None => root().join("target"),
+    }
+}
+
 /// The cargo binary that runs us (or `cargo`).
 pub fn cargo() -> Command {
     let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
