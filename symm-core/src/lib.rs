@@ -49,10 +49,11 @@ pub use connectivity::{
 pub use error::{Error, Result};
 pub use fault::fault_point;
 pub use group::{
-    group_info, remove_group_info, set_group_info, Group, GroupOptions, JobId, ALLOW_OVERLAPPING_DEVICES_ENV, JOB_ID_ENVS,
+    group_info, remove_group_info, set_group_info, Group, GroupOptions, JobId, ALLOW_OVERLAPPING_DEVICES_ENV,
+    JOB_ID_ENVS,
 };
-pub use op_desc::{OpDescriptor, OpKind, VariantNames};
 pub use memory::{check_range, BufferView, SymmetricMemory, SymmetricMemoryExt};
+pub use op_desc::{OpDescriptor, OpKind, VariantNames};
 pub use tensor::{
     contiguous_strides, empty_p2p, empty_strided_p2p, get_symmetric_memory, release_persistent, SymmTensor,
 };

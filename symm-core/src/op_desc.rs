@@ -208,13 +208,18 @@ mod tests {
     #[test]
     fn disagreement_names_both_sides() {
         fn names(k: OpKind, v: u8) -> Option<&'static str> {
-            (k == OpKind::AllReduce).then(|| ["one_shot", "two_shot"].get(v as usize).copied()).flatten()
+            (k == OpKind::AllReduce)
+                .then(|| ["one_shot", "two_shot"].get(v as usize).copied())
+                .flatten()
         }
         let names: VariantNames = names;
         assert!(ar(1000).agree(0, 1, &ar(1000).encode(), names).is_ok());
         let e = ar(1000).agree(0, 1, &ar(2000).encode(), names).unwrap_err().to_string();
         assert!(e.contains("rank 1 ran op #5 all_reduce of 2000 x bf16"), "{e}");
-        assert!(e.contains("rank 0 ran op #5 all_reduce of 1000 x bf16, Sum, one_shot"), "{e}");
+        assert!(
+            e.contains("rank 0 ran op #5 all_reduce of 1000 x bf16, Sum, one_shot"),
+            "{e}"
+        );
         let mut other = ar(1000);
         other.reduce = Some(ReduceOp::Max);
         assert!(ar(1000).agree(0, 1, &other.encode(), names).is_err());

@@ -146,7 +146,11 @@ fn body(ctx: &RankCtx) -> TestResult<Vec<String>> {
             Err(Error::Aborted(_)) => {}
             other => return Err(format!("{class:?}: the op after the mismatch gave {other:?}").into()),
         }
-        lines.push(format!("{class:?}: {} in {:.1} ms", r.unwrap_err(), took.as_secs_f64() * 1e3));
+        lines.push(format!(
+            "{class:?}: {} in {:.1} ms",
+            r.unwrap_err(),
+            took.as_secs_f64() * 1e3
+        ));
     }
     // A fresh communicator works.
     let c = comm(ctx, "mismatch-after")?;
@@ -187,7 +191,11 @@ fn mismatch_threads_w8() {
 fn mismatch_processes_w3() {
     if let Some(ctx) = child_ctx().unwrap() {
         let lines = body(&ctx).unwrap();
-        println!("SUMMARY host_mismatch_processes_w3 rank {} ok: {}", ctx.rank, lines.join("; "));
+        println!(
+            "SUMMARY host_mismatch_processes_w3 rank {} ok: {}",
+            ctx.rank,
+            lines.join("; ")
+        );
         return;
     }
     run_processes("mismatch_processes_w3", 3, LIMIT).unwrap();
@@ -213,30 +221,36 @@ fn two_jobs_on_one_store() {
         for (i, &(job, rank)) in order.iter().enumerate() {
             let store = store.clone();
             let my_gate = receivers[i].take();
-            let next = if i + 1 < order.len() { senders[i + 1].take() } else { None };
+            let next = if i + 1 < order.len() {
+                senders[i + 1].take()
+            } else {
+                None
+            };
             let done = tx.clone();
-            handles.push(std::thread::spawn(move || -> (String, usize, symm_core::Result<Vec<f32>>) {
-                if i > 0 {
-                    let _ = my_gate.map(|g| g.recv());
-                }
-                let options = GroupOptions {
-                    job: with_ids.then(|| JobId::new(job)),
-                    ..GroupOptions::default()
-                };
-                let group = Group::with_options("tp", rank, 2, store, options);
-                if let Some(n) = next {
-                    let _ = n.send(());
-                }
-                let r = group.and_then(|g| {
-                    let c = Communicator::new(&g, Device::host(rank as u32), CommConfig::default())?;
-                    let base = if job == "a" { 1.0 } else { 100.0 };
-                    let mut x = vec![base * (rank + 1) as f32; 64];
-                    c.all_reduce(&mut x[..], ReduceOp::Sum)?;
-                    Ok(x)
-                });
-                let _ = done.send(());
-                (job.to_string(), rank, r)
-            }));
+            handles.push(std::thread::spawn(
+                move || -> (String, usize, symm_core::Result<Vec<f32>>) {
+                    if i > 0 {
+                        let _ = my_gate.map(|g| g.recv());
+                    }
+                    let options = GroupOptions {
+                        job: with_ids.then(|| JobId::new(job)),
+                        ..GroupOptions::default()
+                    };
+                    let group = Group::with_options("tp", rank, 2, store, options);
+                    if let Some(n) = next {
+                        let _ = n.send(());
+                    }
+                    let r = group.and_then(|g| {
+                        let c = Communicator::new(&g, Device::host(rank as u32), CommConfig::default())?;
+                        let base = if job == "a" { 1.0 } else { 100.0 };
+                        let mut x = vec![base * (rank + 1) as f32; 64];
+                        c.all_reduce(&mut x[..], ReduceOp::Sum)?;
+                        Ok(x)
+                    });
+                    let _ = done.send(());
+                    (job.to_string(), rank, r)
+                },
+            ));
         }
         drop(tx);
         for _ in 0..order.len() {
