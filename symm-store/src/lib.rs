@@ -8,7 +8,8 @@
 //! * [`HashStore`]: in-process, for one thread per rank (condvar waits).
 //! * [`TcpStore`]: a client of a TCPStore server speaking PyTorch's wire protocol, and
 //!   [`TcpServer`], the server (one thread, epoll, bounded parser, slow and malformed
-//!   clients dropped). A PyTorch process and a Rust rank can share one store, either
+//!   clients dropped; connections that stall before their handshake dropped or evicted
+//!   for newcomers, a full server refusing at once instead of leaving clients hanging). A PyTorch process and a Rust rank can share one store, either
 //!   side hosting it. [`TcpStore::from_env`] follows torchrun's env:// conventions.
 //! * [`PrefixStore`]: PyTorch's `prefix/key` layout.
 //! * [`StoreExchange`]: all_gather / broadcast / barrier of bytes through any store,

@@ -1,7 +1,9 @@
 //! Standalone TCPStore server (PyTorch wire protocol) for the store-only case.
 //!
 //! ```text
-//! symm-store-server [--host ADDR] [--port PORT] [--frame-timeout-secs S] [--max-clients N] [--port-file PATH]
+//! symm-store-server [--host ADDR] [--port PORT] [--port-file PATH] [--exit-on-stdin-eof]
+//!                   [--first-frame-timeout-secs S] [--handshake-timeout-secs S] [--frame-timeout-secs S]
+//!                   [--max-clients N] [--max-clients-per-peer N] [--max-pending N] [--max-pending-per-peer N]
 //! ```
 //! Binds 127.0.0.1:29500 by default (loopback unless an address is given), prints
 //! `listening on ADDR`, and serves until killed or, with `--exit-on-stdin-eof`, until
@@ -17,10 +19,22 @@ use symm_store::{ServerOptions, TcpServer};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: symm-store-server [--host ADDR] [--port PORT] [--frame-timeout-secs S] [--max-clients N] \
-         [--port-file PATH] [--exit-on-stdin-eof]"
+        "usage: symm-store-server [--host ADDR] [--port PORT] [--port-file PATH] [--exit-on-stdin-eof]\n\
+         \x20                        [--first-frame-timeout-secs S] [--handshake-timeout-secs S] \
+         [--frame-timeout-secs S]\n\
+         \x20                        [--max-clients N] [--max-clients-per-peer N] [--max-pending N] \
+         [--max-pending-per-peer N]\n\
+         (defaults: ServerOptions::default(); see docs/store.md)"
     );
     ExitCode::from(2)
+}
+
+/// A positive, finite number of seconds.
+fn secs(v: Option<String>) -> Option<Duration> {
+    match v?.parse::<f64>().ok()? {
+        s if s > 0.0 && s.is_finite() => Duration::try_from_secs_f64(s).ok(),
+        _ => None,
+    }
 }
 
 fn main() -> ExitCode {
@@ -41,12 +55,32 @@ fn main() -> ExitCode {
                 Some(p) => port = p,
                 None => return usage(),
             },
-            "--frame-timeout-secs" => match val().and_then(|v| v.parse::<f64>().ok()) {
-                Some(s) if s > 0.0 && s.is_finite() => opts.frame_timeout = Duration::from_secs_f64(s),
-                _ => return usage(),
+            "--first-frame-timeout-secs" => match secs(val()) {
+                Some(d) => opts.first_frame_timeout = d,
+                None => return usage(),
+            },
+            "--handshake-timeout-secs" => match secs(val()) {
+                Some(d) => opts.handshake_timeout = d,
+                None => return usage(),
+            },
+            "--frame-timeout-secs" => match secs(val()) {
+                Some(d) => opts.frame_timeout = d,
+                None => return usage(),
             },
             "--max-clients" => match val().and_then(|v| v.parse().ok()) {
                 Some(n) => opts.max_clients = n,
+                None => return usage(),
+            },
+            "--max-clients-per-peer" => match val().and_then(|v| v.parse().ok()) {
+                Some(n) => opts.max_clients_per_peer = n,
+                None => return usage(),
+            },
+            "--max-pending" => match val().and_then(|v| v.parse().ok()) {
+                Some(n) => opts.max_pending = n,
+                None => return usage(),
+            },
+            "--max-pending-per-peer" => match val().and_then(|v| v.parse().ok()) {
+                Some(n) => opts.max_pending_per_peer = n,
                 None => return usage(),
             },
             "--port-file" => match val() {

@@ -207,28 +207,84 @@ fn read_vec(s: &mut Conn, d: Instant) -> io::Result<Vec<u8>> {
     Ok(v)
 }
 
-/// Connects with retry and backoff until `deadline`, then VALIDATE + PING.
-fn connect_handshake(addr: SocketAddr, deadline: Instant) -> Result<Conn> {
+/// Handshakes in a row that the server cuts off (accepts the connection, then closes it
+/// before answering) before the client reports a refusal instead of retrying.
+const CUT_OFFS_BEFORE_REFUSAL: u32 = 3;
+
+/// The server closed or reset the connection.
+fn closed_by_peer(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+    )
+}
+
+/// The error when the connect deadline (`timeout` after the start) has passed.
+fn connect_deadline_error(addr: SocketAddr, timeout: Duration, last: Option<io::Error>) -> StoreError {
+    let what = match last {
+        None => format!("connecting to the store at {addr}"),
+        Some(e) if e.kind() == io::ErrorKind::TimedOut => format!(
+            "connecting to the store at {addr} (the server accepted the connection but did not \
+             answer the handshake)"
+        ),
+        Some(e) => format!("connecting to the store at {addr} (last attempt: {e})"),
+    };
+    StoreError::Timeout { what, timeout }
+}
+
+/// Connects with retry and backoff for up to `timeout`, then VALIDATE + PING.
+///
+/// Refused connections (nothing listening yet) are retried until the deadline, as
+/// PyTorch's client does. A server that accepts and then closes the connection before
+/// answering the handshake [`CUT_OFFS_BEFORE_REFUSAL`] times in a row is refusing this
+/// client (it is full): that is reported at once as a refusal.
+fn connect_handshake(addr: SocketAddr, timeout: Duration) -> Result<Conn> {
+    let deadline = deadline_after(timeout);
     let mut backoff = Duration::from_millis(10);
-    let mut last_err: io::Error;
+    let mut last_err: Option<io::Error> = None;
+    let mut cut_offs = 0u32;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(StoreError::Timeout {
-                what: format!("connecting to the store at {addr}"),
-                timeout: left,
-            });
+            return Err(connect_deadline_error(addr, timeout, last_err));
         }
         match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(1))) {
             Ok(s) => match handshake(Conn::new(s), deadline) {
                 Ok(c) => return Ok(c),
-                Err(e) => last_err = e,
+                Err(e) if closed_by_peer(&e) => {
+                    cut_offs += 1;
+                    if cut_offs >= CUT_OFFS_BEFORE_REFUSAL {
+                        return Err(conn_err(
+                            addr,
+                            io::Error::new(
+                                io::ErrorKind::ConnectionRefused,
+                                format!(
+                                    "the server refused the connection: it accepted and then closed it \
+                                     before answering the handshake, {cut_offs} times in a row (it is at \
+                                     its max_clients or per-address limit, or out of file descriptors); \
+                                     last: {e}"
+                                ),
+                            ),
+                        ));
+                    }
+                    last_err = Some(e);
+                }
+                Err(e) => {
+                    cut_offs = 0;
+                    last_err = Some(e);
+                }
             },
-            Err(e) => last_err = e,
+            Err(e) => {
+                cut_offs = 0;
+                last_err = Some(e);
+            }
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(conn_err(addr, last_err));
+            return Err(connect_deadline_error(addr, timeout, last_err));
         }
         std::thread::sleep(backoff.min(left));
         backoff = (backoff * 2).min(Duration::from_secs(1));
@@ -283,7 +339,7 @@ fn env_parse<T: std::str::FromStr>(name: &str) -> Result<T> {
 impl TcpStore {
     /// A client of the server at `addr` (retrying the connection until `timeout`).
     pub fn connect(addr: SocketAddr, timeout: Duration) -> Result<Arc<TcpStore>> {
-        let stream = connect_handshake(addr, deadline_after(timeout))?;
+        let stream = connect_handshake(addr, timeout)?;
         Ok(Arc::new(TcpStore {
             addr,
             conn: Mutex::new(Some(stream)),
@@ -315,7 +371,7 @@ impl TcpStore {
         } else {
             local
         };
-        let stream = connect_handshake(connect_to, deadline_after(timeout))?;
+        let stream = connect_handshake(connect_to, timeout)?;
         Ok(Arc::new(TcpStore {
             addr: connect_to,
             conn: Mutex::new(Some(stream)),
