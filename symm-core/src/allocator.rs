@@ -72,6 +72,13 @@ pub trait SymmetricAllocator: Send + Sync + 'static {
             self.name()
         )))
     }
+    /// Whether ranks that are threads of this process can share one device here (a group with
+    /// [`GroupOptions::shared_devices`](crate::GroupOptions)); `Err(Error::Unavailable)` says
+    /// what is missing (CUDA: the hardware work queues, NOTE [co-residency]). Rendezvous makes
+    /// the same check on every rank's record; this is for launchers and test gates.
+    fn shared_device_support(&self) -> Result<()> {
+        Ok(())
+    }
     /// Whether the backend can create multicast objects. symm never uses
     /// NVLink multicast; backends return false.
     fn has_multicast_support(&self, _device: Device) -> bool {

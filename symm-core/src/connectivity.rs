@@ -222,9 +222,53 @@ pub fn check_device_sharing(
         .collect())
 }
 
+/// The hardware work queues a shared-device group needs: the most a CUDA context can have
+/// (`CUDA_DEVICE_MAX_CONNECTIONS`, 1-32, default 8).
+pub const SHARED_DEVICE_QUEUES: u32 = 32;
+
+/// Ranks sharing a GPU need their streams on distinct hardware work queues (NOTE
+/// [co-residency]): a driver feeds one queue in order, so a rank's kernel queued behind a peer's
+/// kernel that waits for it (or behind the peer's next kernel, which waits for the peer's
+/// previous one) cannot start, and both wait until the timeout. Measured on an H100 with the
+/// default 8 queues: two-shot all-reduces of 64 MiB at 2, 3 and 4 ranks, and of 7 elements at
+/// 8 ranks, hung; with 32 every suite passed.
+///
+/// `sharers[r]` is how many ranks use rank r's device ([`check_device_sharing`]); `queues[r]` is
+/// the queue count rank r's process runs with, as read from `variable`. Fails with
+/// [`Error::Unavailable`] naming the first rank that shares a device with fewer than
+/// [`SHARED_DEVICE_QUEUES`]; every rank reaches the same verdict from the same records.
+pub fn check_shared_queues(sharers: &[usize], queues: &[u32], variable: &str) -> Result<()> {
+    for (r, (&n, &q)) in sharers.iter().zip(queues).enumerate() {
+        if n > 1 && q < SHARED_DEVICE_QUEUES {
+            return Err(Error::Unavailable(format!(
+                "rank {r} shares its GPU with {} other rank(s) but its process has {q} hardware work \
+                 queues: set {variable}={SHARED_DEVICE_QUEUES} in the environment before the process \
+                 starts CUDA (with fewer, one rank's kernel can queue behind a peer's that waits for \
+                 it, and both hang until the timeout)",
+                n - 1
+            )));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_devices_need_every_queue() {
+        // Distinct devices: any queue count.
+        assert!(check_shared_queues(&[1, 1], &[8, 1], "Q").is_ok());
+        assert!(check_shared_queues(&[2, 2], &[32, 32], "Q").is_ok());
+        match check_shared_queues(&[1, 2, 2], &[8, 32, 8], "Q") {
+            Err(Error::Unavailable(m)) => {
+                assert!(m.starts_with("rank 2 shares its GPU with 1 other"), "{m}");
+                assert!(m.contains("Q=32"), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 
     fn full(n: usize) -> LinkMatrix {
         LinkMatrix::from_rows(

@@ -43,8 +43,8 @@ pub use allocator::{
     get_allocator, has_allocator, registered_device_types, Allocation, BackendRegistration, SymmetricAllocator,
 };
 pub use connectivity::{
-    check_device_sharing, check_same_host, detect_topology, get_connectivity, is_fully_connected, Connectivity,
-    ConnectivityDetector, LinkMatrix, Topology,
+    check_device_sharing, check_same_host, check_shared_queues, detect_topology, get_connectivity, is_fully_connected,
+    Connectivity, ConnectivityDetector, LinkMatrix, Topology,
 };
 pub use error::{Error, Result};
 pub use fault::fault_point;

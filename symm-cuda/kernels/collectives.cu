@@ -863,7 +863,10 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
     unsigned int* st = reinterpret_cast<unsigned int*>(ws + state_off);
     if (threadIdx.x == 0) {
         s_base = symm_ld_volatile(st + COLL_ST_RING_SEQ);
-        s_fail = 0;
+        // NOTE [latched-sends-nothing]: after a timeout or abort on this rank, its kernels send
+        // nothing (a two-shot's all-gather would otherwise push a shard its failed
+        // reduce-scatter never reduced, and the peers would return it as a result).
+        s_fail = coll_fatal_latched(pad) ? 1 : 0;
         coll_atom_add_release_gpu(st + COLL_ST_RING_ARRIVE, 1u);
     }
     if (threadIdx.x < world) {

@@ -53,8 +53,8 @@ use cudarc::driver::{CudaContext, CudaStream};
 use symm_core::pad::{self, SIGNAL_PAD_SIZE};
 use symm_core::symm_store::{FdChannel, StoreError, StoreExchange};
 use symm_core::{
-    check_device_sharing, check_same_host, fault_point, Allocation, BackendRegistration, Device, DeviceType, Error,
-    Group, Result, SymmetricAllocator, SymmetricMemory,
+    check_device_sharing, check_same_host, check_shared_queues, fault_point, Allocation, BackendRegistration, Device,
+    DeviceType, Error, Group, Result, SymmetricAllocator, SymmetricMemory,
 };
 
 use crate::driver::mem::memset_d32_async;
@@ -97,6 +97,9 @@ impl SymmetricAllocator for CudaAllocator {
     }
     fn device_count(&self) -> Result<usize> {
         driver::device_count()
+    }
+    fn shared_device_support(&self) -> Result<()> {
+        check_shared_queues(&[2], &[driver::hw_queues()], driver::HW_QUEUES_ENV)
     }
 }
 
@@ -225,17 +228,19 @@ pub struct RankInfo {
     pub key: u64,
     /// The group's [`GroupOptions::shared_devices`](symm_core::GroupOptions).
     pub shared_ok: bool,
+    /// The hardware work queues of the rank's process ([`driver::hw_queues`]).
+    pub hw_queues: u32,
 }
 
-const INFO_MAGIC: &str = "symm-cuda-rdzv-2";
-const INFO_FIELDS: usize = 14;
+const INFO_MAGIC: &str = "symm-cuda-rdzv-3";
+const INFO_FIELDS: usize = 15;
 
 impl RankInfo {
     /// Newline-separated text (fields cleaned of newlines).
     pub fn encode(&self) -> Vec<u8> {
         let clean = |s: &str| s.replace(['\n', '\r'], " ");
         format!(
-            "{INFO_MAGIC}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
+            "{INFO_MAGIC}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
             self.world,
             self.buffer_size,
             self.pad_size,
@@ -248,7 +253,8 @@ impl RankInfo {
             clean(&self.pid_ns),
             self.nonce,
             self.key,
-            u8::from(self.shared_ok)
+            u8::from(self.shared_ok),
+            self.hw_queues
         )
         .into_bytes()
     }
@@ -286,6 +292,7 @@ impl RankInfo {
                 "1" => true,
                 _ => return Err(bad()),
             },
+            hw_queues: u32::try_from(num(f[14])?).map_err(|_| bad())?,
         })
     }
 }
@@ -300,7 +307,7 @@ pub fn check_infos(world: usize, infos: &[RankInfo]) -> Result<Vec<usize>> {
     check_equal("buffer size", infos, |i| i.buffer_size)?;
     check_equal("allocation size (granularity)", infos, |i| i.total)?;
     check_same_host(&infos.iter().map(|i| i.host.clone()).collect::<Vec<_>>())?;
-    check_device_sharing(
+    let sharers = check_device_sharing(
         &infos.iter().map(|i| format!("GPU-{}", i.uuid)).collect::<Vec<_>>(),
         &infos.iter().map(|i| i.shared_ok).collect::<Vec<_>>(),
         Some(
@@ -309,7 +316,13 @@ pub fn check_infos(world: usize, infos: &[RankInfo]) -> Result<Vec<usize>> {
                 .map(|i| format!("{}/{}/{}", i.pid, i.pid_ns, i.nonce))
                 .collect::<Vec<_>>(),
         ),
-    )
+    )?;
+    check_shared_queues(
+        &sharers,
+        &infos.iter().map(|i| i.hw_queues).collect::<Vec<_>>(),
+        driver::HW_QUEUES_ENV,
+    )?;
+    Ok(sharers)
 }
 
 /// Which ranks share this rank's process (same pid, pid namespace and nonce).
@@ -439,6 +452,7 @@ impl CudaAllocation {
             nonce: process_nonce(),
             key: self.local.key,
             shared_ok: self.group.options().shared_devices,
+            hw_queues: driver::hw_queues(),
         }
     }
 
@@ -681,6 +695,7 @@ mod tests {
             nonce: 9,
             key: r as u64 + 1,
             shared_ok: false,
+            hw_queues: 8,
         }
     }
 
@@ -767,7 +782,13 @@ mod tests {
         ));
         // Shared devices: with the permission, among threads of one process; every rank counts
         // the ranks on its device.
+        // (and with every hardware queue: NOTE [co-residency]).
         v.iter_mut().for_each(|i| i.shared_ok = true);
+        match check_infos(2, &v) {
+            Err(Error::Unavailable(m)) => assert!(m.contains("CUDA_DEVICE_MAX_CONNECTIONS=32"), "{m}"),
+            other => panic!("8 hardware queues on a shared GPU: {other:?}"),
+        }
+        v.iter_mut().for_each(|i| i.hw_queues = 32);
         assert_eq!(check_infos(2, &v).unwrap(), vec![2, 2]);
         v[1].pid = 8;
         assert!(matches!(check_infos(2, &v), Err(Error::Unavailable(_))));

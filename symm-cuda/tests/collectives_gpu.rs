@@ -250,16 +250,11 @@ impl Env {
             self.world()
         );
     }
-    /// Ranks sharing a GPU: a store barrier, so no rank launches an op (whose kernel spins until
-    /// every peer's kernel runs) while a peer is still in a host call that waits for the whole
-    /// device, such as a first allocation from a growing memory pool (NOTE [co-residency],
-    /// co_residency_gpu.rs). Distinct GPUs: nothing.
+    /// Ranks sharing a GPU: a store barrier between per-op setup and the op
+    /// (`RankCtx::shared_ready`, NOTE [co-residency]). Distinct GPUs: nothing.
     fn ready(&self) -> TestResult {
-        if self.ctx.shared_device {
-            let n = self.calls.fetch_add(1, Ordering::Relaxed);
-            self.ctx.barrier(&format!("ready-{n}"), T)?;
-        }
-        Ok(())
+        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        Ok(self.ctx.shared_ready(&format!("ready-{n}"), T)?)
     }
     /// True when every rank passes the same hash.
     fn same_everywhere(&self, h: u64) -> TestResult<bool> {
@@ -370,15 +365,17 @@ fn run_all_reduce(
     if algo == AllReduceAlgo::CopyEngine {
         tuning.ce_fraction = 0.5;
     }
-    env.ready()?;
-    c.all_reduce_tuned(&env.stream, algo, &tuning, input, out.at(off), count, dtype, op)?;
-    env.stream.synchronize()?;
-    c.check_error()?;
     let what = format!(
         "all_reduce {} {dtype} {op} count {count} offset {offset}{}",
         algo.name(),
         if in_place { " in place" } else { "" }
     );
+    env.ready()?;
+    let ran = c.all_reduce_tuned(&env.stream, algo, &tuning, input, out.at(off), count, dtype, op);
+    let synced = env.stream.synchronize();
+    ran.and_then(|()| c.check_error())
+        .map_err(|e| format!("rank {me}: {what}: {e}"))?;
+    synced?;
     let got = match out.read(&env.stream, off, bytes, false) {
         Ok(g) => g,
         Err(e) => {

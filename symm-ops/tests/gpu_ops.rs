@@ -18,6 +18,7 @@
 
 mod common;
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,7 +40,7 @@ const LIMIT: Duration = Duration::from_secs(540);
 /// the test when SYMM_REQUIRE_GPUS says the GPUs are there).
 fn gate(name: &str, w: GpuWorld) -> bool {
     symm_ops::link();
-    match symm_testkit::gpu_gate(DeviceType::Cuda, w.min_devices()) {
+    match w.gate(DeviceType::Cuda) {
         None => true,
         Some(reason) => {
             println!("SUMMARY {name} {} skipped {reason}", w.label());
@@ -57,11 +58,29 @@ where
     run_threads_with(&w.thread_options(LIMIT), f).unwrap_or_else(|e| panic!("{}: {e}", w.label()))
 }
 
+/// A progress line (shown by a failing or `--nocapture` run): where a rank was when a run stopped.
+fn progress(rc: &RankCtx, test: &str, what: &str) {
+    eprintln!("{test} rank {}/{}: {what}", rc.rank, rc.world);
+}
+
 /// One rank's GPU, stream and communicator.
 struct Rig {
     stream: Arc<CudaStream>,
     comm: Communicator,
     _ctx: Arc<CudaContext>,
+    rc: RankCtx,
+    name: String,
+    readies: Cell<usize>,
+}
+
+impl Rig {
+    /// Ranks sharing a GPU: a store barrier between per-op setup (a symmetric allocation, a graph
+    /// instantiation) and the ops that follow (`RankCtx::shared_ready`, NOTE [co-residency]).
+    fn ready(&self) -> TestResult {
+        let n = self.readies.get();
+        self.readies.set(n + 1);
+        Ok(self.rc.shared_ready(&format!("{}-{n}", self.name), LIMIT)?)
+    }
 }
 
 fn rig(rc: &RankCtx, name: &str, config: CommConfig) -> TestResult<Rig> {
@@ -76,11 +95,16 @@ fn rig(rc: &RankCtx, name: &str, config: CommConfig) -> TestResult<Rig> {
     let stream = ctx.new_stream()?;
     let group = rc.group(&rc.unique(name))?;
     let comm = Communicator::with_stream(&group, stream.clone(), config)?;
-    Ok(Rig {
+    let rig = Rig {
         stream,
         comm,
         _ctx: ctx,
-    })
+        rc: rc.clone(),
+        name: rc.unique(name),
+        readies: Cell::new(0),
+    };
+    rig.ready()?;
+    Ok(rig)
 }
 
 /// A view of `n` elements of this rank's part of a symmetric tensor.
@@ -274,6 +298,7 @@ fn matrix(rc: &RankCtx, sizes: &[usize]) -> TestResult<Vec<(String, Option<u64>)
             output: comm.persistent_buffer(101 + 2 * k as u64, &[cap], d)?,
         });
     }
+    rig.ready()?;
     let mut kinds = vec![
         Kind::AllReduce,
         Kind::AllReduceOut,
@@ -395,7 +420,12 @@ fn gpu_64mib(w: GpuWorld) {
     }
     let t = Instant::now();
     let h = run(w, |rc| {
-        let rig = rig(&rc, "gpu-64mib", CommConfig::default())?;
+        // A short bound on every wait: a stuck op fails in seconds, naming where it waited.
+        let config = CommConfig {
+            timeout: Some(Duration::from_secs(20)),
+            ..CommConfig::default()
+        };
+        let rig = rig(&rc, "gpu-64mib", config)?;
         let (s, comm) = (&rig.stream, &rig.comm);
         let me = rc.rank;
         let mut hashes = Vec::new();
@@ -410,6 +440,7 @@ fn gpu_64mib(w: GpuWorld) {
             if algo == AllReduceAlgo::Nccl && !comm.has_nccl() {
                 continue;
             }
+            progress(&rc, "gpu_64mib", &format!("all_reduce {algo} of 64 MiB"));
             let mut out = s.clone_htod(&vec![f32::NAN; n])?;
             comm.all_reduce_with(algo, Some((&x).into()), (&mut out).into(), ReduceOp::Sum)?;
             s.synchronize()?;
@@ -418,12 +449,14 @@ fn gpu_64mib(w: GpuWorld) {
             check_all_reduce(Values::Integers, 1, rc.world, ReduceOp::Sum, &got).map_err(|e| format!("{algo}: {e}"))?;
             hashes.push(hash(&got));
         }
+        progress(&rc, "gpu_64mib", "two-shot bf16 avg");
         let nb = 64 << 19; // bf16
         let y = s.clone_htod(&input::<bf16>(Values::Random, 2, me, nb))?;
         let mut out = s.clone_htod(&vec![bf16::NAN; nb])?;
         comm.two_shot_all_reduce_out(&y, &mut out, ReduceOp::Avg)?;
         s.synchronize()?;
         comm.check_error()?;
+        progress(&rc, "gpu_64mib", "all_gather, reduce_scatter");
         let got = s.clone_dtoh(&out)?;
         check_all_reduce(Values::Random, 2, rc.world, ReduceOp::Avg, &got)?;
         hashes.push(hash(&got));
@@ -432,6 +465,9 @@ fn gpu_64mib(w: GpuWorld) {
         let z = s.clone_htod(&input::<f32>(Values::Random, 3, me, per))?;
         let mut out = s.clone_htod(&vec![f32::NAN; per * rc.world])?;
         comm.all_gather_out(&z, &mut out)?;
+        s.synchronize()?;
+        comm.check_error()?;
+        progress(&rc, "gpu_64mib", "reduce_scatter");
         let mut seg = s.clone_htod(&vec![f32::NAN; per])?;
         comm.reduce_scatter_out(&x.slice(..per * rc.world), &mut seg, ReduceOp::Max)?;
         s.synchronize()?;
@@ -448,6 +484,7 @@ fn gpu_64mib(w: GpuWorld) {
         let si = comm.persistent_buffer(900, &[m], DType::F32)?;
         let so = comm.persistent_buffer(901, &[m], DType::F32)?;
         let sg = comm.persistent_buffer(902, &[m], DType::F32)?;
+        rig.ready()?;
         let picks = format!(
             "all_reduce {}, reduce_scatter {}, all_gather {}",
             comm.select_all_reduce(m * 4),
@@ -455,6 +492,7 @@ fn gpu_64mib(w: GpuWorld) {
             comm.select_all_gather(m * 4)
         );
         sym_write(&rig, &si, 0, &input::<f32>(Values::Integers, 4, me, m))?;
+        progress(&rc, "gpu_64mib", &format!("registered: {picks}"));
         // auto (the pull at this size), then the copy-engine two-shot (auto above 128 MiB; here
         // asked for), both tensors registered; each on a poisoned output.
         for (what, ce) in [("pull", false), ("copy-engine two-shot", true)] {
@@ -619,6 +657,7 @@ fn gpu_nan_after_return(w: GpuWorld) {
         let sx = comm.persistent_buffer(7, &[N], DType::F32)?;
         let mut sxv = sym_view::<f32>(&sx, 0, N, s)?;
         let mut outs = s.clone_htod(&vec![0f32; ITERS * N])?;
+        rig.ready()?;
         let mut algos = vec![
             AllReduceAlgo::Lamport,
             AllReduceAlgo::OneShot,
@@ -679,6 +718,7 @@ fn gpu_delayed_rank(w: GpuWorld) {
         let v = input::<f32>(Values::Integers, 9, me, n);
         sym_write(&rig, &sx, 0, &v)?;
         let x = s.clone_htod(&v)?;
+        rig.ready()?;
         let mut algos = vec![
             AllReduceAlgo::Lamport,
             AllReduceAlgo::OneShot,
@@ -842,6 +882,7 @@ fn graph_capture_case(rc: &RankCtx, pdl: bool) -> TestResult {
     let graph = s.end_capture(CUgraphInstantiate_flags(0))?;
     issued?;
     let graph = graph.ok_or("the capture produced no graph")?;
+    rig.ready()?;
     let poison = vec![bf16::NAN; OPS * N * rc.world];
     for rep in 0..REPLAYS {
         s.memcpy_htod(&poison, &mut outs)?;

@@ -31,7 +31,7 @@ use symm_core::{
 };
 
 use crate::fault::{is_injected, Fault, KILLED_STATUS};
-use crate::gate::gpu_gate;
+use crate::gate::{gpu_gate, shared_gpu_gate};
 use crate::launch::{
     child_ctx, is_child, is_isolated_child, report, run_isolated, run_processes_outcomes, run_threads_outcomes,
     ChildStatus, Mode, ProcessOptions, RankCtx, RankOutcome, TestResult, ThreadOptions,
@@ -1086,7 +1086,12 @@ pub fn run_case(backend: &Backend, case: Case, mode: Mode, world: usize, test_pa
         );
         return;
     }
-    if gpu_gate(backend.device_type, (backend.min_devices)(world)).is_some() {
+    let gate = if backend.shared_device {
+        shared_gpu_gate(backend.device_type)
+    } else {
+        gpu_gate(backend.device_type, (backend.min_devices)(world))
+    };
+    if gate.is_some() {
         return;
     }
     match mode {

@@ -62,13 +62,37 @@ pub fn gpu_unavailable(device_type: DeviceType, min_devices: usize) -> Option<Sk
     }
 }
 
+/// Why ranks cannot share a device of `device_type` here, if they cannot (no device, or what
+/// [`SymmetricAllocator::shared_device_support`](symm_core::SymmetricAllocator) says is
+/// missing). Pure, like [`gpu_unavailable`].
+pub fn shared_device_unavailable(device_type: DeviceType) -> Option<SkipReason> {
+    if let Some(r) = gpu_unavailable(device_type, 1) {
+        return Some(r);
+    }
+    let alloc = get_allocator(device_type).ok()?;
+    alloc
+        .shared_device_support()
+        .err()
+        .map(|e| SkipReason(format!("{device_type}: ranks cannot share a device: {e}")))
+}
+
+/// The gate for a test whose ranks share one device of `device_type` (NOTE [shared-device]):
+/// like [`gpu_gate`] for one device, plus [`shared_device_unavailable`].
+pub fn shared_gpu_gate(device_type: DeviceType) -> Option<SkipReason> {
+    gate_with(1, shared_device_unavailable(device_type))
+}
+
 /// The gate for a test needing `min_devices` devices of `device_type`.
 /// Returns `None` when the test can run. Otherwise prints `skipped: <reason>`
 /// to stderr (bypassing the harness's capture) and returns the reason, or,
 /// when `SYMM_REQUIRE_GPUS` is at least `min_devices`, panics (this is for
 /// tests: it fails them).
 pub fn gpu_gate(device_type: DeviceType, min_devices: usize) -> Option<SkipReason> {
-    let reason = gpu_unavailable(device_type, min_devices)?;
+    gate_with(min_devices, gpu_unavailable(device_type, min_devices))
+}
+
+fn gate_with(min_devices: usize, reason: Option<SkipReason>) -> Option<SkipReason> {
+    let reason = reason?;
     let required = gpus_required();
     if skip_is_failure(min_devices, required) {
         panic!("{REQUIRE_GPUS_ENV}={required} but the test (needing {min_devices} device(s)) cannot run: {reason}");

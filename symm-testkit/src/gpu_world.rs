@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use symm_core::DeviceType;
 
-use crate::gate::gpu_gate;
+use crate::gate::{gpu_gate, shared_gpu_gate, SkipReason};
 use crate::launch::{run_threads_with, RankCtx, TestResult, ThreadOptions};
 
 /// Where the ranks of a GPU test run.
@@ -68,6 +68,15 @@ impl GpuWorld {
         }
     }
 
+    /// The gate of a test at this world on `device_type`: [`shared_gpu_gate`] for ranks sharing
+    /// a device, else [`gpu_gate`] for `world` devices. `None` when the test can run.
+    pub fn gate(&self, device_type: DeviceType) -> Option<SkipReason> {
+        match self.placement {
+            Placement::Distinct => gpu_gate(device_type, self.world),
+            Placement::Shared => shared_gpu_gate(device_type),
+        }
+    }
+
     /// Thread-launch options for this world.
     pub fn thread_options(&self, limit: Duration) -> ThreadOptions {
         let mut o = ThreadOptions::new(self.world, limit);
@@ -83,7 +92,7 @@ impl GpuWorld {
         T: Send + 'static,
         F: Fn(RankCtx) -> TestResult<T> + Send + Sync + 'static,
     {
-        gpu_gate(device_type, self.min_devices()).is_none().then_some(())?;
+        self.gate(device_type).is_none().then_some(())?;
         match run_threads_with(&self.thread_options(limit), f) {
             Ok(v) => Some(v),
             Err(e) => panic!("{}: {e}", self.label()),

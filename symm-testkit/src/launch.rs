@@ -138,6 +138,17 @@ impl RankCtx {
             .barrier(self.rank, self.world, timeout)
     }
 
+    /// Ranks sharing a GPU: a store barrier keyed by `name` (call each name once), so no rank
+    /// launches an op (whose kernel spins until every peer's kernel runs) while a peer is still
+    /// in a host call that waits for the whole device, such as a first pinned-host allocation
+    /// (NOTE [co-residency]). Distinct devices: nothing.
+    pub fn shared_ready(&self, name: &str, timeout: Duration) -> Result<(), StoreError> {
+        if self.shared_device {
+            self.barrier(&format!("shared-ready/{name}"), timeout)?;
+        }
+        Ok(())
+    }
+
     /// An all_gather of bytes among all ranks, keyed by `name` (call each name once).
     pub fn all_gather(&self, name: &str, data: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>, StoreError> {
         StoreExchange::new(self.store.clone(), format!("symm-testkit/gather/{name}"))

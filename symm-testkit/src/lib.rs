@@ -33,7 +33,7 @@ pub mod launch;
 mod store_host;
 
 pub use fault::{fault_point, Fault};
-pub use gate::{gpu_gate, SkipReason};
+pub use gate::{gpu_gate, shared_gpu_gate, SkipReason};
 pub use gpu_world::{GpuWorld, Placement, GPU_WORLDS};
 pub use host::link;
 pub use launch::{

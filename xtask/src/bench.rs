@@ -50,6 +50,10 @@ pub fn main(args: &[String]) -> Result<()> {
     if gpus > 0 {
         crate::gpu::gpu_env(&mut cmd, gpus);
         cmd.env_remove("SYMM_REQUIRE_GPUS").env_remove("RUST_TEST_THREADS");
+        if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+            // The benchmark times ranks on distinct GPUs with the driver's default queues.
+            cmd.env_remove("CUDA_DEVICE_MAX_CONNECTIONS");
+        }
         eprintln!("{gpus} GPUs found: benchmarking on them");
     } else {
         eprintln!("no GPU found: symm-bench runs on the host backend");

@@ -113,6 +113,11 @@ pub fn gpu_env(cmd: &mut Command, gpus: usize) {
         .env("NCCL_NVLS_ENABLE", "0")
         .env("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         .env("SYMM_REQUIRE_GPUS", gpus.to_string());
+    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+        // Rank threads sharing a GPU need every hardware work queue of the context (NOTE
+        // [co-residency]; without it their suites skip, or fail under SYMM_REQUIRE_GPUS).
+        cmd.env("CUDA_DEVICE_MAX_CONNECTIONS", "32");
+    }
     if std::env::var_os("RUST_TEST_THREADS").is_none() {
         // GPU tests measure device memory baselines and own the GPUs (ranks sharing one GPU
         // size their grids to fill it, NOTE [co-residency]).
