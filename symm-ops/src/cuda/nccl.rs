@@ -4,7 +4,7 @@
 
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{sys::CUdeviceptr, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
@@ -88,8 +88,8 @@ pub(crate) fn nccl_version() -> Result<i32> {
 /// ranks agree through the store (NCCL's setup is collective, so all or none
 /// create it). `Ok(Err(reason))` when some rank cannot.
 pub(crate) fn agree_available(group: &Arc<Group>, timeout: Duration) -> Result<std::result::Result<(), String>> {
-    let mine = match nccl_version() {
-        Ok(_) => String::new(),
+    let mine = match nccl_version().and_then(|_| nvls_off()) {
+        Ok(()) => String::new(),
         Err(e) => format!("rank {}: {e}", group.rank().get()),
     };
     let prefix = group.next_prefix("nccl-check");
@@ -111,15 +111,29 @@ pub(crate) fn agree_available(group: &Arc<Group>, timeout: Duration) -> Result<s
     })
 }
 
-/// NVLink multicast (NVLS) is out (DESIGN.md): NCCL must not use it.
-fn disable_nvls() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
-            // Set once, before the first NCCL communicator of the process.
-            std::env::set_var("NCCL_NVLS_ENABLE", "0");
-        }
-    });
+/// The variable that keeps NCCL off NVLink multicast (NVLS).
+const NVLS_ENV: &str = "NCCL_NVLS_ENABLE";
+
+/// NVLink multicast is out (DESIGN.md), and library code never writes the process environment:
+/// NCCL runs only where the program or its launcher set `NCCL_NVLS_ENABLE=0` before starting
+/// (symmrun, the bundle's run.sh and xtask do); elsewhere it is [`Error::Unavailable`] saying so,
+/// and the kernels run without the fallback.
+fn nvls_off() -> Result<()> {
+    nvls_verdict(std::env::var(NVLS_ENV).ok().as_deref())
+}
+
+/// [`nvls_off`]'s verdict on the variable's value (`None`: unset).
+fn nvls_verdict(value: Option<&str>) -> Result<()> {
+    match value {
+        Some(v) if v.trim() == "0" => Ok(()),
+        Some(v) => Err(Error::Unavailable(format!(
+            "{NVLS_ENV}={v}: symm never lets NCCL use NVLink multicast; start the process with {NVLS_ENV}=0"
+        ))),
+        None => Err(Error::Unavailable(format!(
+            "{NVLS_ENV} is not set: symm never lets NCCL use NVLink multicast, and NCCL would on \
+             NVSwitch systems; start the process with {NVLS_ENV}=0 (symmrun does)"
+        ))),
+    }
 }
 
 fn to_nccl(op: ReduceOp) -> cudarc::nccl::ReduceOp {
@@ -142,7 +156,7 @@ impl Nccl {
     /// group's store; every rank joins.
     pub fn new(group: &Arc<Group>, stream: &Arc<CudaStream>, timeout: Duration) -> Result<Self> {
         nccl_version()?;
-        disable_nvls();
+        nvls_off()?;
         let key = format!("{}/nccl-id", group.next_prefix("nccl"));
         let store = group.store();
         let id = if group.rank().get() == 0 {
@@ -222,6 +236,29 @@ impl Nccl {
             DType::F32 => self.ag::<f32>(input, output, count),
             DType::F16 => self.ag::<f16>(input, output, count),
             _ => self.ag::<bf16>(input, output, count),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nccl_needs_nvls_off_in_the_environment() {
+        assert!(nvls_verdict(Some("0")).is_ok());
+        assert!(nvls_verdict(Some(" 0\n")).is_ok());
+        for (v, says) in [
+            (None, "is not set"),
+            (Some("1"), "NCCL_NVLS_ENABLE=1"),
+            (Some(""), "NCCL_NVLS_ENABLE=:"),
+        ] {
+            match nvls_verdict(v) {
+                Err(Error::Unavailable(m)) => {
+                    assert!(m.contains(says) && m.contains("NCCL_NVLS_ENABLE=0"), "{m}")
+                }
+                other => panic!("{v:?}: {other:?}"),
+            }
         }
     }
 }

@@ -204,6 +204,11 @@ fn spawn(program: &[String], nproc: usize, master: SocketAddr) -> Result<Vec<Ran
             .env("GROUP_RANK", "0")
             .env("WORLD_SIZE", nproc.to_string())
             .env("LOCAL_WORLD_SIZE", nproc.to_string())
+            // symm's NCCL fallback runs only with NVLink multicast off (symm-ops refuses it otherwise).
+            .env(
+                "NCCL_NVLS_ENABLE",
+                std::env::var("NCCL_NVLS_ENABLE").unwrap_or_else(|_| "0".into()),
+            )
             .env("MASTER_ADDR", master.ip().to_string())
             .env("MASTER_PORT", master.port().to_string())
             // As torchrun's agent store: the launcher hosts the store, ranks are clients.
