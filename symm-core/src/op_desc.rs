@@ -61,17 +61,6 @@ pub struct OpDescriptor {
 
 const MAGIC: u32 = 0x5359_4f50; // "SYOP"
 
-const DTYPES: [DType; 8] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::F64,
-    DType::I32,
-    DType::I64,
-    DType::U8,
-    DType::U32,
-];
-
 impl OpDescriptor {
     /// Encoded size in bytes.
     pub const BYTES: usize = 32;
@@ -83,7 +72,7 @@ impl OpDescriptor {
         b[4] = self.kind as u8;
         b[5] = self
             .dtype
-            .and_then(|d| DTYPES.iter().position(|&x| x == d))
+            .and_then(|d| DType::ALL.iter().position(|&x| x == d))
             .map_or(0, |i| i as u8 + 1);
         b[6] = self
             .reduce
@@ -104,7 +93,7 @@ impl OpDescriptor {
         let pick = |v: u8, n: usize| (v as usize).checked_sub(1).filter(|&i| i < n);
         let dtype = match b[5] {
             0 => None,
-            v => Some(DTYPES[pick(v, DTYPES.len())?]),
+            v => Some(DType::ALL[pick(v, DType::ALL.len())?]),
         };
         let reduce = match b[6] {
             0 => None,

@@ -68,6 +68,17 @@ pub enum DType {
 }
 
 impl DType {
+    /// Every element type, in declaration order (the order op records encode).
+    pub const ALL: [DType; 8] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::F64,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+        DType::U32,
+    ];
     /// Bytes per element.
     pub const fn size(self) -> usize {
         match self {

@@ -131,6 +131,13 @@ pub(crate) fn try_zeroed<T: Clone + Default>(n: usize, what: &str) -> Result<Vec
     Ok(v)
 }
 
+/// Elements of an all-gather's output: `count` per rank, `w` ranks.
+fn gathered_len(count: usize, w: usize) -> Result<usize> {
+    count
+        .checked_mul(w)
+        .ok_or_else(|| Error::InvalidArgument(format!("all_gather: {count} elements x world {w} overflows")))
+}
+
 /// Errors after which the ranks' protocol state is out of step.
 fn is_fatal(e: &Error) -> bool {
     matches!(
@@ -586,6 +593,12 @@ impl Communicator {
         r
     }
 
+    /// Whether an op with nothing to move may return at once. Not on the host engine: there
+    /// the empty op still takes its place in the group's op sequence (NOTE [op-agreement]).
+    fn empty_ops_are_local(&self) -> bool {
+        !matches!(self.engine, Engine::Host(_))
+    }
+
     /// `r`, unless it is this rank's rejection of its own arguments for an op
     /// (NOTE [op-agreement]): then, on the host engine, the rejection takes the
     /// op's place in the group's sequence, so every peer's matching op fails
@@ -695,7 +708,7 @@ impl Communicator {
             self.arg(check_same("all_reduce", i, &output, i.len()))?;
         }
         self.arg(self.check_algo(algo))?;
-        if count == 0 && !matches!(self.engine, Engine::Host(_)) {
+        if count == 0 && self.empty_ops_are_local() {
             return Ok(());
         }
         match &self.engine {
@@ -772,7 +785,7 @@ impl Communicator {
         }
         let count = input.len() / w;
         self.arg(check_same("reduce_scatter", &input, &output, count))?;
-        if count == 0 && !matches!(self.engine, Engine::Host(_)) {
+        if count == 0 && self.empty_ops_are_local() {
             return Ok(());
         }
         match &self.engine {
@@ -795,10 +808,7 @@ impl Communicator {
     /// (rank r's input at `r * input.len()`).
     pub fn all_gather<'a, O: NewOutput>(&self, input: impl Into<Buf<'a>>) -> Result<O> {
         let input = input.into();
-        let (count, w) = (input.len(), self.world_size());
-        let len = count
-            .checked_mul(w)
-            .ok_or_else(|| Error::InvalidArgument(format!("all_gather: {count} elements x world {w} overflows")))?;
+        let len = gathered_len(input.len(), self.world_size())?;
         let mut out = O::new_output(self, len, input.dtype())?;
         self.all_gather_out(input, out.as_output())?;
         Ok(out)
@@ -811,13 +821,9 @@ impl Communicator {
         let dtype = input.dtype();
         self.arg(check_dtype(dtype, "all_gather"))?;
         let count = input.len();
-        let want = self.arg(
-            count
-                .checked_mul(w)
-                .ok_or_else(|| Error::InvalidArgument(format!("all_gather: {count} elements x world {w} overflows"))),
-        )?;
+        let want = self.arg(gathered_len(count, w))?;
         self.arg(check_same("all_gather", &input, &output, want))?;
-        if count == 0 && !matches!(self.engine, Engine::Host(_)) {
+        if count == 0 && self.empty_ops_are_local() {
             return Ok(());
         }
         match &self.engine {

@@ -22,7 +22,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn};
 use rand::{Rng, SeedableRng};
-use symm_store::tcp::protocol::{encode_request, Request};
+use symm_store::tcp::protocol::{encode_request, Request, VALIDATION_MAGIC};
 use symm_store::{ServerOptions, Store, StoreError, TcpServer, TcpStore};
 
 const T: Duration = Duration::from_secs(20);
@@ -45,7 +45,7 @@ fn frame(req: &Request) -> Vec<u8> {
 }
 
 fn validate() -> Vec<u8> {
-    frame(&Request::Validate(0x3C85_F7CE))
+    frame(&Request::Validate(VALIDATION_MAGIC))
 }
 
 /// A TCP connection from source address `src` (any 127/8 address works on Linux

@@ -387,12 +387,15 @@ impl std::fmt::Display for ChildStatus {
     }
 }
 
-fn status_of(s: ExitStatus) -> ChildStatus {
-    use std::os::unix::process::ExitStatusExt;
-    match (s.code(), s.signal()) {
-        (Some(c), _) => ChildStatus::Exited(c),
-        (None, Some(sig)) => ChildStatus::Signaled(sig),
-        (None, None) => ChildStatus::Exited(-1),
+impl From<ExitStatus> for ChildStatus {
+    /// How a process the launcher did not kill ended.
+    fn from(s: ExitStatus) -> ChildStatus {
+        use std::os::unix::process::ExitStatusExt;
+        match (s.code(), s.signal()) {
+            (Some(c), _) => ChildStatus::Exited(c),
+            (None, Some(sig)) => ChildStatus::Signaled(sig),
+            (None, None) => ChildStatus::Exited(-1),
+        }
     }
 }
 
@@ -455,23 +458,36 @@ pub(crate) struct SpawnSpec<'a> {
     pub capture: bool,
 }
 
+/// `program args` as rank `rank` of `world` (one node) with torchrun's environment, a client
+/// of the store at `master` that the launcher hosts (as under torchrun's agent store).
+pub fn rank_command(
+    program: impl AsRef<std::ffi::OsStr>,
+    args: &[String],
+    rank: usize,
+    world: usize,
+    master: SocketAddr,
+) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env("RANK", rank.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("GROUP_RANK", "0")
+        .env("WORLD_SIZE", world.to_string())
+        .env("LOCAL_WORLD_SIZE", world.to_string())
+        .env("MASTER_ADDR", master.ip().to_string())
+        .env("MASTER_PORT", master.port().to_string())
+        // As torchrun's agent store: the launcher hosts the store, ranks are clients.
+        .env("TORCHELASTIC_USE_AGENT_STORE", "True")
+        .env("SYMM_STORE_HOSTED", "1");
+    cmd
+}
+
 /// Starts `world` processes with torchrun's environment. On a spawn error
 /// the ranks already started are killed.
 pub(crate) fn spawn_ranks(spec: &SpawnSpec<'_>) -> Result<Vec<RankProcess>, LaunchError> {
     let mut procs: Vec<RankProcess> = Vec::with_capacity(spec.world);
     for rank in 0..spec.world {
-        let mut cmd = Command::new(spec.program);
-        cmd.args(spec.args)
-            .env("RANK", rank.to_string())
-            .env("LOCAL_RANK", rank.to_string())
-            .env("GROUP_RANK", "0")
-            .env("WORLD_SIZE", spec.world.to_string())
-            .env("LOCAL_WORLD_SIZE", spec.world.to_string())
-            .env("MASTER_ADDR", spec.master.ip().to_string())
-            .env("MASTER_PORT", spec.master.port().to_string())
-            // As torchrun's agent store: the launcher hosts the store, ranks are clients.
-            .env("TORCHELASTIC_USE_AGENT_STORE", "True")
-            .env("SYMM_STORE_HOSTED", "1");
+        let mut cmd = rank_command(spec.program, spec.args, rank, spec.world, spec.master);
         for k in spec.remove_env {
             cmd.env_remove(k);
         }
@@ -524,7 +540,7 @@ pub(crate) fn supervise(mut procs: Vec<RankProcess>, deadline: Instant, grace: O
         for p in procs.iter_mut().filter(|p| p.status.is_none()) {
             match p.child.try_wait() {
                 Ok(Some(s)) => {
-                    let st = status_of(s);
+                    let st = ChildStatus::from(s);
                     p.status = Some(st);
                     if let (false, Some(g)) = (st.success(), grace) {
                         let t = Instant::now() + g;

@@ -74,6 +74,15 @@ fn stderr_of(child: &mut Child) -> String {
     err
 }
 
+/// Waits for symmrun as [`wait_for`], asserts its `ranks` are gone within
+/// 200 ms (`what` names the case), and returns its status, how long the
+/// wait took and its stderr.
+fn finish(run: &mut Child, ranks: &[Pid], limit: Duration, what: &str) -> (ExitStatus, Duration, String) {
+    let (status, took) = wait_for(run, ranks, limit);
+    assert_gone(ranks, Duration::from_millis(200), what);
+    (status, took, stderr_of(run))
+}
+
 /// The pids the ranks wrote (waits up to 10 s for all `n`).
 fn rank_pids(dir: &Path, n: usize) -> Vec<Pid> {
     let t0 = Instant::now();
@@ -154,9 +163,7 @@ fn ranks_ignoring_sigterm_are_killed_after_the_grace() {
     );
     let pids = rank_pids(&dir, 2);
     kill(Pid::from_raw(run.id() as i32), Signal::SIGTERM).unwrap();
-    let (status, took) = wait_for(&mut run, &pids, Duration::from_secs(10));
-    assert_gone(&pids, Duration::from_millis(200), "ignoring SIGTERM");
-    let err = stderr_of(&mut run);
+    let (status, took, err) = finish(&mut run, &pids, Duration::from_secs(10), "ignoring SIGTERM");
     assert!(took < Duration::from_secs(3), "took {took:?}\n{err}");
     assert_eq!(status.code(), Some(143), "{status:?}\n{err}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -172,9 +179,7 @@ fn exits_with_the_first_failure_in_time() {
         &dir,
     );
     let pids = rank_pids(&dir, 2);
-    let (status, took) = wait_for(&mut run, &pids, Duration::from_secs(20));
-    assert_gone(&pids, Duration::from_millis(200), "after the ranks ended");
-    let err = stderr_of(&mut run);
+    let (status, took, err) = finish(&mut run, &pids, Duration::from_secs(20), "after the ranks ended");
     assert_eq!(status.code(), Some(7), "{status:?} after {took:?}\n{err}");
     assert!(err.contains("rank 1: exit code 7 (the first failure)"), "{err}");
     // The other way round: rank 0 first.
@@ -183,8 +188,7 @@ fn exits_with_the_first_failure_in_time() {
         r#"if [ "$RANK" = 0 ]; then sleep 0.1; exit 5; fi; sleep 1; exit 9"#,
         &dir,
     );
-    let (status, took) = wait_for(&mut run, &[], Duration::from_secs(20));
-    let err = stderr_of(&mut run);
+    let (status, took, err) = finish(&mut run, &[], Duration::from_secs(20), "rank 0 first");
     assert_eq!(status.code(), Some(5), "{status:?} after {took:?}\n{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -200,9 +204,7 @@ fn first_failure_code_survives_killing_the_rest() {
         &dir,
     );
     let pids = rank_pids(&dir, 3);
-    let (status, took) = wait_for(&mut run, &pids, Duration::from_secs(20));
-    assert_gone(&pids, Duration::from_millis(200), "after a failure");
-    let err = stderr_of(&mut run);
+    let (status, took, err) = finish(&mut run, &pids, Duration::from_secs(20), "after a failure");
     assert_eq!(status.code(), Some(7), "{status:?}\n{err}");
     assert!(took < Duration::from_secs(5), "took {took:?}\n{err}");
     assert!(err.contains("rank 0: killed after another rank failed"), "{err}");

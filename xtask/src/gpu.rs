@@ -166,9 +166,15 @@ pub fn test_multigpu(args: &[String]) -> Result<()> {
     }
 }
 
-fn copy_exe(from: &Path, to: &Path) -> Result<()> {
+/// Copies `from` over `to` (replacing it, not writing through it).
+fn copy_file(from: &Path, to: &Path) -> Result<()> {
     let _ = std::fs::remove_file(to);
     std::fs::copy(from, to).map_err(|e| format!("copy {} -> {}: {e}", from.display(), to.display()))?;
+    Ok(())
+}
+
+fn copy_exe(from: &Path, to: &Path) -> Result<()> {
+    copy_file(from, to)?;
     set_mode(to, 0o755)
 }
 
@@ -242,8 +248,7 @@ pub fn gpu_bundle(args: &[String]) -> Result<()> {
     }
     // The PyTorch side of the store interop check (`run.sh store-interop`).
     let interop = util::root().join("symm-store").join("tests").join("torch_interop.py");
-    let _ = std::fs::remove_file(out.join("torch_interop.py"));
-    std::fs::copy(&interop, out.join("torch_interop.py")).map_err(|e| format!("copy {}: {e}", interop.display()))?;
+    copy_file(&interop, &out.join("torch_interop.py"))?;
     let run_sh = out.join("run.sh");
     std::fs::write(&run_sh, RUN_SH).map_err(|e| format!("write {}: {e}", run_sh.display()))?;
     set_mode(&run_sh, 0o755)?;

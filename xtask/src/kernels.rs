@@ -27,13 +27,9 @@ pub fn local_nvrtc() -> PathBuf {
 /// `.nvrtc/nvidia/*/lib`.
 fn find_nvrtc() -> Vec<PathBuf> {
     let mut dirs = util::find_lib_dirs("libnvrtc");
-    if let Ok(rd) = std::fs::read_dir(local_nvrtc().join("nvidia")) {
-        let mut subs: Vec<PathBuf> = rd.flatten().map(|e| e.path().join("lib")).collect();
-        subs.sort();
-        for d in subs {
-            if util::dir_has_lib(&d, "libnvrtc") && !dirs.contains(&d) {
-                dirs.push(d);
-            }
+    for d in util::nvidia_lib_dirs(&local_nvrtc().join("nvidia")) {
+        if util::dir_has_lib(&d, "libnvrtc") && !dirs.contains(&d) {
+            dirs.push(d);
         }
     }
     dirs

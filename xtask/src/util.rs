@@ -115,6 +115,15 @@ pub fn site_packages() -> Vec<PathBuf> {
     }
 }
 
+/// The `lib` folders of the packages under a pip `nvidia` folder: `nv/*/lib`, sorted.
+pub fn nvidia_lib_dirs(nv: &Path) -> Vec<PathBuf> {
+    let mut subs: Vec<PathBuf> = std::fs::read_dir(nv)
+        .map(|rd| rd.flatten().map(|e| e.path().join("lib")).collect())
+        .unwrap_or_default();
+    subs.sort();
+    subs
+}
+
 /// Folders that hold `lib{name}.so*`: LD_LIBRARY_PATH first, then pip's
 /// `site-packages/nvidia/*/lib` (cu13 first), then /usr/local/cuda/lib64.
 pub fn find_lib_dirs(stem: &str) -> Vec<PathBuf> {
@@ -124,11 +133,7 @@ pub fn find_lib_dirs(stem: &str) -> Vec<PathBuf> {
     for sp in site_packages() {
         let nv = sp.join("nvidia");
         cands.push(nv.join("cu13").join("lib"));
-        if let Ok(rd) = std::fs::read_dir(&nv) {
-            let mut subs: Vec<PathBuf> = rd.flatten().map(|e| e.path().join("lib")).collect();
-            subs.sort();
-            cands.extend(subs);
-        }
+        cands.extend(nvidia_lib_dirs(&nv));
     }
     cands.push(PathBuf::from("/usr/local/cuda/lib64"));
     let mut found: Vec<PathBuf> = Vec::new();

@@ -263,7 +263,6 @@ pub fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
     Ok(c)
 }
 
-/// Binds `ctx` to the calling thread (every operation calls this first).
 /// Function `name` of `module`, loaded onto the device now (`cuFuncLoad`)
 /// rather than at its first launch. Under CUDA's lazy loading (the default) a
 /// first launch loads the function, and loading may synchronise the whole
@@ -275,13 +274,12 @@ pub fn load_function(module: &Arc<cudarc::driver::CudaModule>, name: &str) -> Re
         .map_err(|e| from_driver(e, &format!("cuModuleGetFunction({name})")))?;
     // SAFETY: `f` is a live function handle of a module loaded in its context (kept alive by
     // `f`'s own reference to the module); cuFuncLoad only loads it.
-    check(
-        unsafe { sys::cuFuncLoad(f.cu_function()) },
-        &format!("cuFuncLoad({name})"),
-    )?;
+    let r = unsafe { sys::cuFuncLoad(f.cu_function()) };
+    check(r, &format!("cuFuncLoad({name})"))?;
     Ok(f)
 }
 
+/// Binds `ctx` to the calling thread (every operation calls this first).
 pub fn bind(ctx: &CudaContext) -> Result<()> {
     ctx.bind_to_thread().map_err(|e| from_driver(e, "cuCtxSetCurrent"))
 }

@@ -385,6 +385,26 @@ impl Args {
     fn work(&self, bytes: usize) -> f64 {
         ((self.rounds as f64 + 1.0) * self.iters_for(bytes) as f64 + 1.0) * bytes as f64
     }
+    /// The progress step of `op` at `size`.
+    fn step(&self, op: Op, size: usize) -> Step {
+        Step {
+            op,
+            size,
+            work: self.work(size),
+        }
+    }
+    /// The (op, size) of every progress step, in the order they run: each op's sizes, each
+    /// repeated for the `algos(op)` algorithms that run it.
+    fn plan(&self, algos: impl Fn(Op) -> usize) -> Vec<(Op, usize)> {
+        let mut plan = Vec::new();
+        for &op in &self.ops {
+            let n = algos(op);
+            for &size in &self.sizes {
+                plan.extend(std::iter::repeat_n((op, size), n));
+            }
+        }
+        plan
+    }
 }
 
 // ------------------------------------------------------------------ values, results
@@ -702,14 +722,7 @@ impl Shared {
     /// `plan`: the (op, size) of every progress step (a row on the host backend, an algorithm's
     /// rows at one size on GPUs), in the order they run.
     fn new(store: Arc<dyn Store>, world: usize, args: Args, run_id: String, plan: Vec<(Op, usize)>) -> Shared {
-        let plan = plan
-            .into_iter()
-            .map(|(op, size)| Step {
-                op,
-                size,
-                work: args.work(size),
-            })
-            .collect();
+        let plan = plan.into_iter().map(|(op, size)| args.step(op, size)).collect();
         Shared {
             store,
             world,
@@ -772,7 +785,7 @@ impl Progress {
         let start = *self.start.get_or_insert(now);
         self.started += 1;
         self.current = Some((step, now));
-        let total = self.plan.len().max(self.started);
+        let total = self.total();
         let left = total + 1 - self.started;
         let mut line = format!("[{}/{total}] {what}: {left} left", self.started);
         // The first steps' times are too short to extrapolate from.
@@ -782,6 +795,11 @@ impl Progress {
             }
         }
         line
+    }
+
+    /// Steps in all: those planned, or those started where more ran.
+    fn total(&self) -> usize {
+        self.plan.len().max(self.started)
     }
 
     fn finish_current(&mut self, now: Instant) {
@@ -848,7 +866,7 @@ impl Progress {
         Some(format!(
             "[{}/{}] done in {}",
             self.started,
-            self.plan.len().max(self.started),
+            self.total(),
             fmt_secs(now.duration_since(start).as_secs_f64())
         ))
     }
@@ -907,12 +925,7 @@ impl Shared {
         let Ok(mut p) = self.progress.lock() else {
             return;
         };
-        let step = Step {
-            op,
-            size,
-            work: self.args.work(size),
-        };
-        let line = p.step(step, Instant::now(), what);
+        let line = p.step(self.args.step(op, size), Instant::now(), what);
         let out = p.overwrite(&line);
         let _ = write!(std::io::stderr(), "{out}");
         let _ = std::io::stderr().flush();
@@ -1127,13 +1140,7 @@ mod host {
         if let Some(note) = note {
             println!("{note}");
         }
-        let mut plan = Vec::new();
-        for &op in &args.ops {
-            let algos = args.algos_for(op).iter().filter(|a| host_algo(op, &a.base)).count();
-            for &size in &args.sizes {
-                plan.extend(std::iter::repeat_n((op, size), algos));
-            }
-        }
+        let plan = args.plan(|op| args.algos_for(op).iter().filter(|a| host_algo(op, &a.base)).count());
         let store: Arc<dyn Store> = HashStore::new(T_STORE);
         let run_id = format!("symm-bench/host/{}", std::process::id());
         let shared = Arc::new(Shared::new(store, world, args.clone(), run_id, plan));
@@ -1423,13 +1430,7 @@ mod gpu {
         if let Some(n) = &nccl_note {
             eprintln!("NCCL rows skipped: {n}");
         }
-        let mut plan = Vec::new();
-        for &op in &args.ops {
-            let algos = args.algos_for(op).len();
-            for &size in &args.sizes {
-                plan.extend(std::iter::repeat_n((op, size), algos));
-            }
-        }
+        let plan = args.plan(|op| args.algos_for(op).len());
         let store: Arc<dyn Store> = HashStore::new(T_STORE);
         let run_id = format!("symm-bench/gpu/{}", std::process::id());
         let shared = Arc::new(Shared::new(store, world, args.clone(), run_id, plan));
@@ -2187,11 +2188,7 @@ mod tests {
     #[test]
     fn progress_counts_down_and_estimates() {
         let args = parse_args(&[]).unwrap();
-        let step = |op, size| Step {
-            op,
-            size,
-            work: args.work(size),
-        };
+        let step = |op, size| args.step(op, size);
         let plan = vec![
             step(Op::AllReduce, KIB),
             step(Op::AllReduce, MIB),

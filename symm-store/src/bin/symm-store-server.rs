@@ -29,6 +29,11 @@ fn usage() -> ExitCode {
     ExitCode::from(2)
 }
 
+/// A value parsed as `T`.
+fn num<T: std::str::FromStr>(v: Option<String>) -> Option<T> {
+    v?.parse().ok()
+}
+
 /// A positive, finite number of seconds.
 fn secs(v: Option<String>) -> Option<Duration> {
     match v?.parse::<f64>().ok()? {
@@ -46,53 +51,29 @@ fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next();
-        match a.as_str() {
-            "--host" => match val().and_then(|v| v.parse().ok()) {
-                Some(h) => host = h,
-                None => return usage(),
-            },
-            "--port" => match val().and_then(|v| v.parse().ok()) {
-                Some(p) => port = p,
-                None => return usage(),
-            },
-            "--first-frame-timeout-secs" => match secs(val()) {
-                Some(d) => opts.first_frame_timeout = d,
-                None => return usage(),
-            },
-            "--handshake-timeout-secs" => match secs(val()) {
-                Some(d) => opts.handshake_timeout = d,
-                None => return usage(),
-            },
-            "--frame-timeout-secs" => match secs(val()) {
-                Some(d) => opts.frame_timeout = d,
-                None => return usage(),
-            },
-            "--max-clients" => match val().and_then(|v| v.parse().ok()) {
-                Some(n) => opts.max_clients = n,
-                None => return usage(),
-            },
-            "--max-clients-per-peer" => match val().and_then(|v| v.parse().ok()) {
-                Some(n) => opts.max_clients_per_peer = n,
-                None => return usage(),
-            },
-            "--max-pending" => match val().and_then(|v| v.parse().ok()) {
-                Some(n) => opts.max_pending = n,
-                None => return usage(),
-            },
-            "--max-pending-per-peer" => match val().and_then(|v| v.parse().ok()) {
-                Some(n) => opts.max_pending_per_peer = n,
-                None => return usage(),
-            },
-            "--port-file" => match val() {
-                Some(p) => port_file = Some(p),
-                None => return usage(),
-            },
-            "--exit-on-stdin-eof" => stdin_eof = true,
+        let parsed = match a.as_str() {
+            "--host" => num(val()).map(|h| host = h),
+            "--port" => num(val()).map(|p| port = p),
+            "--first-frame-timeout-secs" => secs(val()).map(|d| opts.first_frame_timeout = d),
+            "--handshake-timeout-secs" => secs(val()).map(|d| opts.handshake_timeout = d),
+            "--frame-timeout-secs" => secs(val()).map(|d| opts.frame_timeout = d),
+            "--max-clients" => num(val()).map(|n| opts.max_clients = n),
+            "--max-clients-per-peer" => num(val()).map(|n| opts.max_clients_per_peer = n),
+            "--max-pending" => num(val()).map(|n| opts.max_pending = n),
+            "--max-pending-per-peer" => num(val()).map(|n| opts.max_pending_per_peer = n),
+            "--port-file" => val().map(|p| port_file = Some(p)),
+            "--exit-on-stdin-eof" => {
+                stdin_eof = true;
+                Some(())
+            }
             "-h" | "--help" => {
                 usage();
                 return ExitCode::SUCCESS;
             }
-            _ => return usage(),
+            _ => None,
+        };
+        if parsed.is_none() {
+            return usage();
         }
     }
     let server = match TcpServer::bind_with(SocketAddr::new(host, port), opts) {

@@ -251,41 +251,33 @@ fn connect_handshake(addr: SocketAddr, timeout: Duration) -> Result<Conn> {
         if left.is_zero() {
             return Err(connect_deadline_error(addr, timeout, last_err));
         }
-        match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(1))) {
+        let (e, cut_off) = match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(1))) {
             Ok(s) => match handshake(Conn::new(s), deadline) {
                 Ok(c) => return Ok(c),
-                Err(e) if closed_by_peer(&e) => {
-                    cut_offs += 1;
-                    if cut_offs >= CUT_OFFS_BEFORE_REFUSAL {
-                        return Err(conn_err(
-                            addr,
-                            io::Error::new(
-                                io::ErrorKind::ConnectionRefused,
-                                format!(
-                                    "the server refused the connection: it accepted and then closed it \
-                                     before answering the handshake, {cut_offs} times in a row (it is at \
-                                     its max_clients or per-address limit, or out of file descriptors); \
-                                     last: {e}"
-                                ),
-                            ),
-                        ));
-                    }
-                    last_err = Some(e);
-                }
                 Err(e) => {
-                    cut_offs = 0;
-                    last_err = Some(e);
+                    let cut_off = closed_by_peer(&e);
+                    (e, cut_off)
                 }
             },
-            Err(e) => {
-                cut_offs = 0;
-                last_err = Some(e);
-            }
+            Err(e) => (e, false),
+        };
+        cut_offs = if cut_off { cut_offs + 1 } else { 0 };
+        if cut_offs >= CUT_OFFS_BEFORE_REFUSAL {
+            return Err(conn_err(
+                addr,
+                io::Error::new(
+                    io::ErrorKind::ConnectionRefused,
+                    format!(
+                        "the server refused the connection: it accepted and then closed it before answering \
+                         the handshake, {cut_offs} times in a row (it is at its max_clients or per-address \
+                         limit, or out of file descriptors); last: {e}"
+                    ),
+                ),
+            ));
         }
+        last_err = Some(e);
+        // (A deadline reached here is reported at the top of the loop.)
         let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(connect_deadline_error(addr, timeout, last_err));
-        }
         std::thread::sleep(backoff.min(left));
         backoff = (backoff * 2).min(Duration::from_secs(1));
     }

@@ -186,12 +186,11 @@ impl TcpServer {
         // A spare descriptor (a duplicate of the listener): closed to accept and refuse a
         // newcomer when the fd limit is reached and nothing can be evicted.
         let spare = listener.as_fd().try_clone_to_owned().ok();
-        let sweep_every = (opts.first_frame_timeout)
+        let shortest = opts
+            .first_frame_timeout
             .min(opts.handshake_timeout)
-            .min(opts.frame_timeout)
-            .checked_div(4)
-            .unwrap_or(MAX_SWEEP)
-            .clamp(MIN_SWEEP, MAX_SWEEP);
+            .min(opts.frame_timeout);
+        let sweep_every = (shortest / 4).clamp(MIN_SWEEP, MAX_SWEEP);
         let mut srv = Server {
             epoll,
             listener,
@@ -209,6 +208,7 @@ impl TcpServer {
             spare,
             sweep_every,
             next_sweep: Instant::now() + sweep_every,
+            debug: std::env::var_os("SYMM_STORE_DEBUG").is_some(),
         };
         let thread = std::thread::Builder::new()
             .name(format!("symm-store-server:{}", local.port()))
@@ -399,6 +399,8 @@ struct Server {
     spare: Option<OwnedFd>,
     sweep_every: Duration,
     next_sweep: Instant,
+    /// `SYMM_STORE_DEBUG` was set at bind: print why connections are dropped or refused.
+    debug: bool,
 }
 
 const WAKE_TOKEN: u64 = 0;
@@ -575,7 +577,7 @@ impl Server {
     /// before its handshake is answered.
     fn refuse(&mut self, s: TcpStream, why: impl FnOnce() -> String) {
         self.counters.refused.fetch_add(1, Ordering::Relaxed);
-        if std::env::var_os("SYMM_STORE_DEBUG").is_some() {
+        if self.debug {
             eprintln!("symm-store server: refusing a connection: {}", why());
         }
         drop(s);
@@ -683,34 +685,17 @@ impl Server {
 
     fn drop_client(&mut self, id: ClientId, why: DropReason) {
         let c = &self.counters;
-        let reason = match why {
-            DropReason::Malformed(r) => {
-                c.dropped_malformed.fetch_add(1, Ordering::Relaxed);
-                Some(r)
-            }
-            DropReason::Slow(r) => {
-                c.dropped_slow.fetch_add(1, Ordering::Relaxed);
-                Some(r)
-            }
-            DropReason::Overflow(r) => {
-                c.dropped_overflow.fetch_add(1, Ordering::Relaxed);
-                Some(r)
-            }
-            DropReason::Idle(r) => {
-                c.dropped_idle.fetch_add(1, Ordering::Relaxed);
-                Some(r)
-            }
-            DropReason::Evicted(r) => {
-                c.evicted.fetch_add(1, Ordering::Relaxed);
-                Some(r)
-            }
-            DropReason::Closed => {
-                c.closed.fetch_add(1, Ordering::Relaxed);
-                None
-            }
+        let (counter, reason) = match why {
+            DropReason::Malformed(r) => (&c.dropped_malformed, Some(r)),
+            DropReason::Slow(r) => (&c.dropped_slow, Some(r)),
+            DropReason::Overflow(r) => (&c.dropped_overflow, Some(r)),
+            DropReason::Idle(r) => (&c.dropped_idle, Some(r)),
+            DropReason::Evicted(r) => (&c.evicted, Some(r)),
+            DropReason::Closed => (&c.closed, None),
         };
+        counter.fetch_add(1, Ordering::Relaxed);
         if let Some(r) = reason {
-            if std::env::var_os("SYMM_STORE_DEBUG").is_some() {
+            if self.debug {
                 eprintln!("symm-store server: dropping client {id}: {r}");
             }
             if let Ok(mut g) = c.last_drop.lock() {

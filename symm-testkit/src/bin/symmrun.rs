@@ -23,14 +23,14 @@
 #![forbid(unsafe_code)]
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
+use std::process::{Child, ExitCode, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, SigSet, Signal};
 use nix::unistd::Pid;
 use symm_core::symm_store::TcpServer;
-use symm_testkit::launch::{ChildStatus, CHILD_ENV, ISOLATED_ENV};
+use symm_testkit::launch::{rank_command, ChildStatus, CHILD_ENV, ISOLATED_ENV};
 
 /// The signals symmrun forwards to its ranks.
 const FORWARDED: [Signal; 3] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP];
@@ -151,15 +151,6 @@ struct Rank {
     killed: Option<String>,
 }
 
-fn status_of(s: ExitStatus) -> ChildStatus {
-    use std::os::unix::process::ExitStatusExt;
-    match (s.code(), s.signal()) {
-        (Some(c), _) => ChildStatus::Exited(c),
-        (None, Some(sig)) => ChildStatus::Signaled(sig),
-        (None, None) => ChildStatus::Exited(-1),
-    }
-}
-
 impl Rank {
     fn pid(&self) -> Option<Pid> {
         i32::try_from(self.child.id()).ok().map(Pid::from_raw)
@@ -176,7 +167,7 @@ impl Rank {
     fn kill(&mut self, status: ChildStatus, why: &str) {
         if self.status.is_none() {
             let _ = self.child.kill();
-            let st = self.child.wait().map(status_of).unwrap_or(ChildStatus::Exited(-1));
+            let st = self.child.wait().map_or(ChildStatus::Exited(-1), ChildStatus::from);
             // It may have ended on its own meanwhile: keep what it did.
             if st == ChildStatus::Signaled(Signal::SIGKILL as i32) {
                 self.status = Some(status);
@@ -188,32 +179,19 @@ impl Rank {
     }
 }
 
-/// Starts `nproc` ranks of `program` with torchrun's environment (as
-/// `symm_testkit::launch::run_program`). On a spawn error the ranks already
-/// started are killed and reaped.
+/// Starts `nproc` ranks of `program` with torchrun's environment
+/// ([`rank_command`]). On a spawn error the ranks already started are
+/// killed and reaped.
 fn spawn(program: &[String], nproc: usize, master: SocketAddr) -> Result<Vec<Rank>, String> {
     let Some((exe, args)) = program.split_first() else {
         return Err("no program given".into());
     };
+    let nvls = std::env::var("NCCL_NVLS_ENABLE").unwrap_or_else(|_| "0".into());
     let mut ranks: Vec<Rank> = Vec::with_capacity(nproc);
     for rank in 0..nproc {
-        let mut cmd = Command::new(exe);
-        cmd.args(args)
-            .env("RANK", rank.to_string())
-            .env("LOCAL_RANK", rank.to_string())
-            .env("GROUP_RANK", "0")
-            .env("WORLD_SIZE", nproc.to_string())
-            .env("LOCAL_WORLD_SIZE", nproc.to_string())
-            // symm's NCCL fallback runs only with NVLink multicast off (symm-ops refuses it otherwise).
-            .env(
-                "NCCL_NVLS_ENABLE",
-                std::env::var("NCCL_NVLS_ENABLE").unwrap_or_else(|_| "0".into()),
-            )
-            .env("MASTER_ADDR", master.ip().to_string())
-            .env("MASTER_PORT", master.port().to_string())
-            // As torchrun's agent store: the launcher hosts the store, ranks are clients.
-            .env("TORCHELASTIC_USE_AGENT_STORE", "True")
-            .env("SYMM_STORE_HOSTED", "1")
+        let mut cmd = rank_command(exe, args, rank, nproc, master);
+        // symm's NCCL fallback runs only with NVLink multicast off (symm-ops refuses it otherwise).
+        cmd.env("NCCL_NVLS_ENABLE", nvls.as_str())
             .env_remove(CHILD_ENV)
             .env_remove(ISOLATED_ENV)
             .stdin(Stdio::null());
@@ -279,7 +257,7 @@ fn supervise(
         }
         for r in ranks.iter_mut().filter(|r| r.status.is_none()) {
             let st = match r.child.try_wait() {
-                Ok(Some(s)) => status_of(s),
+                Ok(Some(s)) => ChildStatus::from(s),
                 Ok(None) => continue,
                 Err(_) => ChildStatus::Exited(-1),
             };

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use super::meta::{mode_text, Meta};
 use super::panel::{empty_panel, x_range, y_range, Panel, YScale, CELL_W, ML, PW, ROW_H};
 use super::records::{modes_of, ordered, series_name, Point, AUTO, NCCL, TORCH_NCCL, TORCH_SYMM};
-use super::style::{comparison_style, Style};
+use super::style::{comparison_style, Style, NCCL_COLOR};
 use super::svg::{header, legend_row, text_w, Svg};
 
 /// One line of the comparison figure.
@@ -35,14 +35,31 @@ pub struct OpComparison {
 
 /// Sorted (bytes, time) of the positive points; the fastest time where a size repeats.
 fn curve<'a>(pts: impl Iterator<Item = &'a Point>) -> Vec<(f64, f64)> {
+    // Keyed by the bits of a positive size, which sort as the sizes do.
     let mut by: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
     for p in pts.filter(|p| p.bytes > 0.0 && p.time_us > 0.0) {
         let e = by.entry(p.bytes.to_bits()).or_insert((p.bytes, p.time_us));
         e.1 = e.1.min(p.time_us);
     }
-    let mut v: Vec<(f64, f64)> = by.into_values().collect();
-    v.sort_by(|a, b| a.0.total_cmp(&b.0));
-    v
+    by.into_values().collect()
+}
+
+/// A latency line per mode of the points of `in_op` whose algorithm `pick`
+/// selects, labelled `name (mode)`; graph first.
+fn lines(in_op: &[&Point], name: &str, pick: impl Fn(&str) -> bool) -> Vec<Line> {
+    let mine: Vec<&Point> = in_op.iter().copied().filter(|p| pick(&p.algo)).collect();
+    modes_of(mine.iter().copied())
+        .into_iter()
+        .filter_map(|mode| {
+            let xy = curve(mine.iter().copied().filter(|p| p.mode == mode));
+            (!xy.is_empty()).then(|| Line {
+                algo: name.into(),
+                label: series_name(name, mode.as_deref()),
+                mode,
+                xy,
+            })
+        })
+        .collect()
 }
 
 fn is_torch_symm(algo: &str) -> bool {
@@ -64,50 +81,22 @@ pub fn comparison(pts: &[Point]) -> Vec<OpComparison> {
         let mut ratio = Vec::new();
         let contenders: [(&str, Pick); 2] = [(AUTO, |a| a == AUTO), (TORCH_SYMM, is_torch_symm)];
         for (name, pick) in contenders {
-            let mine: Vec<&Point> = in_op.iter().copied().filter(|p| pick(&p.algo)).collect();
-            for mode in modes_of(mine.iter().copied()) {
-                let xy = curve(mine.iter().copied().filter(|p| p.mode == mode));
-                if xy.is_empty() {
-                    continue;
-                }
-                let label = series_name(name, mode.as_deref());
+            for l in lines(&in_op, name, pick) {
                 if let Some(r) = &reference {
-                    let base = curve(in_op.iter().copied().filter(|p| &p.algo == r && p.mode == mode));
-                    let rxy: Vec<(f64, f64)> = xy
-                        .iter()
-                        .filter_map(|(b, t)| base.iter().find(|(rb, _)| rb == b).map(|(_, rt)| (*b, t / rt)))
-                        .collect();
+                    let base = curve(in_op.iter().copied().filter(|p| &p.algo == r && p.mode == l.mode));
+                    let rxy: Vec<(f64, f64)> =
+                        l.xy.iter()
+                            .filter_map(|(b, t)| base.iter().find(|(rb, _)| rb == b).map(|(_, rt)| (*b, t / rt)))
+                            .collect();
                     if !rxy.is_empty() {
-                        ratio.push(Line {
-                            algo: name.into(),
-                            mode: mode.clone(),
-                            label: label.clone(),
-                            xy: rxy,
-                        });
+                        ratio.push(Line { xy: rxy, ..l.clone() });
                     }
                 }
-                latency.push(Line {
-                    algo: name.into(),
-                    mode,
-                    label,
-                    xy,
-                });
+                latency.push(l);
             }
         }
         if let Some(r) = &reference {
-            let mine: Vec<&Point> = in_op.iter().copied().filter(|p| &p.algo == r).collect();
-            for mode in modes_of(mine.iter().copied()) {
-                let xy = curve(mine.iter().copied().filter(|p| p.mode == mode));
-                if !xy.is_empty() {
-                    let label = series_name(r, mode.as_deref());
-                    latency.push(Line {
-                        algo: r.clone(),
-                        mode,
-                        label,
-                        xy,
-                    });
-                }
-            }
+            latency.extend(lines(&in_op, r, |a| a == r));
         }
         out.push(OpComparison {
             op,
@@ -167,20 +156,13 @@ pub fn comparison_svg(pts: &[Point], meta: &Meta) -> String {
     if legend.iter().any(|(l, _)| l.starts_with(TORCH_SYMM)) {
         sub.push("torch symm_mem = the faster of PyTorch's symmetric-memory implementations at each size.".into());
     }
-    // Measure the header first to size the document.
-    let mut probe = Svg::new(width, 100.0);
-    let top_y = header(&mut probe, width, &title, &sub);
-    let mut probe_legend = Svg::new(width, 100.0);
-    let legend_h = legend_row(&mut probe_legend, 14.0, 0.0, width - 28.0, &legend);
-    let rows_y = top_y + legend_h + 10.0;
+    let mut s = Svg::new(width);
+    let y = header(&mut s, &title, &sub);
+    let rows_y = legend_row(&mut s, 14.0, y, width - 28.0, &legend) + 10.0;
     let height = rows_y + ROW_H * nrows as f64 + 10.0;
-
-    let mut s = Svg::new(width, height);
-    let y = header(&mut s, width, &title, &sub);
-    legend_row(&mut s, 14.0, y, width - 28.0, &legend);
     if cmp.is_empty() {
         s.text(14.0, rows_y + 20.0, "", "no data points");
-        return s.finish();
+        return s.finish(height);
     }
     for (k, c) in cmp.iter().enumerate() {
         let (row, col) = if any_ref { (k, 0) } else { (k / 2, k % 2) };
@@ -250,7 +232,7 @@ pub fn comparison_svg(pts: &[Point], meta: &Meta) -> String {
         let y1 = p.ya.map(1.0);
         let _ = writeln!(
             s.o,
-            r##"<g class="ref-line" data-value="1"><line x1="{x1:.1}" y1="{y1:.1}" x2="{:.1}" y2="{y1:.1}" stroke="#222222" stroke-width="1.6"/><text x="{:.1}" y="{:.1}" font-size="12" font-weight="bold" fill="#222222">NCCL</text></g>"##,
+            r#"<g class="ref-line" data-value="1"><line x1="{x1:.1}" y1="{y1:.1}" x2="{:.1}" y2="{y1:.1}" stroke="{NCCL_COLOR}" stroke-width="1.6"/><text x="{:.1}" y="{:.1}" font-size="12" font-weight="bold" fill="{NCCL_COLOR}">NCCL</text></g>"#,
             x1 + PW,
             x1 + PW + 4.0,
             y1 + 4.0
@@ -260,7 +242,7 @@ pub fn comparison_svg(pts: &[Point], meta: &Meta) -> String {
             p.series(&mut s, &l.label, &format!("{}: {} / {r}", c.op, l.label), &l.xy, &st);
         }
     }
-    s.finish()
+    s.finish(height)
 }
 
 #[cfg(test)]

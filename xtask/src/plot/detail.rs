@@ -10,10 +10,16 @@ use super::svg::{header, text_w, Svg};
 /// The value a panel plots for a point.
 type Getter = fn(&Point) -> Option<f64>;
 
+/// (bytes, value) of the points with a positive size and value.
+fn xy_of<'a>(pts: impl Iterator<Item = &'a Point>, get: Getter) -> Vec<(f64, f64)> {
+    pts.filter_map(|p| get(p).map(|y| (p.bytes, y)))
+        .filter(|(x, y)| *x > 0.0 && *y > 0.0)
+        .collect()
+}
+
 /// The detail figure: every (algorithm, mode) series, latency and busbw.
 pub fn detail_svg(pts: &[Point], meta: &Meta) -> String {
     let styles = detail_styles(pts);
-    let style_of = |series: &str| styles.iter().find(|(s, _)| s == series).map(|(_, st)| *st);
     let ops = ordered(pts.iter().map(|p| p.op.clone()));
     let legend_w = styles.iter().map(|(s, _)| 44.0 + text_w(s, 12.0)).fold(160.0, f64::max) + 16.0;
     let width = 2.0 * CELL_W + legend_w;
@@ -35,19 +41,17 @@ pub fn detail_svg(pts: &[Point], meta: &Meta) -> String {
          Hover a line for its name.",
         mode_text(pts)
     ));
-    let mut probe = Svg::new(width, 100.0);
-    let rows_y = header(&mut probe, width, "", &sub) + 8.0;
-    let height = rows_y + row_h.iter().sum::<f64>().max(ROW_H) + 10.0;
-    let mut s = Svg::new(width, height);
     let title = if run.is_empty() {
         "symm benchmark: every algorithm".to_string()
     } else {
         format!("symm benchmark: every algorithm — {run}")
     };
-    header(&mut s, width, &title, &sub);
+    let mut s = Svg::new(width);
+    let rows_y = header(&mut s, &title, &sub) + 8.0;
+    let height = rows_y + row_h.iter().sum::<f64>().max(ROW_H) + 10.0;
     if pts.is_empty() {
         s.text(14.0, rows_y + 20.0, "", "no data points");
-        return s.finish();
+        return s.finish(height);
     }
     let mut y0 = rows_y;
     for (row, op) in ops.iter().enumerate() {
@@ -60,11 +64,7 @@ pub fn detail_svg(pts: &[Point], meta: &Meta) -> String {
         for (col, (name, get)) in panels.iter().enumerate() {
             let x0 = CELL_W * col as f64 + ML;
             let title = format!("{op} — {name}");
-            let vals: Vec<(f64, f64)> = in_op
-                .iter()
-                .filter_map(|p| get(p).map(|y| (p.bytes, y)))
-                .filter(|(x, y)| *x > 0.0 && *y > 0.0)
-                .collect();
+            let vals = xy_of(in_op.iter().copied(), *get);
             let (Some(xr), Some(yr)) = (x_range(vals.iter()), y_range(vals.iter())) else {
                 empty_panel(&mut s, x0, top, &title, "no data");
                 continue;
@@ -72,12 +72,7 @@ pub fn detail_svg(pts: &[Point], meta: &Meta) -> String {
             let p = Panel::draw(&mut s, x0, top, &title, xr, yr, YScale::Decades);
             // auto and nccl last, on top of the others.
             for (series, st) in styles.iter().rev() {
-                let mine: Vec<&Point> = in_op.iter().copied().filter(|p| &p.series == series).collect();
-                let mut xy: Vec<(f64, f64)> = mine
-                    .iter()
-                    .filter_map(|p| get(p).map(|y| (p.bytes, y)))
-                    .filter(|(x, y)| *x > 0.0 && *y > 0.0)
-                    .collect();
+                let mut xy = xy_of(in_op.iter().copied().filter(|p| &p.series == series), *get);
                 xy.sort_by(|a, b| a.0.total_cmp(&b.0));
                 p.series(&mut s, series, &format!("{op}: {series}"), &xy, st);
             }
@@ -85,19 +80,17 @@ pub fn detail_svg(pts: &[Point], meta: &Meta) -> String {
         // Legend of this row.
         let lx = 2.0 * CELL_W + 4.0;
         let mut ly = top + 8.0;
-        for (series, _) in &styles {
+        for (series, st) in &styles {
             if !in_op.iter().any(|p| &p.series == series) {
                 continue;
             }
-            if let Some(st) = style_of(series) {
-                s.swatch(lx, ly, &st);
-                s.text(lx + 38.0, ly + 4.0, r#" font-size="12""#, series);
-                ly += LINE_H;
-            }
+            s.swatch(lx, ly, st);
+            s.text(lx + 38.0, ly + 4.0, r#" font-size="12""#, series);
+            ly += LINE_H;
         }
         y0 += row_h.get(row).copied().unwrap_or(ROW_H);
     }
-    s.finish()
+    s.finish(height)
 }
 
 #[cfg(test)]

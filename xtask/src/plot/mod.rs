@@ -118,7 +118,7 @@ pub fn plot_file(json: &Path, anchors_json: Option<&Path>, svg_path: &Path) -> R
         }
         anc.world = anc.world.or(more.world);
         if anc.versions.is_empty() {
-            anc.versions = more.versions.clone();
+            anc.versions = more.versions;
         }
         anc.points.extend(more.points);
         meta.anchors = Some(file_name(a));
@@ -132,7 +132,7 @@ pub fn plot_file(json: &Path, anchors_json: Option<&Path>, svg_path: &Path) -> R
                 ));
             }
         }
-        let name = meta.anchors.clone().unwrap_or_else(|| file_name(json));
+        let name = meta.anchors.take().unwrap_or_else(|| file_name(json));
         meta.anchors = Some(if anc.versions.is_empty() {
             name
         } else {
@@ -260,26 +260,27 @@ mod tests {
             .collect()
     }
 
-    /// A fresh temporary folder for one test.
-    pub(super) fn tmp(name: &str) -> PathBuf {
+    /// A fresh temporary folder for one test, holding `file` with `text` in it:
+    /// (folder, file).
+    pub(super) fn tmp_file(name: &str, file: &str, text: &str) -> (PathBuf, PathBuf) {
         let d = std::env::temp_dir().join(format!("xtask-plot-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
-        d
+        let f = d.join(file);
+        std::fs::write(&f, text).unwrap();
+        (d, f)
     }
 
     #[test]
     fn plot_file_writes_both_figures_and_checks_the_anchors() {
-        let d = tmp("files");
-        let json = d.join("run.json");
-        std::fs::write(
-            &json,
+        let (d, json) = tmp_file(
+            "files",
+            "run.json",
             r#"{"tool": "symm-bench", "backend": "2 x GPU", "world": 2, "results": [
                 {"op":"all_reduce","algo":"auto","mode":"graph","bytes":1024,"time_us":2.5,"busbw":0.4,"ok":true},
                 {"op":"all_reduce","algo":"nccl","mode":"graph","bytes":1024,"time_us":6.0,"busbw":0.2,"ok":true},
                 {"op":"all_reduce","algo":"one_shot","mode":"graph","bytes":1024,"time_us":3.0,"ok":false}]}"#,
-        )
-        .unwrap();
+        );
         let svg = d.join("out.svg");
         let r = plot_file(&json, None, &svg).unwrap();
         assert_eq!((r.points, r.failed), (2, 1));

@@ -37,32 +37,28 @@ pub fn note_svg(title: &str, note: &[String], tables: &[Table]) -> String {
             })
             .collect()
     };
-    let widest = tables
-        .iter()
-        .map(|t| table_w(&t.cols, &t.rows).iter().sum::<f64>())
-        .fold(0.0, f64::max);
+    let widths: Vec<Vec<f64>> = tables.iter().map(|t| table_w(&t.cols, &t.rows)).collect();
+    let widest = widths.iter().map(|ws| ws.iter().sum::<f64>()).fold(0.0, f64::max);
     let width = (widest + 40.0).clamp(720.0, 1800.0);
-    let mut probe = Svg::new(width, 100.0);
-    let below = header(&mut probe, width, "", note);
+    let mut s = Svg::new(width);
+    let below = header(&mut s, title, note);
     let height = below
         + 20.0
         + tables
             .iter()
             .map(|t| 40.0 + 18.0 * (t.rows.len() + 1) as f64)
             .sum::<f64>();
-    let mut s = Svg::new(width, height);
-    let mut y = header(&mut s, width, title, note) + 16.0;
-    for Table { name, cols, rows } in tables {
+    let mut y = below + 16.0;
+    for (Table { name, cols, rows }, ws) in tables.iter().zip(&widths) {
         s.text(14.0, y, r#" font-size="13" font-weight="bold""#, name);
         y += 10.0;
-        let ws = table_w(cols, rows);
         let total: f64 = ws.iter().sum();
         let _ = writeln!(
             s.o,
             r##"<rect x="14" y="{y:.1}" width="{total:.1}" height="18" fill="#e4e4e4" stroke="none"/>"##
         );
         let mut x = 14.0;
-        for (c, w) in cols.iter().zip(&ws) {
+        for (c, w) in cols.iter().zip(ws) {
             s.text(x + 6.0, y + 13.0, r#" font-size="12" font-weight="bold""#, c);
             x += w;
         }
@@ -75,7 +71,7 @@ pub fn note_svg(title: &str, note: &[String], tables: &[Table]) -> String {
                 );
             }
             let mut x = 14.0;
-            for (c, w) in r.iter().zip(&ws) {
+            for (c, w) in r.iter().zip(ws) {
                 s.text(x + 6.0, y + 13.0, r#" font-size="12""#, c);
                 x += w;
             }
@@ -83,7 +79,7 @@ pub fn note_svg(title: &str, note: &[String], tables: &[Table]) -> String {
         }
         y += 22.0;
     }
-    s.finish()
+    s.finish(height)
 }
 
 /// The arrays of flat objects at the top of `v` (e.g. symm-bench's `setup`),
@@ -198,19 +194,17 @@ pub(super) fn plot_note(
 #[cfg(test)]
 mod tests {
     use crate::plot::plot_file;
-    use crate::plot::tests::tmp;
+    use crate::plot::tests::tmp_file;
 
     #[test]
     fn probe_only_json_gives_a_note_not_an_error() {
-        let d = tmp("probe");
-        let json = d.join("bench.json");
-        std::fs::write(
-            &json,
+        let (d, json) = tmp_file(
+            "probe",
+            "bench.json",
             r#"{"tool": "symm-bench", "backend": "2 x NVIDIA H200", "world": 2, "dtype": "bf16", "redop": "sum",
                 "rounds": 7, "results": [], "setup": [
                 {"what": "symmetric alloc + rendezvous", "size_bytes": 1048576, "median_ms": 0.404}]}"#,
-        )
-        .unwrap();
+        );
         // a stale detail figure from an earlier run goes
         std::fs::write(d.join("bench-detail.svg"), "<svg/>").unwrap();
         let svg = d.join("bench.svg");

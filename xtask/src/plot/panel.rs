@@ -23,19 +23,28 @@ pub(super) struct Panel {
     pub(super) ya: LogAxis,
 }
 
+/// (min, max) of the positive finite values, None when there are none.
+fn range(vals: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
+    vals.filter(|v| *v > 0.0 && v.is_finite())
+        .fold(None, |acc, v| match acc {
+            None => Some((v, v)),
+            Some((a, b)) => Some((a.min(v), b.max(v))),
+        })
+}
+
 /// The x range of a set of lines (sizes).
 pub(super) fn x_range<'a>(xy: impl Iterator<Item = &'a (f64, f64)>) -> Option<(f64, f64)> {
-    xy.map(|p| p.0)
-        .filter(|x| *x > 0.0 && x.is_finite())
-        .fold(None, |acc, x| match acc {
-            None => Some((x, x)),
-            Some((a, b)) => Some((a.min(x), b.max(x))),
-        })
+    range(xy.map(|p| p.0))
 }
 
 /// The y range of a set of lines (values).
 pub(super) fn y_range<'a>(xy: impl Iterator<Item = &'a (f64, f64)>) -> Option<(f64, f64)> {
-    x_range(xy.map(|p| (p.1, p.0)).collect::<Vec<_>>().iter())
+    range(xy.map(|p| p.1))
+}
+
+/// A panel's title, above its frame.
+fn draw_title(s: &mut Svg, x0: f64, top: f64, title: &str) {
+    s.text(x0, top - 9.0, r#" font-size="13" font-weight="bold""#, title);
 }
 
 #[derive(Clone, Copy)]
@@ -59,7 +68,7 @@ impl Panel {
         (ymin, ymax): (f64, f64),
         scale: YScale,
     ) -> Panel {
-        s.text(x0, top - 9.0, r#" font-size="13" font-weight="bold""#, title);
+        draw_title(s, x0, top, title);
         let xa = LogAxis::new(xmin, xmax, x0 + 10.0, x0 + PW - 10.0);
         let (ylo, yhi, yticks): (f64, f64, Vec<(f64, String, bool)>) = match scale {
             YScale::Decades => {
@@ -167,7 +176,7 @@ impl Panel {
 
 /// An empty panel frame with a message.
 pub(super) fn empty_panel(s: &mut Svg, x0: f64, top: f64, title: &str, msg: &str) {
-    s.text(x0, top - 9.0, r#" font-size="13" font-weight="bold""#, title);
+    draw_title(s, x0, top, title);
     let _ = writeln!(
         s.o,
         r##"<rect x="{x0}" y="{top}" width="{PW}" height="{PH}" fill="#fafafa" stroke="#999"/>"##

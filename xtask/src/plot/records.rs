@@ -127,8 +127,11 @@ fn is_anchor_row(v: &Value) -> bool {
     })
 }
 
+/// The tables of an anchors document that hold anchor rows.
+const ANCHOR_TABLES: [&str; 2] = ["rows", "gather_scatter"];
+
 fn is_anchor_doc(o: &Map<String, Value>) -> bool {
-    ["rows", "gather_scatter"].iter().any(|k| {
+    ANCHOR_TABLES.iter().any(|k| {
         o.get(*k)
             .and_then(Value::as_array)
             .is_some_and(|a| a.iter().any(is_anchor_row))
@@ -192,7 +195,7 @@ pub fn anchors(v: &Value) -> Anchors {
             let n = text(d, &["nccl"]).map(|n| format!("NCCL {n}"));
             a.versions = [t, n].into_iter().flatten().collect::<Vec<_>>().join(", ");
         }
-        for key in ["rows", "gather_scatter"] {
+        for key in ANCHOR_TABLES {
             for row in d.get(key).and_then(Value::as_array).into_iter().flatten() {
                 let Some(o) = row.as_object() else { continue };
                 let Some(bytes) = num(o, &["bytes"]) else { continue };
@@ -230,7 +233,7 @@ pub(super) fn ordered<T: PartialEq>(items: impl Iterator<Item = T>) -> Vec<T> {
 }
 
 /// Graph first, then eager, then the other modes, then none.
-pub(super) fn mode_rank(m: &Option<String>) -> usize {
+fn mode_rank(m: &Option<String>) -> usize {
     match m.as_deref() {
         Some("graph") => 0,
         Some("eager") => 1,

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use super::records::{mode_rank, ordered, series_name, Point, AUTO, NCCL, TORCH_SYMM};
+use super::records::{modes_of, ordered, series_name, Point, AUTO, NCCL, TORCH_SYMM};
 
 /// A marker shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -76,7 +76,7 @@ impl Style {
 /// alone; the other algorithms take the others in turn (Tableau 10 and a few
 /// more, told apart by marker too when they wrap).
 const AUTO_COLOR: &str = "#1f77b4";
-const NCCL_COLOR: &str = "#222222";
+pub(super) const NCCL_COLOR: &str = "#222222";
 const OTHER_COLORS: &[&str] = &[
     "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#17becf", "#8c564b", "#e377c2", "#bcbd22", "#7f7f7f", "#393b79",
     "#637939", "#7b4173", "#e7ba52",
@@ -124,8 +124,7 @@ pub fn detail_styles(pts: &[Point]) -> Vec<(String, Style)> {
     let mut out = Vec::new();
     let mut others = 0usize;
     for algo in &algos {
-        let mut modes = ordered(pts.iter().filter(|p| &p.algo == algo).map(|p| p.mode.clone()));
-        modes.sort_by_key(mode_rank);
+        let modes = modes_of(pts.iter().filter(|p| &p.algo == algo));
         let (color, marker) = match algo.as_str() {
             AUTO => (AUTO_COLOR, Marker::Circle),
             NCCL => (NCCL_COLOR, Marker::Square),
@@ -179,9 +178,9 @@ pub fn detail_styles(pts: &[Point]) -> Vec<(String, Style)> {
 /// dash and fill by mode.
 pub(super) fn comparison_style(algo: &str, mode: Option<&str>) -> Style {
     let (color, marker, width) = match algo {
-        AUTO => ("#1f77b4", Marker::Circle, 2.4),
+        AUTO => (AUTO_COLOR, Marker::Circle, 2.4),
         TORCH_SYMM => ("#ff7f0e", Marker::TriangleUp, 2.0),
-        _ => ("#222222", Marker::Square, 2.0),
+        _ => (NCCL_COLOR, Marker::Square, 2.0),
     };
     let (dash, filled) = mode_look(mode, &[]);
     Style {

@@ -7,20 +7,19 @@ use super::style::{Marker, Style};
 
 const FONT: &str = "DejaVu Sans, Helvetica, Arial, sans-serif";
 
-/// An SVG document being written.
+/// An SVG document being written: the body first, its height (known once the
+/// body is laid out) at [`Svg::finish`].
 pub(super) struct Svg {
     pub(super) o: String,
+    width: f64,
 }
 
 impl Svg {
-    pub(super) fn new(width: f64, height: f64) -> Svg {
-        let mut o = String::new();
-        let _ = writeln!(
-            o,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" font-family="{FONT}" font-size="11">"#
-        );
-        let _ = writeln!(o, r#"<rect width="100%" height="100%" fill="white"/>"#);
-        Svg { o }
+    pub(super) fn new(width: f64) -> Svg {
+        Svg {
+            o: String::new(),
+            width,
+        }
     }
     pub(super) fn text(&mut self, x: f64, y: f64, attrs: &str, s: &str) {
         let _ = writeln!(self.o, r#"<text x="{x:.1}" y="{y:.1}"{attrs}>{}</text>"#, esc(s));
@@ -104,9 +103,18 @@ impl Svg {
         );
         self.marker(st.marker, x + 15.0, y, st);
     }
-    pub(super) fn finish(mut self) -> String {
-        self.o.push_str("</svg>\n");
-        self.o
+    /// The document, `height` pixels high.
+    pub(super) fn finish(self, height: f64) -> String {
+        let width = self.width;
+        let mut o = String::with_capacity(self.o.len() + 400);
+        let _ = writeln!(
+            o,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" font-family="{FONT}" font-size="11">"#
+        );
+        let _ = writeln!(o, r#"<rect width="100%" height="100%" fill="white"/>"#);
+        o.push_str(&self.o);
+        o.push_str("</svg>\n");
+        o
     }
 }
 
@@ -152,10 +160,10 @@ pub(super) fn wrap(s: &str, chars: usize) -> Vec<String> {
 }
 
 /// Title and wrapped subtitle lines; returns the y below them.
-pub(super) fn header(s: &mut Svg, width: f64, title: &str, sub: &[String]) -> f64 {
+pub(super) fn header(s: &mut Svg, title: &str, sub: &[String]) -> f64 {
     s.text(14.0, 26.0, r#" font-size="17" font-weight="bold""#, title);
     let mut y = 46.0;
-    let chars = ((width - 28.0) / (12.0 * 0.56)) as usize;
+    let chars = ((s.width - 28.0) / (12.0 * 0.56)) as usize;
     for para in sub {
         for l in wrap(para, chars.max(20)) {
             s.text(14.0, y, r##" font-size="12" fill="#333""##, &l);
