@@ -59,7 +59,7 @@ use symm_core::{
 
 use crate::driver::mem::memset_d32_async;
 use crate::driver::vmm::{self, AddressRange, Mapping, PhysicalAllocation};
-use crate::driver::{self, bind, from_driver};
+use crate::driver::{self, bind};
 use crate::symm_mem::CudaSymmetricMemory;
 
 /// Name of the backend in the registry.
@@ -138,7 +138,7 @@ pub(crate) struct LocalMemory {
     pub(crate) total: usize,
     pub(crate) granularity: usize,
     pub(crate) mapping: Mapping,
-    /// Non-blocking stream for the blocking operations of this allocation.
+    /// The device's control stream (NOTE [stream-budget]): setup copies and control words.
     pub(crate) stream: Arc<CudaStream>,
     /// Unique in this process: names the allocation in the thread table.
     pub(crate) key: u64,
@@ -385,7 +385,7 @@ impl CudaAllocation {
         let phys = Arc::new(PhysicalAllocation::create(ordinal, total)?);
         let range = Arc::new(AddressRange::reserve(total, granularity)?);
         let mapping = Mapping::map(range, phys.clone(), &[ordinal])?;
-        let stream = ctx.new_stream().map_err(|e| from_driver(e, "cuStreamCreate"))?;
+        let stream = crate::streams::control(&ctx)?;
         let local = LocalMemory {
             ctx: ctx.clone(),
             ordinal,

@@ -123,14 +123,25 @@ struct Fns {
 
 /// The side stream and events of the copy-engine paths.
 struct CeState {
-    side: Arc<CudaStream>,
-    /// A second copy stream (the copy-engine two-shot all-reduce pushes on it while `side`
-    /// pulls).
-    side2: Arc<CudaStream>,
+    /// The copy streams: the second one pushes while the first pulls (the copy-engine two-shot
+    /// all-reduce). `None` on a device shared by ranks: the copies run on the op's own stream
+    /// there (NOTE [stream-budget]).
+    sides: Option<(Arc<CudaStream>, Arc<CudaStream>)>,
     fork: CudaEvent,
     join: CudaEvent,
     copied: Vec<CudaEvent>,
     reduced: Vec<CudaEvent>,
+}
+
+impl CeState {
+    /// The stream the copies of an op on `op` run on.
+    fn side<'a>(&'a self, op: &'a CudaStream) -> &'a CudaStream {
+        self.sides.as_ref().map_or(op, |s| &*s.0)
+    }
+    /// The stream the pushes of an op on `op` run on.
+    fn side2<'a>(&'a self, op: &'a CudaStream) -> &'a CudaStream {
+        self.sides.as_ref().map_or(op, |s| &*s.1)
+    }
 }
 
 /// One copy-engine pull-and-reduce ([`CudaCollectives::ce_pull_reduce`]), device addresses.
@@ -399,7 +410,7 @@ impl CudaCollectives {
                 detail: format!("asked {} bytes, got {}", layout.total, alloc.size()),
             });
         }
-        let control = ctx.new_stream().map_err(|e| from_driver(e, "cuStreamCreate"))?;
+        let control = crate::streams::control(ctx)?;
         // Fill STATE/FLAGS with zeros and the Lamport buffers with the sentinel, and wait for it,
         // before this rank publishes its handle in the rendezvous: no peer can write here earlier.
         let ws_local = alloc.ptr();
@@ -423,8 +434,12 @@ impl CudaCollectives {
                 .map_err(|e| from_driver(e, "cuEventCreate"))
         };
         let ce = CeState {
-            side: ctx.new_stream().map_err(|e| from_driver(e, "cuStreamCreate"))?,
-            side2: ctx.new_stream().map_err(|e| from_driver(e, "cuStreamCreate"))?,
+            sides: if cuda.device_sharers() > 1 {
+                None
+            } else {
+                let new_stream = || ctx.new_stream().map_err(|e| from_driver(e, "cuStreamCreate"));
+                Some((new_stream()?, new_stream()?))
+            },
             fork: new_event()?,
             join: new_event()?,
             copied: (0..CE_EVENTS).map(|_| new_event()).collect::<Result<_>>()?,
@@ -914,7 +929,7 @@ impl CudaCollectives {
         let ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
         if ce_elems > 0 {
             ce.fork.record(stream).map_err(|e| from_driver(e, "cuEventRecord"))?;
-            ce.side
+            ce.side(stream)
                 .wait(&ce.fork)
                 .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
         }
@@ -942,7 +957,7 @@ impl CudaCollectives {
             let start = c * chunk;
             let n = chunk.min(ce_elems - start);
             if c >= slots.min(CE_EVENTS) {
-                ce.side
+                ce.side(stream)
                     .wait(&ce.reduced[k])
                     .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
             }
@@ -954,11 +969,11 @@ impl CudaCollectives {
                 }
                 let l = peer_index(self.rank, s, self.world);
                 let scratch = self.ws + (self.layout.ring_off + (k * w1 + l) * chunk_bytes) as u64;
-                dtod_async(&ce.side, scratch, sym.ptrs[s] + (start * es) as u64, n * es)?;
+                dtod_async(ce.side(stream), scratch, sym.ptrs[s] + (start * es) as u64, n * es)?;
                 *src = scratch;
             }
             ce.copied[k]
-                .record(&ce.side)
+                .record(ce.side(stream))
                 .map_err(|e| from_driver(e, "cuEventRecord"))?;
             stream
                 .wait(&ce.copied[k])
@@ -1093,16 +1108,16 @@ impl CudaCollectives {
         let tuning = self.config.tuning;
         let ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
         ce.fork.record(stream).map_err(|e| from_driver(e, "cuEventRecord"))?;
-        ce.side
+        ce.side(stream)
             .wait(&ce.fork)
             .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
         let mut at = 0usize;
         let (chunks, nchunks) = ce_rs_chunks(p.count, dtype, CE_EVENTS);
         for (k, &m) in chunks[..nchunks].iter().enumerate() {
             let off = (at * es) as u64;
-            dtod_async(&ce.side, p.out + off, p.remote + off, m * es)?;
+            dtod_async(ce.side(stream), p.out + off, p.remote + off, m * es)?;
             ce.copied[k]
-                .record(&ce.side)
+                .record(ce.side(stream))
                 .map_err(|e| from_driver(e, "cuEventRecord"))?;
             stream
                 .wait(&ce.copied[k])
@@ -1115,15 +1130,15 @@ impl CudaCollectives {
                 ce.reduced[k]
                     .record(stream)
                     .map_err(|e| from_driver(e, "cuEventRecord"))?;
-                ce.side2
+                ce.side2(stream)
                     .wait(&ce.reduced[k])
                     .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
-                dtod_async(&ce.side2, dst + off, p.out + off, m * es)?;
+                dtod_async(ce.side2(stream), dst + off, p.out + off, m * es)?;
             }
             at += m;
         }
         if p.push_to.is_some() {
-            ce.join.record(&ce.side2).map_err(|e| from_driver(e, "cuEventRecord"))?;
+            ce.join.record(ce.side2(stream)).map_err(|e| from_driver(e, "cuEventRecord"))?;
             stream.wait(&ce.join).map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
         }
         Ok(())
@@ -1476,10 +1491,10 @@ impl CudaCollectives {
         let ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
         let fork = |ce: &CeState| -> Result<()> {
             ce.fork.record(stream).map_err(|e| from_driver(e, "cuEventRecord"))?;
-            ce.side.wait(&ce.fork).map_err(|e| from_driver(e, "cuStreamWaitEvent"))
+            ce.side(stream).wait(&ce.fork).map_err(|e| from_driver(e, "cuStreamWaitEvent"))
         };
         let join = |ce: &CeState| -> Result<()> {
-            ce.join.record(&ce.side).map_err(|e| from_driver(e, "cuEventRecord"))?;
+            ce.join.record(ce.side(stream)).map_err(|e| from_driver(e, "cuEventRecord"))?;
             stream.wait(&ce.join).map_err(|e| from_driver(e, "cuStreamWaitEvent"))
         };
         // Zero-copy, as (check word, per rank s: (destination, source) of its copy).
@@ -1506,7 +1521,7 @@ impl CudaCollectives {
             self.launch_barrier(stream, mask, check)?;
             fork(&ce)?;
             for s in (0..self.world).filter(|&s| s != self.rank) {
-                dtod_async(&ce.side, copies[s].0, copies[s].1, bytes)?;
+                dtod_async(ce.side(stream), copies[s].0, copies[s].1, bytes)?;
             }
             if own != input {
                 dtod_async(stream, own, input, bytes)?;
@@ -1533,7 +1548,7 @@ impl CudaCollectives {
                 self.launch_barrier(stream, mask, check)?;
                 fork(&ce)?;
                 for s in (0..self.world).filter(|&s| s != self.rank) {
-                    dtod_async(&ce.side, output + (s * bytes + off) as u64, ring_base(s) + h, n)?;
+                    dtod_async(ce.side(stream), output + (s * bytes + off) as u64, ring_base(s) + h, n)?;
                 }
                 if own != input {
                     dtod_async(stream, own + off as u64, input + off as u64, n)?;
@@ -1629,9 +1644,11 @@ impl Drop for CudaCollectives {
     fn drop(&mut self) {
         // Ops in flight are bounded by their deadlines; let the side stream finish before the
         // workspace goes away (the caller's streams are the caller's to synchronise).
-        if let Ok(ce) = self.ce.get_mut() {
-            if let Err(e) = driver::stream_synchronize(&ce.side) {
-                eprintln!("symm-cuda collectives: dropping: {e}");
+        if let Ok(CeState { sides: Some((side, side2)), .. }) = self.ce.get_mut() {
+            for s in [side, side2] {
+                if let Err(e) = driver::stream_synchronize(s) {
+                    eprintln!("symm-cuda collectives: dropping: {e}");
+                }
             }
         }
     }

@@ -24,6 +24,8 @@
 //! - [`collectives`]: the collective kernels' host side (Lamport, ring,
 //!   fused zero-copy pull, copy engine, subset barrier; NOTE
 //!   [collectives-protocols] in `kernels/collectives.cu`).
+//! - [`streams`]: the few streams the library creates, shared per device and reused
+//!   (NOTE [stream-budget]).
 //! - [`probe`]: latency probes for the benchmark (`symm-bench --probe`).
 //!
 //! Threads: every rank thread uses the primary context of its device
@@ -39,6 +41,7 @@ pub mod connectivity;
 pub mod driver;
 pub mod kernels;
 pub mod probe;
+pub mod streams;
 pub mod symm_mem;
 
 pub use allocator::{CudaAllocation, CudaAllocator};

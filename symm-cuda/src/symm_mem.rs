@@ -30,8 +30,9 @@ use crate::allocator::LocalMemory;
 use crate::driver::launch::{launch, KernelArg};
 use crate::driver::mem::{dtoh_sync, htod_sync, memset_d32_async, PinnedWords};
 use crate::driver::vmm::Mapping;
-use crate::driver::{self, bind, from_driver};
+use crate::driver::{self, bind};
 use crate::kernels;
+use crate::streams::{self, PooledStream};
 
 /// After a blocking op's device deadline, how long the host waits for the
 /// kernel to finish before it sets the abort word itself.
@@ -59,13 +60,15 @@ struct LastOp {
     timeout: Duration,
 }
 
-/// Streams for blocking operations, each with its own status slot in the
-/// pinned page: each blocking call takes one, so calls from several threads
-/// (on different channels) run concurrently and never see each other's
-/// outcomes.
-struct StreamPool {
-    idle: Vec<(Arc<CudaStream>, usize)>,
-    next_slot: usize,
+/// Status slots for blocking operations (each runs on a stream from the device's pool,
+/// NOTE [stream-budget]): each blocking call takes one slot, so calls from several threads run
+/// concurrently and never see each other's outcomes.
+struct Slots {
+    free: Vec<usize>,
+    next: usize,
+    /// Streams whose blocking operation was still running when it returned (a timeout): kept,
+    /// with their slots, until drop waits for them.
+    draining: Vec<PooledStream>,
 }
 
 pub(crate) struct MemInner {
@@ -83,10 +86,10 @@ pub(crate) struct MemInner {
     pad_ptrs: Vec<u64>,
     /// Word 0: the abort flag kernels poll; words 1..: status slots.
     host_words: PinnedWords,
-    /// Stream for set_abort / check_error / read_signal_pad: never queued
-    /// behind a wait.
+    /// The device's control stream (set_abort / check_error / read_signal_pad): never queued
+    /// behind a wait (NOTE [stream-budget]).
     control: Arc<CudaStream>,
-    pool: Mutex<StreamPool>,
+    slots: Mutex<Slots>,
     fns: Mutex<Option<Arc<SyncFns>>>,
     last_op: Mutex<LastOp>,
 }
@@ -97,10 +100,10 @@ impl Drop for MemInner {
         // let our own streams drain, then fields drop: peer mappings unmap,
         // imported handles release, the pinned page is freed.
         self.host_words.store(ABORT_SLOT, 1);
-        let pool = std::mem::take(&mut self.pool.get_mut().unwrap_or_else(|e| e.into_inner()).idle);
+        let draining = std::mem::take(&mut self.slots.get_mut().unwrap_or_else(|e| e.into_inner()).draining);
         let r = bind(&self.local.ctx).and_then(|()| {
             driver::stream_synchronize(&self.control)?;
-            pool.iter().try_for_each(|(s, _)| driver::stream_synchronize(s))
+            draining.iter().try_for_each(|s| driver::stream_synchronize(s))
         });
         if let Err(e) = r {
             eprintln!("symm-cuda: freeing symmetric memory: {e}");
@@ -160,7 +163,7 @@ impl CudaSymmetricMemory {
         }
         htod_sync(&local.stream, local.meta_ptr(), &table)?;
         let host_words = PinnedWords::new(&local.ctx)?;
-        let control = local.ctx.new_stream().map_err(|e| from_driver(e, "cuStreamCreate"))?;
+        let control = local.stream.clone();
         let mem = CudaSymmetricMemory {
             inner: Arc::new(MemInner {
                 group,
@@ -174,9 +177,10 @@ impl CudaSymmetricMemory {
                 pad_ptrs,
                 host_words,
                 control,
-                pool: Mutex::new(StreamPool {
-                    idle: Vec::new(),
-                    next_slot: ABORT_SLOT + 1,
+                slots: Mutex::new(Slots {
+                    free: Vec::new(),
+                    next: ABORT_SLOT + 1,
+                    draining: Vec::new(),
                 }),
                 fns: Mutex::new(None),
                 last_op: Mutex::new(LastOp {
@@ -407,39 +411,40 @@ impl CudaSymmetricMemory {
         self.launch_wait(stream, s, channel, timeout, 0)
     }
 
-    /// Runs a blocking operation on an idle internal stream with its own
-    /// status slot (both created on demand). The pair goes back to the pool
-    /// only if the stream is idle afterwards.
+    /// Runs a blocking operation on a stream from the device's pool with its own status slot.
+    /// The slot is reused only if the stream is idle afterwards; otherwise both are kept until
+    /// drop waits for them.
     fn with_stream<R>(&self, f: impl FnOnce(&Arc<CudaStream>, usize) -> Result<R>) -> Result<R> {
         bind(self.context())?;
-        let (stream, slot) = {
-            let mut pool = self.inner.pool.lock().unwrap_or_else(|e| e.into_inner());
-            match pool.idle.pop() {
-                Some(p) => p,
+        let slot = {
+            let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
+            match slots.free.pop() {
+                Some(s) => s,
+                None if slots.next < PinnedWords::LEN => {
+                    slots.next += 1;
+                    slots.next - 1
+                }
                 None => {
-                    if pool.next_slot >= PinnedWords::LEN {
-                        return Err(Error::InvalidArgument(format!(
-                            "more than {} blocking operations at once on one symmetric memory",
-                            PinnedWords::LEN - 1
-                        )));
-                    }
-                    let stream = self
-                        .context()
-                        .new_stream()
-                        .map_err(|e| from_driver(e, "cuStreamCreate"))?;
-                    pool.next_slot += 1;
-                    (stream, pool.next_slot - 1)
+                    return Err(Error::InvalidArgument(format!(
+                        "more than {} blocking operations at once on one symmetric memory",
+                        PinnedWords::LEN - 1
+                    )))
                 }
             }
         };
+        let stream = match streams::pooled(self.context()) {
+            Ok(s) => s,
+            Err(e) => {
+                self.inner.slots.lock().unwrap_or_else(|e| e.into_inner()).free.push(slot);
+                return Err(e);
+            }
+        };
         let r = f(&stream, slot);
+        let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
         if matches!(driver::stream_query(&stream), Ok(true)) {
-            self.inner
-                .pool
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .idle
-                .push((stream, slot));
+            slots.free.push(slot);
+        } else {
+            slots.draining.push(stream);
         }
         r
     }

@@ -217,7 +217,9 @@ impl Buf {
 struct Env {
     ctx: RankCtx,
     cuda: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+    /// From the device's pool: ranks sharing a GPU keep the process's streams few and unchurned
+    /// (NOTE [stream-budget]).
+    stream: symm_cuda::streams::PooledStream,
     calls: AtomicUsize,
     started: Instant,
 }
@@ -225,7 +227,7 @@ struct Env {
 impl Env {
     fn new(ctx: RankCtx) -> TestResult<Env> {
         let cuda = symm_cuda::driver::context(ctx.gpu())?;
-        let stream = cuda.new_stream()?;
+        let stream = symm_cuda::streams::pooled(&cuda)?;
         Ok(Env {
             ctx,
             cuda,
@@ -1100,7 +1102,7 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
                 return Err(format!("eager op {j} before the graph is wrong").into());
             }
         }
-        let cap = env.cuda.new_stream()?;
+        let cap = symm_cuda::streams::pooled(&env.cuda)?;
         cap.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
         issue(&cap)?;
         let graph = cap

@@ -265,7 +265,7 @@ fn body_killed(ctx: &RankCtx) -> TestResult {
     if ctx.rank == VICTIM {
         // Spin on the GPU (a wait nobody will satisfy), then die with the
         // kernel in flight and the peer's memory mapped.
-        let s = cm.context().new_stream()?;
+        let s = symm_cuda::streams::pooled(cm.context())?;
         cm.wait_signal_on(&s, m.rank().peer(0)?, ch(2), Duration::from_secs(30))?;
         ctx.barrier("victim-spinning", T)?;
         std::thread::sleep(Duration::from_millis(200));
@@ -378,7 +378,7 @@ fn body_stream_ordered(ctx: RankCtx) -> TestResult<String> {
     let (me, peer) = (ctx.rank, 1 - ctx.rank);
     let (_g, _a, m) = memory(&ctx, "stream-ordered", 1 << 20)?;
     let cm = cuda(&m)?;
-    let s = cm.context().new_stream()?;
+    let s = symm_cuda::streams::pooled(cm.context())?;
     let pr = m.rank().peer(peer)?;
     // Eager barriers on a stream: one host sync at the end.
     cm.barrier_on(&s, ch(3), T)?; // loads the kernels

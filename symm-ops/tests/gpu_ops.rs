@@ -19,7 +19,8 @@
 mod common;
 
 use std::cell::Cell;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -67,10 +68,11 @@ fn progress(rc: &RankCtx, test: &str, what: &str) {
 struct Rig {
     stream: Arc<CudaStream>,
     comm: Communicator,
-    _ctx: Arc<CudaContext>,
     rc: RankCtx,
     name: String,
     readies: Cell<usize>,
+    /// Last, so it drops after every other holder of the stream and goes back to the pool.
+    _pooled: symm_ops::symm_cuda::streams::PooledStream,
 }
 
 impl Rig {
@@ -85,26 +87,40 @@ impl Rig {
 
 fn rig(rc: &RankCtx, name: &str, config: CommConfig) -> TestResult<Rig> {
     symm_ops::link();
-    let ctx = CudaContext::new(rc.gpu())?;
-    // SAFETY: every cudarc buffer of these tests is used on `stream` only
-    // (the host reads results after synchronising it), so cudarc's
-    // cross-stream events are not needed; without them the ops can be
-    // captured in a CUDA graph (a capturing stream may not wait on events
-    // recorded outside the capture).
-    unsafe { ctx.disable_event_tracking() };
-    let stream = ctx.new_stream()?;
+    let pooled = symm_ops::symm_cuda::streams::pooled(&test_context(rc.gpu())?)?;
+    let stream = pooled.stream().clone();
     let group = rc.group(&rc.unique(name))?;
     let comm = Communicator::with_stream(&group, stream.clone(), config)?;
     let rig = Rig {
         stream,
         comm,
-        _ctx: ctx,
         rc: rc.clone(),
         name: rc.unique(name),
         readies: Cell::new(0),
+        _pooled: pooled,
     };
     rig.ready()?;
     Ok(rig)
+}
+
+/// One context object per GPU for the whole test process, so that rank streams come from one
+/// pool and the process's stream count stays flat (NOTE [stream-budget]).
+fn test_context(ordinal: usize) -> TestResult<Arc<CudaContext>> {
+    static CTXS: OnceLock<Mutex<HashMap<usize, Arc<CudaContext>>>> = OnceLock::new();
+    let mut map = CTXS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(c) = map.get(&ordinal) {
+        c.bind_to_thread()?;
+        return Ok(c.clone());
+    }
+    let ctx = CudaContext::new(ordinal)?;
+    // SAFETY: every cudarc buffer of these tests is used on its rank's stream only
+    // (the host reads results after synchronising it), so cudarc's
+    // cross-stream events are not needed; without them the ops can be
+    // captured in a CUDA graph (a capturing stream may not wait on events
+    // recorded outside the capture).
+    unsafe { ctx.disable_event_tracking() };
+    map.insert(ordinal, ctx.clone());
+    Ok(ctx)
 }
 
 /// A view of `n` elements of this rank's part of a symmetric tensor.
