@@ -15,15 +15,23 @@
 //! - on a device shared by ranks, no copy-engine side streams (the copies run on the op's own
 //!   stream; their overlap buys nothing on one GPU).
 //!
+//! Host copies: the driver serialises a thread's pageable host copy with other threads' launches
+//! into the same context, and such a copy first waits for the work queued before it on its
+//! stream. When that work is a collective waiting for a peer whose thread is the one held up in
+//! its launch, the ranks deadlock until the device timeout (NOTE [pageable-copies]).
+//! [`HostCopies`] waits for the stream on the host first (polling, no driver lock held), then
+//! copies: rank threads of one process use it, or pinned memory, for every host copy.
+//!
 //! [`pooled`] is public so that a program with many ranks on one GPU (the test suites) can take
 //! its rank streams from the same pool and keep the process's stream count flat as well.
 
 use std::collections::HashMap;
 use std::ops::Deref;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaContext, CudaStream};
-use symm_core::Result;
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, HostSlice};
+use symm_core::{Error, Result};
 
 use crate::driver::{self, from_driver};
 
@@ -107,5 +115,102 @@ impl Drop for PooledStream {
         if let Some(d) = t.get_mut(&key) {
             d.idle.push(self.stream.clone());
         }
+    }
+}
+
+/// Host polling of a stream: spin for a while, then sleep between queries.
+pub(crate) struct Backoff {
+    start: Instant,
+}
+
+impl Backoff {
+    const SPIN_FOR: Duration = Duration::from_micros(200);
+    const SLEEP: Duration = Duration::from_micros(50);
+
+    pub(crate) fn new() -> Backoff {
+        Backoff { start: Instant::now() }
+    }
+    /// When polling started.
+    pub(crate) fn start(&self) -> Instant {
+        self.start
+    }
+    /// One pause between two queries.
+    pub(crate) fn pause(&self) {
+        if self.start.elapsed() < Self::SPIN_FOR {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(Self::SLEEP);
+        }
+    }
+}
+
+/// Waits on the host until every operation queued on `stream` finished (polling
+/// `cuStreamQuery`, which holds no lock while the GPU works), or [`Error::Timeout`] after
+/// `timeout`; an operation that failed gives its error.
+pub fn wait_idle(stream: &CudaStream, timeout: Duration) -> Result<()> {
+    let b = Backoff::new();
+    loop {
+        if driver::stream_query(stream)? {
+            return Ok(());
+        }
+        if b.start().elapsed() >= timeout {
+            return Err(Error::Timeout {
+                what: "waiting for a stream before a host copy".into(),
+                timeout,
+            });
+        }
+        b.pause();
+    }
+}
+
+/// How long [`HostCopies`] waits for the stream's earlier work. The library's own kernels stop
+/// at their deadlines (seconds); this only bounds a user kernel that never ends.
+pub const HOST_COPY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// cudarc's host copies, each after the stream went idle ([`wait_idle`], at most
+/// [`HOST_COPY_TIMEOUT`]): safe for rank threads of one process (NOTE [pageable-copies]).
+pub trait HostCopies {
+    /// `clone_dtoh` after the stream went idle.
+    fn synced_clone_dtoh<T: DeviceRepr, Src: DevicePtr<T>>(&self, src: &Src) -> Result<Vec<T>>;
+    /// `memcpy_dtoh` after the stream went idle.
+    fn synced_memcpy_dtoh<T: DeviceRepr, Src: DevicePtr<T>, Dst: HostSlice<T> + ?Sized>(
+        &self,
+        src: &Src,
+        dst: &mut Dst,
+    ) -> Result<()>;
+    /// `clone_htod` after the stream went idle.
+    fn synced_clone_htod<T: DeviceRepr, Src: HostSlice<T> + ?Sized>(&self, src: &Src) -> Result<CudaSlice<T>>;
+    /// `memcpy_htod` after the stream went idle.
+    fn synced_memcpy_htod<T: DeviceRepr, Src: HostSlice<T> + ?Sized, Dst: DevicePtrMut<T>>(
+        &self,
+        src: &Src,
+        dst: &mut Dst,
+    ) -> Result<()>;
+}
+
+impl HostCopies for Arc<CudaStream> {
+    fn synced_clone_dtoh<T: DeviceRepr, Src: DevicePtr<T>>(&self, src: &Src) -> Result<Vec<T>> {
+        wait_idle(self, HOST_COPY_TIMEOUT)?;
+        self.clone_dtoh(src).map_err(|e| from_driver(e, "cuMemcpyDtoHAsync"))
+    }
+    fn synced_memcpy_dtoh<T: DeviceRepr, Src: DevicePtr<T>, Dst: HostSlice<T> + ?Sized>(
+        &self,
+        src: &Src,
+        dst: &mut Dst,
+    ) -> Result<()> {
+        wait_idle(self, HOST_COPY_TIMEOUT)?;
+        self.memcpy_dtoh(src, dst).map_err(|e| from_driver(e, "cuMemcpyDtoHAsync"))
+    }
+    fn synced_clone_htod<T: DeviceRepr, Src: HostSlice<T> + ?Sized>(&self, src: &Src) -> Result<CudaSlice<T>> {
+        wait_idle(self, HOST_COPY_TIMEOUT)?;
+        self.clone_htod(src).map_err(|e| from_driver(e, "cuMemcpyHtoDAsync"))
+    }
+    fn synced_memcpy_htod<T: DeviceRepr, Src: HostSlice<T> + ?Sized, Dst: DevicePtrMut<T>>(
+        &self,
+        src: &Src,
+        dst: &mut Dst,
+    ) -> Result<()> {
+        wait_idle(self, HOST_COPY_TIMEOUT)?;
+        self.memcpy_htod(src, dst).map_err(|e| from_driver(e, "cuMemcpyHtoDAsync"))
     }
 }

@@ -37,9 +37,6 @@ use crate::streams::{self, PooledStream};
 /// After a blocking op's device deadline, how long the host waits for the
 /// kernel to finish before it sets the abort word itself.
 const HOST_GRACE: Duration = Duration::from_secs(5);
-/// Host polling of a stream: spin this long, then sleep between queries.
-const SPIN_FOR: Duration = Duration::from_micros(200);
-const POLL_SLEEP: Duration = Duration::from_micros(50);
 /// Word of the pinned page holding the abort flag; the others are status
 /// slots of blocking operations.
 const ABORT_SLOT: usize = 0;
@@ -470,7 +467,8 @@ impl CudaSymmetricMemory {
     /// not finished `HOST_GRACE` after that, the host sets the abort word.
     fn finish_blocking(&self, stream: &CudaStream, slot: usize, what: &str, timeout: Duration) -> Result<()> {
         let words = &self.inner.host_words;
-        let start = Instant::now();
+        let backoff = streams::Backoff::new();
+        let start = backoff.start();
         // None: a timeout too large to express; the device deadline alone applies.
         let soft = start.checked_add(timeout.saturating_add(HOST_GRACE));
         let hard = soft.and_then(|s| s.checked_add(HOST_GRACE));
@@ -491,11 +489,7 @@ impl CudaSymmetricMemory {
                     timeout,
                 });
             }
-            if now.duration_since(start) < SPIN_FOR {
-                std::hint::spin_loop();
-            } else {
-                std::thread::sleep(POLL_SLEEP);
-            }
+            backoff.pause();
         }
         if aborted_by_us {
             words.store(ABORT_SLOT, 0);

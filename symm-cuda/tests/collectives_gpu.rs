@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+use symm_cuda::streams::HostCopies;
 use symm_core::{get_allocator, DType, Device, DeviceType, Error, Rank, ReduceOp, SymmetricMemory};
 use symm_cuda::collectives::{AllGatherPath, AllReduceAlgo, CollectivesConfig, CudaCollectives, ReduceScatterAlgo};
 use symm_testkit::launch::{RankCtx, TestResult};
@@ -188,13 +189,13 @@ impl Buf {
         let mut host = vec![GUARD_BYTE; self.bytes + 2 * GUARD];
         host[GUARD..GUARD + self.bytes].fill(POISON);
         host[GUARD + off..GUARD + off + data.len()].copy_from_slice(data);
-        stream.memcpy_htod(&host, &mut self.slice)?;
+        stream.synced_memcpy_htod(&host, &mut self.slice)?;
         Ok(())
     }
     /// Reads `len` bytes at window offset `off`, checking that every byte outside
     /// `[off, off+len)` still holds what `fill` put there (guards and poison).
     fn read(&self, stream: &Arc<CudaStream>, off: usize, len: usize, untouched_ok: bool) -> TestResult<Vec<u8>> {
-        let host = stream.clone_dtoh(&self.slice)?;
+        let host = stream.synced_clone_dtoh(&self.slice)?;
         for (i, b) in host.iter().enumerate() {
             let inside = i >= GUARD + off && i < GUARD + off + len;
             if inside {
@@ -889,7 +890,7 @@ fn pool(env: &Env, p: usize, q: usize, count: usize, dtype: DType, seed: u64) ->
         let per_rank: Vec<Vec<f64>> = (0..env.world())
             .map(|r| gen_input(seed + k as u64, r, count, dtype, true))
             .collect();
-        let s = env.stream.clone_htod(&encode(dtype, &per_rank[env.rank()]))?;
+        let s = env.stream.synced_clone_htod(&encode(dtype, &per_rank[env.rank()]))?;
         let ptr = {
             let (p, _g) = s.device_ptr(&env.stream);
             p
@@ -960,7 +961,7 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
                     ReduceOp::Sum,
                 )?;
             }
-            let host = env.stream.clone_dtoh(&pl.outputs)?;
+            let host = env.stream.synced_clone_dtoh(&pl.outputs)?;
             for j in 0..Q {
                 let i = round * Q + j;
                 if host[j * bytes..(j + 1) * bytes] != expected[i % P][..] {
@@ -988,7 +989,7 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
         let sym = env.symmetric(&c, 2 * bytes)?;
         // Outputs for the all-gather of count / 2 from every rank.
         let pl = pool(&env, 3, env.world().div_ceil(2), count, dtype, 555)?;
-        let nan = env.stream.clone_htod(&vec![0xFFu8; bytes])?;
+        let nan = env.stream.synced_clone_htod(&vec![0xFFu8; bytes])?;
         let nan_ptr = {
             let (p, _g) = nan.device_ptr(&env.stream);
             p
@@ -1026,7 +1027,7 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
                 )?;
             }
             symm_cuda::driver::mem::dtod_async(&env.stream, sym_in, nan_ptr, bytes)?;
-            let host = env.stream.clone_dtoh(&pl.outputs)?;
+            let host = env.stream.synced_clone_dtoh(&pl.outputs)?;
             let want = if i % 2 == 0 {
                 sum_ref(dtype, &pl.payloads[k])
             } else {
@@ -1096,7 +1097,7 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
             Ok(())
         };
         issue(&env.stream)?;
-        let eager = env.stream.clone_dtoh(&pl.outputs)?;
+        let eager = env.stream.synced_clone_dtoh(&pl.outputs)?;
         for j in 0..OPS {
             if eager[j * bytes..(j + 1) * bytes] != sum_ref(dtype, &pl.payloads[j % 5])[..] {
                 return Err(format!("eager op {j} before the graph is wrong").into());
@@ -1111,7 +1112,7 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
         graph.upload()?;
         let zeros = vec![0u8; OPS * bytes];
         let mut outputs = pl.outputs;
-        env.stream.memcpy_htod(&zeros, &mut outputs)?;
+        env.stream.synced_memcpy_htod(&zeros, &mut outputs)?;
         env.stream.synchronize()?;
         env.ready()?;
         let t0 = Instant::now();
@@ -1121,7 +1122,7 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
         cap.synchronize()?;
         let us = t0.elapsed().as_secs_f64() * 1e6 / (100 * OPS) as f64;
         c.check_error()?;
-        let replayed = env.stream.clone_dtoh(&outputs)?;
+        let replayed = env.stream.synced_clone_dtoh(&outputs)?;
         if replayed != eager {
             return Err("graph replay results differ from eager".into());
         }
@@ -1150,7 +1151,7 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
                 ReduceOp::Sum,
             )?;
             env.stream.synchronize()?;
-            if env.stream.clone_dtoh(&pl.outputs)? != sum_ref(dtype, &pl.payloads[0]) {
+            if env.stream.synced_clone_dtoh(&pl.outputs)? != sum_ref(dtype, &pl.payloads[0]) {
                 return Err(format!("{} with a delayed rank is wrong", algo.name()).into());
             }
         }
@@ -1283,7 +1284,7 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     c.all_reduce(s, AllReduceAlgo::OneShot, inp, out, 4096, dtype, ReduceOp::Sum)?;
     s.synchronize()?;
     c.check_error()?;
-    let got = s.clone_dtoh(&pl.outputs)?;
+    let got = s.synced_clone_dtoh(&pl.outputs)?;
     if got[..4096 * 4] != sum_ref(dtype, &pl.payloads[0])[..] {
         return Err("all-reduce after the mismatch is wrong".into());
     }

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use symm_cuda::streams::HostCopies;
 use symm_core::{
     detect_topology, get_allocator, get_connectivity, Allocation, Channel, Device, DeviceType, Error, Group,
     SymmetricMemory, Topology,
@@ -446,7 +447,7 @@ fn body_stream_ordered(ctx: RankCtx) -> TestResult<String> {
     // cudarc interop: copy into the peer's buffer through a SymmView.
     let data: Vec<u32> = (0..256u32).map(|i| i * 3 + me as u32).collect();
     let mut view = cm.view::<u32>(peer, 4096, data.len(), &s)?;
-    s.memcpy_htod(&data, &mut view)?;
+    s.synced_memcpy_htod(&data, &mut view)?;
     s.synchronize()?;
     m.barrier(ch(0), T)?;
     let mut got = vec![0u8; data.len() * 4];

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use half::{bf16, f16};
+use symm_ops::symm_cuda::streams::HostCopies;
 use symm_core::{get_symmetric_memory, DType, DeviceType, Error, ReduceOp, SymmTensor};
 use symm_ops::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use symm_ops::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
@@ -133,7 +134,7 @@ fn sym_view<T>(t: &SymmTensor, elem_off: usize, n: usize, stream: &Arc<CudaStrea
 
 fn sym_write<T: DeviceRepr>(rig: &Rig, t: &SymmTensor, elem_off: usize, data: &[T]) -> TestResult {
     let mut v = sym_view::<T>(t, elem_off, data.len(), &rig.stream)?;
-    rig.stream.memcpy_htod(data, &mut v)?;
+    rig.stream.synced_memcpy_htod(data, &mut v)?;
     Ok(())
 }
 
@@ -145,7 +146,7 @@ fn sym_read<T: DeviceRepr + Clone + Default>(
 ) -> TestResult<Vec<T>> {
     let v = sym_view::<T>(t, elem_off, n, &rig.stream)?;
     let mut out = vec![T::default(); n];
-    rig.stream.memcpy_dtoh(&v, &mut out)?;
+    rig.stream.synced_memcpy_dtoh(&v, &mut out)?;
     rig.stream.synchronize()?;
     Ok(out)
 }
@@ -221,9 +222,9 @@ fn run_case<T: Gpu>(rig: &Rig, sym: &SymPair, c: &Case) -> TestResult<Option<u64
         Mem::Device => {
             let mut host_in = vec![guard_value::<T>(); c.off + n_in];
             host_in[c.off..].copy_from_slice(&inp);
-            let din = s.clone_htod(&host_in)?;
+            let din = s.synced_clone_htod(&host_in)?;
             let x = din.slice(c.off..);
-            let mut dout = s.clone_htod(&init)?;
+            let mut dout = s.synced_clone_htod(&init)?;
             {
                 let mut o = dout.slice_mut(GUARD..GUARD + n_out);
                 match c.kind {
@@ -251,7 +252,7 @@ fn run_case<T: Gpu>(rig: &Rig, sym: &SymPair, c: &Case) -> TestResult<Option<u64
             }
             s.synchronize()?;
             comm.check_error()?;
-            s.clone_dtoh(&dout)?
+            s.synced_clone_dtoh(&dout)?
         }
         Mem::Symm => {
             sym_write(rig, &sym.input, c.off, &inp)?;
@@ -279,7 +280,7 @@ fn run_case<T: Gpu>(rig: &Rig, sym: &SymPair, c: &Case) -> TestResult<Option<u64
                 if full.iter().map(|&v| to_bits(v)).ne(init.iter().map(|&v| to_bits(v))) {
                     return Err("a symmetric output that was not the destination changed".into());
                 }
-                full[GUARD..GUARD + n_out].copy_from_slice(&s.clone_dtoh(&r)?);
+                full[GUARD..GUARD + n_out].copy_from_slice(&s.synced_clone_dtoh(&r)?);
             }
             full
         }
@@ -446,7 +447,7 @@ fn gpu_64mib(w: GpuWorld) {
         let me = rc.rank;
         let mut hashes = Vec::new();
         let n = 64 << 18; // f32
-        let x = s.clone_htod(&input::<f32>(Values::Integers, 1, me, n))?;
+        let x = s.synced_clone_htod(&input::<f32>(Values::Integers, 1, me, n))?;
         for algo in [
             comm.select_all_reduce(n * 4),
             AllReduceAlgo::OneShot,
@@ -457,41 +458,41 @@ fn gpu_64mib(w: GpuWorld) {
                 continue;
             }
             progress(&rc, "gpu_64mib", &format!("all_reduce {algo} of 64 MiB"));
-            let mut out = s.clone_htod(&vec![f32::NAN; n])?;
+            let mut out = s.synced_clone_htod(&vec![f32::NAN; n])?;
             comm.all_reduce_with(algo, Some((&x).into()), (&mut out).into(), ReduceOp::Sum)?;
             s.synchronize()?;
             comm.check_error()?;
-            let got = s.clone_dtoh(&out)?;
+            let got = s.synced_clone_dtoh(&out)?;
             check_all_reduce(Values::Integers, 1, rc.world, ReduceOp::Sum, &got).map_err(|e| format!("{algo}: {e}"))?;
             hashes.push(hash(&got));
         }
         progress(&rc, "gpu_64mib", "two-shot bf16 avg");
         let nb = 64 << 19; // bf16
-        let y = s.clone_htod(&input::<bf16>(Values::Random, 2, me, nb))?;
-        let mut out = s.clone_htod(&vec![bf16::NAN; nb])?;
+        let y = s.synced_clone_htod(&input::<bf16>(Values::Random, 2, me, nb))?;
+        let mut out = s.synced_clone_htod(&vec![bf16::NAN; nb])?;
         comm.two_shot_all_reduce_out(&y, &mut out, ReduceOp::Avg)?;
         s.synchronize()?;
         comm.check_error()?;
         progress(&rc, "gpu_64mib", "all_gather, reduce_scatter");
-        let got = s.clone_dtoh(&out)?;
+        let got = s.synced_clone_dtoh(&out)?;
         check_all_reduce(Values::Random, 2, rc.world, ReduceOp::Avg, &got)?;
         hashes.push(hash(&got));
         // Reduce-scatter and all-gather of whole shards (n need not be a multiple of the world).
         let per = n / rc.world;
-        let z = s.clone_htod(&input::<f32>(Values::Random, 3, me, per))?;
-        let mut out = s.clone_htod(&vec![f32::NAN; per * rc.world])?;
+        let z = s.synced_clone_htod(&input::<f32>(Values::Random, 3, me, per))?;
+        let mut out = s.synced_clone_htod(&vec![f32::NAN; per * rc.world])?;
         comm.all_gather_out(&z, &mut out)?;
         s.synchronize()?;
         comm.check_error()?;
         progress(&rc, "gpu_64mib", "reduce_scatter");
-        let mut seg = s.clone_htod(&vec![f32::NAN; per])?;
+        let mut seg = s.synced_clone_htod(&vec![f32::NAN; per])?;
         comm.reduce_scatter_out(&x.slice(..per * rc.world), &mut seg, ReduceOp::Max)?;
         s.synchronize()?;
         comm.check_error()?;
-        let got = s.clone_dtoh(&out)?;
+        let got = s.synced_clone_dtoh(&out)?;
         check_all_gather(Values::Random, 3, rc.world, &got)?;
         hashes.push(hash(&got));
-        let got = s.clone_dtoh(&seg)?;
+        let got = s.synced_clone_dtoh(&seg)?;
         check_reduce_scatter(Values::Integers, 1, rc.world, me, ReduceOp::Max, &got)?;
         // Registered symmetric tensors above the Lamport bounds: auto takes the zero-copy pulls
         // (all-reduce, reduce-scatter, all-gather out of place and in place).
@@ -596,8 +597,8 @@ fn gpu_10000_back_to_back(w: GpuWorld) {
         for i in 0..OPS {
             bank.extend(input::<f32>(Values::Integers, 50_000 + i as u64, me, N));
         }
-        let bank = s.clone_htod(&bank)?;
-        let mut outs = s.clone_htod(&vec![f32::NAN; OPS * N])?;
+        let bank = s.synced_clone_htod(&bank)?;
+        let mut outs = s.synced_clone_htod(&vec![f32::NAN; OPS * N])?;
         let algos = [
             None,
             Some(AllReduceAlgo::Lamport),
@@ -625,7 +626,7 @@ fn gpu_10000_back_to_back(w: GpuWorld) {
         progress(&format!("stream synchronised ({synced:?})"));
         comm.check_error()?;
         synced?;
-        let got = s.clone_dtoh(&outs)?;
+        let got = s.synced_clone_dtoh(&outs)?;
         for i in 0..OPS {
             check_all_reduce(
                 Values::Integers,
@@ -667,12 +668,12 @@ fn gpu_nan_after_return(w: GpuWorld) {
         for i in 0..ITERS {
             bank.extend(input::<f32>(Values::Integers, 70_000 + i as u64, me, N));
         }
-        let bank = s.clone_htod(&bank)?;
-        let nans = s.clone_htod(&vec![f32::NAN; N])?;
+        let bank = s.synced_clone_htod(&bank)?;
+        let nans = s.synced_clone_htod(&vec![f32::NAN; N])?;
         let mut x = s.alloc_zeros::<f32>(N)?;
         let sx = comm.persistent_buffer(7, &[N], DType::F32)?;
         let mut sxv = sym_view::<f32>(&sx, 0, N, s)?;
-        let mut outs = s.clone_htod(&vec![0f32; ITERS * N])?;
+        let mut outs = s.synced_clone_htod(&vec![0f32; ITERS * N])?;
         rig.ready()?;
         let mut algos = vec![
             AllReduceAlgo::Lamport,
@@ -699,7 +700,7 @@ fn gpu_nan_after_return(w: GpuWorld) {
         }
         s.synchronize()?;
         comm.check_error()?;
-        let got = s.clone_dtoh(&outs)?;
+        let got = s.synced_clone_dtoh(&outs)?;
         for i in 0..ITERS {
             check_all_reduce(
                 Values::Integers,
@@ -733,7 +734,7 @@ fn gpu_delayed_rank(w: GpuWorld) {
         let sx = comm.persistent_buffer(3, &[n], DType::F32)?;
         let v = input::<f32>(Values::Integers, 9, me, n);
         sym_write(&rig, &sx, 0, &v)?;
-        let x = s.clone_htod(&v)?;
+        let x = s.synced_clone_htod(&v)?;
         rig.ready()?;
         let mut algos = vec![
             AllReduceAlgo::Lamport,
@@ -752,7 +753,7 @@ fn gpu_delayed_rank(w: GpuWorld) {
             if me == 1 {
                 std::thread::sleep(Duration::from_millis(100));
             }
-            let mut out = s.clone_htod(&vec![f32::NAN; n])?;
+            let mut out = s.synced_clone_htod(&vec![f32::NAN; n])?;
             if a == AllReduceAlgo::Pull {
                 comm.all_reduce_with(a, Some((&sx).into()), (&mut out).into(), ReduceOp::Sum)?;
             } else {
@@ -760,7 +761,7 @@ fn gpu_delayed_rank(w: GpuWorld) {
             }
             s.synchronize()?;
             comm.check_error()?;
-            check_all_reduce(Values::Integers, 9, rc.world, ReduceOp::Sum, &s.clone_dtoh(&out)?)
+            check_all_reduce(Values::Integers, 9, rc.world, ReduceOp::Sum, &s.synced_clone_dtoh(&out)?)
                 .map_err(|e| format!("{a}: {e}"))?;
         }
         if me == 1 {
@@ -791,7 +792,7 @@ fn gpu_missing_rank_times_out(w: GpuWorld) {
         let (s, comm) = (&rig.stream, &rig.comm);
         let done = format!("gpu-timeout-{}/checked", rc.launch_id);
         if rc.rank == 0 {
-            let x = s.clone_htod(&vec![1f32; 1000])?;
+            let x = s.synced_clone_htod(&vec![1f32; 1000])?;
             let mut out = s.alloc_zeros::<f32>(1000)?;
             let t = Instant::now();
             comm.one_shot_all_reduce_out(&x, &mut out, ReduceOp::Sum)?;
@@ -854,8 +855,8 @@ fn graph_capture_case(rc: &RankCtx, pdl: bool) -> TestResult {
     for i in 0..OPS {
         bank.extend(input::<bf16>(Values::Random, 90_000 + i as u64, me, N * rc.world));
     }
-    let bank = s.clone_htod(&bank)?;
-    let mut outs = s.clone_htod(&vec![bf16::NAN; OPS * N * rc.world])?;
+    let bank = s.synced_clone_htod(&bank)?;
+    let mut outs = s.synced_clone_htod(&vec![bf16::NAN; OPS * N * rc.world])?;
     let mut algos = vec![AllReduceAlgo::Lamport, AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot];
     if comm.has_nccl() {
         algos.push(AllReduceAlgo::Nccl);
@@ -882,7 +883,7 @@ fn graph_capture_case(rc: &RankCtx, pdl: bool) -> TestResult {
     issue(&mut outs)?;
     s.synchronize()?;
     comm.check_error()?;
-    let eager = s.clone_dtoh(&outs)?;
+    let eager = s.synced_clone_dtoh(&outs)?;
     // Spot-check the eager run against the reference.
     for i in 0..OPS {
         let o = &eager[i * N * rc.world..(i + 1) * N * rc.world];
@@ -901,11 +902,11 @@ fn graph_capture_case(rc: &RankCtx, pdl: bool) -> TestResult {
     rig.ready()?;
     let poison = vec![bf16::NAN; OPS * N * rc.world];
     for rep in 0..REPLAYS {
-        s.memcpy_htod(&poison, &mut outs)?;
+        s.synced_memcpy_htod(&poison, &mut outs)?;
         graph.launch()?;
         s.synchronize()?;
         comm.check_error()?;
-        let got = s.clone_dtoh(&outs)?;
+        let got = s.synced_clone_dtoh(&outs)?;
         if got.iter().map(|&v| to_bits(v)).ne(eager.iter().map(|&v| to_bits(v))) {
             let i = got
                 .iter()
@@ -936,7 +937,7 @@ fn gpu_selection_table(w: GpuWorld) {
             if comm.device_sharers() != rc.world {
                 return Err(format!("device_sharers {} of {}", comm.device_sharers(), rc.world).into());
             }
-            let mut x = rig.stream.clone_htod(&[1f32; 8])?;
+            let mut x = rig.stream.synced_clone_htod(&[1f32; 8])?;
             match comm.all_reduce_with(AllReduceAlgo::Nccl, None, (&mut x).into(), ReduceOp::Sum) {
                 Err(Error::Unavailable(_)) => {}
                 other => return Err(format!("an nccl all-reduce on a shared GPU gave {other:?}").into()),
@@ -969,7 +970,7 @@ fn gpu_bad_input_is_an_error(w: GpuWorld) {
     run(w, |rc| {
         let rig = rig(&rc, "gpu-bad", CommConfig::default())?;
         let (s, comm) = (&rig.stream, &rig.comm);
-        let x = s.clone_htod(&vec![1f32; 64])?;
+        let x = s.synced_clone_htod(&vec![1f32; 64])?;
         let mut y = s.alloc_zeros::<f32>(63)?;
         let mut h = s.alloc_zeros::<f16>(64)?;
         let host = vec![1f32; 64];
@@ -997,11 +998,11 @@ fn gpu_bad_input_is_an_error(w: GpuWorld) {
             failures.push("barrier rank");
         }
         // The communicator still works.
-        let mut z = s.clone_htod(&vec![1f32; 64])?;
+        let mut z = s.synced_clone_htod(&vec![1f32; 64])?;
         comm.all_reduce(&mut z, ReduceOp::Sum)?;
         s.synchronize()?;
         comm.check_error()?;
-        if s.clone_dtoh(&z)? != vec![rc.world as f32; 64] {
+        if s.synced_clone_dtoh(&z)? != vec![rc.world as f32; 64] {
             failures.push("after the errors");
         }
         if failures.is_empty() {
