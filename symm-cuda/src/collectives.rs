@@ -1138,7 +1138,9 @@ impl CudaCollectives {
             at += m;
         }
         if p.push_to.is_some() {
-            ce.join.record(ce.side2(stream)).map_err(|e| from_driver(e, "cuEventRecord"))?;
+            ce.join
+                .record(ce.side2(stream))
+                .map_err(|e| from_driver(e, "cuEventRecord"))?;
             stream.wait(&ce.join).map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
         }
         Ok(())
@@ -1491,10 +1493,14 @@ impl CudaCollectives {
         let ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
         let fork = |ce: &CeState| -> Result<()> {
             ce.fork.record(stream).map_err(|e| from_driver(e, "cuEventRecord"))?;
-            ce.side(stream).wait(&ce.fork).map_err(|e| from_driver(e, "cuStreamWaitEvent"))
+            ce.side(stream)
+                .wait(&ce.fork)
+                .map_err(|e| from_driver(e, "cuStreamWaitEvent"))
         };
         let join = |ce: &CeState| -> Result<()> {
-            ce.join.record(ce.side(stream)).map_err(|e| from_driver(e, "cuEventRecord"))?;
+            ce.join
+                .record(ce.side(stream))
+                .map_err(|e| from_driver(e, "cuEventRecord"))?;
             stream.wait(&ce.join).map_err(|e| from_driver(e, "cuStreamWaitEvent"))
         };
         // Zero-copy, as (check word, per rank s: (destination, source) of its copy).
@@ -1644,7 +1650,11 @@ impl Drop for CudaCollectives {
     fn drop(&mut self) {
         // Ops in flight are bounded by their deadlines; let the side stream finish before the
         // workspace goes away (the caller's streams are the caller's to synchronise).
-        if let Ok(CeState { sides: Some((side, side2)), .. }) = self.ce.get_mut() {
+        if let Ok(CeState {
+            sides: Some((side, side2)),
+            ..
+        }) = self.ce.get_mut()
+        {
             for s in [side, side2] {
                 if let Err(e) = driver::stream_synchronize(s) {
                     eprintln!("symm-cuda collectives: dropping: {e}");

@@ -56,7 +56,10 @@ fn with_device<R>(ctx: &Arc<CudaContext>, f: impl FnOnce(&mut DeviceStreams) -> 
         Entry::Vacant(v) => {
             driver::bind(ctx)?;
             let control = ctx.new_stream().map_err(|e| from_driver(e, "cuStreamCreate"))?;
-            v.insert(DeviceStreams { control, idle: Vec::new() })
+            v.insert(DeviceStreams {
+                control,
+                idle: Vec::new(),
+            })
         }
     };
     Ok(f(d))
@@ -199,7 +202,8 @@ impl HostCopies for Arc<CudaStream> {
         dst: &mut Dst,
     ) -> Result<()> {
         wait_idle(self, HOST_COPY_TIMEOUT)?;
-        self.memcpy_dtoh(src, dst).map_err(|e| from_driver(e, "cuMemcpyDtoHAsync"))
+        self.memcpy_dtoh(src, dst)
+            .map_err(|e| from_driver(e, "cuMemcpyDtoHAsync"))
     }
     fn synced_clone_htod<T: DeviceRepr, Src: HostSlice<T> + ?Sized>(&self, src: &Src) -> Result<CudaSlice<T>> {
         wait_idle(self, HOST_COPY_TIMEOUT)?;
@@ -211,6 +215,7 @@ impl HostCopies for Arc<CudaStream> {
         dst: &mut Dst,
     ) -> Result<()> {
         wait_idle(self, HOST_COPY_TIMEOUT)?;
-        self.memcpy_htod(src, dst).map_err(|e| from_driver(e, "cuMemcpyHtoDAsync"))
+        self.memcpy_htod(src, dst)
+            .map_err(|e| from_driver(e, "cuMemcpyHtoDAsync"))
     }
 }

@@ -432,7 +432,12 @@ impl CudaSymmetricMemory {
         let stream = match streams::pooled(self.context()) {
             Ok(s) => s,
             Err(e) => {
-                self.inner.slots.lock().unwrap_or_else(|e| e.into_inner()).free.push(slot);
+                self.inner
+                    .slots
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .free
+                    .push(slot);
                 return Err(e);
             }
         };

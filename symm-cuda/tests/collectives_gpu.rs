@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
-use symm_cuda::streams::HostCopies;
 use symm_core::{get_allocator, DType, Device, DeviceType, Error, Rank, ReduceOp, SymmetricMemory};
 use symm_cuda::collectives::{AllGatherPath, AllReduceAlgo, CollectivesConfig, CudaCollectives, ReduceScatterAlgo};
+use symm_cuda::streams::HostCopies;
 use symm_testkit::launch::{RankCtx, TestResult};
 use symm_testkit::GpuWorld;
 

@@ -20,11 +20,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use symm_cuda::streams::HostCopies;
 use symm_core::{
     detect_topology, get_allocator, get_connectivity, Allocation, Channel, Device, DeviceType, Error, Group,
     SymmetricMemory, Topology,
 };
+use symm_cuda::streams::HostCopies;
 use symm_cuda::{as_cuda, CudaSymmetricMemory};
 use symm_testkit::launch::{
     child_ctx, report, run_processes_outcomes, run_threads, test_path, ChildStatus, ProcessOptions, RankCtx, TestResult,

@@ -25,10 +25,10 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use half::{bf16, f16};
-use symm_ops::symm_cuda::streams::HostCopies;
 use symm_core::{get_symmetric_memory, DType, DeviceType, Error, ReduceOp, SymmTensor};
 use symm_ops::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use symm_ops::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use symm_ops::symm_cuda::streams::HostCopies;
 use symm_ops::symm_cuda::SymmView;
 use symm_ops::{AllReduceAlgo, CommConfig, Communicator, Element, EngineKind, RawDevicePtr};
 use symm_testkit::launch::{child_ctx, run_processes, run_threads_with, RankCtx, TestResult};
@@ -108,7 +108,10 @@ fn rig(rc: &RankCtx, name: &str, config: CommConfig) -> TestResult<Rig> {
 /// pool and the process's stream count stays flat (NOTE [stream-budget]).
 fn test_context(ordinal: usize) -> TestResult<Arc<CudaContext>> {
     static CTXS: OnceLock<Mutex<HashMap<usize, Arc<CudaContext>>>> = OnceLock::new();
-    let mut map = CTXS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    let mut map = CTXS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     if let Some(c) = map.get(&ordinal) {
         c.bind_to_thread()?;
         return Ok(c.clone());
@@ -761,8 +764,14 @@ fn gpu_delayed_rank(w: GpuWorld) {
             }
             s.synchronize()?;
             comm.check_error()?;
-            check_all_reduce(Values::Integers, 9, rc.world, ReduceOp::Sum, &s.synced_clone_dtoh(&out)?)
-                .map_err(|e| format!("{a}: {e}"))?;
+            check_all_reduce(
+                Values::Integers,
+                9,
+                rc.world,
+                ReduceOp::Sum,
+                &s.synced_clone_dtoh(&out)?,
+            )
+            .map_err(|e| format!("{a}: {e}"))?;
         }
         if me == 1 {
             std::thread::sleep(Duration::from_millis(100));
