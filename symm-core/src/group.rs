@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use symm_store::Store;
+use symm_store::{Liveness, Store, StoreExchange};
 
 use crate::error::{Error, Result};
 use crate::types::Rank;
@@ -179,7 +179,25 @@ impl Group {
                 ),
             });
         }
+        // Which process this rank is, for peers waiting on it during setup (NOTE [setup-liveness]).
+        g.store.set(
+            &crate::liveness::record_key(&g.prefix(), rank.get()),
+            crate::liveness::ProcessRecord::me().encode().as_bytes(),
+        )?;
         Ok(Arc::new(g))
+    }
+
+    /// A [`StoreExchange`] under `prefix` that fails early, naming the rank, when a rank it waits
+    /// for is a process on this host that has exited (NOTE [setup-liveness]). Setup steps use it
+    /// for every wait on peers.
+    pub fn exchange(&self, prefix: impl Into<String>) -> StoreExchange {
+        StoreExchange::new(self.store.clone(), prefix).with_liveness(self.liveness())
+    }
+
+    /// Whether ranks of this group that have not arrived somewhere are gone (their process on
+    /// this host exited), for waits on peers outside [`Group::exchange`] (the fd channel).
+    pub fn liveness(&self) -> Arc<dyn Liveness> {
+        Arc::new(crate::liveness::GroupLiveness::new(self.store.clone(), self.prefix()))
     }
 
     /// The options the group was built with.

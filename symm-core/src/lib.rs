@@ -33,6 +33,7 @@ pub mod connectivity;
 pub mod error;
 pub mod fault;
 pub mod group;
+mod liveness;
 pub mod memory;
 pub mod op_desc;
 pub mod pad;

@@ -51,7 +51,7 @@ use symm_core::agree::{check_equal, check_world_size, host_id, pid_namespace, ti
 
 use cudarc::driver::{CudaContext, CudaStream};
 use symm_core::pad::{self, SIGNAL_PAD_SIZE};
-use symm_core::symm_store::{FdChannel, StoreError, StoreExchange};
+use symm_core::symm_store::{FdChannel, StoreError};
 use symm_core::{
     check_device_sharing, check_same_host, check_shared_queues, fault_point, Allocation, BackendRegistration, Device,
     DeviceType, Error, Group, Result, SymmetricAllocator, SymmetricMemory,
@@ -478,11 +478,8 @@ impl CudaAllocation {
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(self.local.key, Arc::downgrade(&self.phys));
             fault_point("rendezvous.after_send")?;
-            StoreExchange::new(store, format!("{prefix}/sent")).barrier(
-                rank,
-                world,
-                time_left(deadline, timeout, "rendezvous")?,
-            )?;
+            g.exchange(format!("{prefix}/sent"))
+                .barrier(rank, world, time_left(deadline, timeout, "rendezvous")?)?;
             let table = shared_handles().lock().unwrap_or_else(|e| e.into_inner());
             infos
                 .iter()
@@ -505,12 +502,13 @@ impl CudaAllocation {
         } else {
             // Processes: POSIX fds over the FdChannel.
             let own = self.phys.export_fd()?;
-            let channel = FdChannel::new(
+            let channel = FdChannel::with_liveness(
                 store,
                 &format!("{prefix}/fds"),
                 rank,
                 world,
                 time_left(deadline, timeout, "rendezvous")?,
+                g.liveness(),
             )?;
             let fds = channel.all_gather_fds(
                 std::os::fd::AsFd::as_fd(&own),
@@ -572,9 +570,7 @@ impl CudaAllocation {
         let g = &self.group;
         let (rank, world) = (g.rank().get(), g.world_size());
         let prefix = g.next_prefix("cuda-rendezvous");
-        let store = g.store().clone();
-
-        let raw = StoreExchange::new(store.clone(), format!("{prefix}/info")).all_gather(
+        let raw = g.exchange(format!("{prefix}/info")).all_gather(
             rank,
             world,
             &self.info().encode(),
@@ -605,7 +601,7 @@ impl CudaAllocation {
             Ok(_) => b"ok".to_vec(),
             Err(e) => format!("failed: {e}").into_bytes(),
         };
-        let all = StoreExchange::new(store, format!("{prefix}/status")).all_gather(
+        let all = g.exchange(format!("{prefix}/status")).all_gather(
             rank,
             world,
             &status,

@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use symm_core::symm_store::StoreExchange;
 use symm_core::{
     detect_topology, empty_p2p, get_connectivity, DType, Device, DeviceType, Error, Group, Rank, ReduceOp, Result,
     SymmTensor, Topology,
@@ -320,8 +319,12 @@ impl Communicator {
                 // while the others wait in it. Agree on the verdict: the topology holds only if
                 // every rank saw it.
                 let verdict = format!("{topology:?}");
-                let verdicts = StoreExchange::new(group.store().clone(), group.next_prefix("comm-topology"))
-                    .all_gather(group.rank().get(), world, verdict.as_bytes(), timeout)?;
+                let verdicts = group.exchange(group.next_prefix("comm-topology")).all_gather(
+                    group.rank().get(),
+                    world,
+                    verdict.as_bytes(),
+                    timeout,
+                )?;
                 let topology = if verdicts.iter().all(|v| v.as_slice() == verdict.as_bytes()) {
                     topology
                 } else {

@@ -49,13 +49,12 @@ pub(crate) use symm_core::agree::host_id;
 /// Publishes `me` and gathers every rank's record (collective; every rank
 /// of the group calls it in the same order of setup steps).
 pub(crate) fn exchange(group: &Arc<Group>, me: &PeerInfo, timeout: Duration) -> Result<Vec<PeerInfo>> {
-    let prefix = group.next_prefix("comm");
-    let store = group.store();
-    let keys: Vec<String> = (0..group.world_size()).map(|r| format!("{prefix}/{r}")).collect();
-    store.set(&keys[group.rank().get()], me.encode().as_bytes())?;
-    let refs: Vec<&str> = keys.iter().map(|s| s.as_str()).collect();
-    store.wait(&refs, Some(timeout))?;
-    let values = store.multi_get(&refs)?;
+    let values = group.exchange(group.next_prefix("comm")).all_gather(
+        group.rank().get(),
+        group.world_size(),
+        me.encode().as_bytes(),
+        timeout,
+    )?;
     values.iter().enumerate().map(|(r, v)| PeerInfo::decode(r, v)).collect()
 }
 

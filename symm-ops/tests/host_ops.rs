@@ -764,3 +764,52 @@ fn example_allreduce_runs() {
     }
     println!("SUMMARY example_allreduce ok one rank, and two processes over a TcpStore");
 }
+
+// ---------------------------------------------------------------- setup liveness
+
+/// NOTE [setup-liveness]: a rank process that dies after joining its group but before building
+/// its communicator costs the others well under a second (not the 30 s store timeout), and
+/// their error names it.
+#[test]
+fn setup_notices_a_dead_rank_processes_w3() {
+    use symm_core::symm_store::StoreError;
+    use symm_testkit::fault::{Fault, KILLED_STATUS};
+    use symm_testkit::launch::{run_processes_outcomes, ChildStatus, ProcessOptions};
+    const VICTIM: usize = 1;
+    const POINT: &str = "test.before_communicator";
+    if let Some(ctx) = child_ctx().unwrap() {
+        let group = ctx.group(&ctx.unique("dead-at-setup")).unwrap();
+        symm_core::fault::fault_point(POINT).unwrap();
+        let start = Instant::now();
+        let r = Communicator::new(&group, Device::host(ctx.rank as u32), CommConfig::default());
+        let took = start.elapsed();
+        let Err(e) = r else {
+            panic!("rank {}: communicator setup succeeded without the dead rank", ctx.rank)
+        };
+        let named = matches!(&e, Error::PeerLost { rank, .. } | Error::Store(StoreError::PeerLost { rank, .. })
+            if *rank == VICTIM);
+        assert!(named, "rank {}: not PeerLost naming rank {VICTIM}: {e}", ctx.rank);
+        assert!(
+            took < Duration::from_millis(1500),
+            "rank {}: noticed after {took:?}: {e}",
+            ctx.rank
+        );
+        println!("rank {}: setup failed after {took:?}: {e}", ctx.rank);
+        return;
+    }
+    let mut opts = ProcessOptions::new("setup_notices_a_dead_rank_processes_w3", 3, LIMIT);
+    opts.fault = Some(Fault::kill(VICTIM, POINT));
+    opts.store_timeout = Duration::from_secs(30);
+    for o in run_processes_outcomes(&opts).unwrap() {
+        if o.rank == VICTIM {
+            assert!(
+                matches!(o.status, ChildStatus::Exited(KILLED_STATUS)),
+                "the victim: {:?}",
+                o.status
+            );
+        } else {
+            assert!(o.status.success(), "rank {}: {:?}\n{}", o.rank, o.status, o.output);
+            assert!(o.output.contains("setup failed after"), "rank {}: {}", o.rank, o.output);
+        }
+    }
+}

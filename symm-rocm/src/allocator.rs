@@ -20,7 +20,7 @@ use symm_core::{
     check_device_sharing, check_same_host, pad, Allocation, Device, DeviceType, Error, Group, Result,
     SymmetricAllocator, SymmetricMemory,
 };
-use symm_store::{FdChannel, StoreExchange};
+use symm_store::FdChannel;
 
 use crate::driver::runtime::{self, Stream};
 use crate::driver::vmm::{self, Mapping, PhysicalMemory, PropLayout};
@@ -278,7 +278,7 @@ fn rendezvous(local: &Arc<Local>, group: &Arc<Group>, timeout: Duration) -> Resu
     let rank = group.rank().get();
     let world = group.world_size();
     let prefix = group.next_prefix("rocm-rendezvous");
-    let exchange = StoreExchange::new(group.store().clone(), prefix.clone());
+    let exchange = group.exchange(prefix.clone());
     let me = RankInfo {
         host: symm_core::agree::host_id(),
         pid: std::process::id(),
@@ -297,7 +297,14 @@ fn rendezvous(local: &Arc<Local>, group: &Arc<Group>, timeout: Duration) -> Resu
     check_records(&infos)?;
 
     let fd = local.mem.export_fd()?;
-    let chan = FdChannel::new(group.store().clone(), &format!("{prefix}/fd"), rank, world, timeout)?;
+    let chan = FdChannel::with_liveness(
+        group.store().clone(),
+        &format!("{prefix}/fd"),
+        rank,
+        world,
+        timeout,
+        group.liveness(),
+    )?;
     let fds = chan.all_gather_fds(fd.as_fd(), timeout)?;
     drop(fd);
     let mut peers: Vec<Option<Mapping>> = Vec::with_capacity(world);

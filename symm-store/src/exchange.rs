@@ -2,9 +2,19 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::store::{Result, Store, StoreError};
+
+/// Tells whether a rank that has not written yet is gone for good (its process exited), so an
+/// exchange fails in about [`LIVENESS_POLL`] instead of at its timeout.
+pub trait Liveness: Send + Sync {
+    /// The first of `missing` known to be gone, with why; `None` when all may still come.
+    fn lost(&self, missing: &[usize]) -> Option<(usize, String)>;
+}
+
+/// How often an exchange with a [`Liveness`] asks it about the ranks still missing.
+pub const LIVENESS_POLL: Duration = Duration::from_millis(200);
 
 /// Collective exchange of small byte strings through a [`Store`].
 ///
@@ -16,6 +26,7 @@ pub struct StoreExchange {
     store: Arc<dyn Store>,
     prefix: String,
     seq: AtomicU64,
+    liveness: Option<Arc<dyn Liveness>>,
 }
 
 impl std::fmt::Debug for StoreExchange {
@@ -46,7 +57,15 @@ impl StoreExchange {
             store,
             prefix: prefix.into(),
             seq: AtomicU64::new(0),
+            liveness: None,
         }
+    }
+
+    /// The exchange, asking `liveness` about missing ranks while it waits: a rank found gone
+    /// gives [`StoreError::PeerLost`] naming it, without waiting for the timeout.
+    pub fn with_liveness(mut self, liveness: Arc<dyn Liveness>) -> StoreExchange {
+        self.liveness = Some(liveness);
+        self
     }
 
     /// The store this exchange talks through.
@@ -59,29 +78,47 @@ impl StoreExchange {
         format!("{}/{}", self.prefix, seq)
     }
 
-    /// Waits for `keys` (one per rank in `ranks`); on timeout names the ranks still missing.
+    /// Waits for `keys` (one per rank in `ranks`); on timeout names the ranks still missing, and
+    /// with a [`Liveness`] fails early naming a missing rank found gone.
     fn wait_ranks(&self, what: &str, keys: &[String], ranks: &[usize], timeout: Duration) -> Result<()> {
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        match self.store.wait(&refs, Some(timeout)) {
-            Ok(()) => Ok(()),
-            Err(StoreError::Timeout { .. }) => {
-                let mut missing = Vec::new();
-                for (k, r) in refs.iter().zip(ranks) {
-                    if !self.store.check(&[k])? {
-                        missing.push(*r);
-                    }
+        let start = Instant::now();
+        loop {
+            let left = timeout.saturating_sub(start.elapsed());
+            let slice = match &self.liveness {
+                Some(_) => left.min(LIVENESS_POLL),
+                None => left,
+            }
+            // A zero timeout can mean "no deadline" to a store; the loop ends on elapsed time.
+            .max(Duration::from_millis(1));
+            match self.store.wait(&refs, Some(slice)) {
+                Ok(()) => return Ok(()),
+                Err(StoreError::Timeout { .. }) => {}
+                Err(e) => return Err(e),
+            }
+            let mut missing = Vec::new();
+            for (k, r) in refs.iter().zip(ranks) {
+                if !self.store.check(&[k])? {
+                    missing.push(*r);
                 }
-                if missing.is_empty() {
-                    // Everyone arrived just as the wait gave up.
-                    return Ok(());
-                }
-                Err(StoreError::MissingRanks {
+            }
+            if missing.is_empty() {
+                // Everyone arrived just as the wait gave up.
+                return Ok(());
+            }
+            if let Some((rank, reason)) = self.liveness.as_ref().and_then(|l| l.lost(&missing)) {
+                return Err(StoreError::PeerLost {
+                    rank,
+                    reason: format!("{reason} (during {what}; ranks {missing:?} had not arrived)"),
+                });
+            }
+            if start.elapsed() >= timeout {
+                return Err(StoreError::MissingRanks {
                     what: what.to_owned(),
                     missing,
                     timeout,
-                })
+                });
             }
-            Err(e) => Err(e),
         }
     }
 

@@ -51,7 +51,7 @@ mod store;
 pub mod tcp;
 mod util;
 
-pub use exchange::StoreExchange;
+pub use exchange::{Liveness, StoreExchange, LIVENESS_POLL};
 pub use fd::{FdChannel, FdKind};
 pub use hash::HashStore;
 pub use prefix::PrefixStore;

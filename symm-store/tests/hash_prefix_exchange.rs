@@ -190,3 +190,49 @@ fn exchange_cleans_up_its_keys() {
     });
     assert_eq!(store.num_keys().unwrap(), 0);
 }
+
+/// A rank that a `Liveness` reports gone ends an exchange at the next poll with `PeerLost`
+/// naming it; one only late (reported alive) is waited for; without a liveness the timeout
+/// names the missing rank.
+#[test]
+fn liveness_ends_waits_for_a_lost_rank() {
+    use symm_store::{Liveness, LIVENESS_POLL};
+    struct Gone(Option<usize>);
+    impl Liveness for Gone {
+        fn lost(&self, missing: &[usize]) -> Option<(usize, String)> {
+            self.0
+                .filter(|r| missing.contains(r))
+                .map(|r| (r, "its process exited".into()))
+        }
+    }
+    let store: Arc<dyn Store> = HashStore::new(Duration::from_secs(30));
+    let timeout = Duration::from_secs(3);
+    let t0 = Instant::now();
+    let e = StoreExchange::new(store.clone(), "live-a")
+        .with_liveness(Arc::new(Gone(Some(2))))
+        .barrier(0, 3, timeout)
+        .unwrap_err();
+    assert!(matches!(&e, StoreError::PeerLost { rank: 2, .. }), "{e}");
+    assert!(t0.elapsed() < LIVENESS_POLL * 3, "{:?}", t0.elapsed());
+    // Alive but late: the barrier completes when it arrives.
+    let s2 = store.clone();
+    let late = std::thread::spawn(move || {
+        std::thread::sleep(LIVENESS_POLL * 2);
+        StoreExchange::new(s2, "live-b").barrier(1, 2, Duration::from_secs(10))
+    });
+    StoreExchange::new(store.clone(), "live-b")
+        .with_liveness(Arc::new(Gone(None)))
+        .barrier(0, 2, Duration::from_secs(10))
+        .unwrap();
+    late.join().unwrap().unwrap();
+    // No liveness: the timeout, naming the missing ranks.
+    let t0 = Instant::now();
+    let e = StoreExchange::new(store, "live-c")
+        .barrier(0, 2, Duration::from_millis(500))
+        .unwrap_err();
+    assert!(
+        matches!(&e, StoreError::MissingRanks { missing, .. } if missing == &[1]),
+        "{e}"
+    );
+    assert!(t0.elapsed() >= Duration::from_millis(500));
+}

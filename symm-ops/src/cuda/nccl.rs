@@ -92,14 +92,9 @@ pub(crate) fn agree_available(group: &Arc<Group>, timeout: Duration) -> Result<s
         Ok(()) => String::new(),
         Err(e) => format!("rank {}: {e}", group.rank().get()),
     };
-    let prefix = group.next_prefix("nccl-check");
-    let store = group.store();
-    let keys: Vec<String> = (0..group.world_size()).map(|r| format!("{prefix}/{r}")).collect();
-    store.set(&keys[group.rank().get()], mine.as_bytes())?;
-    let refs: Vec<&str> = keys.iter().map(|k| k.as_str()).collect();
-    store.wait(&refs, Some(timeout))?;
-    let reasons: Vec<String> = store
-        .multi_get(&refs)?
+    let reasons: Vec<String> = group
+        .exchange(group.next_prefix("nccl-check"))
+        .all_gather(group.rank().get(), group.world_size(), mine.as_bytes(), timeout)?
         .into_iter()
         .filter(|v| !v.is_empty())
         .map(|v| String::from_utf8_lossy(&v).into_owned())
@@ -157,15 +152,15 @@ impl Nccl {
     pub fn new(group: &Arc<Group>, stream: &Arc<CudaStream>, timeout: Duration) -> Result<Self> {
         nccl_version()?;
         nvls_off()?;
-        let key = format!("{}/nccl-id", group.next_prefix("nccl"));
-        let store = group.store();
-        let id = if group.rank().get() == 0 {
+        let exchange = group.exchange(group.next_prefix("nccl"));
+        let (rank, world) = (group.rank().get(), group.world_size());
+        let id = if rank == 0 {
             let id = Id::new().map_err(|e| nccl_err("ncclGetUniqueId", e))?;
             let bytes: Vec<u8> = id.internal().iter().map(|&c| c as u8).collect();
-            store.set(&key, &bytes)?;
+            exchange.broadcast(rank, world, 0, &bytes, timeout)?;
             id
         } else {
-            let bytes = store.get_timeout(&key, timeout)?;
+            let bytes = exchange.broadcast(rank, world, 0, &[], timeout)?;
             if bytes.len() != 128 {
                 return Err(Error::InvalidArgument(format!(
                     "NCCL unique id of {} bytes in the store (expected 128)",

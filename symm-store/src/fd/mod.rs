@@ -37,6 +37,7 @@ use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{self, sockopt, ControlMessage, MsgFlags, UnixAddr};
 
+use crate::exchange::Liveness;
 use crate::exchange::StoreExchange;
 use crate::store::{Result, Store, StoreError};
 
@@ -217,6 +218,30 @@ impl FdChannel {
     ///
     /// Every rank of the channel must call this with the same `prefix` and `world`.
     pub fn new(store: Arc<dyn Store>, prefix: &str, rank: usize, world: usize, timeout: Duration) -> Result<FdChannel> {
+        Self::meet(store, prefix, rank, world, timeout, None)
+    }
+
+    /// [`FdChannel::new`], asking `liveness` about ranks that have not arrived while it waits
+    /// (a rank found gone fails the meeting at once, [`StoreExchange::with_liveness`]).
+    pub fn with_liveness(
+        store: Arc<dyn Store>,
+        prefix: &str,
+        rank: usize,
+        world: usize,
+        timeout: Duration,
+        liveness: Arc<dyn Liveness>,
+    ) -> Result<FdChannel> {
+        Self::meet(store, prefix, rank, world, timeout, Some(liveness))
+    }
+
+    fn meet(
+        store: Arc<dyn Store>,
+        prefix: &str,
+        rank: usize,
+        world: usize,
+        timeout: Duration,
+        liveness: Option<Arc<dyn Liveness>>,
+    ) -> Result<FdChannel> {
         if world == 0 || rank >= world {
             return Err(StoreError::InvalidArgument(format!(
                 "FdChannel: rank {rank} out of range for world size {world}"
@@ -232,7 +257,10 @@ impl FdChannel {
         let uid = nix::unistd::getuid().as_raw();
         let pid = std::process::id();
         let info = format!("symmfd1 {uid} {pid} {name}");
-        let ex = StoreExchange::new(store.clone(), format!("{prefix}/fdchannel"));
+        let mut ex = StoreExchange::new(store.clone(), format!("{prefix}/fdchannel"));
+        if let Some(l) = liveness {
+            ex = ex.with_liveness(l);
+        }
         let all = ex.all_gather(rank, world, info.as_bytes(), timeout)?;
         let mut peers = Vec::with_capacity(world);
         for (r, bytes) in all.iter().enumerate() {

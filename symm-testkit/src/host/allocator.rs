@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use symm_core::agree::{check_equal, check_world_size, host_id, pid_namespace, time_left};
 
 use symm_core::pad::SIGNAL_PAD_SIZE;
-use symm_core::symm_store::{FdChannel, FdKind, StoreExchange};
+use symm_core::symm_store::{FdChannel, FdKind};
 use symm_core::{
     check_device_sharing, check_same_host, Allocation, Device, DeviceType, Error, Group, Result, SymmetricAllocator,
     SymmetricMemory,
@@ -248,15 +248,12 @@ impl HostAllocation {
         let store = g.store().clone();
         // Every rank meets at `{prefix}/{step}` within the rendezvous's deadline.
         let barrier = |step: &str| -> Result<()> {
-            StoreExchange::new(store.clone(), format!("{prefix}/{step}")).barrier(
-                rank,
-                world,
-                time_left(deadline, timeout, "rendezvous")?,
-            )?;
+            g.exchange(format!("{prefix}/{step}"))
+                .barrier(rank, world, time_left(deadline, timeout, "rendezvous")?)?;
             Ok(())
         };
 
-        let raw = StoreExchange::new(store.clone(), format!("{prefix}/info")).all_gather(
+        let raw = g.exchange(format!("{prefix}/info")).all_gather(
             rank,
             world,
             &self.info().encode(),
@@ -310,12 +307,13 @@ impl HostAllocation {
                 .region
                 .fd()
                 .ok_or_else(|| Error::InvalidArgument("host allocation lost its memfd".into()))?;
-            let channel = FdChannel::new(
+            let channel = FdChannel::with_liveness(
                 store.clone(),
                 &format!("{prefix}/fds"),
                 rank,
                 world,
                 time_left(deadline, timeout, "rendezvous")?,
+                g.liveness(),
             )?
             .with_expected_kind(FdKind::Memfd);
             let fds = channel.all_gather_fds(own_fd, time_left(deadline, timeout, "rendezvous")?)?;
