@@ -100,14 +100,17 @@ impl GroupOptions {
 /// One rank's view of a group.
 pub struct Group {
     name: String,
-    /// `symm/{name}` or `symm/job-{id}/{name}`.
-    base: String,
+    /// The generation's store-key prefix: `symm/{name}/g{generation}` or
+    /// `symm/job-{id}/{name}/g{generation}`.
+    prefix: String,
     rank: Rank,
     store: Arc<dyn Store>,
     generation: u64,
     timeout: Duration,
     seq: AtomicU64,
     options: GroupOptions,
+    /// Shared by every setup exchange of the group, so peers' process records are read once.
+    liveness: Arc<crate::liveness::GroupLiveness>,
 }
 
 impl std::fmt::Debug for Group {
@@ -152,9 +155,11 @@ impl Group {
         };
         let joins = store.add(&format!("{base}/joins"), 1)?;
         let generation = ((joins - 1).max(0) as u64) / world_size as u64;
+        let prefix = format!("{base}/g{generation}");
         let g = Group {
             name,
-            base,
+            liveness: Arc::new(crate::liveness::GroupLiveness::new(store.clone(), prefix.clone())),
+            prefix,
             rank,
             store,
             generation,
@@ -180,10 +185,7 @@ impl Group {
             });
         }
         // Which process this rank is, for peers waiting on it during setup (NOTE [setup-liveness]).
-        g.store.set(
-            &crate::liveness::record_key(&g.prefix(), rank.get()),
-            crate::liveness::ProcessRecord::me().encode().as_bytes(),
-        )?;
+        g.liveness.publish(rank.get())?;
         Ok(Arc::new(g))
     }
 
@@ -197,7 +199,7 @@ impl Group {
     /// Whether ranks of this group that have not arrived somewhere are gone (their process on
     /// this host exited), for waits on peers outside [`Group::exchange`] (the fd channel).
     pub fn liveness(&self) -> Arc<dyn Liveness> {
-        Arc::new(crate::liveness::GroupLiveness::new(self.store.clone(), self.prefix()))
+        self.liveness.clone()
     }
 
     /// The options the group was built with.
@@ -226,7 +228,7 @@ impl Group {
     }
     /// The store-key prefix of this group's generation.
     pub fn prefix(&self) -> String {
-        format!("{}/g{}", self.base, self.generation)
+        self.prefix.clone()
     }
     /// A fresh prefix for the next collective setup step (rendezvous,
     /// communicator). Every rank calls this in the same order, so the

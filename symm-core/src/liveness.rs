@@ -9,14 +9,14 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use symm_store::{Liveness, Store};
+use symm_store::{Liveness, Store, StoreError};
 
 use crate::agree::{host_id, pid_namespace};
 
 /// Which process a rank is: host, pid namespace, pid and the process's start time (so a reused
 /// pid is not taken for the rank).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ProcessRecord {
+struct ProcessRecord {
     host: String,
     pid_ns: String,
     pid: u32,
@@ -25,7 +25,7 @@ pub(crate) struct ProcessRecord {
 
 impl ProcessRecord {
     /// This process.
-    pub(crate) fn me() -> ProcessRecord {
+    fn me() -> ProcessRecord {
         let pid = std::process::id();
         ProcessRecord {
             host: host_id(),
@@ -35,7 +35,7 @@ impl ProcessRecord {
         }
     }
 
-    pub(crate) fn encode(&self) -> String {
+    fn encode(&self) -> String {
         format!("{}\n{}\n{}\n{}", self.host, self.pid_ns, self.pid, self.start)
     }
 
@@ -84,7 +84,7 @@ fn proc_state(pid: u32) -> Option<(char, u64)> {
 }
 
 /// The store key of `rank`'s process record under a group's `prefix`.
-pub(crate) fn record_key(prefix: &str, rank: usize) -> String {
+fn record_key(prefix: &str, rank: usize) -> String {
     format!("{prefix}/process/{rank}")
 }
 
@@ -104,6 +104,12 @@ impl GroupLiveness {
             me: ProcessRecord::me(),
             known: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Publishes this process as `rank`'s.
+    pub(crate) fn publish(&self, rank: usize) -> Result<(), StoreError> {
+        self.store
+            .set(&record_key(&self.prefix, rank), self.me.encode().as_bytes())
     }
 
     fn record(&self, rank: usize) -> Option<ProcessRecord> {

@@ -30,57 +30,57 @@ use std::ops::Deref;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, HostSlice};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, HostSlice};
 use symm_core::{Error, Result};
 
 use crate::driver::{self, from_driver};
 
+#[derive(Default)]
 struct DeviceStreams {
-    control: Arc<CudaStream>,
+    /// Created at the first [`control`] call (a context that only lends pool streams has none).
+    control: Option<Arc<CudaStream>>,
     idle: Vec<Arc<CudaStream>>,
 }
 
-/// Keyed by the `CudaContext` object (its address: a pooled stream holds its context, so the
-/// address cannot be reused while the entry lives), so that a stream from the pool belongs to
-/// the object it was asked for (cudarc's event tracking is a property of that object).
+/// Keyed by the `CudaContext` object (its address), so that a stream from the pool belongs to
+/// the object it was asked for (cudarc's event tracking is a property of that object). Every
+/// stream an entry holds keeps its context alive, so the address cannot be reused while the
+/// entry holds streams; an entry without streams holds nothing a new object could mistake.
 fn table() -> &'static Mutex<HashMap<usize, DeviceStreams>> {
     static T: OnceLock<Mutex<HashMap<usize, DeviceStreams>>> = OnceLock::new();
     T.get_or_init(Default::default)
 }
 
-fn with_device<R>(ctx: &Arc<CudaContext>, f: impl FnOnce(&mut DeviceStreams) -> R) -> Result<R> {
-    use std::collections::hash_map::Entry;
+fn with_device<R>(ctx: &Arc<CudaContext>, f: impl FnOnce(&mut DeviceStreams) -> R) -> R {
     let mut t = table().lock().unwrap_or_else(|e| e.into_inner());
-    let d = match t.entry(Arc::as_ptr(ctx) as usize) {
-        Entry::Occupied(o) => o.into_mut(),
-        Entry::Vacant(v) => {
-            driver::bind(ctx)?;
-            let control = ctx.new_stream().map_err(|e| from_driver(e, "cuStreamCreate"))?;
-            v.insert(DeviceStreams {
-                control,
-                idle: Vec::new(),
-            })
-        }
-    };
-    Ok(f(d))
+    f(t.entry(Arc::as_ptr(ctx) as usize).or_default())
+}
+
+fn new_stream(ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>> {
+    driver::bind(ctx)?;
+    ctx.new_stream().map_err(|e| from_driver(e, "cuStreamCreate"))
 }
 
 /// The control stream of `ctx`'s device: shared by every rank and object of the process, for
 /// work that never waits on a peer or an event (NOTE [stream-budget]).
 pub fn control(ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>> {
-    with_device(ctx, |d| d.control.clone())
+    with_device(ctx, |d| match &d.control {
+        Some(c) => Ok(c.clone()),
+        None => {
+            let c = new_stream(ctx)?;
+            d.control = Some(c.clone());
+            Ok(c)
+        }
+    })
 }
 
 /// A worker stream of `ctx` from the process pool (created if none is idle). It goes
 /// back to the pool when dropped, if it is idle and nobody else holds it; otherwise it is
-/// released like any stream.
+/// released like any stream. The pool keeps `ctx` alive while it holds idle streams.
 pub fn pooled(ctx: &Arc<CudaContext>) -> Result<PooledStream> {
-    let stream = match with_device(ctx, |d| d.idle.pop())? {
+    let stream = match with_device(ctx, |d| d.idle.pop()) {
         Some(s) => s,
-        None => {
-            driver::bind(ctx)?;
-            ctx.new_stream().map_err(|e| from_driver(e, "cuStreamCreate"))?
-        }
+        None => new_stream(ctx)?,
     };
     Ok(PooledStream { stream })
 }
@@ -191,31 +191,35 @@ pub trait HostCopies {
     ) -> Result<()>;
 }
 
+/// `copy` (cudarc's call `call`) once `stream` went idle ([`wait_idle`]).
+fn after_idle<R>(
+    stream: &CudaStream,
+    call: &str,
+    copy: impl FnOnce() -> std::result::Result<R, DriverError>,
+) -> Result<R> {
+    wait_idle(stream, HOST_COPY_TIMEOUT)?;
+    copy().map_err(|e| from_driver(e, call))
+}
+
 impl HostCopies for Arc<CudaStream> {
     fn synced_clone_dtoh<T: DeviceRepr, Src: DevicePtr<T>>(&self, src: &Src) -> Result<Vec<T>> {
-        wait_idle(self, HOST_COPY_TIMEOUT)?;
-        self.clone_dtoh(src).map_err(|e| from_driver(e, "cuMemcpyDtoHAsync"))
+        after_idle(self, "cuMemcpyDtoHAsync", || self.clone_dtoh(src))
     }
     fn synced_memcpy_dtoh<T: DeviceRepr, Src: DevicePtr<T>, Dst: HostSlice<T> + ?Sized>(
         &self,
         src: &Src,
         dst: &mut Dst,
     ) -> Result<()> {
-        wait_idle(self, HOST_COPY_TIMEOUT)?;
-        self.memcpy_dtoh(src, dst)
-            .map_err(|e| from_driver(e, "cuMemcpyDtoHAsync"))
+        after_idle(self, "cuMemcpyDtoHAsync", || self.memcpy_dtoh(src, dst))
     }
     fn synced_clone_htod<T: DeviceRepr, Src: HostSlice<T> + ?Sized>(&self, src: &Src) -> Result<CudaSlice<T>> {
-        wait_idle(self, HOST_COPY_TIMEOUT)?;
-        self.clone_htod(src).map_err(|e| from_driver(e, "cuMemcpyHtoDAsync"))
+        after_idle(self, "cuMemcpyHtoDAsync", || self.clone_htod(src))
     }
     fn synced_memcpy_htod<T: DeviceRepr, Src: HostSlice<T> + ?Sized, Dst: DevicePtrMut<T>>(
         &self,
         src: &Src,
         dst: &mut Dst,
     ) -> Result<()> {
-        wait_idle(self, HOST_COPY_TIMEOUT)?;
-        self.memcpy_htod(src, dst)
-            .map_err(|e| from_driver(e, "cuMemcpyHtoDAsync"))
+        after_idle(self, "cuMemcpyHtoDAsync", || self.memcpy_htod(src, dst))
     }
 }

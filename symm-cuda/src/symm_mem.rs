@@ -83,9 +83,6 @@ pub(crate) struct MemInner {
     pad_ptrs: Vec<u64>,
     /// Word 0: the abort flag kernels poll; words 1..: status slots.
     host_words: PinnedWords,
-    /// The device's control stream (set_abort / check_error / read_signal_pad): never queued
-    /// behind a wait (NOTE [stream-budget]).
-    control: Arc<CudaStream>,
     slots: Mutex<Slots>,
     fns: Mutex<Option<Arc<SyncFns>>>,
     last_op: Mutex<LastOp>,
@@ -99,7 +96,7 @@ impl Drop for MemInner {
         self.host_words.store(ABORT_SLOT, 1);
         let draining = std::mem::take(&mut self.slots.get_mut().unwrap_or_else(|e| e.into_inner()).draining);
         let r = bind(&self.local.ctx).and_then(|()| {
-            driver::stream_synchronize(&self.control)?;
+            driver::stream_synchronize(&self.local.stream)?;
             draining.iter().try_for_each(|s| driver::stream_synchronize(s))
         });
         if let Err(e) = r {
@@ -160,7 +157,6 @@ impl CudaSymmetricMemory {
         }
         htod_sync(&local.stream, local.meta_ptr(), &table)?;
         let host_words = PinnedWords::new(&local.ctx)?;
-        let control = local.stream.clone();
         let mem = CudaSymmetricMemory {
             inner: Arc::new(MemInner {
                 group,
@@ -173,7 +169,6 @@ impl CudaSymmetricMemory {
                 buffer_ptrs,
                 pad_ptrs,
                 host_words,
-                control,
                 slots: Mutex::new(Slots {
                     free: Vec::new(),
                     next: ABORT_SLOT + 1,
@@ -231,13 +226,13 @@ impl CudaSymmetricMemory {
         let i = &self.inner;
         bind(&i.local.ctx)?;
         let mut word = [0u8; 4];
-        dtoh_sync(&i.control, &mut word, self.error_word_ptr())?;
+        dtoh_sync(&i.local.stream, &mut word, self.error_word_ptr())?;
         let code = u32::from_le_bytes(word);
         if code == pad::ERR_NONE {
             return Ok(());
         }
-        memset_d32_async(&i.control, self.error_word_ptr(), 0, 1)?;
-        driver::stream_synchronize(&i.control)?;
+        memset_d32_async(&i.local.stream, self.error_word_ptr(), 0, 1)?;
+        driver::stream_synchronize(&i.local.stream)?;
         let last = i.last_op.lock().unwrap_or_else(|e| e.into_inner()).clone();
         Err(self.code_error(code, &format!("device wait (last op: {})", last.what), last.timeout))
     }
@@ -680,7 +675,7 @@ impl SymmetricMemory for CudaSymmetricMemory {
         let r = self.check_peer("signal pad rank", rank)?;
         check_range("signal pad read", offset, out.len(), SIGNAL_PAD_SIZE)?;
         // The control stream: never queued behind a spinning wait.
-        dtoh_sync(&self.inner.control, out, self.inner.pad_ptrs[r] + offset as u64)
+        dtoh_sync(&self.inner.local.stream, out, self.inner.pad_ptrs[r] + offset as u64)
     }
 
     fn set_abort(&self, abort: bool) -> Result<()> {
@@ -691,8 +686,8 @@ impl SymmetricMemory for CudaSymmetricMemory {
         i.host_words.store(ABORT_SLOT, u32::from(abort));
         bind(&i.local.ctx)?;
         let word = i.pad_ptrs[i.rank] + (pad::ABORT_WORD * 4) as u64;
-        memset_d32_async(&i.control, word, u32::from(abort), 1)?;
-        driver::stream_synchronize(&i.control)
+        memset_d32_async(&i.local.stream, word, u32::from(abort), 1)?;
+        driver::stream_synchronize(&i.local.stream)
     }
 
     fn as_any(&self) -> &dyn Any {

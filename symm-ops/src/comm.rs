@@ -618,7 +618,9 @@ impl Communicator {
             return Err(e);
         }
         if let Engine::Host(h) = &self.engine {
-            if h.reject().is_err() {
+            // Poisoned only by what leaves the group out of step (a peer that did not reject
+            // too, a timeout), not by a local refusal such as a second op at once.
+            if h.reject().is_err_and(|e2| is_fatal(&e2)) {
                 self.poisoned.store(true, Ordering::Release);
             }
         }
@@ -663,7 +665,7 @@ impl Communicator {
     /// [`Self::one_shot_all_reduce_out`] in hot loops and CUDA graphs.
     pub fn one_shot_all_reduce<'a, O: NewOutput>(&self, input: impl Into<Buf<'a>>, op: ReduceOp) -> Result<O> {
         let input = input.into();
-        let mut out = O::new_output(self, input.len(), input.dtype())?;
+        let mut out = self.arg(O::new_output(self, input.len(), input.dtype()))?;
         self.all_reduce_with(AllReduceAlgo::OneShot, Some(input), out.as_output(), op)?;
         Ok(out)
     }
@@ -764,7 +766,7 @@ impl Communicator {
     /// elements: rank r gets the reduction of every rank's r-th segment.
     pub fn reduce_scatter<'a, O: NewOutput>(&self, input: impl Into<Buf<'a>>, op: ReduceOp) -> Result<O> {
         let input = input.into();
-        let mut out = O::new_output(self, input.len() / self.world_size(), input.dtype())?;
+        let mut out = self.arg(O::new_output(self, input.len() / self.world_size(), input.dtype()))?;
         self.reduce_scatter_out(input, out.as_output(), op)?;
         Ok(out)
     }
@@ -811,8 +813,8 @@ impl Communicator {
     /// (rank r's input at `r * input.len()`).
     pub fn all_gather<'a, O: NewOutput>(&self, input: impl Into<Buf<'a>>) -> Result<O> {
         let input = input.into();
-        let len = gathered_len(input.len(), self.world_size())?;
-        let mut out = O::new_output(self, len, input.dtype())?;
+        let len = self.arg(gathered_len(input.len(), self.world_size()))?;
+        let mut out = self.arg(O::new_output(self, len, input.dtype()))?;
         self.all_gather_out(input, out.as_output())?;
         Ok(out)
     }

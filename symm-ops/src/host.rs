@@ -49,6 +49,7 @@ const OP_CHANNEL: usize = 0;
 const USER_CHANNEL: usize = 1;
 /// Bytes after the two staging regions holding this rank's op descriptor.
 const RECORD_BYTES: usize = 64;
+const _: () = assert!(OpDescriptor::BYTES <= RECORD_BYTES);
 /// The engine's all-reduce variants (`OpDescriptor::variant`): 0 one-shot, 1 two-shot.
 fn variant_name(kind: OpKind, v: u8) -> Option<&'static str> {
     match (kind, v) {
@@ -447,15 +448,18 @@ impl HostEngine {
         let es = dtype.size();
         let w = self.ranks.len();
         let chunk = self.half / (es * w);
+        let mut guard = self.lock()?;
+        let d = self.publish(&mut guard, OpKind::ReduceScatter, Some(dtype), count, Some(op), 0)?;
         if chunk == 0 {
+            // After the records are compared: a rank whose dtype differs gets Mismatch, not a
+            // peer left waiting (NOTE [op-agreement]); ranks that agree all get this error.
+            self.handshake(&d)?;
             return Err(Error::OutOfRange {
                 what: "world size for the staging buffer",
                 value: w as u64,
                 limit: (self.half / es) as u64,
             });
         }
-        let mut guard = self.lock()?;
-        let d = self.publish(&mut guard, OpKind::ReduceScatter, Some(dtype), count, Some(op), 0)?;
         if count == 0 {
             return self.handshake(&d);
         }

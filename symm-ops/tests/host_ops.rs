@@ -790,7 +790,7 @@ fn setup_notices_a_dead_rank_processes_w3() {
             if *rank == VICTIM);
         assert!(named, "rank {}: not PeerLost naming rank {VICTIM}: {e}", ctx.rank);
         assert!(
-            took < Duration::from_millis(1500),
+            took < symm_testkit::conformance::SETUP_LIVENESS,
             "rank {}: noticed after {took:?}: {e}",
             ctx.rank
         );

@@ -182,13 +182,16 @@ fn exits_with_the_first_failure_in_time() {
     let (status, took, err) = finish(&mut run, &pids, Duration::from_secs(20), "after the ranks ended");
     assert_eq!(status.code(), Some(7), "{status:?} after {took:?}\n{err}");
     assert!(err.contains("rank 1: exit code 7 (the first failure)"), "{err}");
-    // The other way round: rank 0 first.
+    let _ = std::fs::remove_dir_all(&dir);
+    // The other way round: rank 0 first (its own pid folder, so its ranks are the ones checked).
+    let dir = pid_dir("first-0");
     let mut run = start(
         &["--nproc-per-node", "2", "--timeout", "60"],
         r#"if [ "$RANK" = 0 ]; then sleep 0.1; exit 5; fi; sleep 1; exit 9"#,
         &dir,
     );
-    let (status, took, err) = finish(&mut run, &[], Duration::from_secs(20), "rank 0 first");
+    let pids = rank_pids(&dir, 2);
+    let (status, took, err) = finish(&mut run, &pids, Duration::from_secs(20), "rank 0 first");
     assert_eq!(status.code(), Some(5), "{status:?} after {took:?}\n{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -102,11 +102,13 @@ fn configure(cmd: &mut Command, target_dir: Option<&Path>, strip: bool) {
 /// test that needs at most `gpus` GPUs (`SYMM_REQUIRE_GPUS=<gpus>`).
 pub fn gpu_env(cmd: &mut Command, gpus: usize) {
     let mut dirs = vec![PathBuf::from("/usr/local/cuda/lib64")];
-    for stem in ["libnvrtc", "libnccl"] {
-        for d in util::find_lib_dirs(stem) {
-            if !dirs.contains(&d) {
-                dirs.push(d);
-            }
+    // NVRTC where `cargo xtask kernels` finds it (the system's, or its own `.nvrtc/`), NCCL.
+    for d in crate::kernels::find_nvrtc()
+        .into_iter()
+        .chain(util::find_lib_dirs("libnccl"))
+    {
+        if !dirs.contains(&d) {
+            dirs.push(d);
         }
     }
     cmd.env("LD_LIBRARY_PATH", util::prepend_path("LD_LIBRARY_PATH", &dirs))

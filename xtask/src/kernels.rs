@@ -25,7 +25,7 @@ pub fn local_nvrtc() -> PathBuf {
 
 /// Folders holding libnvrtc: those [`util::find_lib_dirs`] knows, then
 /// `.nvrtc/nvidia/*/lib`.
-fn find_nvrtc() -> Vec<PathBuf> {
+pub(crate) fn find_nvrtc() -> Vec<PathBuf> {
     let mut dirs = util::find_lib_dirs("libnvrtc");
     for d in util::nvidia_lib_dirs(&local_nvrtc().join("nvidia")) {
         if util::dir_has_lib(&d, "libnvrtc") && !dirs.contains(&d) {

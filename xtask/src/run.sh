@@ -65,9 +65,10 @@ has_arg() { local want="$1"; shift; for a in "$@"; do [ "$a" = "$want" ] && retu
 
 cmd_tests() {
   # GPU tests own both GPUs and measure device-memory baselines: one at a time.
-  export RUST_TEST_THREADS="${RUST_TEST_THREADS:-1}"
+  local -x RUST_TEST_THREADS="${RUST_TEST_THREADS:-1}"
   # Rank threads sharing a GPU need every hardware work queue (NOTE [co-residency]).
-  export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-32}"
+  # (local: `run.sh all` then times the benchmark with the driver's default, as `xtask bench` does)
+  local -x CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-32}"
   local passed=0 failed=0 failed_names=""
   for t in "$HERE"/tests/*; do
     [ -x "$t" ] || continue

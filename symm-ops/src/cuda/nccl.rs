@@ -147,15 +147,21 @@ pub(crate) struct Nccl {
 }
 
 impl Nccl {
-    /// Collective: rank 0 creates the unique id and publishes it through the
+    /// Collective, after [`agree_available`] said every rank can: rank 0 creates the unique id and publishes it through the
     /// group's store; every rank joins.
     pub fn new(group: &Arc<Group>, stream: &Arc<CudaStream>, timeout: Duration) -> Result<Self> {
-        nccl_version()?;
-        nvls_off()?;
         let exchange = group.exchange(group.next_prefix("nccl"));
         let (rank, world) = (group.rank().get(), group.world_size());
         let id = if rank == 0 {
-            let id = Id::new().map_err(|e| nccl_err("ncclGetUniqueId", e))?;
+            let id = match Id::new() {
+                Ok(id) => id,
+                Err(e) => {
+                    // An empty id fails every peer at once (the length check below) instead of
+                    // leaving them waiting for one.
+                    let _ = exchange.broadcast(rank, world, 0, &[], timeout);
+                    return Err(nccl_err("ncclGetUniqueId", e));
+                }
+            };
             let bytes: Vec<u8> = id.internal().iter().map(|&c| c as u8).collect();
             exchange.broadcast(rank, world, 0, &bytes, timeout)?;
             id

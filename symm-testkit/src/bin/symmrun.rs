@@ -9,7 +9,7 @@
 //! 127.0.0.1 and a free port), starts N copies of PROGRAM with RANK,
 //! LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
 //! TORCHELASTIC_USE_AGENT_STORE=True (the ranks are clients of this store,
-//! as under torchrun's agent), and exits with 0 if every rank did, else with
+//! as under torchrun's agent; NCCL_NVLS_ENABLE=0 unless set), and exits with 0 if every rank did, else with
 //! the code of the rank that failed first in time (128 + signal for a
 //! signal). After the first failure the other ranks get `--grace` seconds
 //! (default 5) before they are killed; at `--timeout` every rank still
@@ -186,15 +186,16 @@ fn spawn(program: &[String], nproc: usize, master: SocketAddr) -> Result<Vec<Ran
     let Some((exe, args)) = program.split_first() else {
         return Err("no program given".into());
     };
-    let nvls = std::env::var("NCCL_NVLS_ENABLE").unwrap_or_else(|_| "0".into());
+    // symm's NCCL fallback runs only with NVLink multicast off (symm-ops refuses it otherwise):
+    // ranks get NCCL_NVLS_ENABLE=0 unless the caller set the variable (then they inherit it).
+    let set_nvls = std::env::var_os("NCCL_NVLS_ENABLE").is_none();
     let mut ranks: Vec<Rank> = Vec::with_capacity(nproc);
     for rank in 0..nproc {
         let mut cmd = rank_command(exe, args, rank, nproc, master);
-        // symm's NCCL fallback runs only with NVLink multicast off (symm-ops refuses it otherwise).
-        cmd.env("NCCL_NVLS_ENABLE", nvls.as_str())
-            .env_remove(CHILD_ENV)
-            .env_remove(ISOLATED_ENV)
-            .stdin(Stdio::null());
+        if set_nvls {
+            cmd.env("NCCL_NVLS_ENABLE", "0");
+        }
+        cmd.env_remove(CHILD_ENV).env_remove(ISOLATED_ENV).stdin(Stdio::null());
         match cmd.spawn() {
             Ok(child) => ranks.push(Rank {
                 rank,
