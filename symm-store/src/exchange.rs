@@ -81,8 +81,9 @@ impl StoreExchange {
     /// Waits for `keys` (one per rank in `ranks`); on timeout names the ranks still missing, and
     /// with a [`Liveness`] fails early naming a missing rank found gone.
     fn wait_ranks(&self, what: &str, keys: &[String], ranks: &[usize], timeout: Duration) -> Result<()> {
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let start = Instant::now();
+        // (key, rank) still missing; keys stay until every rank finished, so it only shrinks.
+        let mut missing: Vec<(&str, usize)> = keys.iter().map(String::as_str).zip(ranks.iter().copied()).collect();
         loop {
             let left = timeout.saturating_sub(start.elapsed());
             let slice = match &self.liveness {
@@ -91,31 +92,34 @@ impl StoreExchange {
             }
             // A zero timeout can mean "no deadline" to a store; the loop ends on elapsed time.
             .max(Duration::from_millis(1));
+            let refs: Vec<&str> = missing.iter().map(|&(k, _)| k).collect();
             match self.store.wait(&refs, Some(slice)) {
                 Ok(()) => return Ok(()),
                 Err(StoreError::Timeout { .. }) => {}
                 Err(e) => return Err(e),
             }
-            let mut missing = Vec::new();
-            for (k, r) in refs.iter().zip(ranks) {
+            let mut still = Vec::with_capacity(missing.len());
+            for (k, r) in missing {
                 if !self.store.check(&[k])? {
-                    missing.push(*r);
+                    still.push((k, r));
                 }
             }
+            missing = still;
             if missing.is_empty() {
                 // Everyone arrived just as the wait gave up.
                 return Ok(());
             }
-            if let Some((rank, reason)) = self.liveness.as_ref().and_then(|l| l.lost(&missing)) {
+            let ranks: Vec<usize> = missing.iter().map(|&(_, r)| r).collect();
+            if let Some((rank, reason)) = self.liveness.as_ref().and_then(|l| l.lost(&ranks)) {
                 return Err(StoreError::PeerLost {
                     rank,
-                    reason: format!("{reason} (during {what}; ranks {missing:?} had not arrived)"),
+                    reason: format!("{reason} (during {what}; ranks {ranks:?} had not arrived)"),
                 });
             }
             if start.elapsed() >= timeout {
                 return Err(StoreError::MissingRanks {
                     what: what.to_owned(),
-                    missing,
+                    missing: ranks,
                     timeout,
                 });
             }

@@ -143,10 +143,6 @@ fn nofile_limit() -> String {
     }
 }
 
-fn is_exhaustion(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE))
-}
-
 fn exhausted(context: &str) -> StoreError {
     StoreError::FdExhausted {
         context: context.to_owned(),
@@ -156,7 +152,7 @@ fn exhausted(context: &str) -> StoreError {
 
 /// Maps an I/O error of `context`, turning fd-table exhaustion into a clear error.
 fn io_err(context: &str, e: io::Error) -> StoreError {
-    if is_exhaustion(&e) {
+    if crate::util::is_fd_exhaustion(&e) {
         return exhausted(context);
     }
     StoreError::Io(io::Error::new(e.kind(), format!("fd channel: {context}: {e}")))
@@ -773,7 +769,7 @@ impl FdChannel {
                     return Err(Reject {
                         reason: format!("recvmsg from pid {}: {e}", cred.pid()),
                         fatal_rank: sender,
-                        exhausted: is_exhaustion(&e),
+                        exhausted: crate::util::is_fd_exhaustion(&e),
                     })
                 }
             }

@@ -226,10 +226,6 @@ fn closed_by_peer(e: &io::Error) -> bool {
 fn connect_deadline_error(addr: SocketAddr, timeout: Duration, last: Option<io::Error>) -> StoreError {
     let what = match last {
         None => format!("connecting to the store at {addr}"),
-        Some(e) if e.kind() == io::ErrorKind::TimedOut => format!(
-            "connecting to the store at {addr} (the server accepted the connection but did not \
-             answer the handshake)"
-        ),
         Some(e) => format!("connecting to the store at {addr} (last attempt: {e})"),
     };
     StoreError::Timeout { what, timeout }
@@ -254,6 +250,14 @@ fn connect_handshake(addr: SocketAddr, timeout: Duration) -> Result<Conn> {
         let (e, cut_off) = match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(1))) {
             Ok(s) => match handshake(Conn::new(s), deadline) {
                 Ok(c) => return Ok(c),
+                // Said here: a timed-out connect is also TimedOut, and means something else.
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => (
+                    io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the server accepted the connection but did not answer the handshake",
+                    ),
+                    false,
+                ),
                 Err(e) => {
                     let cut_off = closed_by_peer(&e);
                     (e, cut_off)

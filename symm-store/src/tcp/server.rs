@@ -38,7 +38,7 @@ use super::protocol::{
     STOP_WAITING, VALIDATION_MAGIC, WAIT_CANCELED,
 };
 use crate::store::{Result, StoreError};
-use crate::util::{compare_set_bytes, parse_decimal};
+use crate::util::{compare_set_bytes, is_fd_exhaustion, parse_decimal};
 
 /// Server settings. `Default` gives PyTorch's limits and timeouts generous for any real
 /// client (see the module docs for how pending and established connections differ).
@@ -419,10 +419,6 @@ const ACCEPT_PAUSE: Duration = Duration::from_millis(50);
 const MIN_SWEEP: Duration = Duration::from_millis(5);
 const MAX_SWEEP: Duration = Duration::from_millis(100);
 
-fn is_fd_exhaustion(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
-}
-
 fn i64_of(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
@@ -444,9 +440,11 @@ impl Server {
             if let Some(t) = self.accept_paused_until {
                 wake_at = wake_at.min(t);
             }
+            // Rounded up: a wait of 0 ms while under 1 ms is left would spin until the sweep.
             let ms = wake_at
                 .saturating_duration_since(now)
-                .as_millis()
+                .as_micros()
+                .div_ceil(1000)
                 .min(MAX_SWEEP.as_millis());
             let tick = EpollTimeout::from(u16::try_from(ms).unwrap_or(100));
             let n = match self.epoll.wait(&mut events, tick) {
