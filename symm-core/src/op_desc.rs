@@ -60,6 +60,9 @@ pub struct OpDescriptor {
 }
 
 const MAGIC: u32 = 0x5359_4f50; // "SYOP"
+/// Tags of the first two header words (top byte), so a header never equals the sentinel.
+const HDR_TAG0: u32 = 0x5300_0000;
+const HDR_TAG1: u32 = 0x4f00_0000;
 
 impl OpDescriptor {
     /// Encoded size in bytes.
@@ -114,16 +117,56 @@ impl OpDescriptor {
         })
     }
 
+    /// The record as four 32-bit words for the collective kernels' in-band headers (NOTE
+    /// [op-agreement]): everything but `seq`, which the device does not know. No word is ever
+    /// `0xFFFF_FFFF` (the Lamport sentinel); `count` is kept modulo 2^62.
+    pub fn header_words(&self) -> [u32; 4] {
+        let b = self.encode();
+        [
+            HDR_TAG0 | (u32::from(b[4]) << 16) | (u32::from(b[5]) << 8) | u32::from(b[6]),
+            HDR_TAG1 | u32::from(self.variant),
+            (self.count & 0x7fff_ffff) as u32,
+            ((self.count >> 31) & 0x7fff_ffff) as u32,
+        ]
+    }
+
+    /// Decodes [`Self::header_words`] (`seq` 0); `None` when the words are not a header.
+    pub fn from_header_words(w: [u32; 4]) -> Option<OpDescriptor> {
+        if w[0] & 0xff00_0000 != HDR_TAG0 || w[1] & 0xffff_ff00 != HDR_TAG1 || (w[2] | w[3]) >> 31 != 0 {
+            return None;
+        }
+        let mut b = OpDescriptor {
+            seq: 0,
+            kind: OpKind::Barrier,
+            dtype: None,
+            count: 0,
+            reduce: None,
+            variant: 0,
+        }
+        .encode();
+        b[4] = (w[0] >> 16) as u8;
+        b[5] = (w[0] >> 8) as u8;
+        b[6] = w[0] as u8;
+        b[7] = w[1] as u8;
+        b[8..16].copy_from_slice(&(u64::from(w[2]) | (u64::from(w[3]) << 31)).to_le_bytes());
+        OpDescriptor::decode(&b)
+    }
+
+    /// This record as `agree` names it in an error (the device form has no sequence number).
+    pub fn describe(&self, variant_names: VariantNames) -> String {
+        Show(self, variant_names, false).to_string()
+    }
+
     /// Ok when `peer`'s record (as read from its memory) equals this rank's;
     /// else [`Error::Mismatch`] naming both sides. `variant_names` names the
     /// engine's variants of an op kind (`None`: the variant goes unsaid).
     pub fn agree(&self, me: usize, peer: usize, theirs: &[u8], variant_names: VariantNames) -> Result<()> {
-        let mine = Show(self, variant_names);
+        let mine = Show(self, variant_names, true);
         match OpDescriptor::decode(theirs) {
             Some(t) if t == *self => Ok(()),
             Some(t) => Err(Error::Mismatch {
                 what: "the collective op",
-                detail: format!("rank {peer} ran {}, rank {me} ran {mine}", Show(&t, variant_names)),
+                detail: format!("rank {peer} ran {}, rank {me} ran {mine}", Show(&t, variant_names, true)),
             }),
             None => Err(Error::Mismatch {
                 what: "the collective op",
@@ -136,12 +179,16 @@ impl OpDescriptor {
 /// An engine's name for variant `v` of an op kind.
 pub type VariantNames = fn(OpKind, u8) -> Option<&'static str>;
 
-struct Show<'a>(&'a OpDescriptor, VariantNames);
+/// A record as errors name it; the flag says whether to show the sequence number.
+struct Show<'a>(&'a OpDescriptor, VariantNames, bool);
 
 impl fmt::Display for Show<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let d = self.0;
-        write!(f, "op #{} {}", d.seq, d.kind.name())?;
+        if self.2 {
+            write!(f, "op #{} ", d.seq)?;
+        }
+        write!(f, "{}", d.kind.name())?;
         if d.kind == OpKind::Rejected || d.kind == OpKind::Barrier {
             return Ok(());
         }
@@ -192,6 +239,28 @@ mod tests {
         bad[5] = 200;
         assert_eq!(OpDescriptor::decode(&bad), None);
         assert_eq!(OpDescriptor::decode(&ar(1).encode()[..31]), None);
+    }
+
+    #[test]
+    fn header_words_round_trip_and_never_hold_the_sentinel() {
+        for count in [0u64, 1, 1000, 0x7fff_ffff, 0x8000_0000, u32::MAX as u64, (1 << 62) - 1] {
+            for kind in [OpKind::AllReduce, OpKind::AllGather, OpKind::Rejected] {
+                let d = OpDescriptor {
+                    seq: 0,
+                    kind,
+                    dtype: Some(DType::F16),
+                    count,
+                    reduce: Some(ReduceOp::Max),
+                    variant: 4,
+                };
+                let w = d.header_words();
+                assert!(w.iter().all(|&x| x != u32::MAX), "{w:x?}");
+                assert_eq!(OpDescriptor::from_header_words(w), Some(d));
+            }
+        }
+        assert_ne!(ar(1000).header_words(), ar(2000).header_words());
+        assert_eq!(OpDescriptor::from_header_words([0; 4]), None);
+        assert_eq!(OpDescriptor::from_header_words([u32::MAX; 4]), None);
     }
 
     #[test]

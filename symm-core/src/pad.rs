@@ -74,6 +74,15 @@ pub const SIGNAL_PAD_SIZE: usize = 64 * 1024;
 pub const ERR_NONE: u32 = 0;
 pub const ERR_TIMEOUT: u32 = 1;
 pub const ERR_ABORTED: u32 = 2;
+/// Ranks passed different check words to a barrier or a fused pull (op, geometry): that op's
+/// barriers still complete, so the object stays in step.
+pub const ERR_MISMATCH: u32 = 3;
+/// A collective kernel saw a peer's op record differ from its own (NOTE [op-agreement]): the
+/// ranks are out of step, so every later wait gives up at once.
+pub const ERR_OP_MISMATCH: u32 = 4;
+/// A peer rejected its own arguments for an op (NOTE [op-agreement]) and told this rank so:
+/// every later wait gives up at once.
+pub const ERR_PEER_REJECTED: u32 = 5;
 
 const _: () = assert!(USED_WORDS * 4 <= SIGNAL_PAD_SIZE);
 
@@ -121,7 +130,10 @@ pub fn c_defines() -> String {
          #define SYMM_ERROR_WORD {ERROR_WORD}\n\
          #define SYMM_SIGNAL_PAD_SIZE {SIGNAL_PAD_SIZE}\n\
          #define SYMM_ERR_TIMEOUT {ERR_TIMEOUT}\n\
-         #define SYMM_ERR_ABORTED {ERR_ABORTED}\n"
+         #define SYMM_ERR_ABORTED {ERR_ABORTED}\n\
+         #define SYMM_ERR_MISMATCH {ERR_MISMATCH}\n\
+         #define SYMM_ERR_OP_MISMATCH {ERR_OP_MISMATCH}\n\
+         #define SYMM_ERR_PEER_REJECTED {ERR_PEER_REJECTED}\n"
     )
 }
 

@@ -99,13 +99,34 @@
 // symm_coll_barrier's count; since the ranks issue the same sequence of ops, each kind's slot sees
 // increasing epochs only, and the two kinds interleave freely.
 //
+// Op agreement (NOTE [op-agreement] in docs/architecture.md). Every Lamport and ring launch carries
+// the op's header (symm_core::OpDescriptor::header_words: kind, dtype, reduce op, count, variant;
+// no word is the sentinel) and sends it in band, where the peers already look:
+//   Lamport: thread 0 (the thread of vector 0) stores its header into every peer's HDR[idx][jr]
+//   (after the three buffers) before vector 0, and polls its own HDR[idx][*] in the same loop as
+//   vector 0; the clearing thread of vector 0 clears HDR[(idx+2)%3][*] with the buffer (same
+//   safety argument as the data).
+//   Ring: the threads that release DATA[jr][slot] store the header into the peer's HDR[jr][slot]
+//   before the chunk's data (so the release covers it); a receiver reads HDR[l][slot] after its
+//   acquire of DATA and compares it before it acks the slot.
+//   Barrier and fused pull: the check word is a hash of the header and the geometry.
+// A header that differs latches SYMM_ERR_OP_MISMATCH (every later wait of the object gives up at
+// once: the ranks are out of step) and records both headers in STATE (COLL_ST_MISMATCH) for the
+// host's error. Every rank compares every peer's header, so all of them see it. A rank that
+// rejects its own arguments latches SYMM_ERR_PEER_REJECTED into every peer's pad
+// (symm_coll_reject). Not covered: ranks whose ops run different mechanisms (Lamport against
+// ring, say) never read each other's header; their waits end at the deadline (Timeout).
+//
 // Every wait is bounded: deadline from %globaltimer, the abort words, and an error already latched
 // (then the wait gives up at once); failures latch SYMM_ERR_* into the pad's ERROR word. No trap.
 // Accumulation is fp32 in rank order 0..world-1, so every rank gets bitwise the same result.
 
-#ifndef SYMM_ERR_MISMATCH
-#define SYMM_ERR_MISMATCH 3
-#endif
+// STATE words of a recorded disagreement (layout.rs ST_MISMATCH, MISMATCH_*): peer+1 | kind<<16,
+// the peer's four header words (or its check word), this rank's.
+#define COLL_ST_MISMATCH 201
+#define COLL_MISMATCH_HEADER 0
+#define COLL_MISMATCH_CHECK 1
+#define COLL_MISMATCH_REJECTED 2
 
 #define COLL_F32 0
 #define COLL_F16 1
@@ -209,12 +230,48 @@ struct CollWait {
     unsigned long long timeout_ns;
 };
 
-// True when a wait of this object already timed out or was aborted: later waits give up at once
-// (one dead peer costs one timeout, not one per wait). A latched SYMM_ERR_MISMATCH does not stop
-// waits: the barriers of that op still complete.
+// True when a wait of this object already timed out, was aborted, or its ranks fell out of step
+// (op headers differ, a peer rejected an op): later waits give up at once (one dead peer costs
+// one timeout, not one per wait). A latched SYMM_ERR_MISMATCH (check words of a barrier or pull)
+// does not stop waits: the barriers of that op still complete, so the ranks stay in step.
 __device__ __forceinline__ bool coll_fatal_latched(unsigned int* pad) {
     const unsigned int e = symm_latched_error(pad);
-    return e == SYMM_ERR_TIMEOUT || e == SYMM_ERR_ABORTED;
+    return e == SYMM_ERR_TIMEOUT || e == SYMM_ERR_ABORTED || e == SYMM_ERR_OP_MISMATCH ||
+           e == SYMM_ERR_PEER_REJECTED;
+}
+
+// Latches `code` into `err` (an ERROR word, local or a peer's), replacing a latched
+// SYMM_ERR_MISMATCH (which does not stop waits); true when this call latched it.
+__device__ __forceinline__ bool coll_latch_over_mismatch(unsigned int* err, unsigned int code) {
+    unsigned int prev = atomicCAS_system(err, 0u, code);
+    if (prev == SYMM_ERR_MISMATCH) {
+        prev = atomicCAS_system(err, SYMM_ERR_MISMATCH, code) == SYMM_ERR_MISMATCH ? 0u : prev;
+    }
+    return prev == 0u;
+}
+
+// Records a disagreement with `peer` in STATE (COLL_ST_MISMATCH) after latching `code`; only the
+// call that latched the error writes the record, so it describes the error the host reads.
+__device__ __noinline__ void coll_latch_disagreement(unsigned int* pad, unsigned int* st, unsigned int code,
+                                                     unsigned int kind, unsigned int peer, uint4 theirs, uint4 mine) {
+    const bool won = code == SYMM_ERR_MISMATCH ? atomicCAS(pad + SYMM_ERROR_WORD, 0u, code) == 0u
+                                               : coll_latch_over_mismatch(pad + SYMM_ERROR_WORD, code);
+    if (won) {
+        unsigned int* r = st + COLL_ST_MISMATCH;
+        r[1] = theirs.x;
+        r[2] = theirs.y;
+        r[3] = theirs.z;
+        r[4] = theirs.w;
+        r[5] = mine.x;
+        r[6] = mine.y;
+        r[7] = mine.z;
+        r[8] = mine.w;
+        r[0] = (peer + 1u) | (kind << 16);
+    }
+}
+
+__device__ __forceinline__ bool coll_v4_eq(const uint4& a, const uint4& b) {
+    return a.x == b.x && a.y == b.y && a.z == b.z && a.w == b.w;
 }
 
 // The periodic check of a bounded poll (every SYMM_CHECK_EVERY polls, with the deadline the
@@ -551,7 +608,7 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
                                              const char* input, char* output, unsigned long long count,
                                              unsigned long long lam_off, unsigned long long slot_bytes,
                                              unsigned long long state_off, unsigned long long timeout_ns,
-                                             const unsigned int* abort_host) {
+                                             const unsigned int* abort_host, const uint4 hdr) {
     symm_pdl_prologue();
     // count: AR the message's elements; RS the elements of one shard (the output); AG the
     // elements of one rank's input. Every slot holds nv = ceil(count / VE) vectors.
@@ -608,6 +665,8 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
     char* const cb = ws + lam_off + ((idx + 2u) % 3u) * buf_bytes;
     const char* const mine = ws + lam_off + idx * buf_bytes;
     const uint4 sentinel = make_uint4(COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL);
+    // Op headers (NOTE [op-agreement] above): HDR[3][w1] after the three buffers.
+    const unsigned long long hdr_off = lam_off + 3ull * buf_bytes;
     unsigned long long deadline = 0;
     bool failed = false;
 
@@ -615,6 +674,16 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
     //    idx, slot jr, and clear vector v of the previous op's buffer (k+2)%3.
     auto push = [&](unsigned long long v, uint4 xv) {
         const long long nvalid = (long long)(count - v * VE);
+        if (v == 0ull) {
+            // The op header goes with vector 0 (thread 0), the previous op's headers are cleared.
+            for (unsigned int l = 0; l < w1; ++l) {
+                const unsigned int p = (rank + 1 + l) % world;
+                const unsigned int jr = world - 2 - l;
+                coll_st_v4(reinterpret_cast<char*>(coll_ws(wsv, p)) + hdr_off + ((unsigned long long)idx * w1 + jr) * 16ull,
+                           hdr);
+                coll_st_v4(ws + hdr_off + ((unsigned long long)((idx + 2u) % 3u) * w1 + l) * 16ull, sentinel);
+            }
+        }
         if (!one_vec) {
             for (unsigned int l = 0; l < w1; ++l) {
                 const unsigned int p = (rank + 1 + l) % world;
@@ -648,6 +717,10 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
         const uint4 own = coll_canon<DT>(coll_load<DT>(own_in + v * 16, nvalid, al_own));
         uint4 pv[COLL_MAXW - 1];
         unsigned int pending = (1u << w1) - 1u;
+        // Vector 0 also waits for the peers' op headers (bits 8 + l) and compares them.
+        if (v == 0ull) {
+            pending |= pending << 8;
+        }
         unsigned int polls = 0;
         while (pending != 0u) {
 #pragma unroll
@@ -656,6 +729,18 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
                     pv[l] = coll_ld_volatile_v4(mine + (unsigned long long)l * slot_bytes + v * 16);
                     if (!coll_pending<DT>(pv[l])) {
                         pending &= ~(1u << l);
+                    }
+                }
+                if (pending & (0x100u << l)) {
+                    const uint4 h = coll_ld_volatile_v4(ws + hdr_off + ((unsigned long long)idx * w1 + l) * 16ull);
+                    if (h.x != COLL_SENTINEL && h.y != COLL_SENTINEL && h.z != COLL_SENTINEL &&
+                        h.w != COLL_SENTINEL) {
+                        if (!coll_v4_eq(h, hdr)) {
+                            coll_latch_disagreement(pad, st, SYMM_ERR_OP_MISMATCH, COLL_MISMATCH_HEADER,
+                                                    (rank + 1 + l) % world, h, hdr);
+                            return false;
+                        }
+                        pending &= ~(0x100u << l);
                     }
                 }
             }
@@ -747,10 +832,12 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
         unsigned long long pad_ptr, unsigned int rank, unsigned int world, unsigned int mode, unsigned int op,     \
         const char *input, char *output, unsigned long long count, unsigned long long lam_off,                    \
         unsigned long long slot_bytes, unsigned long long state_off, unsigned long long timeout_ns,               \
-        const unsigned int *abort_host
+        const unsigned int *abort_host, unsigned long long oph0, unsigned long long oph1
+// The op header: words 0-1 in oph0 (low half first), 2-3 in oph1.
 #define COLL_LAMPORT_PASS                                                                                  \
     wsv, reinterpret_cast<unsigned int*>(pad_ptr), rank, world, mode, input, output, count, lam_off, slot_bytes, \
-        state_off, timeout_ns, abort_host
+        state_off, timeout_ns, abort_host,                                                                      \
+        make_uint4((unsigned int)oph0, (unsigned int)(oph0 >> 32), (unsigned int)oph1, (unsigned int)(oph1 >> 32))
 
 // mode: COLL_MODE_AR / RS / AG (the op is ignored for AG).
 #define COLL_LAMPORT_ENTRY(NAME, DT)                                                          \
@@ -843,6 +930,12 @@ __device__ __forceinline__ void coll_block_copy(char* dst, const char* src, long
     }
 }
 
+// Bytes from FLAGS to the ring's op headers: after DATA[w1][S], ACK[w1][S] and SENT[S], 16-byte
+// aligned (layout.rs ring_header_rel).
+__device__ __forceinline__ unsigned long long coll_ring_hdr_rel(unsigned int w1, unsigned int slots) {
+    return (((2ull * w1 + 1ull) * slots * 4ull) + 15ull) & ~15ull;
+}
+
 template <int DT, int OP>
 __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const unsigned long long* pads,
                                           unsigned int rank, unsigned int world, unsigned int mode, const char* input,
@@ -851,7 +944,7 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
                                           unsigned int slots, unsigned long long slot_bytes,
                                           unsigned long long flags_off, unsigned long long ring_off,
                                           unsigned long long state_off, unsigned long long timeout_ns,
-                                          const unsigned int* abort_host, unsigned int flags) {
+                                          const unsigned int* abort_host, unsigned int flags, const uint4 hdr) {
     symm_pdl_prologue();
     constexpr int VE = CollT<DT>::VE;
     constexpr int ES = CollT<DT>::ES;
@@ -880,6 +973,8 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
     unsigned int* ack_flags = data_flags + (unsigned long long)w1 * slots;       // [w1][slots]
     unsigned int* sent_flags = ack_flags + (unsigned long long)w1 * slots;       // [slots]
     const unsigned long long peer_ack_off = flags_off + (unsigned long long)w1 * slots * 4ull;
+    // Op headers HDR[w1][slots] after SENT, 16-byte aligned (layout.rs ring_header_offset).
+    const unsigned long long hdr_off = flags_off + coll_ring_hdr_rel(w1, slots);
     CollWait w;
     w.pad = pad;
     w.abort_host = abort_host;
@@ -905,6 +1000,13 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
             __syncthreads();
             if (s_fail) {
                 break;
+            }
+            if (threadIdx.x < w1) {
+                // This chunk's op header, before its data: the flag's release covers both.
+                const unsigned int p = (rank + 1 + threadIdx.x) % world;
+                const unsigned int jr = world - 2 - threadIdx.x;
+                coll_st_v4(reinterpret_cast<char*>(s_bufs[p]) + hdr_off + ((unsigned long long)jr * slots + slot) * 16ull,
+                           hdr);
             }
             if (mode == COLL_MODE_RS) {
                 for (unsigned int l = 0; l < w1; ++l) {
@@ -954,9 +1056,14 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
         for (unsigned int c = role_idx; c < nchunks; c += nrecv) {
             const unsigned int g = base + c;
             const unsigned int slot = g & smask;
+            // The peer's op header for this chunk, read after the flag's acquire and compared
+            // before the slot is acked.
+            uint4 theirs = hdr;
             if (threadIdx.x < w1) {
                 if (!coll_wait_geq(data_flags + threadIdx.x * slots + slot, g + 1u, w)) {
                     s_fail = 1;
+                } else {
+                    theirs = coll_ld_volatile_v4(ws + hdr_off + ((unsigned long long)threadIdx.x * slots + slot) * 16ull);
                 }
             } else if (threadIdx.x == w1 && (flags & COLL_FLAG_INPLACE) && w1 > 0) {
                 if (!coll_wait_geq(sent_flags + slot, g + 1u, w)) {
@@ -1010,6 +1117,11 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
                                    al_dst);
                 }
             }
+            if (threadIdx.x < w1 && !coll_v4_eq(theirs, hdr)) {
+                coll_latch_disagreement(pad, st, SYMM_ERR_OP_MISMATCH, COLL_MISMATCH_HEADER,
+                                        (rank + 1 + threadIdx.x) % world, theirs, hdr);
+                s_fail = 1;
+            }
             __syncthreads();
             if (threadIdx.x < w1) {
                 const unsigned int p = (rank + 1 + threadIdx.x) % world;
@@ -1033,10 +1145,11 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
         unsigned long long shard, unsigned long long ce, unsigned int nchunks, unsigned int nsend, unsigned int slots, \
         unsigned long long slot_bytes, unsigned long long flags_off, unsigned long long ring_off,                     \
         unsigned long long state_off, unsigned long long timeout_ns, const unsigned int *abort_host,                  \
-        unsigned int flags
+        unsigned int flags, unsigned long long oph0, unsigned long long oph1
 #define COLL_RING_PASS                                                                                                 \
     bufs, pads, rank, world, mode, input, output, total, shard, ce, nchunks, nsend, slots, slot_bytes, flags_off,      \
-        ring_off, state_off, timeout_ns, abort_host, flags
+        ring_off, state_off, timeout_ns, abort_host, flags,                                                            \
+        make_uint4((unsigned int)oph0, (unsigned int)(oph0 >> 32), (unsigned int)oph1, (unsigned int)(oph1 >> 32))
 
 #define COLL_RING_ENTRY(NAME, DT)                                              \
     extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1) NAME(COLL_RING_ARGS) { \
@@ -1326,8 +1439,10 @@ __device__ __forceinline__ void coll_pull(const CollWs8 pads, const CollSrcs src
         if (!coll_wait_pull(coll_pull_slot(pad, t), base + 1u, w, &got)) {
             ok = 0;
         } else if ((unsigned int)(got >> 32) != check) {
-            // Peers passed another geometry: reading their buffers could leave their allocation.
-            symm_latch_error(pad, SYMM_ERR_MISMATCH);
+            // Peers passed another op or geometry: reading their buffers could leave their
+            // allocation.
+            coll_latch_disagreement(pad, st, SYMM_ERR_MISMATCH, COLL_MISMATCH_CHECK, t,
+                                    make_uint4((unsigned int)(got >> 32), 0u, 0u, 0u), make_uint4(check, 0u, 0u, 0u));
             ok = 0;
         }
     }
@@ -1444,8 +1559,29 @@ extern "C" __global__ void symm_coll_barrier(const unsigned long long* bufs, con
     if (!coll_wait_geq(symm_ops_slot(pad, COLL_OPS_BAR, t), e, w)) {
         return;
     }
-    if (check != 0u && symm_ld_volatile(symm_ops_slot(pad, COLL_OPS_CHECK, t)) != check) {
-        symm_latch_error(pad, SYMM_ERR_MISMATCH);
+    const unsigned int theirs = symm_ld_volatile(symm_ops_slot(pad, COLL_OPS_CHECK, t));
+    if (check != 0u && theirs != check) {
+        coll_latch_disagreement(pad, st, SYMM_ERR_MISMATCH, COLL_MISMATCH_CHECK, t, make_uint4(theirs, 0u, 0u, 0u),
+                                make_uint4(check, 0u, 0u, 0u));
+    }
+}
+
+// This rank rejected its own arguments for an op (NOTE [op-agreement]): latch
+// SYMM_ERR_PEER_REJECTED into every peer's ERROR word and record this rank in its STATE, so the
+// peers' waits give up at once instead of pairing with this rank's next op. One block, thread t
+// handles rank t.
+extern "C" __global__ void symm_coll_reject(const unsigned long long* bufs, const unsigned long long* pads,
+                                            unsigned int rank, unsigned int world, unsigned long long state_off) {
+    symm_pdl_prologue();
+    const unsigned int t = threadIdx.x;
+    if (t >= world || t == rank) {
+        return;
+    }
+    unsigned int* peer_pad = reinterpret_cast<unsigned int*>(pads[t]);
+    if (coll_latch_over_mismatch(peer_pad + SYMM_ERROR_WORD, SYMM_ERR_PEER_REJECTED)) {
+        unsigned int* r =
+            reinterpret_cast<unsigned int*>(reinterpret_cast<char*>(bufs[t]) + state_off) + COLL_ST_MISMATCH;
+        symm_st_release_sys(r, (rank + 1u) | (COLL_MISMATCH_REJECTED << 16));
     }
 }
 

@@ -25,6 +25,9 @@
 #define SYMM_SIGNAL_PAD_SIZE 65536
 #define SYMM_ERR_TIMEOUT 1
 #define SYMM_ERR_ABORTED 2
+#define SYMM_ERR_MISMATCH 3
+#define SYMM_ERR_OP_MISMATCH 4
+#define SYMM_ERR_PEER_REJECTED 5
 #endif
 
 // How often a bounded wait looks at its deadline and the latched error

@@ -21,6 +21,7 @@
 
 #![forbid(unsafe_code)]
 
+mod agree;
 pub mod args;
 pub mod layout;
 pub mod plan;
@@ -31,21 +32,23 @@ use std::time::Duration;
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig};
 use symm_core::{
-    get_allocator, Allocation, DType, Device, DeviceType, Error, Group, Rank, ReduceOp, Result, SymmetricMemory,
+    get_allocator, Allocation, DType, Device, DeviceType, Error, Group, OpKind, Rank, ReduceOp, Result,
+    SymmetricMemory,
 };
 
 use crate::driver::launch::{launch, launch_with, KernelArg, Launch};
-use crate::driver::mem::{dtod_async, dtoh_sync};
+use crate::driver::mem::{dtod_async, dtoh_sync, memset_d32_async};
 use crate::driver::{self, bind, from_driver};
 use crate::kernels;
 
 pub use layout::WorkspaceLayout;
 pub use plan::{AllGatherPath, AllReduceAlgo, GridBudget, ReduceScatterAlgo, RingMode, Selection, Tuning};
 
-use layout::{peer_index, ERR_MISMATCH, MAX_WORLD, ST_ERR_OUT};
-use plan::{
-    ce_rs_chunks, ce_split, check_word, kernel_dtype, kernel_op, lamport_plan, ring_plan, two_shot_shard, RingPlan,
-};
+use agree::{checked, header, Mechanism};
+use args::OpHeader;
+use layout::{peer_index, MAX_WORLD, MISMATCH_WORDS, ST_ERR_OUT, ST_MISMATCH};
+use plan::{ce_rs_chunks, ce_split, kernel_dtype, kernel_op, lamport_plan, ring_plan, two_shot_shard, RingPlan};
+use symm_core::pad::{ERR_MISMATCH, ERR_OP_MISMATCH, ERR_PEER_REJECTED};
 
 /// Default staging (ring) bytes.
 pub const DEFAULT_STAGING_BYTES: usize = 10 << 20;
@@ -118,6 +121,7 @@ struct Fns {
     /// Two-rank pull entries per dtype, in `lamport2_index` order.
     pull2: [Vec<CudaFunction>; 3],
     barrier: CudaFunction,
+    reject: CudaFunction,
     take_error: CudaFunction,
 }
 
@@ -398,6 +402,7 @@ impl CudaCollectives {
             pull: [get("symm_pull_f32")?, get("symm_pull_f16")?, get("symm_pull_bf16")?],
             pull2: two_rank("pull2")?,
             barrier: get("symm_coll_barrier")?,
+            reject: get("symm_coll_reject")?,
             take_error: get("symm_coll_take_error")?,
         };
         let init = get("symm_coll_init")?;
@@ -705,8 +710,18 @@ impl CudaCollectives {
             AllReduceAlgo::Auto => self.select_all_reduce(count, dtype),
             a => a,
         };
+        let mech = match algo {
+            AllReduceAlgo::Lamport => Mechanism::Lamport,
+            AllReduceAlgo::OneShot | AllReduceAlgo::Auto => Mechanism::Ring,
+            AllReduceAlgo::TwoShot => Mechanism::TwoShot,
+            AllReduceAlgo::CopyEngine => Mechanism::CopyEngine,
+            AllReduceAlgo::Pull => Mechanism::Pull,
+        };
+        let hdr = &header(OpKind::AllReduce, dtype, count, Some(op), mech);
         match algo {
-            AllReduceAlgo::Lamport => self.lamport(stream, dt, RingMode::AllReduce, op, input, output, count, tuning),
+            AllReduceAlgo::Lamport => {
+                self.lamport(stream, dt, RingMode::AllReduce, op, input, output, count, tuning, hdr)
+            }
             AllReduceAlgo::OneShot | AllReduceAlgo::Auto => self.launch_ring(
                 stream,
                 dt,
@@ -718,6 +733,7 @@ impl CudaCollectives {
                 count,
                 tuning,
                 in_place,
+                hdr,
             ),
             AllReduceAlgo::TwoShot => {
                 let q = two_shot_shard(count, self.world, dtype);
@@ -735,6 +751,7 @@ impl CudaCollectives {
                     q,
                     tuning,
                     false,
+                    hdr,
                 )?;
                 self.launch_ring(
                     stream,
@@ -747,6 +764,7 @@ impl CudaCollectives {
                     q,
                     tuning,
                     false,
+                    hdr,
                 )
             }
             AllReduceAlgo::CopyEngine | AllReduceAlgo::Pull => {
@@ -758,7 +776,7 @@ impl CudaCollectives {
                 } else {
                     *tuning
                 };
-                self.all_reduce_ce(stream, dt, dtype, op, input, output, count, &tuning)
+                self.all_reduce_ce(stream, dt, dtype, op, input, output, count, &tuning, hdr)
             }
         }
     }
@@ -776,6 +794,7 @@ impl CudaCollectives {
         output: u64,
         count: usize,
         tuning: &Tuning,
+        hdr: &OpHeader,
     ) -> Result<()> {
         let dtype = [DType::F32, DType::F16, DType::BF16][dt];
         let p = lamport_plan(count, dtype, &self.layout, tuning, self.grid.blocks)?;
@@ -795,6 +814,7 @@ impl CudaCollectives {
             count,
             &self.layout,
             &self.bound(),
+            hdr,
         );
         let mut bits = mode as u32;
         if lamport_acq_rel_arrive() {
@@ -819,6 +839,7 @@ impl CudaCollectives {
         shard: usize,
         tuning: &Tuning,
         in_place: bool,
+        hdr: &OpHeader,
     ) -> Result<()> {
         let dtype = [DType::F32, DType::F16, DType::BF16][dt];
         let p: RingPlan = ring_plan(mode, total, shard, dtype, &self.layout, tuning, self.grid.blocks)?;
@@ -832,6 +853,7 @@ impl CudaCollectives {
             &self.layout,
             &self.bound(),
             flags,
+            hdr,
         );
         self.launch_coll(stream, &self.fns.ring[dt], cfg(p.blocks(), p.threads), &a)
     }
@@ -896,6 +918,7 @@ impl CudaCollectives {
         output: u64,
         count: usize,
         tuning: &Tuning,
+        hdr: &OpHeader,
     ) -> Result<()> {
         let es = dtype.size();
         let bytes = count * es;
@@ -907,7 +930,7 @@ impl CudaCollectives {
             ));
         }
         let (ce_elems, chunk, nchunks, slots) = ce_split(count, dtype, &self.layout, tuning)?;
-        let check = check_word(&[3, sym.offset as u64, sym.alloc_size as u64, count as u64, dt as u64]);
+        let check = checked(hdr, &[3, sym.offset as u64, sym.alloc_size as u64]);
         if ce_elems == 0 {
             // Pure SM pull: one fused kernel.
             let mut srcs = [0u64; MAX_WORLD];
@@ -1066,7 +1089,8 @@ impl CudaCollectives {
         let peer = 1 - self.rank;
         let q = two_shot_shard(count, 2, dtype).min(count);
         let (start, n) = if self.rank == 0 { (0, q) } else { (q, count - q) };
-        let check = check_word(&[
+        let hdr = &header(OpKind::AllReduce, dtype, count, Some(op), Mechanism::CeTwoShot);
+        let check = checked(hdr, &[
             9,
             sin.offset as u64,
             sin.alloc_size as u64,
@@ -1196,8 +1220,11 @@ impl CudaCollectives {
             ReduceScatterAlgo::Auto => self.select_reduce_scatter(count, dtype),
             a => a,
         };
-        if algo == ReduceScatterAlgo::Lamport && self.world > 1 {
-            return self.lamport(stream, dt, RingMode::ReduceScatter, op, input, output, count, tuning);
+        let lamport = algo == ReduceScatterAlgo::Lamport && self.world > 1;
+        let mech = if lamport { Mechanism::Lamport } else { Mechanism::Ring };
+        let hdr = &header(OpKind::ReduceScatter, dtype, count, Some(op), mech);
+        if lamport {
+            return self.lamport(stream, dt, RingMode::ReduceScatter, op, input, output, count, tuning, hdr);
         }
         self.launch_ring(
             stream,
@@ -1210,6 +1237,7 @@ impl CudaCollectives {
             count,
             tuning,
             false,
+            hdr,
         )
     }
 
@@ -1265,7 +1293,8 @@ impl CudaCollectives {
         let own = g.own;
         let shard = own - input;
         let sym = self.registered(input, g.whole_bytes, "the zero-copy reduce-scatter needs its input")?;
-        let check = check_word(&[4, sym.offset as u64, sym.alloc_size as u64, count as u64, dt as u64]);
+        let hdr = &header(OpKind::ReduceScatter, dtype, count, Some(op), Mechanism::Pull);
+        let check = checked(hdr, &[4, sym.offset as u64, sym.alloc_size as u64]);
         let mut srcs = [0u64; MAX_WORLD];
         for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
             *src = if s == self.rank { own } else { sym.ptrs[s] + shard };
@@ -1323,7 +1352,8 @@ impl CudaCollectives {
         let shard = own - input;
         let sym = self.registered(input, g.whole_bytes, "the copy-engine reduce-scatter needs its input")?;
         let peer = 1 - self.rank;
-        let check = check_word(&[8, sym.offset as u64, sym.alloc_size as u64, count as u64, dt as u64]);
+        let hdr = &header(OpKind::ReduceScatter, dtype, count, Some(op), Mechanism::CopyEngine);
+        let check = checked(hdr, &[8, sym.offset as u64, sym.alloc_size as u64]);
         let mask = self.full_mask();
         self.launch_barrier(stream, mask, check)?;
         self.ce_pull_reduce(
@@ -1404,10 +1434,20 @@ impl CudaCollectives {
         };
         // In place in a registered output, the copy-engine path pushes (it writes each peer's
         // output slice, at the same offset on every rank); a registered input alone is pulled.
+        let mech = match path {
+            _ if self.world == 1 => Mechanism::Ring,
+            AllGatherPath::CopyEngine => Mechanism::CopyEngine,
+            AllGatherPath::Pull => Mechanism::Pull,
+            AllGatherPath::Lamport => Mechanism::Lamport,
+            _ => Mechanism::Ring,
+        };
+        let hdr = &header(OpKind::AllGather, dtype, count, None, mech);
         match path {
-            AllGatherPath::CopyEngine if self.world > 1 => self.all_gather_ce(stream, input, output, count, dtype),
+            AllGatherPath::CopyEngine if self.world > 1 => {
+                self.all_gather_ce(stream, input, output, count, dtype, hdr)
+            }
             AllGatherPath::Pull if self.world > 1 => {
-                self.all_gather_pull(stream, dt, tuning, input, output, count, dtype)
+                self.all_gather_pull(stream, dt, tuning, input, output, count, dtype, hdr)
             }
             AllGatherPath::Lamport if self.world > 1 => {
                 let dt = kernel_dtype(dtype, "the Lamport all-gather (f32, f16, bf16)")?;
@@ -1420,6 +1460,7 @@ impl CudaCollectives {
                     output,
                     count,
                     tuning,
+                    hdr,
                 )
             }
             _ => self.launch_ring(
@@ -1433,6 +1474,7 @@ impl CudaCollectives {
                 count,
                 tuning,
                 false,
+                hdr,
             ),
         }
     }
@@ -1450,6 +1492,7 @@ impl CudaCollectives {
         output: u64,
         count: usize,
         dtype: DType,
+        hdr: &OpHeader,
     ) -> Result<()> {
         let bytes = count * dtype.size();
         let mut srcs = [0u64; MAX_WORLD];
@@ -1463,7 +1506,7 @@ impl CudaCollectives {
             for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
                 *src = sym.ptrs[s] + (s * bytes) as u64;
             }
-            check_word(&[6, sym.offset as u64, sym.alloc_size as u64, count as u64, dt as u64])
+            checked(hdr, &[6, sym.offset as u64, sym.alloc_size as u64])
         } else {
             let sym = self.registered(
                 input,
@@ -1473,7 +1516,7 @@ impl CudaCollectives {
             for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
                 *src = if s == self.rank { input } else { sym.ptrs[s] };
             }
-            check_word(&[5, sym.offset as u64, sym.alloc_size as u64, count as u64, dt as u64])
+            checked(hdr, &[5, sym.offset as u64, sym.alloc_size as u64])
         };
         let p = args::Pull {
             mode: RingMode::AllGather,
@@ -1486,7 +1529,15 @@ impl CudaCollectives {
         self.launch_pull(stream, dt, &p, tuning)
     }
 
-    fn all_gather_ce(&self, stream: &CudaStream, input: u64, output: u64, count: usize, dtype: DType) -> Result<()> {
+    fn all_gather_ce(
+        &self,
+        stream: &CudaStream,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        hdr: &OpHeader,
+    ) -> Result<()> {
         let bytes = count * dtype.size();
         let mask = self.full_mask();
         let own = output + (self.rank * bytes) as u64;
@@ -1511,7 +1562,7 @@ impl CudaCollectives {
             // has landed). Writes ran at ~389 GB/s per direction with both GPUs copying, reads at
             // ~370 (docs/benchmarks.md, bandwidth probes).
             let slice = (self.rank * bytes) as u64;
-            let check = check_word(&[7, o.offset as u64, o.alloc_size as u64, count as u64]);
+            let check = checked(hdr, &[7, o.offset as u64, o.alloc_size as u64]);
             Some((
                 check,
                 std::array::from_fn::<_, MAX_WORLD, _>(|s| (o.ptrs[s] + slice, input)),
@@ -1519,7 +1570,7 @@ impl CudaCollectives {
         } else {
             // Pull: peers' inputs are read in place between two barriers.
             self.lookup_symmetric(input, bytes).map(|i| {
-                let check = check_word(&[1, i.offset as u64, i.alloc_size as u64, count as u64]);
+                let check = checked(hdr, &[1, i.offset as u64, i.alloc_size as u64]);
                 (check, std::array::from_fn(|s| (output + (s * bytes) as u64, i.ptrs[s])))
             })
         };
@@ -1543,7 +1594,7 @@ impl CudaCollectives {
                     "staging area too small for the copy-engine path".into(),
                 ));
             }
-            let check = check_word(&[2, count as u64, dtype.size() as u64]);
+            let check = checked(hdr, &[2]);
             let ring_base = |rank: usize| self.mem.buffer_ptrs()[rank] + self.layout.ring_off as u64;
             let rounds = bytes.div_ceil(half);
             for r in 0..rounds {
@@ -1596,6 +1647,30 @@ impl CudaCollectives {
         self.launch_barrier(stream, mask, 0)
     }
 
+    /// An op with nothing to move (`kind` over zero elements of `dtype`) still takes its place in
+    /// the group's op sequence (NOTE [op-agreement]): a barrier over every rank whose check word is
+    /// the op's header, so a peer that ran an op with data never pairs with it (both wait until
+    /// the deadline), and ranks that all ran the same empty op stay in step.
+    pub fn agree_empty(&self, stream: &CudaStream, kind: OpKind, dtype: DType, reduce: Option<ReduceOp>) -> Result<()> {
+        self.check_stream(stream)?;
+        if self.world == 1 {
+            return Ok(());
+        }
+        let hdr = header(kind, dtype, 0, reduce, Mechanism::Empty);
+        self.launch_barrier(stream, self.full_mask(), checked(&hdr, &[]))
+    }
+
+    /// Tells every peer, on `stream` (after this rank's earlier ops), that this rank rejected its
+    /// own arguments for its next op (NOTE [op-agreement]): each peer latches
+    /// [`symm_core::pad::ERR_PEER_REJECTED`], so its matching op gives up at once instead of
+    /// pairing with this rank's following op, and its `check_error` names this rank. The group is
+    /// out of step afterwards: build a new object.
+    pub fn reject(&self, stream: &CudaStream) -> Result<()> {
+        self.check_stream(stream)?;
+        let a = args::reject(&self.common());
+        self.launch_coll(stream, &self.fns.reject, cfg(1, 64), &a)
+    }
+
     /// Reads and clears the error latched by this object's kernels: `Ok(())`, or
     /// [`Error::Timeout`] / [`Error::Aborted`] / [`Error::Mismatch`]. Call after synchronising the
     /// streams the ops ran on.
@@ -1625,12 +1700,24 @@ impl CudaCollectives {
                 self.group.name(),
                 self.rank
             ))),
-            ERR_MISMATCH => Err(Error::Mismatch {
-                what: "zero-copy collective arguments",
-                detail: "ranks passed inputs at different offsets of their symmetric memory (or mixed \
-                         zero-copy and staged inputs)"
-                    .into(),
-            }),
+            ERR_MISMATCH | ERR_OP_MISMATCH | ERR_PEER_REJECTED => {
+                // What the kernel that latched it recorded (NOTE [op-agreement]); cleared for the
+                // next error.
+                let at = self.ws + (ST_MISMATCH * 4) as u64;
+                let mut raw = [0u8; MISMATCH_WORDS * 4];
+                dtoh_sync(&self.control, &mut raw, at)?;
+                memset_d32_async(&self.control, at, 0, MISMATCH_WORDS)?;
+                let mut record = [0u32; MISMATCH_WORDS];
+                for (w, b) in record.iter_mut().zip(raw.chunks_exact(4)) {
+                    *w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+                Err(agree::mismatch_error(self.rank, &record).unwrap_or_else(|| Error::Mismatch {
+                    what: "the collective op",
+                    detail: "the ranks ran different ops, or passed symmetric buffers at different offsets \
+                             (no record of which)"
+                        .into(),
+                }))
+            }
             other => Err(Error::Backend {
                 backend: driver::BACKEND,
                 call: "collectives check_error".into(),
@@ -1707,7 +1794,7 @@ mod tests {
                 assert!(ptx.contains(&format!(".entry {k}{dt}(")), "{k}{dt} missing");
             }
         }
-        for k in ["symm_coll_init", "symm_coll_barrier", "symm_coll_take_error"] {
+        for k in ["symm_coll_init", "symm_coll_barrier", "symm_coll_reject", "symm_coll_take_error"] {
             assert!(ptx.contains(&format!(".entry {k}(")), "{k} missing");
         }
         // Every two-rank entry the host loads (COLL_TWO_RANK_ENTRIES), in `lamport2_index` order.
@@ -1769,8 +1856,9 @@ mod tests {
             }
             checked += 1;
         }
-        // 3 x (generic Lamport, ring, reduce_ptrs, generic pull) + 2 x 27 two-rank + the barrier.
-        assert_eq!(checked, 12 + 54 + 1);
+        // 3 x (generic Lamport, ring, reduce_ptrs, generic pull) + 2 x 27 two-rank + the barrier
+        // and the rejection.
+        assert_eq!(checked, 12 + 54 + 2);
     }
 
     /// The `.entry` functions of a PTX text: (name, body up to the next entry).
@@ -1827,7 +1915,10 @@ mod tests {
             ("COLL_OPS_PULL64", layout::OPS_PULL64),
             ("COLL_MAXW", layout::MAX_WORLD),
             ("COLL_MAX_THREADS", plan::MAX_THREADS as usize),
-            ("SYMM_ERR_MISMATCH", ERR_MISMATCH as usize),
+            ("COLL_ST_MISMATCH", layout::ST_MISMATCH),
+            ("COLL_MISMATCH_HEADER", layout::MISMATCH_HEADER as usize),
+            ("COLL_MISMATCH_CHECK", layout::MISMATCH_CHECK as usize),
+            ("COLL_MISMATCH_REJECTED", layout::MISMATCH_REJECTED as usize),
             ("COLL_MODE_AR", RingMode::AllReduce as usize),
             ("COLL_MODE_RS", RingMode::ReduceScatter as usize),
             ("COLL_MODE_AG", RingMode::AllGather as usize),

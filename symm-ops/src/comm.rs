@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use symm_core::{
-    detect_topology, empty_p2p, get_connectivity, DType, Device, DeviceType, Error, Group, Rank, ReduceOp, Result,
+    detect_topology, empty_p2p, get_connectivity, DType, Device, DeviceType, Error, Group, OpKind, Rank, ReduceOp, Result,
     SymmTensor, Topology,
 };
 
@@ -589,26 +589,48 @@ impl Communicator {
         }
         let r = f();
         if let Err(e) = &r {
-            if is_fatal(e) {
+            if is_fatal(e) || self.engine_told_peers() {
                 self.poisoned.store(true, Ordering::Release);
             }
         }
         r
     }
 
-    /// Whether an op with nothing to move may return at once. Not on the host engine: there
-    /// the empty op still takes its place in the group's op sequence (NOTE [op-agreement]).
-    fn empty_ops_are_local(&self) -> bool {
-        !matches!(self.engine, Engine::Host(_))
+    /// True when the CUDA engine told its peers it refused an op's arguments (NOTE
+    /// [op-agreement]): the group is out of step.
+    fn engine_told_peers(&self) -> bool {
+        match &self.engine {
+            Engine::Host(_) => false,
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(c) => c.take_told_peers(),
+        }
+    }
+
+    /// An op with nothing to move (NOTE [op-agreement]): `None` on the host engine, whose op
+    /// runs its own exchange with nothing to move; on the CUDA engine a barrier whose check
+    /// word is the op's header, so it still takes its place in the group's op sequence (nothing
+    /// on an nccl-only communicator).
+    fn empty_op(&self, kind: OpKind, dtype: DType, reduce: Option<ReduceOp>) -> Option<Result<()>> {
+        match &self.engine {
+            Engine::Host(_) => {
+                let _ = (kind, dtype, reduce);
+                None
+            }
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(c) => Some(self.run(|| c.empty_op(kind, dtype, reduce))),
+        }
     }
 
     /// `r`, unless it is this rank's rejection of its own arguments for an op
     /// (NOTE [op-agreement]): then, on the host engine, the rejection takes the
     /// op's place in the group's sequence, so every peer's matching op fails
     /// with [`Error::Mismatch`] instead of pairing with this rank's next op;
-    /// unless every rank rejected it, the communicator is poisoned. The CUDA
-    /// engine does not exchange op records yet: there the rejection stays
-    /// local.
+    /// unless every rank rejected it, the communicator is poisoned. On the CUDA
+    /// engine the rejection latches an error in every peer's kernels (their
+    /// matching op gives up at once and `check_error` names this rank) and the
+    /// communicator is poisoned, even when every rank rejected the op (the
+    /// kernels cannot tell). `Unavailable` is not a rejection there: every rank
+    /// decides availability alike.
     fn arg<T>(&self, r: Result<T>) -> Result<T> {
         let e = match r {
             Ok(v) => return Ok(v),
@@ -617,12 +639,17 @@ impl Communicator {
         if self.poisoned.load(Ordering::Acquire) {
             return Err(e);
         }
-        if let Engine::Host(h) = &self.engine {
-            // Poisoned only by what leaves the group out of step (a peer that did not reject
-            // too, a timeout), not by a local refusal such as a second op at once.
-            if h.reject().is_err_and(|e2| is_fatal(&e2)) {
-                self.poisoned.store(true, Ordering::Release);
+        // Poisoned only by what leaves the group out of step (a peer that did not reject
+        // too, a timeout), not by a local refusal such as a second op at once.
+        let told = match &self.engine {
+            Engine::Host(h) => h.reject().is_err_and(|e2| is_fatal(&e2)),
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(c) => {
+                !matches!(e, Error::Unavailable(_)) && c.reject().map_or_else(|e2| is_fatal(&e2), |()| true)
             }
+        };
+        if told {
+            self.poisoned.store(true, Ordering::Release);
         }
         Err(e)
     }
@@ -713,8 +740,10 @@ impl Communicator {
             self.arg(check_same("all_reduce", i, &output, i.len()))?;
         }
         self.arg(self.check_algo(algo))?;
-        if count == 0 && self.empty_ops_are_local() {
-            return Ok(());
+        if count == 0 {
+            if let Some(r) = self.empty_op(OpKind::AllReduce, dtype, Some(op)) {
+                return r;
+            }
         }
         match &self.engine {
             Engine::Host(h) => {
@@ -790,8 +819,10 @@ impl Communicator {
         }
         let count = input.len() / w;
         self.arg(check_same("reduce_scatter", &input, &output, count))?;
-        if count == 0 && self.empty_ops_are_local() {
-            return Ok(());
+        if count == 0 {
+            if let Some(r) = self.empty_op(OpKind::ReduceScatter, dtype, Some(op)) {
+                return r;
+            }
         }
         match &self.engine {
             Engine::Host(h) => {
@@ -828,8 +859,10 @@ impl Communicator {
         let count = input.len();
         let want = self.arg(gathered_len(count, w))?;
         self.arg(check_same("all_gather", &input, &output, want))?;
-        if count == 0 && self.empty_ops_are_local() {
-            return Ok(());
+        if count == 0 {
+            if let Some(r) = self.empty_op(OpKind::AllGather, dtype, None) {
+                return r;
+            }
         }
         match &self.engine {
             Engine::Host(h) => {

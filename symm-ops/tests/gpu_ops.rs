@@ -18,114 +18,23 @@
 
 mod common;
 
-use std::cell::Cell;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::gpu::*;
 use common::*;
 use half::{bf16, f16};
-use symm_core::{get_symmetric_memory, DType, DeviceType, Error, ReduceOp, SymmTensor};
+use symm_core::{get_symmetric_memory, DType, Error, ReduceOp, SymmTensor};
 use symm_ops::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use symm_ops::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use symm_ops::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use symm_ops::symm_cuda::streams::HostCopies;
 use symm_ops::symm_cuda::SymmView;
 use symm_ops::{AllReduceAlgo, CommConfig, Communicator, Element, EngineKind, RawDevicePtr};
-use symm_testkit::launch::{child_ctx, run_processes, run_threads_with, RankCtx, TestResult};
+use symm_testkit::launch::{child_ctx, run_processes, RankCtx, TestResult};
 use symm_testkit::GpuWorld;
 
 /// Ranks of the process test (one GPU each).
 const PROCESS_WORLD: usize = 2;
-const LIMIT: Duration = Duration::from_secs(540);
-
-/// True when the test can run at `w`; else prints why (the gate itself fails
-/// the test when SYMM_REQUIRE_GPUS says the GPUs are there).
-fn gate(name: &str, w: GpuWorld) -> bool {
-    symm_ops::link();
-    match w.gate(DeviceType::Cuda) {
-        None => true,
-        Some(reason) => {
-            println!("SUMMARY {name} {} skipped {reason}", w.label());
-            false
-        }
-    }
-}
-
-/// Runs `f` on every rank of `w` as threads; panics naming the world when a rank fails.
-fn run<T, F>(w: GpuWorld, f: F) -> Vec<T>
-where
-    T: Send + 'static,
-    F: Fn(RankCtx) -> TestResult<T> + Send + Sync + 'static,
-{
-    run_threads_with(&w.thread_options(LIMIT), f).unwrap_or_else(|e| panic!("{}: {e}", w.label()))
-}
-
-/// A progress line (shown by a failing or `--nocapture` run): where a rank was when a run stopped.
-fn progress(rc: &RankCtx, test: &str, what: &str) {
-    eprintln!("{test} rank {}/{}: {what}", rc.rank, rc.world);
-}
-
-/// One rank's GPU, stream and communicator.
-struct Rig {
-    stream: Arc<CudaStream>,
-    comm: Communicator,
-    rc: RankCtx,
-    name: String,
-    readies: Cell<usize>,
-    /// Last, so it drops after every other holder of the stream and goes back to the pool.
-    _pooled: symm_ops::symm_cuda::streams::PooledStream,
-}
-
-impl Rig {
-    /// Ranks sharing a GPU: a store barrier between per-op setup (a symmetric allocation, a graph
-    /// instantiation) and the ops that follow (`RankCtx::shared_ready`, NOTE [co-residency]).
-    fn ready(&self) -> TestResult {
-        let n = self.readies.get();
-        self.readies.set(n + 1);
-        Ok(self.rc.shared_ready(&format!("{}-{n}", self.name), LIMIT)?)
-    }
-}
-
-fn rig(rc: &RankCtx, name: &str, config: CommConfig) -> TestResult<Rig> {
-    symm_ops::link();
-    let pooled = symm_ops::symm_cuda::streams::pooled(&test_context(rc.gpu())?)?;
-    let stream = pooled.stream().clone();
-    let group = rc.group(&rc.unique(name))?;
-    let comm = Communicator::with_stream(&group, stream.clone(), config)?;
-    let rig = Rig {
-        stream,
-        comm,
-        rc: rc.clone(),
-        name: rc.unique(name),
-        readies: Cell::new(0),
-        _pooled: pooled,
-    };
-    rig.ready()?;
-    Ok(rig)
-}
-
-/// One context object per GPU for the whole test process, so that rank streams come from one
-/// pool and the process's stream count stays flat (NOTE [stream-budget]).
-fn test_context(ordinal: usize) -> TestResult<Arc<CudaContext>> {
-    static CTXS: OnceLock<Mutex<HashMap<usize, Arc<CudaContext>>>> = OnceLock::new();
-    let mut map = CTXS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    if let Some(c) = map.get(&ordinal) {
-        c.bind_to_thread()?;
-        return Ok(c.clone());
-    }
-    let ctx = CudaContext::new(ordinal)?;
-    // SAFETY: every cudarc buffer of these tests is used on its rank's stream only
-    // (the host reads results after synchronising it), so cudarc's
-    // cross-stream events are not needed; without them the ops can be
-    // captured in a CUDA graph (a capturing stream may not wait on events
-    // recorded outside the capture).
-    unsafe { ctx.disable_event_tracking() };
-    map.insert(ordinal, ctx.clone());
-    Ok(ctx)
-}
 
 /// A view of `n` elements of this rank's part of a symmetric tensor.
 fn sym_view<T>(t: &SymmTensor, elem_off: usize, n: usize, stream: &Arc<CudaStream>) -> TestResult<SymmView<T>> {

@@ -106,6 +106,21 @@ pub fn pull(c: &Common, d: &Direct, state: u64, p: &Pull, bound: &Bound) -> [Ker
     ]
 }
 
+/// An op's header as the kernels take it (`OpDescriptor::header_words`, NOTE
+/// [op-agreement]): words 0-1 in the first u64 (low half first), 2-3 in the second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OpHeader(pub [u32; 4]);
+
+impl OpHeader {
+    fn args(&self) -> [KernelArg; 2] {
+        let w = self.0;
+        [
+            KernelArg::U64(u64::from(w[0]) | (u64::from(w[1]) << 32)),
+            KernelArg::U64(u64::from(w[2]) | (u64::from(w[3]) << 32)),
+        ]
+    }
+}
+
 /// Index of `mode` in the Lamport argument list.
 pub const LAMPORT_MODE_ARG: usize = 11;
 /// `COLL_LAM_ACQREL_ARRIVE`: a bit of the Lamport `mode` argument.
@@ -126,8 +141,10 @@ pub fn lamport(
     count: usize,
     layout: &WorkspaceLayout,
     bound: &Bound,
-) -> [KernelArg; 21] {
+    hdr: &OpHeader,
+) -> [KernelArg; 23] {
     const _: () = assert!(MAX_WORLD == 8, "the Lamport kernel takes eight workspace bases");
+    let [h0, h1] = hdr.args();
     [
         KernelArg::U64(d.ws[0]),
         KernelArg::U64(d.ws[1]),
@@ -151,6 +168,8 @@ pub fn lamport(
         KernelArg::U64(0),
         KernelArg::U64(bound.timeout_ns),
         KernelArg::U64(bound.abort_host),
+        h0,
+        h1,
     ]
 }
 
@@ -165,8 +184,10 @@ pub fn ring(
     layout: &WorkspaceLayout,
     bound: &Bound,
     flags: u32,
-) -> [KernelArg; 21] {
+    hdr: &OpHeader,
+) -> [KernelArg; 23] {
     let [a, b, r, w] = c.args();
+    let [h0, h1] = hdr.args();
     [
         a,
         b,
@@ -189,6 +210,8 @@ pub fn ring(
         KernelArg::U64(bound.timeout_ns),
         KernelArg::U64(bound.abort_host),
         KernelArg::U32(flags),
+        h0,
+        h1,
     ]
 }
 
@@ -227,6 +250,12 @@ pub fn barrier(c: &Common, mask: u64, bound: &Bound, check: u32) -> [KernelArg; 
         KernelArg::U64(bound.abort_host),
         KernelArg::U32(check),
     ]
+}
+
+/// `symm_coll_reject(bufs, pads, rank, world, state_off)`.
+pub fn reject(c: &Common) -> [KernelArg; 5] {
+    let [a, b, r, w] = c.args();
+    [a, b, r, w, KernelArg::U64(0)]
 }
 
 /// `symm_coll_take_error(err, out)`.
@@ -296,14 +325,14 @@ mod tests {
             d.ws[r] = 0x1000 * (r as u64 + 1);
             d.pads[r] = 0x10_0000 * (r as u64 + 1);
         }
-        let a = lamport(&c, &d, RingMode::AllGather, 3, 0, 0, 10, &layout, &bound);
+        let a = lamport(&c, &d, RingMode::AllGather, 3, 0, 0, 10, &layout, &bound, &OpHeader::default());
         assert_eq!(a[LAMPORT_MODE_ARG], KernelArg::U32(RingMode::AllGather as u32));
         // The eight workspace bases, then this rank's (rank 0's) pad.
         assert_eq!(a[0], KernelArg::U64(0x1000));
         assert_eq!(a[7], KernelArg::U64(0x8000));
         assert_eq!(a[8], KernelArg::U64(0x10_0000));
         let c1 = Common { rank: 1, ..c };
-        let a = lamport(&c1, &d, RingMode::AllGather, 3, 0, 0, 10, &layout, &bound);
+        let a = lamport(&c1, &d, RingMode::AllGather, 3, 0, 0, 10, &layout, &bound, &OpHeader::default());
         assert_eq!(a[8], KernelArg::U64(0x20_0000));
         let src = crate::kernels::source("collectives").unwrap().source;
         assert!(src.contains(&format!("#define COLL_LAM_ACQREL_ARRIVE {LAMPORT_ACQREL_ARRIVE:#x}u")));
@@ -343,6 +372,7 @@ mod tests {
             ("symm_coll_init".into(), sizes(&init(0, &layout))),
             ("symm_coll_barrier".into(), sizes(&barrier(&c, 3, &bound, 0))),
             ("symm_coll_take_error".into(), sizes(&take_error(0, 0))),
+            ("symm_coll_reject".into(), sizes(&reject(&c))),
         ];
         for dt in ["f32", "f16", "bf16"] {
             cases.push((
@@ -357,11 +387,12 @@ mod tests {
                     10,
                     &layout,
                     &bound,
+                    &OpHeader::default(),
                 )),
             ));
             cases.push((
                 format!("symm_ring_{dt}"),
-                sizes(&ring(&c, 0, 0, 0, &plan, &layout, &bound, 0)),
+                sizes(&ring(&c, 0, 0, 0, &plan, &layout, &bound, 0, &OpHeader::default())),
             ));
             cases.push((
                 format!("symm_pull_{dt}"),

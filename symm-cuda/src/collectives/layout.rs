@@ -3,8 +3,10 @@
 //!
 //! ```text
 //! offset 0      STATE    4 KiB of u32 words, written only by this rank's kernels
-//! flags_off     FLAGS    DATA[w1][S], ACK[w1][S] (peers write them), SENT[S] (local)
-//! lamport_off   LAMPORT  3 buffers x w1 slots x lamport_slot_bytes (pre-filled with the sentinel)
+//! flags_off     FLAGS    DATA[w1][S], ACK[w1][S] (peers write them), SENT[S] (local),
+//!                        then (16-byte aligned) HDR[w1][S]: each ring chunk's op header
+//! lamport_off   LAMPORT  3 buffers x w1 slots x lamport_slot_bytes, then HDR[3][w1] op headers
+//!                        of 16 bytes (all pre-filled with the sentinel)
 //! ring_off      RING     w1 x S slots x slot_bytes: the staging area
 //! ```
 //! `w1 = world - 1` (a rank keeps no slot for itself), `S` = ring slots (a power of two).
@@ -30,6 +32,20 @@ pub const ST_PULL_DONE: usize = 10;
 pub const ST_BAR_CNT: usize = 64;
 /// Word index of the error word copied out by `symm_coll_take_error`.
 pub const ST_ERR_OUT: usize = 200;
+/// Word index of what the kernel that latched a disagreement recorded (NOTE [op-agreement]):
+/// `peer + 1 | kind << 16` ([`MISMATCH_HEADER`], [`MISMATCH_CHECK`], [`MISMATCH_REJECTED`]),
+/// then the peer's four header words (or its check word) and this rank's.
+pub const ST_MISMATCH: usize = 201;
+/// Words of the record at [`ST_MISMATCH`].
+pub const MISMATCH_WORDS: usize = 9;
+/// [`ST_MISMATCH`] kinds: op headers differed (Lamport, ring) ...
+pub const MISMATCH_HEADER: u32 = 0;
+/// ... barrier or pull check words differed ...
+pub const MISMATCH_CHECK: u32 = 1;
+/// ... the peer rejected its own arguments.
+pub const MISMATCH_REJECTED: u32 = 2;
+/// Bytes of one op header (four u32 words, `OpDescriptor::header_words`).
+pub const HEADER_BYTES: usize = 16;
 /// Bytes of STATE.
 pub const STATE_BYTES: usize = 4096;
 
@@ -39,10 +55,6 @@ pub const OPS_BAR: usize = 0;
 pub const OPS_CHECK: usize = 1;
 /// First of the two pad `OPS` slots the fused pull uses as one 64-bit word per source rank.
 pub const OPS_PULL64: usize = 2;
-
-/// The error code the barrier latches when ranks passed different check words (for example
-/// zero-copy inputs at different offsets).
-pub const ERR_MISMATCH: u32 = 3;
 
 /// Largest world size the collective kernels support (`COLL_MAXW`).
 pub const MAX_WORLD: usize = 8;
@@ -54,7 +66,9 @@ pub const SLOT_ALIGN: usize = 256;
 /// Smallest ring slot the layout accepts (fewer slots are used before going below it).
 pub const MIN_SLOT_BYTES: usize = 16 * 1024;
 
-const _: () = assert!(ST_ERR_OUT * 4 < STATE_BYTES && ST_BAR_CNT + symm_core::pad::MAX_WORLD_SIZE <= ST_ERR_OUT);
+const _: () = assert!(
+    (ST_MISMATCH + MISMATCH_WORDS) * 4 <= STATE_BYTES && ST_BAR_CNT + symm_core::pad::MAX_WORLD_SIZE <= ST_ERR_OUT
+);
 const _: () = assert!(OPS_CHECK < symm_core::pad::OPS_SLOTS && OPS_PULL64 + 1 < symm_core::pad::OPS_SLOTS);
 // The 64-bit words start 8-byte aligned.
 const _: () = assert!((symm_core::pad::OPS_BASE + OPS_PULL64 * symm_core::pad::MAX_WORLD_SIZE) % 2 == 0);
@@ -124,7 +138,7 @@ impl WorkspaceLayout {
             (0, 0)
         };
         let flags_off = STATE_BYTES;
-        let flags_bytes = (2 * w1 + 1) * slots * 4;
+        let flags_bytes = ring_header_rel(w1, slots) + w1 * slots * HEADER_BYTES;
         let lamport_off = round_up(flags_off + flags_bytes, SECTION_ALIGN).ok_or(too_big("flags", flags_bytes))?;
         let lamport_slot_bytes = if w1 == 0 {
             0
@@ -133,6 +147,7 @@ impl WorkspaceLayout {
         };
         let lamport_total = lamport_slot_bytes
             .checked_mul(3 * w1)
+            .and_then(|v| v.checked_add(3 * w1 * HEADER_BYTES))
             .ok_or(too_big("lamport_bytes", lamport_bytes))?;
         let ring_off = lamport_off
             .checked_add(lamport_total)
@@ -165,9 +180,22 @@ impl WorkspaceLayout {
         (self.flags_off + self.flags_bytes) / 4
     }
 
-    /// Bytes of all Lamport buffers (filled with the sentinel at setup).
+    /// Bytes of all Lamport buffers and their headers (filled with the sentinel at setup).
     pub fn lamport_total(&self) -> usize {
-        self.lamport_slot_bytes * 3 * self.w1()
+        (self.lamport_slot_bytes + HEADER_BYTES) * 3 * self.w1()
+    }
+
+    /// Offset of the op header `from` pushed into `at`'s Lamport buffer `buf`, as the kernel
+    /// computes it (after the three buffers).
+    pub fn lamport_header_offset(&self, buf: usize, at: usize, from: usize) -> usize {
+        let l = peer_index(at, from, self.world);
+        self.lamport_off + 3 * self.w1() * self.lamport_slot_bytes + (buf * self.w1() + l) * HEADER_BYTES
+    }
+
+    /// Offset of the op header of ring slot `slot` from `from` in `at`'s workspace.
+    pub fn ring_header_offset(&self, at: usize, from: usize, slot: usize) -> usize {
+        let l = peer_index(at, from, self.world);
+        self.flags_off + ring_header_rel(self.w1(), self.ring_slots) + (l * self.ring_slots + slot) * HEADER_BYTES
     }
 
     /// Bytes of the ring (the staging area).
@@ -193,6 +221,12 @@ impl WorkspaceLayout {
     }
 }
 
+/// Where the ring headers start in FLAGS: after DATA, ACK and SENT, 16-byte aligned (the
+/// kernel computes the same: `coll_ring_hdr_rel` in collectives.cu).
+fn ring_header_rel(w1: usize, slots: usize) -> usize {
+    ((2 * w1 + 1) * slots * 4).div_ceil(HEADER_BYTES) * HEADER_BYTES
+}
+
 /// Index of `from` among `at`'s peers: `(from - at - 1) mod world` (so the l-th peer of `at` is
 /// `(at + 1 + l) % world`). `from != at`.
 pub fn peer_index(at: usize, from: usize, world: usize) -> usize {
@@ -209,7 +243,7 @@ mod tests {
         assert_eq!(l.ring_slots, 64);
         assert_eq!(l.slot_bytes, 160 * 1024);
         assert_eq!(l.ring_bytes(), 10 << 20);
-        assert_eq!(l.lamport_total(), 12 << 20);
+        assert_eq!(l.lamport_total(), (12 << 20) + 3 * HEADER_BYTES);
         assert!(l.flags_off >= STATE_BYTES);
         assert!(l.lamport_off >= l.flags_off + l.flags_bytes);
         assert!(l.ring_off >= l.lamport_off + l.lamport_total());
@@ -254,6 +288,7 @@ mod tests {
             let l = WorkspaceLayout::new(world, 4 << 20, 64 << 10, 16).unwrap();
             for at in 0..world {
                 let mut seen = std::collections::HashSet::new();
+                let mut headers = std::collections::HashSet::new();
                 for from in (0..world).filter(|&f| f != at) {
                     let idx = peer_index(at, from, world);
                     assert!(idx < world - 1);
@@ -269,6 +304,17 @@ mod tests {
                     for buf in 0..3 {
                         let o = l.lamport_slot_offset(buf, at, from);
                         assert!(o >= l.lamport_off && o + l.lamport_slot_bytes <= l.ring_off);
+                        let h = l.lamport_header_offset(buf, at, from);
+                        assert!(h >= l.lamport_off + 3 * (world - 1) * l.lamport_slot_bytes);
+                        assert!(h % HEADER_BYTES == 0 && h + HEADER_BYTES <= l.lamport_off + l.lamport_total());
+                        assert!(headers.insert(h), "two Lamport headers share offset {h}");
+                    }
+                    for slot in 0..l.ring_slots {
+                        let h = l.ring_header_offset(at, from, slot);
+                        // After DATA, ACK and SENT, inside FLAGS (zeroed at setup).
+                        assert!(h >= l.flags_off + (2 * (world - 1) + 1) * l.ring_slots * 4);
+                        assert!(h % HEADER_BYTES == 0 && h + HEADER_BYTES <= l.flags_off + l.flags_bytes);
+                        assert!(headers.insert(h), "two ring headers share offset {h}");
                     }
                 }
             }

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaStream};
-use symm_core::{get_symmetric_memory, DType, Error, Group, Rank, ReduceOp, Result, SymmTensor, SymmetricMemory};
+use symm_core::{
+    get_symmetric_memory, DType, Error, Group, OpKind, Rank, ReduceOp, Result, SymmTensor, SymmetricMemory,
+};
 use symm_cuda::collectives::{AllGatherPath, AllReduceAlgo as KernelAlgo, CollectivesConfig, CudaCollectives};
 
 use crate::select::{AllGatherAlgo, AllReduceAlgo};
@@ -161,6 +163,16 @@ impl Coll {
 
     pub fn check_error(&self) -> Result<()> {
         self.inner.check_error()
+    }
+
+    /// Tells every peer this rank rejected its arguments for its next op (NOTE [op-agreement]).
+    pub fn reject(&self, stream: &CudaStream) -> Result<()> {
+        self.inner.reject(stream)
+    }
+
+    /// An empty op's place in the group's op sequence (a checked barrier).
+    pub fn agree_empty(&self, stream: &CudaStream, kind: OpKind, dtype: DType, reduce: Option<ReduceOp>) -> Result<()> {
+        self.inner.agree_empty(stream, kind, dtype, reduce)
     }
 
     pub fn set_abort(&self, abort: bool) -> Result<()> {

@@ -7,11 +7,12 @@
 mod coll;
 pub(crate) mod nccl;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, SyncOnDrop, ValidAsZeroBits};
-use symm_core::{DType, Device, Error, Group, Rank, ReduceOp, Result, SymmTensor};
+use symm_core::{DType, Device, Error, Group, OpKind, Rank, ReduceOp, Result, SymmTensor};
 
 use crate::buf::{check_symm_tensor, Buf, BufMut, Element};
 use crate::comm::{CommConfig, Communicator, NewOutput};
@@ -71,6 +72,21 @@ pub(crate) struct CudaEngine {
     /// Why NCCL was asked for but is not there.
     nccl_missing: Option<String>,
     lock: Mutex<()>,
+    /// Set when this engine told its peers it rejected an op ([`Self::take_told_peers`]).
+    told_peers: AtomicBool,
+}
+
+/// An error that means this rank refused its own arguments for an op its peers may be running.
+fn is_refusal(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::InvalidArgument(_)
+            | Error::Misaligned { .. }
+            | Error::OutOfRange { .. }
+            | Error::UnsupportedDType { .. }
+            | Error::NotRendezvoused
+            | Error::OutOfMemory { .. }
+    )
 }
 
 impl CudaEngine {
@@ -131,6 +147,7 @@ impl CudaEngine {
             barrier_word,
             nccl_missing,
             lock: Mutex::new(()),
+            told_peers: AtomicBool::new(false),
         })
     }
 
@@ -235,13 +252,28 @@ impl CudaEngine {
         &self,
         algo: AllReduceAlgo,
         input: Option<Buf<'_>>,
-        mut output: BufMut<'_>,
+        output: BufMut<'_>,
         count: usize,
         dtype: DType,
         op: ReduceOp,
         fallback: impl Fn(usize) -> AllReduceAlgo,
     ) -> Result<()> {
         let _l = self.lock()?;
+        let r = self.all_reduce_locked(algo, input, output, count, dtype, op, fallback);
+        self.refused(r)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn all_reduce_locked(
+        &self,
+        algo: AllReduceAlgo,
+        input: Option<Buf<'_>>,
+        mut output: BufMut<'_>,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        fallback: impl Fn(usize) -> AllReduceAlgo,
+    ) -> Result<()> {
         let (out_ptr, _g_out) = self.dst(&mut output)?;
         let (in_ptr, _g_in) = match &input {
             Some(b) => self.src(b)?,
@@ -291,12 +323,25 @@ impl CudaEngine {
         &self,
         algo: ReduceScatterAlgo,
         input: Buf<'_>,
-        mut output: BufMut<'_>,
+        output: BufMut<'_>,
         count: usize,
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
         let _l = self.lock()?;
+        let r = self.reduce_scatter_locked(algo, input, output, count, dtype, op);
+        self.refused(r)
+    }
+
+    fn reduce_scatter_locked(
+        &self,
+        algo: ReduceScatterAlgo,
+        input: Buf<'_>,
+        mut output: BufMut<'_>,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
         let (out_ptr, _g_out) = self.dst(&mut output)?;
         let (in_ptr, _g_in) = self.src(&input)?;
         // The pull reads the peers' inputs in place: it needs the input in registered symmetric
@@ -333,11 +378,23 @@ impl CudaEngine {
         &self,
         algo: AllGatherAlgo,
         input: Buf<'_>,
-        mut output: BufMut<'_>,
+        output: BufMut<'_>,
         count: usize,
         dtype: DType,
     ) -> Result<()> {
         let _l = self.lock()?;
+        let r = self.all_gather_locked(algo, input, output, count, dtype);
+        self.refused(r)
+    }
+
+    fn all_gather_locked(
+        &self,
+        algo: AllGatherAlgo,
+        input: Buf<'_>,
+        mut output: BufMut<'_>,
+        count: usize,
+        dtype: DType,
+    ) -> Result<()> {
         let (out_ptr, _g_out) = self.dst(&mut output)?;
         let (in_ptr, _g_in) = self.src(&input)?;
         // The copy engine wins only zero-copy: a push into a registered output, or a pull from a
@@ -406,6 +463,53 @@ impl CudaEngine {
 
     pub fn unregister_memory(&self, base: u64) -> bool {
         self.coll.as_ref().is_some_and(|c| c.unregister_memory(base))
+    }
+
+    /// This rank rejected its own arguments for an op (NOTE [op-agreement]): the kernels' peers
+    /// learn it at once (nothing to tell without kernels: NCCL does not check). Refused, and
+    /// nothing sent, while another op of this communicator runs (a local refusal).
+    pub fn reject(&self) -> Result<()> {
+        let _l = self.lock()?;
+        self.tell_peers()
+    }
+
+    /// [`Self::reject`] with the lock held.
+    fn tell_peers(&self) -> Result<()> {
+        self.told_peers.store(true, Ordering::Release);
+        match &self.coll {
+            Some(c) => c.reject(&self.stream),
+            None => Ok(()),
+        }
+    }
+
+    /// `r` of an op that took this communicator's lock: an argument the engine refused (after
+    /// the communicator's own checks) is told to the peers like [`Self::reject`]. Errors every
+    /// rank gets alike (`Unavailable`: the same selector everywhere) and failures are not
+    /// refusals.
+    fn refused(&self, r: Result<()>) -> Result<()> {
+        if let Err(e) = &r {
+            if is_refusal(e) {
+                // The op's own error is what the caller needs; a failure to tell the peers
+                // surfaces on their side as a timeout.
+                let _ = self.tell_peers();
+            }
+        }
+        r
+    }
+
+    /// True once this engine told its peers it rejected an op (the communicator is out of step
+    /// from then on); cleared by the call.
+    pub fn take_told_peers(&self) -> bool {
+        self.told_peers.swap(false, Ordering::AcqRel)
+    }
+
+    /// An op with nothing to move: a checked barrier with the kernels, nothing without them.
+    pub fn empty_op(&self, kind: OpKind, dtype: DType, reduce: Option<ReduceOp>) -> Result<()> {
+        let _l = self.lock()?;
+        match &self.coll {
+            Some(c) => c.agree_empty(&self.stream, kind, dtype, reduce),
+            None => Ok(()),
+        }
     }
 
     pub fn check_error(&self) -> Result<()> {

@@ -2,6 +2,9 @@
 //! references, tolerance checks, poison and guard patterns, result hashes.
 #![allow(dead_code)]
 
+#[cfg(feature = "cuda")]
+pub mod gpu;
+
 use half::{bf16, f16};
 use symm_core::{DType, ReduceOp};
 use symm_ops::Element;

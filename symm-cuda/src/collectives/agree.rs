@@ -1,0 +1,168 @@
+//! Op agreement on the CUDA kernels (NOTE [op-agreement] in docs/architecture.md and in
+//! `kernels/collectives.cu`): the header every Lamport and ring launch carries in band, the
+//! check words of the barrier and fused-pull paths, and the error a recorded disagreement
+//! becomes.
+
+#![forbid(unsafe_code)]
+
+use symm_core::{DType, Error, OpDescriptor, OpKind, ReduceOp};
+
+use super::args::OpHeader;
+use super::layout::{MISMATCH_CHECK, MISMATCH_HEADER, MISMATCH_REJECTED, MISMATCH_WORDS};
+use super::plan::check_word;
+
+/// The mechanism an op runs (its `OpDescriptor::variant` on the device): ranks whose ops
+/// agree in every other field but run different mechanisms disagree too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Mechanism {
+    Lamport = 1,
+    /// The ring kernel over the whole message (one-shot all-reduce, reduce-scatter, all-gather).
+    Ring = 2,
+    /// Ring reduce-scatter then ring all-gather.
+    TwoShot = 3,
+    /// Barrier, copy-engine copies (and SM reductions), barrier.
+    CopyEngine = 4,
+    /// The fused zero-copy pull kernel.
+    Pull = 5,
+    /// The two-rank copy-engine two-shot all-reduce.
+    CeTwoShot = 6,
+    /// Nothing to move: a barrier that compares the headers' check word.
+    Empty = 7,
+}
+
+impl Mechanism {
+    const ALL: [Mechanism; 7] = [
+        Mechanism::Lamport,
+        Mechanism::Ring,
+        Mechanism::TwoShot,
+        Mechanism::CopyEngine,
+        Mechanism::Pull,
+        Mechanism::CeTwoShot,
+        Mechanism::Empty,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Mechanism::Lamport => "lamport",
+            Mechanism::Ring => "ring",
+            Mechanism::TwoShot => "two_shot",
+            Mechanism::CopyEngine => "copy_engine",
+            Mechanism::Pull => "pull",
+            Mechanism::CeTwoShot => "copy_engine_two_shot",
+            Mechanism::Empty => "empty",
+        }
+    }
+}
+
+/// `OpDescriptor` variant names of this engine.
+fn variant_name(_kind: OpKind, v: u8) -> Option<&'static str> {
+    Mechanism::ALL.iter().find(|m| **m as u8 == v).map(|m| m.name())
+}
+
+/// The header of one op: what every rank must agree on (kind, dtype, element count as the op
+/// counts it, reduce operator, mechanism).
+pub fn header(kind: OpKind, dtype: DType, count: usize, reduce: Option<ReduceOp>, mech: Mechanism) -> OpHeader {
+    OpHeader(
+        OpDescriptor {
+            seq: 0,
+            kind,
+            dtype: Some(dtype),
+            count: count as u64,
+            reduce,
+            variant: mech as u8,
+        }
+        .header_words(),
+    )
+}
+
+/// The check word of a barrier or fused pull: the header and the op's geometry (`parts`).
+pub fn checked(hdr: &OpHeader, parts: &[u64]) -> u32 {
+    let mut all: Vec<u64> = hdr.0.iter().map(|&w| u64::from(w)).collect();
+    all.extend_from_slice(parts);
+    check_word(&all)
+}
+
+fn describe(w: [u32; 4]) -> String {
+    OpDescriptor::from_header_words(w).map_or_else(
+        || format!("an op with an unreadable header {w:08x?}"),
+        |d| d.describe(variant_name),
+    )
+}
+
+/// The error a latched disagreement becomes, from the `MISMATCH_WORDS` STATE words the kernel
+/// recorded (`None` when no record was written, e.g. after the host cleared the error).
+pub fn mismatch_error(me: usize, record: &[u32; MISMATCH_WORDS]) -> Option<Error> {
+    let peer = (record[0] & 0xffff).checked_sub(1)? as usize;
+    let words = |i: usize| [record[i], record[i + 1], record[i + 2], record[i + 3]];
+    Some(match record[0] >> 16 {
+        MISMATCH_HEADER => Error::Mismatch {
+            what: "the collective op",
+            detail: format!("rank {peer} ran {}, rank {me} ran {}", describe(words(1)), describe(words(5))),
+        },
+        MISMATCH_CHECK => Error::Mismatch {
+            what: "the collective op",
+            detail: format!(
+                "rank {peer} passed check word {:#010x}, rank {me} {:#010x}: the ranks ran different ops \
+                 (kind, dtype, count, reduce operator, mechanism) or passed symmetric buffers at different \
+                 offsets",
+                record[1], record[5]
+            ),
+        },
+        MISMATCH_REJECTED => Error::Mismatch {
+            what: "the collective op",
+            detail: format!(
+                "rank {peer} rejected its own arguments for an op, so rank {me}'s matching op cannot complete"
+            ),
+        },
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_header_record_names_both_sides() {
+        let a = header(OpKind::AllReduce, DType::BF16, 1000, Some(ReduceOp::Sum), Mechanism::Lamport);
+        let b = header(OpKind::AllGather, DType::F32, 500, None, Mechanism::Ring);
+        let mut r = [0u32; MISMATCH_WORDS];
+        r[0] = 3 | (MISMATCH_HEADER << 16);
+        r[1..5].copy_from_slice(&b.0);
+        r[5..9].copy_from_slice(&a.0);
+        let e = mismatch_error(1, &r).unwrap().to_string();
+        assert!(e.contains("rank 2 ran all_gather of 500 x f32, ring"), "{e}");
+        assert!(e.contains("rank 1 ran all_reduce of 1000 x bf16, Sum, lamport"), "{e}");
+    }
+
+    #[test]
+    fn check_and_reject_records() {
+        let mut r = [0u32; MISMATCH_WORDS];
+        assert!(mismatch_error(0, &r).is_none());
+        r[0] = 1 | (MISMATCH_REJECTED << 16);
+        assert!(mismatch_error(1, &r).unwrap().to_string().contains("rank 0 rejected"));
+        r[0] = 2 | (MISMATCH_CHECK << 16);
+        r[1] = 0xabc;
+        assert!(mismatch_error(0, &r).unwrap().to_string().contains("0x00000abc"));
+        r[0] = 2 | (7 << 16);
+        assert!(mismatch_error(0, &r).is_none());
+    }
+
+    #[test]
+    fn every_field_changes_the_header_and_the_check_word() {
+        let base = header(OpKind::AllReduce, DType::F32, 500, Some(ReduceOp::Sum), Mechanism::Ring);
+        let others = [
+            header(OpKind::ReduceScatter, DType::F32, 500, Some(ReduceOp::Sum), Mechanism::Ring),
+            header(OpKind::AllReduce, DType::F16, 500, Some(ReduceOp::Sum), Mechanism::Ring),
+            header(OpKind::AllReduce, DType::F32, 501, Some(ReduceOp::Sum), Mechanism::Ring),
+            header(OpKind::AllReduce, DType::F32, 500, Some(ReduceOp::Max), Mechanism::Ring),
+            header(OpKind::AllReduce, DType::F32, 500, Some(ReduceOp::Sum), Mechanism::TwoShot),
+        ];
+        for o in others {
+            assert_ne!(o, base);
+            assert_ne!(checked(&o, &[1, 2]), checked(&base, &[1, 2]));
+        }
+        assert_ne!(checked(&base, &[1, 2]), checked(&base, &[1, 3]));
+    }
+}
