@@ -894,6 +894,16 @@ fn gpu_bad_input_is_an_error(w: GpuWorld) {
         let host = vec![1f32; 64];
         let inv = |r: symm_core::Result<()>| matches!(r, Err(Error::InvalidArgument(_)));
         let mut failures = Vec::new();
+        // Misaligned first: the engine refuses it, so the communicator is poisoned from here on
+        // (NOTE [op-agreement]); the argument checks that follow still name each bad argument.
+        let (p, _g) = {
+            use symm_ops::cudarc::driver::DevicePtr;
+            x.device_ptr(s)
+        };
+        let r = comm.all_reduce(RawDevicePtr::new(p + 2, 8, DType::F32), ReduceOp::Sum);
+        if !matches!(r, Err(Error::Misaligned { .. })) {
+            failures.push("misaligned");
+        }
         if !inv(comm.all_reduce_out(&x, &mut y, ReduceOp::Sum)) {
             failures.push("sizes");
         }
@@ -904,24 +914,24 @@ fn gpu_bad_input_is_an_error(w: GpuWorld) {
         if !inv(comm.all_reduce_out(&host[..], &mut y64, ReduceOp::Sum)) {
             failures.push("host slice");
         }
-        let (p, _g) = {
-            use symm_ops::cudarc::driver::DevicePtr;
-            x.device_ptr(s)
-        };
-        let r = comm.all_reduce(RawDevicePtr::new(p + 2, 8, DType::F32), ReduceOp::Sum);
-        if !matches!(r, Err(Error::Misaligned { .. })) {
-            failures.push("misaligned");
-        }
         if !matches!(comm.barrier(Some(&[0, rc.world])), Err(Error::OutOfRange { .. })) {
             failures.push("barrier rank");
         }
-        // The communicator still works.
+        // A rank that rejected its own arguments poisoned the group: nothing pairs with a later
+        // op, here or at a peer; a new communicator works.
+        let mut z = s.synced_clone_htod(&vec![1f32; 64])?;
+        if !matches!(comm.all_reduce(&mut z, ReduceOp::Sum), Err(Error::Aborted(_))) {
+            failures.push("poisoned after a rejection");
+        }
+        s.synchronize()?;
+        let fresh = common::gpu::rig(&rc, "gpu-bad-after", CommConfig::default())?;
+        let (s, comm) = (&fresh.stream, &fresh.comm);
         let mut z = s.synced_clone_htod(&vec![1f32; 64])?;
         comm.all_reduce(&mut z, ReduceOp::Sum)?;
         s.synchronize()?;
         comm.check_error()?;
         if s.synced_clone_dtoh(&z)? != vec![rc.world as f32; 64] {
-            failures.push("after the errors");
+            failures.push("a new communicator after the errors");
         }
         if failures.is_empty() {
             Ok(())
