@@ -166,7 +166,10 @@ impl OpDescriptor {
             Some(t) if t == *self => Ok(()),
             Some(t) => Err(Error::Mismatch {
                 what: "the collective op",
-                detail: format!("rank {peer} ran {}, rank {me} ran {mine}", Show(&t, variant_names, true)),
+                detail: format!(
+                    "rank {peer} ran {}, rank {me} ran {mine}",
+                    Show(&t, variant_names, true)
+                ),
             }),
             None => Err(Error::Mismatch {
                 what: "the collective op",

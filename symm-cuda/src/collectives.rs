@@ -32,8 +32,7 @@ use std::time::Duration;
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig};
 use symm_core::{
-    get_allocator, Allocation, DType, Device, DeviceType, Error, Group, OpKind, Rank, ReduceOp, Result,
-    SymmetricMemory,
+    get_allocator, Allocation, DType, Device, DeviceType, Error, Group, OpKind, Rank, ReduceOp, Result, SymmetricMemory,
 };
 
 use crate::driver::launch::{launch, launch_with, KernelArg, Launch};
@@ -1090,15 +1089,18 @@ impl CudaCollectives {
         let q = two_shot_shard(count, 2, dtype).min(count);
         let (start, n) = if self.rank == 0 { (0, q) } else { (q, count - q) };
         let hdr = &header(OpKind::AllReduce, dtype, count, Some(op), Mechanism::CeTwoShot);
-        let check = checked(hdr, &[
-            9,
-            sin.offset as u64,
-            sin.alloc_size as u64,
-            sout.offset as u64,
-            sout.alloc_size as u64,
-            count as u64,
-            dt as u64,
-        ]);
+        let check = checked(
+            hdr,
+            &[
+                9,
+                sin.offset as u64,
+                sin.alloc_size as u64,
+                sout.offset as u64,
+                sout.alloc_size as u64,
+                count as u64,
+                dt as u64,
+            ],
+        );
         let mask = self.full_mask();
         self.launch_barrier(stream, mask, check)?;
         if n > 0 {
@@ -1224,7 +1226,17 @@ impl CudaCollectives {
         let mech = if lamport { Mechanism::Lamport } else { Mechanism::Ring };
         let hdr = &header(OpKind::ReduceScatter, dtype, count, Some(op), mech);
         if lamport {
-            return self.lamport(stream, dt, RingMode::ReduceScatter, op, input, output, count, tuning, hdr);
+            return self.lamport(
+                stream,
+                dt,
+                RingMode::ReduceScatter,
+                op,
+                input,
+                output,
+                count,
+                tuning,
+                hdr,
+            );
         }
         self.launch_ring(
             stream,
@@ -1443,9 +1455,7 @@ impl CudaCollectives {
         };
         let hdr = &header(OpKind::AllGather, dtype, count, None, mech);
         match path {
-            AllGatherPath::CopyEngine if self.world > 1 => {
-                self.all_gather_ce(stream, input, output, count, dtype, hdr)
-            }
+            AllGatherPath::CopyEngine if self.world > 1 => self.all_gather_ce(stream, input, output, count, dtype, hdr),
             AllGatherPath::Pull if self.world > 1 => {
                 self.all_gather_pull(stream, dt, tuning, input, output, count, dtype, hdr)
             }
@@ -1711,12 +1721,14 @@ impl CudaCollectives {
                 for (w, b) in record.iter_mut().zip(raw.chunks_exact(4)) {
                     *w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                 }
-                Err(agree::mismatch_error(self.rank, &record).unwrap_or_else(|| Error::Mismatch {
-                    what: "the collective op",
-                    detail: "the ranks ran different ops, or passed symmetric buffers at different offsets \
+                Err(
+                    agree::mismatch_error(self.rank, &record).unwrap_or_else(|| Error::Mismatch {
+                        what: "the collective op",
+                        detail: "the ranks ran different ops, or passed symmetric buffers at different offsets \
                              (no record of which)"
-                        .into(),
-                }))
+                            .into(),
+                    }),
+                )
             }
             other => Err(Error::Backend {
                 backend: driver::BACKEND,
@@ -1794,7 +1806,12 @@ mod tests {
                 assert!(ptx.contains(&format!(".entry {k}{dt}(")), "{k}{dt} missing");
             }
         }
-        for k in ["symm_coll_init", "symm_coll_barrier", "symm_coll_reject", "symm_coll_take_error"] {
+        for k in [
+            "symm_coll_init",
+            "symm_coll_barrier",
+            "symm_coll_reject",
+            "symm_coll_take_error",
+        ] {
             assert!(ptx.contains(&format!(".entry {k}(")), "{k} missing");
         }
         // Every two-rank entry the host loads (COLL_TWO_RANK_ENTRIES), in `lamport2_index` order.

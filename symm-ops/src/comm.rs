@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use symm_core::{
-    detect_topology, empty_p2p, get_connectivity, DType, Device, DeviceType, Error, Group, OpKind, Rank, ReduceOp, Result,
-    SymmTensor, Topology,
+    detect_topology, empty_p2p, get_connectivity, DType, Device, DeviceType, Error, Group, OpKind, Rank, ReduceOp,
+    Result, SymmTensor, Topology,
 };
 
 use crate::buf::{check_dtype, Buf, BufMut, Element};

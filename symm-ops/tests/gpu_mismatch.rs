@@ -55,11 +55,21 @@ enum Class {
 fn cases() -> Vec<(Mech, Class)> {
     let mut v = Vec::new();
     for m in [Mech::Lamport, Mech::OneShot, Mech::TwoShot, Mech::Pull] {
-        for c in [Class::Count, Class::DtypeSameBytes, Class::ReduceOp, Class::RejectsItsArgument] {
+        for c in [
+            Class::Count,
+            Class::DtypeSameBytes,
+            Class::ReduceOp,
+            Class::RejectsItsArgument,
+        ] {
             v.push((m, c));
         }
     }
-    for c in [Class::Count, Class::DtypeSameBytes, Class::ReduceOp, Class::RejectsItsArgument] {
+    for c in [
+        Class::Count,
+        Class::DtypeSameBytes,
+        Class::ReduceOp,
+        Class::RejectsItsArgument,
+    ] {
         v.push((Mech::ReduceScatter, c));
     }
     for c in [Class::Count, Class::DtypeSameBytes, Class::RejectsItsArgument] {
@@ -212,7 +222,8 @@ fn gpu_mismatch(w: GpuWorld) {
         for (mech, class) in cases() {
             for graph in [false, true] {
                 progress(&rc, "gpu_mismatch", &format!("{mech:?} {class:?} graph {graph}"));
-                let line = case(&rc, mech, class, graph).map_err(|e| format!("{mech:?} {class:?} graph {graph}: {e}"))?;
+                let line =
+                    case(&rc, mech, class, graph).map_err(|e| format!("{mech:?} {class:?} graph {graph}: {e}"))?;
                 lines.push(format!("{mech:?} {class:?} graph {graph}: {line}"));
             }
         }
@@ -233,7 +244,14 @@ symm_testkit::gpu_world_tests!(gpu_mismatch, gpu_mismatch);
 #[test]
 fn the_cases_cover_every_class_and_mechanism() {
     let c = cases();
-    for m in [Mech::Lamport, Mech::OneShot, Mech::TwoShot, Mech::Pull, Mech::ReduceScatter, Mech::AllGather] {
+    for m in [
+        Mech::Lamport,
+        Mech::OneShot,
+        Mech::TwoShot,
+        Mech::Pull,
+        Mech::ReduceScatter,
+        Mech::AllGather,
+    ] {
         assert!(c.iter().any(|&(x, _)| x == m), "{m:?}");
     }
     for k in [

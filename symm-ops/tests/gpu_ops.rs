@@ -910,20 +910,24 @@ fn gpu_bad_input_is_an_error(w: GpuWorld) {
         if !inv(comm.one_shot_all_reduce_out(&x, &mut h, ReduceOp::Sum)) {
             failures.push("dtypes");
         }
-        let mut y64 = s.alloc_zeros::<f32>(64)?;
-        if !inv(comm.all_reduce_out(&host[..], &mut y64, ReduceOp::Sum)) {
-            failures.push("host slice");
-        }
         if !matches!(comm.barrier(Some(&[0, rc.world])), Err(Error::OutOfRange { .. })) {
             failures.push("barrier rank");
         }
         // A rank that rejected its own arguments poisoned the group: nothing pairs with a later
-        // op, here or at a peer; a new communicator works.
+        // op, here or at a peer.
         let mut z = s.synced_clone_htod(&vec![1f32; 64])?;
         if !matches!(comm.all_reduce(&mut z, ReduceOp::Sum), Err(Error::Aborted(_))) {
             failures.push("poisoned after a rejection");
         }
         s.synchronize()?;
+        // The engine's other refusal (a host slice for a CUDA communicator) on a communicator
+        // of its own, since the one above is poisoned.
+        let second = common::gpu::rig(&rc, "gpu-bad-host", CommConfig::default())?;
+        let mut y64 = second.stream.alloc_zeros::<f32>(64)?;
+        if !inv(second.comm.all_reduce_out(&host[..], &mut y64, ReduceOp::Sum)) {
+            failures.push("host slice");
+        }
+        second.stream.synchronize()?;
         let fresh = common::gpu::rig(&rc, "gpu-bad-after", CommConfig::default())?;
         let (s, comm) = (&fresh.stream, &fresh.comm);
         let mut z = s.synced_clone_htod(&vec![1f32; 64])?;

@@ -98,7 +98,11 @@ pub fn mismatch_error(me: usize, record: &[u32; MISMATCH_WORDS]) -> Option<Error
     Some(match record[0] >> 16 {
         MISMATCH_HEADER => Error::Mismatch {
             what: "the collective op",
-            detail: format!("rank {peer} ran {}, rank {me} ran {}", describe(words(1)), describe(words(5))),
+            detail: format!(
+                "rank {peer} ran {}, rank {me} ran {}",
+                describe(words(1)),
+                describe(words(5))
+            ),
         },
         MISMATCH_CHECK => Error::Mismatch {
             what: "the collective op",
@@ -125,7 +129,13 @@ mod tests {
 
     #[test]
     fn a_header_record_names_both_sides() {
-        let a = header(OpKind::AllReduce, DType::BF16, 1000, Some(ReduceOp::Sum), Mechanism::Lamport);
+        let a = header(
+            OpKind::AllReduce,
+            DType::BF16,
+            1000,
+            Some(ReduceOp::Sum),
+            Mechanism::Lamport,
+        );
         let b = header(OpKind::AllGather, DType::F32, 500, None, Mechanism::Ring);
         let mut r = [0u32; MISMATCH_WORDS];
         r[0] = 3 | (MISMATCH_HEADER << 16);
@@ -153,11 +163,23 @@ mod tests {
     fn every_field_changes_the_header_and_the_check_word() {
         let base = header(OpKind::AllReduce, DType::F32, 500, Some(ReduceOp::Sum), Mechanism::Ring);
         let others = [
-            header(OpKind::ReduceScatter, DType::F32, 500, Some(ReduceOp::Sum), Mechanism::Ring),
+            header(
+                OpKind::ReduceScatter,
+                DType::F32,
+                500,
+                Some(ReduceOp::Sum),
+                Mechanism::Ring,
+            ),
             header(OpKind::AllReduce, DType::F16, 500, Some(ReduceOp::Sum), Mechanism::Ring),
             header(OpKind::AllReduce, DType::F32, 501, Some(ReduceOp::Sum), Mechanism::Ring),
             header(OpKind::AllReduce, DType::F32, 500, Some(ReduceOp::Max), Mechanism::Ring),
-            header(OpKind::AllReduce, DType::F32, 500, Some(ReduceOp::Sum), Mechanism::TwoShot),
+            header(
+                OpKind::AllReduce,
+                DType::F32,
+                500,
+                Some(ReduceOp::Sum),
+                Mechanism::TwoShot,
+            ),
         ];
         for o in others {
             assert_ne!(o, base);

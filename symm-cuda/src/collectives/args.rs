@@ -325,14 +325,36 @@ mod tests {
             d.ws[r] = 0x1000 * (r as u64 + 1);
             d.pads[r] = 0x10_0000 * (r as u64 + 1);
         }
-        let a = lamport(&c, &d, RingMode::AllGather, 3, 0, 0, 10, &layout, &bound, &OpHeader::default());
+        let a = lamport(
+            &c,
+            &d,
+            RingMode::AllGather,
+            3,
+            0,
+            0,
+            10,
+            &layout,
+            &bound,
+            &OpHeader::default(),
+        );
         assert_eq!(a[LAMPORT_MODE_ARG], KernelArg::U32(RingMode::AllGather as u32));
         // The eight workspace bases, then this rank's (rank 0's) pad.
         assert_eq!(a[0], KernelArg::U64(0x1000));
         assert_eq!(a[7], KernelArg::U64(0x8000));
         assert_eq!(a[8], KernelArg::U64(0x10_0000));
         let c1 = Common { rank: 1, ..c };
-        let a = lamport(&c1, &d, RingMode::AllGather, 3, 0, 0, 10, &layout, &bound, &OpHeader::default());
+        let a = lamport(
+            &c1,
+            &d,
+            RingMode::AllGather,
+            3,
+            0,
+            0,
+            10,
+            &layout,
+            &bound,
+            &OpHeader::default(),
+        );
         assert_eq!(a[8], KernelArg::U64(0x20_0000));
         let src = crate::kernels::source("collectives").unwrap().source;
         assert!(src.contains(&format!("#define COLL_LAM_ACQREL_ARRIVE {LAMPORT_ACQREL_ARRIVE:#x}u")));

@@ -103,4 +103,3 @@ pub fn test_context(ordinal: usize) -> TestResult<Arc<CudaContext>> {
     map.insert(ordinal, ctx.clone());
     Ok(ctx)
 }
-
