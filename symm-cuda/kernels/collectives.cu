@@ -1056,14 +1056,9 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
         for (unsigned int c = role_idx; c < nchunks; c += nrecv) {
             const unsigned int g = base + c;
             const unsigned int slot = g & smask;
-            // The peer's op header for this chunk, read after the flag's acquire and compared
-            // before the slot is acked.
-            uint4 theirs = hdr;
             if (threadIdx.x < w1) {
                 if (!coll_wait_geq(data_flags + threadIdx.x * slots + slot, g + 1u, w)) {
                     s_fail = 1;
-                } else {
-                    theirs = coll_ld_volatile_v4(ws + hdr_off + ((unsigned long long)threadIdx.x * slots + slot) * 16ull);
                 }
             } else if (threadIdx.x == w1 && (flags & COLL_FLAG_INPLACE) && w1 > 0) {
                 if (!coll_wait_geq(sent_flags + slot, g + 1u, w)) {
@@ -1073,6 +1068,12 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
             __syncthreads();
             if (s_fail) {
                 break;
+            }
+            // The peer's op header for this chunk (its flag was acquired above): loaded beside the
+            // chunk's data, compared before the slot is acked.
+            uint4 theirs = hdr;
+            if (threadIdx.x < w1) {
+                theirs = coll_ld_volatile_v4(ws + hdr_off + ((unsigned long long)threadIdx.x * slots + slot) * 16ull);
             }
             const char* ring = ws + ring_off + (unsigned long long)slot * slot_bytes;
             const unsigned long long ring_stride = (unsigned long long)slots * slot_bytes;  // per peer l
