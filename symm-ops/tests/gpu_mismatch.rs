@@ -17,6 +17,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::gpu::*;
+use common::{MismatchClass as Class, MISMATCH_CLASSES};
 use half::bf16;
 use symm_core::{Error, ReduceOp, SymmTensor};
 use symm_ops::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -39,16 +40,6 @@ enum Mech {
     Pull,
     ReduceScatter,
     AllGather,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Class {
-    Count,
-    DtypeSameBytes,
-    ReduceOp,
-    OpKind,
-    SkipsAnOp,
-    RejectsItsArgument,
 }
 
 /// The cases: every class on the mechanisms it applies to.
@@ -254,14 +245,7 @@ fn the_cases_cover_every_class_and_mechanism() {
     ] {
         assert!(c.iter().any(|&(x, _)| x == m), "{m:?}");
     }
-    for k in [
-        Class::Count,
-        Class::DtypeSameBytes,
-        Class::ReduceOp,
-        Class::OpKind,
-        Class::SkipsAnOp,
-        Class::RejectsItsArgument,
-    ] {
+    for k in MISMATCH_CLASSES {
         assert!(c.iter().any(|&(_, x)| x == k), "{k:?}");
     }
 }

@@ -8,6 +8,8 @@
 //! ranks, including ranks that all reject the same op or all pass an empty
 //! message, stay in step.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use half::f16;
@@ -15,28 +17,11 @@ use symm_core::{Device, Error, ReduceOp};
 use symm_ops::{CommConfig, Communicator};
 use symm_testkit::launch::{child_ctx, run_processes, run_threads, RankCtx, TestResult};
 
+use common::{MismatchClass as Class, MISMATCH_CLASSES as CLASSES};
+
 const LIMIT: Duration = Duration::from_secs(120);
 /// The ops' deadline: a disagreement must be reported long before it.
 const OP_TIMEOUT: Duration = Duration::from_secs(20);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Class {
-    Count,
-    DtypeSameBytes,
-    ReduceOp,
-    OpKind,
-    SkipsAnOp,
-    RejectsItsArgument,
-}
-
-const CLASSES: [Class; 6] = [
-    Class::Count,
-    Class::DtypeSameBytes,
-    Class::ReduceOp,
-    Class::OpKind,
-    Class::SkipsAnOp,
-    Class::RejectsItsArgument,
-];
 
 fn comm(ctx: &RankCtx, name: &str) -> TestResult<Communicator> {
     let group = ctx.group(&ctx.unique(name))?;

@@ -9,6 +9,27 @@ use half::{bf16, f16};
 use symm_core::{DType, ReduceOp};
 use symm_ops::Element;
 
+/// How the last rank disagrees with the others in the op-agreement suites
+/// (`host_mismatch`, `gpu_mismatch`; NOTE [op-agreement]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MismatchClass {
+    Count,
+    DtypeSameBytes,
+    ReduceOp,
+    OpKind,
+    SkipsAnOp,
+    RejectsItsArgument,
+}
+
+pub const MISMATCH_CLASSES: [MismatchClass; 6] = [
+    MismatchClass::Count,
+    MismatchClass::DtypeSameBytes,
+    MismatchClass::ReduceOp,
+    MismatchClass::OpKind,
+    MismatchClass::SkipsAnOp,
+    MismatchClass::RejectsItsArgument,
+];
+
 /// Elements of guard on each side of an output.
 pub const GUARD: usize = 5;
 
