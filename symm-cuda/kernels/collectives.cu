@@ -254,7 +254,7 @@ __device__ __forceinline__ bool coll_latch_over_mismatch(unsigned int* err, unsi
 // call that latched the error writes the record, so it describes the error the host reads.
 __device__ __noinline__ void coll_latch_disagreement(unsigned int* pad, unsigned int* st, unsigned int code,
                                                      unsigned int kind, unsigned int peer, uint4 theirs, uint4 mine) {
-    const bool won = code == SYMM_ERR_MISMATCH ? atomicCAS(pad + SYMM_ERROR_WORD, 0u, code) == 0u
+    const bool won = code == SYMM_ERR_MISMATCH ? atomicCAS_system(pad + SYMM_ERROR_WORD, 0u, code) == 0u
                                                : coll_latch_over_mismatch(pad + SYMM_ERROR_WORD, code);
     if (won) {
         unsigned int* r = st + COLL_ST_MISMATCH;

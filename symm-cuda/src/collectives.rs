@@ -1667,7 +1667,12 @@ impl CudaCollectives {
             return Ok(());
         }
         let hdr = header(kind, dtype, 0, reduce, Mechanism::Empty);
-        self.launch_barrier(stream, self.full_mask(), checked(&hdr, &[]))
+        let mask = self.full_mask();
+        self.launch_barrier(stream, mask, checked(&hdr, &[]))?;
+        // A closing barrier without a check word, as every checked barrier has: a peer leaves the
+        // first one as soon as it sees this rank's epoch, and its next checked barrier would
+        // otherwise overwrite the check word this rank has not read yet.
+        self.launch_barrier(stream, mask, 0)
     }
 
     /// Tells every peer, on `stream` (after this rank's earlier ops), that this rank rejected its

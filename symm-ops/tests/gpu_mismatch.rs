@@ -3,7 +3,8 @@
 //! and replayed from a CUDA graph: the last rank differs in element count, in
 //! dtype with the same byte count, in reduce operator, in the op itself,
 //! skips an op, or rejects its own argument, on the Lamport, one-shot (ring),
-//! two-shot and pull all-reduce and on reduce-scatter and all-gather. Every
+//! two-shot, pull and copy-engine all-reduce and on reduce-scatter and
+//! all-gather. Every
 //! rank gets an error (`Mismatch` from `check_error`; the rejecting rank its
 //! own `InvalidArgument`) well within the ops' deadline, the communicator is
 //! poisoned afterwards, and ops that agree (an empty one included) run first.
@@ -38,6 +39,8 @@ enum Mech {
     OneShot,
     TwoShot,
     Pull,
+    /// The copy-engine two-shot (two ranks, symmetric input and output; the pull at more).
+    CopyEngine,
     ReduceScatter,
     AllGather,
 }
@@ -45,7 +48,13 @@ enum Mech {
 /// The cases: every class on the mechanisms it applies to.
 fn cases() -> Vec<(Mech, Class)> {
     let mut v = Vec::new();
-    for m in [Mech::Lamport, Mech::OneShot, Mech::TwoShot, Mech::Pull] {
+    for m in [
+        Mech::Lamport,
+        Mech::OneShot,
+        Mech::TwoShot,
+        Mech::Pull,
+        Mech::CopyEngine,
+    ] {
         for c in [
             Class::Count,
             Class::DtypeSameBytes,
@@ -73,11 +82,13 @@ fn cases() -> Vec<(Mech, Class)> {
     v
 }
 
-/// One dtype's buffers: device input and output, and a symmetric input (the pull).
+/// One dtype's buffers: device input and output, and a symmetric input and output (the pull
+/// and the copy engine).
 struct Bufs<T: DeviceRepr> {
     input: CudaSlice<T>,
     output: CudaSlice<T>,
     sym: SymmTensor,
+    sym_out: SymmTensor,
 }
 
 impl<T: DeviceRepr + Element + Default + Clone> Bufs<T> {
@@ -86,6 +97,7 @@ impl<T: DeviceRepr + Element + Default + Clone> Bufs<T> {
             input: rig.stream.synced_clone_htod(&vec![T::default(); len])?,
             output: rig.stream.synced_clone_htod(&vec![T::default(); len])?,
             sym: rig.comm.persistent_buffer(alloc_id, &[len], T::DTYPE)?,
+            sym_out: rig.comm.persistent_buffer(alloc_id + 100, &[len], T::DTYPE)?,
         })
     }
 
@@ -100,6 +112,10 @@ impl<T: DeviceRepr + Element + Default + Clone> Bufs<T> {
             Mech::OneShot => AllReduceAlgo::OneShot,
             Mech::TwoShot => AllReduceAlgo::TwoShot,
             Mech::Pull => AllReduceAlgo::Pull,
+            Mech::CopyEngine => {
+                let (xs, os) = (self.sym.narrow(0, n)?, self.sym_out.narrow(0, n - cut)?);
+                return comm.all_reduce_with(AllReduceAlgo::CopyEngine, Some((&xs).into()), (&os).into(), op);
+            }
             Mech::ReduceScatter => {
                 let x = self.input.slice(..n * w);
                 return comm.reduce_scatter_out(&x, &mut self.output.slice_mut(..n - cut), op);
@@ -164,7 +180,10 @@ fn case(rc: &RankCtx, mech: Mech, class: Class, graph: bool) -> TestResult<Strin
     let mut f = Bufs::<f32>::new(&rig, 1, 2 * N * w)?;
     let mut h = Bufs::<bf16>::new(&rig, 2, 4 * N * w)?;
     rig.ready()?;
-    // In step first: the case's op on every rank, and an empty op.
+    // In step first: two different empty ops back to back (each a checked barrier), the case's
+    // op on every rank, another empty op.
+    comm.all_reduce(&mut f.output.slice_mut(..0), ReduceOp::Sum)?;
+    comm.all_gather_out(&h.input.slice(..0), &mut h.output.slice_mut(..0))?;
     f.run(comm, mech, N, ReduceOp::Sum, false)?;
     comm.all_reduce(&mut f.output.slice_mut(..0), ReduceOp::Sum)?;
     s.synchronize()?;
@@ -240,6 +259,7 @@ fn the_cases_cover_every_class_and_mechanism() {
         Mech::OneShot,
         Mech::TwoShot,
         Mech::Pull,
+        Mech::CopyEngine,
         Mech::ReduceScatter,
         Mech::AllGather,
     ] {

@@ -466,8 +466,10 @@ impl CudaEngine {
     }
 
     /// This rank rejected its own arguments for an op (NOTE [op-agreement]): the kernels' peers
-    /// learn it at once (nothing to tell without kernels: NCCL does not check). Refused, and
-    /// nothing sent, while another op of this communicator runs (a local refusal).
+    /// learn it at once. Without kernels nothing is sent (NCCL does not check), but the
+    /// communicator still poisons itself, so this rank never pairs its next op with the peers'
+    /// current one. Refused, and nothing sent, while another op of this communicator runs (a
+    /// local refusal).
     pub fn reject(&self) -> Result<()> {
         let _l = self.lock()?;
         self.tell_peers()
