@@ -240,6 +240,20 @@ __device__ __forceinline__ bool coll_fatal_latched(unsigned int* pad) {
            e == SYMM_ERR_PEER_REJECTED;
 }
 
+// NOTE [error-mirror]: `abort_host` points at word 0 of a pinned host page; word 1 mirrors the
+// pad's ERROR word for the host, which reads it before every op without a launch or a
+// synchronisation (symm-cuda's CudaCollectives::pending_error). Every kernel that latches an
+// error, or gives up a wait because one is latched (a peer's rejection included), copies the
+// latched code there.
+__device__ __noinline__ void coll_mirror_error(unsigned int* pad, const unsigned int* abort_host) {
+    if (abort_host != nullptr) {
+        const unsigned int e = symm_latched_error(pad);
+        if (e != 0u) {
+            asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(abort_host + 1), "r"(e) : "memory");
+        }
+    }
+}
+
 // Latches `code` into `err` (an ERROR word, local or a peer's), replacing a latched
 // SYMM_ERR_MISMATCH (which does not stop waits); true when this call latched it.
 __device__ __forceinline__ bool coll_latch_over_mismatch(unsigned int* err, unsigned int code) {
@@ -252,8 +266,9 @@ __device__ __forceinline__ bool coll_latch_over_mismatch(unsigned int* err, unsi
 
 // Records a disagreement with `peer` in STATE (COLL_ST_MISMATCH) after latching `code`; only the
 // call that latched the error writes the record, so it describes the error the host reads.
-__device__ __noinline__ void coll_latch_disagreement(unsigned int* pad, unsigned int* st, unsigned int code,
+__device__ __noinline__ void coll_latch_disagreement(CollWait w, unsigned int* st, unsigned int code,
                                                      unsigned int kind, unsigned int peer, uint4 theirs, uint4 mine) {
+    unsigned int* pad = w.pad;
     const bool won = code == SYMM_ERR_MISMATCH ? atomicCAS_system(pad + SYMM_ERROR_WORD, 0u, code) == 0u
                                                : coll_latch_over_mismatch(pad + SYMM_ERROR_WORD, code);
     if (won) {
@@ -268,6 +283,7 @@ __device__ __noinline__ void coll_latch_disagreement(unsigned int* pad, unsigned
         r[8] = mine.w;
         r[0] = (peer + 1u) | (kind << 16);
     }
+    coll_mirror_error(pad, w.abort_host);
 }
 
 __device__ __forceinline__ bool coll_v4_eq(const uint4& a, const uint4& b) {
@@ -280,14 +296,17 @@ __device__ __forceinline__ bool coll_v4_eq(const uint4& a, const uint4& b) {
 // instruction cache must fetch); everything by value, so no caller needs a local-memory stack.
 __device__ __noinline__ bool coll_poll_gives_up(unsigned int polls, unsigned long long deadline, CollWait w) {
     if (coll_fatal_latched(w.pad)) {
+        coll_mirror_error(w.pad, w.abort_host);
         return true;
     }
     if ((polls % SYMM_ABORT_EVERY) == 0u && symm_abort_requested(w.abort_host, w.pad)) {
         symm_latch_error(w.pad, SYMM_ERR_ABORTED);
+        coll_mirror_error(w.pad, w.abort_host);
         return true;
     }
     if (symm_globaltimer() >= deadline) {
         symm_latch_error(w.pad, SYMM_ERR_TIMEOUT);
+        coll_mirror_error(w.pad, w.abort_host);
         return true;
     }
     return false;
@@ -336,6 +355,7 @@ __device__ __forceinline__ void coll_wait_arrivals(unsigned int* arrive, const C
                 deadline = symm_deadline(w.timeout_ns);
             } else if (symm_globaltimer() >= deadline) {
                 symm_latch_error(w.pad, SYMM_ERR_TIMEOUT);
+                coll_mirror_error(w.pad, w.abort_host);
                 return;
             }
         }
@@ -736,7 +756,7 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
                     if (h.x != COLL_SENTINEL && h.y != COLL_SENTINEL && h.z != COLL_SENTINEL &&
                         h.w != COLL_SENTINEL) {
                         if (!coll_v4_eq(h, hdr)) {
-                            coll_latch_disagreement(pad, st, SYMM_ERR_OP_MISMATCH, COLL_MISMATCH_HEADER,
+                            coll_latch_disagreement(w, st, SYMM_ERR_OP_MISMATCH, COLL_MISMATCH_HEADER,
                                                     (rank + 1 + l) % world, h, hdr);
                             return false;
                         }
@@ -1119,7 +1139,7 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
                 }
             }
             if (threadIdx.x < w1 && !coll_v4_eq(theirs, hdr)) {
-                coll_latch_disagreement(pad, st, SYMM_ERR_OP_MISMATCH, COLL_MISMATCH_HEADER,
+                coll_latch_disagreement(w, st, SYMM_ERR_OP_MISMATCH, COLL_MISMATCH_HEADER,
                                         (rank + 1 + threadIdx.x) % world, theirs, hdr);
                 s_fail = 1;
             }
@@ -1442,7 +1462,7 @@ __device__ __forceinline__ void coll_pull(const CollWs8 pads, const CollSrcs src
         } else if ((unsigned int)(got >> 32) != check) {
             // Peers passed another op or geometry: reading their buffers could leave their
             // allocation.
-            coll_latch_disagreement(pad, st, SYMM_ERR_MISMATCH, COLL_MISMATCH_CHECK, t,
+            coll_latch_disagreement(w, st, SYMM_ERR_MISMATCH, COLL_MISMATCH_CHECK, t,
                                     make_uint4((unsigned int)(got >> 32), 0u, 0u, 0u), make_uint4(check, 0u, 0u, 0u));
             ok = 0;
         }
@@ -1562,7 +1582,7 @@ extern "C" __global__ void symm_coll_barrier(const unsigned long long* bufs, con
     }
     const unsigned int theirs = symm_ld_volatile(symm_ops_slot(pad, COLL_OPS_CHECK, t));
     if (check != 0u && theirs != check) {
-        coll_latch_disagreement(pad, st, SYMM_ERR_MISMATCH, COLL_MISMATCH_CHECK, t, make_uint4(theirs, 0u, 0u, 0u),
+        coll_latch_disagreement(w, st, SYMM_ERR_MISMATCH, COLL_MISMATCH_CHECK, t, make_uint4(theirs, 0u, 0u, 0u),
                                 make_uint4(check, 0u, 0u, 0u));
     }
 }

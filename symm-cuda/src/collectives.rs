@@ -1686,6 +1686,17 @@ impl CudaCollectives {
         self.launch_coll(stream, &self.fns.reject, cfg(1, 64), &a)
     }
 
+    /// The error code this object's kernels latched and copied into pinned host memory (NOTE
+    /// [error-mirror]), if any: a host load, no launch, no synchronisation, so an op can look
+    /// before it runs. [`Self::check_error`] turns it into the error and clears it.
+    pub fn pending_error(&self) -> Option<u32> {
+        let cuda = crate::as_cuda(self.mem.as_ref())?;
+        match cuda.error_mirror() {
+            0 => None,
+            code => Some(code),
+        }
+    }
+
     /// Reads and clears the error latched by this object's kernels: `Ok(())`, or
     /// [`Error::Timeout`] / [`Error::Aborted`] / [`Error::Mismatch`]. Call after synchronising the
     /// streams the ops ran on.
@@ -1700,6 +1711,9 @@ impl CudaCollectives {
         )?;
         let mut word = [0u8; 4];
         dtoh_sync(&self.control, &mut word, out)?;
+        if let Some(cuda) = crate::as_cuda(self.mem.as_ref()) {
+            cuda.clear_error_mirror();
+        }
         match u32::from_le_bytes(word) {
             0 => Ok(()),
             symm_core::pad::ERR_TIMEOUT => Err(Error::Timeout {

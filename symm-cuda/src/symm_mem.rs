@@ -37,9 +37,13 @@ use crate::streams::{self, PooledStream};
 /// After a blocking op's device deadline, how long the host waits for the
 /// kernel to finish before it sets the abort word itself.
 const HOST_GRACE: Duration = Duration::from_secs(5);
-/// Word of the pinned page holding the abort flag; the others are status
-/// slots of blocking operations.
+/// Word of the pinned page holding the abort flag; words after
+/// [`ERROR_MIRROR_SLOT`] are status slots of blocking operations.
 const ABORT_SLOT: usize = 0;
+/// Word of the pinned page where the collective kernels copy an error they latched or gave up
+/// on (NOTE [error-mirror]): the host reads it with a plain load, no launch, no synchronisation.
+/// The kernels find it at `abort_word_ptr() + 4`.
+const ERROR_MIRROR_SLOT: usize = ABORT_SLOT + 1;
 /// A status slot's value before its kernel reported.
 const PENDING: u32 = u32::MAX;
 
@@ -171,7 +175,7 @@ impl CudaSymmetricMemory {
                 host_words,
                 slots: Mutex::new(Slots {
                     free: Vec::new(),
-                    next: ABORT_SLOT + 1,
+                    next: ERROR_MIRROR_SLOT + 1,
                     draining: Vec::new(),
                 }),
                 fns: Mutex::new(None),
@@ -210,6 +214,17 @@ impl CudaSymmetricMemory {
     /// memory; non-zero = abort every wait of this memory).
     pub fn abort_word_ptr(&self) -> u64 {
         self.inner.host_words.device_ptr(ABORT_SLOT)
+    }
+
+    /// The error code the collective kernels last copied into the pinned mirror word (NOTE
+    /// [error-mirror]; 0: none): a host load, no launch, no synchronisation.
+    pub fn error_mirror(&self) -> u32 {
+        self.inner.host_words.load(ERROR_MIRROR_SLOT)
+    }
+
+    /// Clears the mirror word (after the error it showed was taken from the `ERROR` word).
+    pub fn clear_error_mirror(&self) {
+        self.inner.host_words.store(ERROR_MIRROR_SLOT, 0)
     }
 
     /// Device address of this rank's `ERROR` word (in its signal pad).

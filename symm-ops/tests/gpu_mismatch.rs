@@ -4,10 +4,11 @@
 //! dtype with the same byte count, in reduce operator, in the op itself,
 //! skips an op, or rejects its own argument, on the Lamport, one-shot (ring),
 //! two-shot, pull and copy-engine all-reduce and on reduce-scatter and
-//! all-gather. Every
-//! rank gets an error (`Mismatch` from `check_error`; the rejecting rank its
-//! own `InvalidArgument`) well within the ops' deadline, the communicator is
-//! poisoned afterwards, and ops that agree (an empty one included) run first.
+//! all-gather. Every rank gets an error (`Mismatch`: eager, from its next op
+//! by itself, NOTE [error-mirror]; from a graph, from `check_error`; the
+//! rejecting rank its own `InvalidArgument`) well within the ops' deadline,
+//! the communicator is poisoned afterwards, and ops that agree (empty ones
+//! included) run first.
 //!
 //! Without the GPUs a world needs its test skips and says why; when
 //! `SYMM_REQUIRE_GPUS` says the machine has them it fails instead.
@@ -202,7 +203,12 @@ fn case(rc: &RankCtx, mech: Mech, class: Class, graph: bool) -> TestResult<Strin
         disagree(comm, &mut f, &mut h, mech, class, odd)
     };
     s.synchronize()?;
-    let checked = comm.check_error();
+    // From a graph, `check_error`; eager, the next op reports it by itself (NOTE [error-mirror]).
+    let checked = if graph {
+        comm.check_error()
+    } else {
+        f.run(comm, mech, N, ReduceOp::Sum, false)
+    };
     let took = t.elapsed();
     let got = match (issued, checked) {
         (Err(e @ Error::InvalidArgument(_)), _) if odd && class == Class::RejectsItsArgument => e,

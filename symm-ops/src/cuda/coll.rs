@@ -165,6 +165,15 @@ impl Coll {
         self.inner.check_error()
     }
 
+    /// An error the kernels latched, read without a launch or a synchronisation (NOTE
+    /// [error-mirror]): `Err` with it (taken from the device) when there is one.
+    pub fn surface_error(&self) -> Result<()> {
+        match self.inner.pending_error() {
+            None => Ok(()),
+            Some(_) => self.inner.check_error(),
+        }
+    }
+
     /// Tells every peer this rank rejected its arguments for its next op (NOTE [op-agreement]).
     pub fn reject(&self, stream: &CudaStream) -> Result<()> {
         self.inner.reject(stream)

@@ -259,6 +259,7 @@ impl CudaEngine {
         fallback: impl Fn(usize) -> AllReduceAlgo,
     ) -> Result<()> {
         let _l = self.lock()?;
+        self.surface()?;
         let r = self.all_reduce_locked(algo, input, output, count, dtype, op, fallback);
         self.refused(r)
     }
@@ -329,6 +330,7 @@ impl CudaEngine {
         op: ReduceOp,
     ) -> Result<()> {
         let _l = self.lock()?;
+        self.surface()?;
         let r = self.reduce_scatter_locked(algo, input, output, count, dtype, op);
         self.refused(r)
     }
@@ -383,6 +385,7 @@ impl CudaEngine {
         dtype: DType,
     ) -> Result<()> {
         let _l = self.lock()?;
+        self.surface()?;
         let r = self.all_gather_locked(algo, input, output, count, dtype);
         self.refused(r)
     }
@@ -430,6 +433,7 @@ impl CudaEngine {
 
     pub fn barrier(&self, ranks: &[Rank]) -> Result<()> {
         let _l = self.lock()?;
+        self.surface()?;
         if let Some(c) = &self.coll {
             return c.barrier(&self.stream, ranks);
         }
@@ -463,6 +467,16 @@ impl CudaEngine {
 
     pub fn unregister_memory(&self, base: u64) -> bool {
         self.coll.as_ref().is_some_and(|c| c.unregister_memory(base))
+    }
+
+    /// An error the kernels latched since the last op (NOTE [error-mirror]), read without a
+    /// launch or a synchronisation: every op looks first, so a timeout, an abort or a
+    /// disagreement reaches the caller without a `check_error` call.
+    fn surface(&self) -> Result<()> {
+        match &self.coll {
+            Some(c) => c.surface_error(),
+            None => Ok(()),
+        }
     }
 
     /// This rank rejected its own arguments for an op (NOTE [op-agreement]): the kernels' peers
@@ -508,6 +522,7 @@ impl CudaEngine {
     /// An op with nothing to move: a checked barrier with the kernels, nothing without them.
     pub fn empty_op(&self, kind: OpKind, dtype: DType, reduce: Option<ReduceOp>) -> Result<()> {
         let _l = self.lock()?;
+        self.surface()?;
         match &self.coll {
             Some(c) => c.agree_empty(&self.stream, kind, dtype, reduce),
             None => Ok(()),
