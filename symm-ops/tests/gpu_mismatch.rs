@@ -46,6 +46,16 @@ enum Mech {
     AllGather,
 }
 
+const MECHS: [Mech; 7] = [
+    Mech::Lamport,
+    Mech::OneShot,
+    Mech::TwoShot,
+    Mech::Pull,
+    Mech::CopyEngine,
+    Mech::ReduceScatter,
+    Mech::AllGather,
+];
+
 /// The cases: every class on the mechanisms it applies to.
 fn cases() -> Vec<(Mech, Class)> {
     let mut v = Vec::new();
@@ -260,15 +270,7 @@ symm_testkit::gpu_world_tests!(gpu_mismatch, gpu_mismatch);
 #[test]
 fn the_cases_cover_every_class_and_mechanism() {
     let c = cases();
-    for m in [
-        Mech::Lamport,
-        Mech::OneShot,
-        Mech::TwoShot,
-        Mech::Pull,
-        Mech::CopyEngine,
-        Mech::ReduceScatter,
-        Mech::AllGather,
-    ] {
+    for m in MECHS {
         assert!(c.iter().any(|&(x, _)| x == m), "{m:?}");
     }
     for k in MISMATCH_CLASSES {
