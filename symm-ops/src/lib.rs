@@ -33,6 +33,7 @@ mod cuda;
 #[cfg(feature = "cuda")]
 mod device;
 mod host;
+mod local;
 mod reduce;
 mod select;
 mod setup;

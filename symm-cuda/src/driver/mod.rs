@@ -17,6 +17,7 @@
 
 pub mod launch;
 pub mod mem;
+pub mod nccl;
 pub mod nvml;
 pub mod nvrtc;
 pub mod vmm;

@@ -11,6 +11,7 @@ use cudarc::driver::{sys::CUdeviceptr, CudaStream, DevicePtr, DevicePtrMut, Devi
 use cudarc::nccl::{Comm, Id, NcclType};
 use half::{bf16, f16};
 use symm_core::{DType, Error, Group, ReduceOp, Result};
+use symm_cuda::driver::nccl::MovableComm;
 
 /// A device address as a cudarc `DevicePtr`; the caller orders the memory's
 /// other uses against `stream` (no event tracking).
@@ -142,7 +143,7 @@ fn to_nccl(op: ReduceOp) -> cudarc::nccl::ReduceOp {
 
 /// One NCCL communicator on the communicator's stream.
 pub(crate) struct Nccl {
-    comm: Comm,
+    comm: MovableComm,
     stream: Arc<CudaStream>,
 }
 
@@ -182,7 +183,7 @@ impl Nccl {
         let comm = Comm::from_rank(stream.clone(), group.rank().get(), group.world_size(), id)
             .map_err(|e| nccl_err("ncclCommInitRank", e))?;
         Ok(Nccl {
-            comm,
+            comm: MovableComm::new(comm),
             stream: stream.clone(),
         })
     }
@@ -191,6 +192,7 @@ impl Nccl {
         let src = RawDev::<T>::new(input, count, &self.stream);
         let mut dst = RawDev::<T>::new(output, count, &self.stream);
         self.comm
+            .get()
             .all_reduce(&src, &mut dst, &to_nccl(op))
             .map(|_| ())
             .map_err(|e| nccl_err("ncclAllReduce", e))
@@ -205,9 +207,10 @@ impl Nccl {
     }
 
     fn rs<T: NcclType>(&self, input: u64, output: u64, count: usize, op: ReduceOp) -> Result<()> {
-        let src = RawDev::<T>::new(input, count * self.comm.world_size(), &self.stream);
+        let src = RawDev::<T>::new(input, count * self.comm.get().world_size(), &self.stream);
         let mut dst = RawDev::<T>::new(output, count, &self.stream);
         self.comm
+            .get()
             .reduce_scatter(&src, &mut dst, &to_nccl(op))
             .map(|_| ())
             .map_err(|e| nccl_err("ncclReduceScatter", e))
@@ -224,8 +227,9 @@ impl Nccl {
 
     fn ag<T: NcclType>(&self, input: u64, output: u64, count: usize) -> Result<()> {
         let src = RawDev::<T>::new(input, count, &self.stream);
-        let mut dst = RawDev::<T>::new(output, count * self.comm.world_size(), &self.stream);
+        let mut dst = RawDev::<T>::new(output, count * self.comm.get().world_size(), &self.stream);
         self.comm
+            .get()
             .all_gather(&src, &mut dst)
             .map(|_| ())
             .map_err(|e| nccl_err("ncclAllGather", e))
