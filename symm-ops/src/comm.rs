@@ -65,6 +65,41 @@ impl Default for CommConfig {
     }
 }
 
+/// A builder in all but name: each `with_*` sets one field and returns the config, starting from
+/// [`CommConfig::default`], e.g. `CommConfig::default().with_timeout(t).with_nccl(false)`.
+impl CommConfig {
+    /// [`Self::staging_bytes`].
+    pub fn with_staging_bytes(mut self, bytes: usize) -> Self {
+        self.staging_bytes = bytes;
+        self
+    }
+    /// [`Self::timeout`].
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+    /// [`Self::selection`].
+    pub fn with_selection(mut self, thresholds: SelectionThresholds) -> Self {
+        self.selection = Some(thresholds);
+        self
+    }
+    /// [`Self::force_engine`].
+    pub fn with_engine(mut self, engine: EngineKind) -> Self {
+        self.force_engine = Some(engine);
+        self
+    }
+    /// [`Self::nccl`].
+    pub fn with_nccl(mut self, nccl: bool) -> Self {
+        self.nccl = nccl;
+        self
+    }
+    /// [`Self::pdl`].
+    pub fn with_pdl(mut self, pdl: bool) -> Self {
+        self.pdl = Some(pdl);
+        self
+    }
+}
+
 impl CommConfig {
     /// What every rank must agree on: this config and the group's options.
     fn fingerprint(&self, group: &Group) -> String {

@@ -34,6 +34,7 @@ mod cuda;
 mod device;
 mod host;
 mod local;
+pub mod prelude;
 mod reduce;
 mod select;
 mod setup;

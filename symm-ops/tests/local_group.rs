@@ -4,8 +4,7 @@
 
 use std::thread;
 
-use symm_core::{Device, ReduceOp};
-use symm_ops::{CommConfig, Communicator};
+use symm_ops::prelude::*;
 
 /// Every rank all-reduces `[rank + i % 7]` in a thread of its own; each checks the sum.
 fn all_reduce_in_threads(comms: Vec<Communicator>) -> Vec<f32> {
@@ -63,7 +62,7 @@ mod gpu {
 
     fn for_streams(w: GpuWorld) {
         symm_ops::link();
-        if let Some(reason) = w.gate(symm_core::DeviceType::Cuda) {
+        if let Some(reason) = w.gate(DeviceType::Cuda) {
             println!("SUMMARY local_group_for_streams {} skipped {reason}", w.label());
             return;
         }
@@ -73,10 +72,7 @@ mod gpu {
                 ctx.new_stream().unwrap()
             })
             .collect::<Vec<_>>();
-        let config = CommConfig {
-            nccl: false,
-            ..CommConfig::default()
-        };
+        let config = CommConfig::default().with_nccl(false);
         let comms = Communicator::for_streams(&streams, config).unwrap();
         let world = w.world;
         let handles: Vec<_> = comms
