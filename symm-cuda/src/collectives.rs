@@ -300,34 +300,24 @@ fn lamport2_index(mode: RingMode, op: u32) -> usize {
 /// thread (`COLL_LAM_LAG` by default; 255 receives only after every push, the order before;
 /// measurements).
 fn lamport_lag() -> u32 {
-    static V: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        std::env::var("SYMM_LAMPORT_LAG")
-            .ok()
-            .and_then(|v| v.parse::<u32>().ok())
-            .filter(|&v| (1..=255).contains(&v))
-            .unwrap_or(0)
-    })
+    crate::knobs::lamport_lag()
 }
 
 /// `SYMM_LAMPORT_ACQREL_ARRIVE=1`: the Lamport kernel counts its blocks with atom.acq_rel.gpu
 /// instead of a relaxed atomic (`COLL_LAM_ACQREL_ARRIVE`; measurements).
 fn lamport_acq_rel_arrive() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("SYMM_LAMPORT_ACQREL_ARRIVE").is_ok_and(|v| v == "1"))
+    crate::knobs::lamport_acq_rel_arrive()
 }
 
 /// `SYMM_LAMPORT_GENERIC=1`: two ranks run the generic Lamport and pull entries too
 /// (comparisons).
 fn lamport_generic_forced() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("SYMM_LAMPORT_GENERIC").is_ok_and(|v| v == "1"))
+    crate::knobs::lamport_generic()
 }
 
 /// `SYMM_PDL=1`: [`CollectivesConfig::pdl`]'s default (read once per process).
 pub fn pdl_from_env() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("SYMM_PDL").is_ok_and(|v| v == "1"))
+    crate::knobs::pdl()
 }
 
 fn cfg(blocks: u32, threads: u32) -> LaunchConfig {
@@ -1812,10 +1802,7 @@ mod tests {
     fn collectives_kernels_compile_with_nvrtc() {
         let src = kernels::source("collectives").unwrap();
         if let Err(e) = kernels::nvrtc_available() {
-            assert!(
-                std::env::var("SYMM_REQUIRE_NVRTC").map_or(true, |v| v != "1"),
-                "SYMM_REQUIRE_NVRTC=1 but {e}"
-            );
+            assert!(!crate::knobs::require_nvrtc(), "SYMM_REQUIRE_NVRTC=1 but {e}");
             println!("SKIP collectives_kernels_compile_with_nvrtc: {e}");
             return;
         }

@@ -117,11 +117,7 @@ fn cache_key(full: &str, arch: &str) -> Result<u128> {
 /// The disk cache folder: `$SYMM_KERNEL_CACHE`, else `~/.cache/symm/kernels`;
 /// `None` when disabled (`SYMM_KERNEL_CACHE=off`) or no home is known.
 pub fn cache_dir() -> Option<PathBuf> {
-    match std::env::var_os("SYMM_KERNEL_CACHE") {
-        Some(v) if v == "off" || v == "0" || v.is_empty() => None,
-        Some(v) => Some(PathBuf::from(v)),
-        None => std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/symm/kernels")),
-    }
+    crate::knobs::kernel_cache()
 }
 
 fn cache_path(dir: &std::path::Path, name: &str, arch: &str, key: u128) -> PathBuf {
@@ -319,10 +315,7 @@ mod tests {
     #[test]
     fn every_kernel_compiles_with_nvrtc() {
         if let Err(e) = nvrtc_available() {
-            assert!(
-                std::env::var("SYMM_REQUIRE_NVRTC").map_or(true, |v| v != "1"),
-                "SYMM_REQUIRE_NVRTC=1 but {e}"
-            );
+            assert!(!crate::knobs::require_nvrtc(), "SYMM_REQUIRE_NVRTC=1 but {e}");
             println!("SKIP every_kernel_compiles_with_nvrtc: {e}");
             return;
         }

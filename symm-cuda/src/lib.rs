@@ -40,6 +40,7 @@ pub mod connectivity;
 #[allow(unsafe_code)]
 pub mod driver;
 pub mod kernels;
+pub mod knobs;
 pub mod probe;
 pub mod streams;
 pub mod symm_mem;

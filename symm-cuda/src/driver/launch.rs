@@ -222,15 +222,10 @@ enum LaunchMode {
 /// older switch, still selects `cudarc`).
 fn launch_mode() -> LaunchMode {
     static V: std::sync::OnceLock<LaunchMode> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        if std::env::var("SYMM_LAUNCH_VIA_CUDARC").is_ok_and(|v| v == "1") {
-            return LaunchMode::Cudarc;
-        }
-        match std::env::var("SYMM_LAUNCH_MODE").as_deref() {
-            Ok("params") => LaunchMode::Params,
-            Ok("cudarc") => LaunchMode::Cudarc,
-            _ => LaunchMode::Packed,
-        }
+    *V.get_or_init(|| match crate::knobs::launch_mode() {
+        "params" => LaunchMode::Params,
+        "cudarc" => LaunchMode::Cudarc,
+        _ => LaunchMode::Packed,
     })
 }
 

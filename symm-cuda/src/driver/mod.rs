@@ -35,20 +35,14 @@ use symm_core::{Error, Result};
 pub const BACKEND: &str = "cuda";
 
 /// The driver's variable for the hardware work queues of each context (1-32, default 8).
-pub const HW_QUEUES_ENV: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
+pub const HW_QUEUES_ENV: &str = crate::knobs::HW_QUEUES;
 
 /// The hardware work queues this process's contexts have, as the driver reads them from
 /// [`HW_QUEUES_ENV`] when CUDA starts (unset or unreadable: the driver's default, 8; clamped to
 /// 1-32 as the driver does). Ranks sharing a GPU need [`symm_core::connectivity::SHARED_DEVICE_QUEUES`]
 /// (NOTE [co-residency]). Read once: the driver does not look again either.
 pub fn hw_queues() -> u32 {
-    static Q: OnceLock<u32> = OnceLock::new();
-    *Q.get_or_init(|| {
-        std::env::var(HW_QUEUES_ENV)
-            .ok()
-            .and_then(|v| v.trim().parse::<u32>().ok())
-            .map_or(8, |q| q.clamp(1, 32))
-    })
+    crate::knobs::hw_queues()
 }
 
 fn error_text(r: CUresult) -> String {

@@ -1,0 +1,235 @@
+//! Every environment variable symm-cuda reads, in one table ([`KNOBS`]), each read once per
+//! process. Nothing else in the crate reads the environment (a test checks), and nothing in the
+//! crate writes it.
+
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+/// One environment switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Knob {
+    pub name: &'static str,
+    pub meaning: &'static str,
+    pub default: &'static str,
+    /// Only for measurements and comparisons (not for production use).
+    pub measurement: bool,
+}
+
+pub const HW_QUEUES: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
+pub const PDL: &str = "SYMM_PDL";
+pub const KERNEL_CACHE: &str = "SYMM_KERNEL_CACHE";
+pub const REQUIRE_NVRTC: &str = "SYMM_REQUIRE_NVRTC";
+pub const LAUNCH_MODE: &str = "SYMM_LAUNCH_MODE";
+pub const LAUNCH_VIA_CUDARC: &str = "SYMM_LAUNCH_VIA_CUDARC";
+pub const LAMPORT_LAG: &str = "SYMM_LAMPORT_LAG";
+pub const LAMPORT_ACQREL_ARRIVE: &str = "SYMM_LAMPORT_ACQREL_ARRIVE";
+pub const LAMPORT_GENERIC: &str = "SYMM_LAMPORT_GENERIC";
+
+/// The table: name, meaning, default, measurement switch or not.
+pub const KNOBS: &[Knob] = &[
+    Knob {
+        name: HW_QUEUES,
+        meaning: "hardware work queues per context, as the CUDA driver reads it at start (read, never set: \
+                  ranks sharing a GPU need 32, NOTE [co-residency])",
+        default: "8 (the driver's)",
+        measurement: false,
+    },
+    Knob {
+        name: PDL,
+        meaning: "`1`: the collective kernels use programmatic dependent launch by default \
+                  (CollectivesConfig::pdl)",
+        default: "off",
+        measurement: false,
+    },
+    Knob {
+        name: KERNEL_CACHE,
+        meaning: "folder of the compiled-kernel disk cache; `off`, `0` or empty disables it",
+        default: "~/.cache/symm/kernels",
+        measurement: false,
+    },
+    Knob {
+        name: REQUIRE_NVRTC,
+        meaning: "`1`: the NVRTC tests fail instead of skipping when libnvrtc is missing",
+        default: "skip",
+        measurement: false,
+    },
+    Knob {
+        name: LAUNCH_MODE,
+        meaning: "how kernels are launched: `packed` (one argument buffer), `params` (one parameter per \
+                  argument) or `cudarc` (cudarc's launch builder)",
+        default: "packed",
+        measurement: true,
+    },
+    Knob {
+        name: LAUNCH_VIA_CUDARC,
+        meaning: "`1`: the older spelling of SYMM_LAUNCH_MODE=cudarc",
+        default: "off",
+        measurement: true,
+    },
+    Knob {
+        name: LAMPORT_LAG,
+        meaning: "the Lamport kernel's software-pipeline lag in vectors per thread, 1-255 (255: receive \
+                  only after every push)",
+        default: "the kernel's COLL_LAM_LAG (2)",
+        measurement: true,
+    },
+    Knob {
+        name: LAMPORT_ACQREL_ARRIVE,
+        meaning: "`1`: the Lamport kernel counts its blocks with atom.acq_rel.gpu instead of a relaxed atomic",
+        default: "off",
+        measurement: true,
+    },
+    Knob {
+        name: LAMPORT_GENERIC,
+        meaning: "`1`: two ranks run the generic Lamport and pull entries instead of the two-rank ones",
+        default: "off",
+        measurement: true,
+    },
+];
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+fn flag(name: &str) -> bool {
+    var(name).is_some_and(|v| v == "1")
+}
+
+/// [`HW_QUEUES`]: unset or unreadable gives the driver's default, 8; clamped to 1-32 as the
+/// driver does.
+pub fn hw_queues() -> u32 {
+    static V: OnceLock<u32> = OnceLock::new();
+    *V.get_or_init(|| {
+        var(HW_QUEUES)
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .map_or(8, |q| q.clamp(1, 32))
+    })
+}
+
+/// [`PDL`].
+pub fn pdl() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| flag(PDL))
+}
+
+/// [`KERNEL_CACHE`]: the folder, `None` when disabled or when no home folder is known.
+pub fn kernel_cache() -> Option<PathBuf> {
+    static V: OnceLock<Option<PathBuf>> = OnceLock::new();
+    V.get_or_init(|| match std::env::var_os(KERNEL_CACHE) {
+        Some(v) if v == "off" || v == "0" || v.is_empty() => None,
+        Some(v) => Some(PathBuf::from(v)),
+        None => std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/symm/kernels")),
+    })
+    .clone()
+}
+
+/// [`REQUIRE_NVRTC`].
+pub fn require_nvrtc() -> bool {
+    flag(REQUIRE_NVRTC)
+}
+
+/// [`LAUNCH_MODE`] / [`LAUNCH_VIA_CUDARC`]: `"packed"`, `"params"` or `"cudarc"`.
+pub fn launch_mode() -> &'static str {
+    static V: OnceLock<&'static str> = OnceLock::new();
+    V.get_or_init(|| {
+        if flag(LAUNCH_VIA_CUDARC) {
+            return "cudarc";
+        }
+        match var(LAUNCH_MODE).as_deref() {
+            Some("params") => "params",
+            Some("cudarc") => "cudarc",
+            _ => "packed",
+        }
+    })
+}
+
+/// [`LAMPORT_LAG`]: 1-255, or 0 for the kernel's default.
+pub fn lamport_lag() -> u32 {
+    static V: OnceLock<u32> = OnceLock::new();
+    *V.get_or_init(|| {
+        var(LAMPORT_LAG)
+            .and_then(|v| v.parse::<u32>().ok())
+            .filter(|&v| (1..=255).contains(&v))
+            .unwrap_or(0)
+    })
+}
+
+/// [`LAMPORT_ACQREL_ARRIVE`].
+pub fn lamport_acq_rel_arrive() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| flag(LAMPORT_ACQREL_ARRIVE))
+}
+
+/// [`LAMPORT_GENERIC`].
+pub fn lamport_generic() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| flag(LAMPORT_GENERIC))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_described() {
+        for (i, k) in KNOBS.iter().enumerate() {
+            assert!(KNOBS[..i].iter().all(|o| o.name != k.name), "{} twice", k.name);
+            assert!(!k.meaning.is_empty() && !k.default.is_empty(), "{}", k.name);
+        }
+    }
+
+    /// Nothing outside this module reads (or writes) the environment.
+    #[test]
+    fn only_this_module_touches_the_environment() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        if !src.is_dir() {
+            // A test binary moved to another machine (the GPU bundle) has no sources beside it.
+            println!(
+                "SKIP only_this_module_touches_the_environment: no sources at {}",
+                src.display()
+            );
+            return;
+        }
+        let mut stack = vec![src];
+        let mut offenders = Vec::new();
+        while let Some(dir) = stack.pop() {
+            for e in std::fs::read_dir(&dir).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if p.extension().is_some_and(|x| x == "rs") && !p.ends_with("knobs.rs") {
+                    let text = std::fs::read_to_string(&p).unwrap();
+                    for (n, line) in text.lines().enumerate() {
+                        let code = line.split("//").next().unwrap_or("");
+                        if ["env::var", "env::set_var", "env::remove_var"]
+                            .iter()
+                            .any(|w| code.contains(w))
+                        {
+                            offenders.push(format!("{}:{}", p.display(), n + 1));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(offenders.is_empty(), "environment read outside knobs.rs: {offenders:?}");
+    }
+
+    /// docs/cuda.md lists every knob.
+    #[test]
+    fn the_docs_list_every_knob() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/cuda.md");
+        let Ok(doc) = std::fs::read_to_string(&path) else {
+            println!("SKIP the_docs_list_every_knob: no {}", path.display());
+            return;
+        };
+        for k in KNOBS {
+            assert!(
+                doc.contains(&format!("`{}`", k.name)),
+                "docs/cuda.md does not list {}",
+                k.name
+            );
+        }
+    }
+}
