@@ -70,17 +70,10 @@ impl ProcessRecord {
     }
 }
 
-/// State letter and start time (clock ticks since boot) of process `pid`, from
-/// `/proc/<pid>/stat`; `None` when there is no such process.
+/// State letter and start time of process `pid` (`symm_store::process::stat`); `None` when
+/// there is no such process or its stat line cannot be read.
 fn proc_state(pid: u32) -> Option<(char, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) is in parentheses and may hold spaces: fields after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut f = rest.split_whitespace();
-    let state = f.next()?.chars().next()?;
-    // Field 22 (starttime) is the 20th after the state (field 3).
-    let start = f.nth(18)?.parse().ok()?;
-    Some((state, start))
+    symm_store::process::stat(pid).ok()
 }
 
 /// The store key of `rank`'s process record under a group's `prefix`.
@@ -113,16 +106,20 @@ impl GroupLiveness {
     }
 
     fn record(&self, rank: usize) -> Option<ProcessRecord> {
-        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(r) = known.get(&rank) {
-            return Some(r.clone());
+        let cached = self.known.lock().unwrap_or_else(|e| e.into_inner()).get(&rank).cloned();
+        if cached.is_some() {
+            return cached;
         }
+        // The store round trips run without the lock (another thread's lookup need not wait).
         let key = record_key(&self.prefix, rank);
         if !self.store.check(&[&key]).ok()? {
             return None;
         }
         let r = ProcessRecord::decode(&self.store.get(&key).ok()?)?;
-        known.insert(rank, r.clone());
+        self.known
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(rank, r.clone());
         Some(r)
     }
 }

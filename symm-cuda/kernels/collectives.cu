@@ -628,7 +628,8 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
                                              const char* input, char* output, unsigned long long count,
                                              unsigned long long lam_off, unsigned long long slot_bytes,
                                              unsigned long long state_off, unsigned long long timeout_ns,
-                                             const unsigned int* abort_host, const uint4 hdr) {
+                                             const unsigned int* abort_host, unsigned long long hdr_off,
+                                             const uint4 hdr) {
     symm_pdl_prologue();
     // count: AR the message's elements; RS the elements of one shard (the output); AG the
     // elements of one rank's input. Every slot holds nv = ceil(count / VE) vectors.
@@ -685,8 +686,8 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
     char* const cb = ws + lam_off + ((idx + 2u) % 3u) * buf_bytes;
     const char* const mine = ws + lam_off + idx * buf_bytes;
     const uint4 sentinel = make_uint4(COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL);
-    // Op headers (NOTE [op-agreement] above): HDR[3][w1] after the three buffers.
-    const unsigned long long hdr_off = lam_off + 3ull * buf_bytes;
+    // hdr_off: the op headers HDR[3][w1] (NOTE [op-agreement] above; layout.rs
+    // lamport_headers_off).
     unsigned long long deadline = 0;
     bool failed = false;
 
@@ -852,11 +853,11 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
         unsigned long long pad_ptr, unsigned int rank, unsigned int world, unsigned int mode, unsigned int op,     \
         const char *input, char *output, unsigned long long count, unsigned long long lam_off,                    \
         unsigned long long slot_bytes, unsigned long long state_off, unsigned long long timeout_ns,               \
-        const unsigned int *abort_host, unsigned long long oph0, unsigned long long oph1
+        const unsigned int *abort_host, unsigned long long hdr_off, unsigned long long oph0, unsigned long long oph1
 // The op header: words 0-1 in oph0 (low half first), 2-3 in oph1.
 #define COLL_LAMPORT_PASS                                                                                  \
     wsv, reinterpret_cast<unsigned int*>(pad_ptr), rank, world, mode, input, output, count, lam_off, slot_bytes, \
-        state_off, timeout_ns, abort_host,                                                                      \
+        state_off, timeout_ns, abort_host, hdr_off,                                                             \
         make_uint4((unsigned int)oph0, (unsigned int)(oph0 >> 32), (unsigned int)oph1, (unsigned int)(oph1 >> 32))
 
 // mode: COLL_MODE_AR / RS / AG (the op is ignored for AG).
@@ -950,12 +951,6 @@ __device__ __forceinline__ void coll_block_copy(char* dst, const char* src, long
     }
 }
 
-// Bytes from FLAGS to the ring's op headers: after DATA[w1][S], ACK[w1][S] and SENT[S], 16-byte
-// aligned (layout.rs ring_header_rel).
-__device__ __forceinline__ unsigned long long coll_ring_hdr_rel(unsigned int w1, unsigned int slots) {
-    return (((2ull * w1 + 1ull) * slots * 4ull) + 15ull) & ~15ull;
-}
-
 template <int DT, int OP>
 __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const unsigned long long* pads,
                                           unsigned int rank, unsigned int world, unsigned int mode, const char* input,
@@ -964,7 +959,8 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
                                           unsigned int slots, unsigned long long slot_bytes,
                                           unsigned long long flags_off, unsigned long long ring_off,
                                           unsigned long long state_off, unsigned long long timeout_ns,
-                                          const unsigned int* abort_host, unsigned int flags, const uint4 hdr) {
+                                          const unsigned int* abort_host, unsigned int flags,
+                                          unsigned long long hdr_off, const uint4 hdr) {
     symm_pdl_prologue();
     constexpr int VE = CollT<DT>::VE;
     constexpr int ES = CollT<DT>::ES;
@@ -993,8 +989,7 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
     unsigned int* ack_flags = data_flags + (unsigned long long)w1 * slots;       // [w1][slots]
     unsigned int* sent_flags = ack_flags + (unsigned long long)w1 * slots;       // [slots]
     const unsigned long long peer_ack_off = flags_off + (unsigned long long)w1 * slots * 4ull;
-    // Op headers HDR[w1][slots] after SENT, 16-byte aligned (layout.rs ring_header_offset).
-    const unsigned long long hdr_off = flags_off + coll_ring_hdr_rel(w1, slots);
+    // hdr_off: the op headers HDR[w1][slots] (layout.rs ring_headers_off).
     CollWait w;
     w.pad = pad;
     w.abort_host = abort_host;
@@ -1166,10 +1161,10 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
         unsigned long long shard, unsigned long long ce, unsigned int nchunks, unsigned int nsend, unsigned int slots, \
         unsigned long long slot_bytes, unsigned long long flags_off, unsigned long long ring_off,                     \
         unsigned long long state_off, unsigned long long timeout_ns, const unsigned int *abort_host,                  \
-        unsigned int flags, unsigned long long oph0, unsigned long long oph1
+        unsigned int flags, unsigned long long hdr_off, unsigned long long oph0, unsigned long long oph1
 #define COLL_RING_PASS                                                                                                 \
     bufs, pads, rank, world, mode, input, output, total, shard, ce, nchunks, nsend, slots, slot_bytes, flags_off,      \
-        ring_off, state_off, timeout_ns, abort_host, flags,                                                            \
+        ring_off, state_off, timeout_ns, abort_host, flags, hdr_off,                                                   \
         make_uint4((unsigned int)oph0, (unsigned int)(oph0 >> 32), (unsigned int)oph1, (unsigned int)(oph1 >> 32))
 
 #define COLL_RING_ENTRY(NAME, DT)                                              \

@@ -53,8 +53,8 @@ use cudarc::driver::{CudaContext, CudaStream};
 use symm_core::pad::{self, SIGNAL_PAD_SIZE};
 use symm_core::symm_store::{FdChannel, StoreError};
 use symm_core::{
-    check_device_sharing, check_same_host, check_shared_queues, fault_point, Allocation, BackendRegistration, Device,
-    DeviceType, Error, Group, Result, SymmetricAllocator, SymmetricMemory,
+    check_device_sharing, check_same_host, check_shared_queues, connectivity::SHARED_DEVICE_QUEUES, fault_point,
+    Allocation, BackendRegistration, Device, DeviceType, Error, Group, Result, SymmetricAllocator, SymmetricMemory,
 };
 
 use crate::driver::mem::memset_d32_async;
@@ -99,7 +99,15 @@ impl SymmetricAllocator for CudaAllocator {
         driver::device_count()
     }
     fn shared_device_support(&self) -> Result<()> {
-        check_shared_queues(&[2], &[driver::hw_queues()], driver::HW_QUEUES_ENV)
+        let q = crate::knobs::hw_queues();
+        if q < SHARED_DEVICE_QUEUES {
+            return Err(Error::Unavailable(format!(
+                "ranks sharing a GPU need {}={SHARED_DEVICE_QUEUES} in the environment before the process \
+                 starts CUDA; this process has {q} hardware work queues (NOTE [co-residency])",
+                crate::knobs::HW_QUEUES
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -228,7 +236,7 @@ pub struct RankInfo {
     pub key: u64,
     /// The group's [`GroupOptions::shared_devices`](symm_core::GroupOptions).
     pub shared_ok: bool,
-    /// The hardware work queues of the rank's process ([`driver::hw_queues`]).
+    /// The hardware work queues of the rank's process ([`crate::knobs::hw_queues`]).
     pub hw_queues: u32,
 }
 
@@ -320,7 +328,7 @@ pub fn check_infos(world: usize, infos: &[RankInfo]) -> Result<Vec<usize>> {
     check_shared_queues(
         &sharers,
         &infos.iter().map(|i| i.hw_queues).collect::<Vec<_>>(),
-        driver::HW_QUEUES_ENV,
+        crate::knobs::HW_QUEUES,
     )?;
     Ok(sharers)
 }
@@ -452,7 +460,7 @@ impl CudaAllocation {
             nonce: process_nonce(),
             key: self.local.key,
             shared_ok: self.group.options().shared_devices,
-            hw_queues: driver::hw_queues(),
+            hw_queues: crate::knobs::hw_queues(),
         }
     }
 

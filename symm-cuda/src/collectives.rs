@@ -38,7 +38,7 @@ use symm_core::{
 use crate::driver::launch::{launch, launch_with, KernelArg, Launch};
 use crate::driver::mem::{dtod_async, dtoh_sync, memset_d32_async};
 use crate::driver::{self, bind, from_driver};
-use crate::kernels;
+use crate::{kernels, knobs};
 
 pub use layout::WorkspaceLayout;
 pub use plan::{AllGatherPath, AllReduceAlgo, GridBudget, ReduceScatterAlgo, RingMode, Selection, Tuning};
@@ -81,7 +81,7 @@ pub struct CollectivesConfig {
     /// `kernels/common.cuh`): a kernel may be scheduled while the kernel ahead of it on the
     /// stream is still running, and waits on the device for it, which hides most of the launch
     /// latency of back-to-back kernels. Applies on compute capability 9.0 or newer only.
-    /// Default: `SYMM_PDL=1` in the environment ([`pdl_from_env`]); off otherwise until it is
+    /// Default: `SYMM_PDL=1` in the environment ([`knobs::pdl`]); off otherwise until it is
     /// measured on two GPUs (symm-ops/bench-notes.md, round 6).
     pub pdl: bool,
 }
@@ -95,7 +95,7 @@ impl CollectivesConfig {
             timeout,
             tuning: Tuning::default(),
             selection: Selection::default(),
-            pdl: pdl_from_env(),
+            pdl: knobs::pdl(),
         }
     }
 
@@ -296,30 +296,6 @@ fn lamport2_index(mode: RingMode, op: u32) -> usize {
     }
 }
 
-/// `SYMM_LAMPORT_LAG=N` (1..=255): the Lamport kernel's software-pipeline lag in vectors per
-/// thread (`COLL_LAM_LAG` by default; 255 receives only after every push, the order before;
-/// measurements).
-fn lamport_lag() -> u32 {
-    crate::knobs::lamport_lag()
-}
-
-/// `SYMM_LAMPORT_ACQREL_ARRIVE=1`: the Lamport kernel counts its blocks with atom.acq_rel.gpu
-/// instead of a relaxed atomic (`COLL_LAM_ACQREL_ARRIVE`; measurements).
-fn lamport_acq_rel_arrive() -> bool {
-    crate::knobs::lamport_acq_rel_arrive()
-}
-
-/// `SYMM_LAMPORT_GENERIC=1`: two ranks run the generic Lamport and pull entries too
-/// (comparisons).
-fn lamport_generic_forced() -> bool {
-    crate::knobs::lamport_generic()
-}
-
-/// `SYMM_PDL=1`: [`CollectivesConfig::pdl`]'s default (read once per process).
-pub fn pdl_from_env() -> bool {
-    crate::knobs::pdl()
-}
-
 fn cfg(blocks: u32, threads: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (blocks.max(1), 1, 1),
@@ -409,7 +385,11 @@ impl CudaCollectives {
         // before this rank publishes its handle in the rendezvous: no peer can write here earlier.
         let ws_local = alloc.ptr();
         launch(&control, &init, cfg(sm_count, 256), &args::init(ws_local, &layout))?;
-        driver::stream_synchronize(&control)?;
+        crate::streams::wait_idle(
+            &control,
+            crate::streams::HOST_COPY_TIMEOUT,
+            "initialising the workspace",
+        )?;
         let mem = alloc.rendezvous(config.timeout)?;
         let cuda = crate::as_cuda(mem.as_ref())
             .ok_or_else(|| Error::InvalidArgument("the CUDA allocator returned a non-CUDA symmetric memory".into()))?;
@@ -788,7 +768,7 @@ impl CudaCollectives {
         let dtype = [DType::F32, DType::F16, DType::BF16][dt];
         let p = lamport_plan(count, dtype, &self.layout, tuning, self.grid.blocks)?;
         // Two ranks: the entry specialised for this (mode, op) (NOTE in collectives.cu).
-        let f = if self.world == 2 && !lamport_generic_forced() {
+        let f = if self.world == 2 && !knobs::lamport_generic() {
             &self.fns.lamport2[dt][lamport2_index(mode, kernel_op(op))]
         } else {
             &self.fns.lamport[dt]
@@ -806,10 +786,10 @@ impl CudaCollectives {
             hdr,
         );
         let mut bits = mode as u32;
-        if lamport_acq_rel_arrive() {
+        if knobs::lamport_acq_rel_arrive() {
             bits |= args::LAMPORT_ACQREL_ARRIVE;
         }
-        bits |= lamport_lag() << args::LAMPORT_LAG_SHIFT;
+        bits |= knobs::lamport_lag() << args::LAMPORT_LAG_SHIFT;
         a[args::LAMPORT_MODE_ARG] = KernelArg::U32(bits);
         self.launch_coll(stream, f, cfg(p.blocks, p.threads), &a)
     }
@@ -888,7 +868,7 @@ impl CudaCollectives {
             .clamp(1, tuning.blocks(self.grid.blocks) as usize) as u32;
         // The state words are at the start of the workspace.
         let a = args::pull(&self.common(), &self.direct, self.ws, p, &self.bound());
-        let f = if self.world == 2 && !lamport_generic_forced() {
+        let f = if self.world == 2 && !knobs::lamport_generic() {
             &self.fns.pull2[dt][lamport2_index(p.mode, p.op)]
         } else {
             &self.fns.pull[dt]
@@ -1764,7 +1744,8 @@ impl Drop for CudaCollectives {
         }) = self.ce.get_mut()
         {
             for s in [side, side2] {
-                if let Err(e) = driver::stream_synchronize(s) {
+                if let Err(e) = crate::streams::wait_idle(s, crate::streams::HOST_COPY_TIMEOUT, "dropping collectives")
+                {
                     eprintln!("symm-cuda collectives: dropping: {e}");
                 }
             }

@@ -97,8 +97,10 @@ fn flag(name: &str) -> bool {
     var(name).is_some_and(|v| v == "1")
 }
 
-/// [`HW_QUEUES`]: unset or unreadable gives the driver's default, 8; clamped to 1-32 as the
-/// driver does.
+/// [`HW_QUEUES`]: the hardware work queues this process's contexts have, as the driver reads
+/// the variable when CUDA starts (unset or unreadable: its default, 8; clamped to 1-32 as the
+/// driver does). Ranks sharing a GPU need [`symm_core::connectivity::SHARED_DEVICE_QUEUES`]
+/// (NOTE [co-residency]).
 pub fn hw_queues() -> u32 {
     static V: OnceLock<u32> = OnceLock::new();
     *V.get_or_init(|| {
@@ -130,17 +132,28 @@ pub fn require_nvrtc() -> bool {
     flag(REQUIRE_NVRTC)
 }
 
-/// [`LAUNCH_MODE`] / [`LAUNCH_VIA_CUDARC`]: `"packed"`, `"params"` or `"cudarc"`.
-pub fn launch_mode() -> &'static str {
-    static V: OnceLock<&'static str> = OnceLock::new();
-    V.get_or_init(|| {
+/// How kernels are launched ([`LAUNCH_MODE`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaunchMode {
+    /// One packed argument buffer (`CU_LAUNCH_PARAM_BUFFER_POINTER`), the default.
+    Packed,
+    /// One kernel parameter per argument.
+    Params,
+    /// cudarc's launch builder.
+    Cudarc,
+}
+
+/// [`LAUNCH_MODE`] / [`LAUNCH_VIA_CUDARC`] (the older switch, still selects `cudarc`).
+pub fn launch_mode() -> LaunchMode {
+    static V: OnceLock<LaunchMode> = OnceLock::new();
+    *V.get_or_init(|| {
         if flag(LAUNCH_VIA_CUDARC) {
-            return "cudarc";
+            return LaunchMode::Cudarc;
         }
         match var(LAUNCH_MODE).as_deref() {
-            Some("params") => "params",
-            Some("cudarc") => "cudarc",
-            _ => "packed",
+            Some("params") => LaunchMode::Params,
+            Some("cudarc") => LaunchMode::Cudarc,
+            _ => LaunchMode::Packed,
         }
     })
 }

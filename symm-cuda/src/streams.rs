@@ -25,6 +25,8 @@
 //! [`pooled`] is public so that a program with many ranks on one GPU (the test suites) can take
 //! its rank streams from the same pool and keep the process's stream count flat as well.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::ops::Deref;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -148,9 +150,9 @@ impl Backoff {
 }
 
 /// Waits on the host until every operation queued on `stream` finished (polling
-/// `cuStreamQuery`, which holds no lock while the GPU works), or [`Error::Timeout`] after
-/// `timeout`; an operation that failed gives its error.
-pub fn wait_idle(stream: &CudaStream, timeout: Duration) -> Result<()> {
+/// `cuStreamQuery`, which holds no lock while the GPU works), or [`Error::Timeout`] naming
+/// `what` after `timeout`; an operation that failed gives its error.
+pub fn wait_idle(stream: &CudaStream, timeout: Duration, what: &str) -> Result<()> {
     let b = Backoff::new();
     loop {
         if driver::stream_query(stream)? {
@@ -158,7 +160,7 @@ pub fn wait_idle(stream: &CudaStream, timeout: Duration) -> Result<()> {
         }
         if b.start().elapsed() >= timeout {
             return Err(Error::Timeout {
-                what: "waiting for a stream before a host copy".into(),
+                what: format!("waiting for a stream: {what}"),
                 timeout,
             });
         }
@@ -197,7 +199,7 @@ fn after_idle<R>(
     call: &str,
     copy: impl FnOnce() -> std::result::Result<R, DriverError>,
 ) -> Result<R> {
-    wait_idle(stream, HOST_COPY_TIMEOUT)?;
+    wait_idle(stream, HOST_COPY_TIMEOUT, "before a host copy")?;
     copy().map_err(|e| from_driver(e, call))
 }
 

@@ -99,9 +99,17 @@ impl Drop for MemInner {
         // imported handles release, the pinned page is freed.
         self.host_words.store(ABORT_SLOT, 1);
         let draining = std::mem::take(&mut self.slots.get_mut().unwrap_or_else(|e| e.into_inner()).draining);
+        // Bounded: the abort above ends every wait within a poll; a stream still busy after
+        // the grace is reported and the memory freed regardless (nothing waits forever).
         let r = bind(&self.local.ctx).and_then(|()| {
-            driver::stream_synchronize(&self.local.stream)?;
-            draining.iter().try_for_each(|s| driver::stream_synchronize(s))
+            streams::wait_idle(
+                &self.local.stream,
+                streams::HOST_COPY_TIMEOUT,
+                "freeing symmetric memory",
+            )?;
+            draining.iter().try_for_each(|s| {
+                streams::wait_idle(s, HOST_GRACE, "freeing symmetric memory (an op past its deadline)")
+            })
         });
         if let Err(e) = r {
             eprintln!("symm-cuda: freeing symmetric memory: {e}");
@@ -247,7 +255,7 @@ impl CudaSymmetricMemory {
             return Ok(());
         }
         memset_d32_async(&i.local.stream, self.error_word_ptr(), 0, 1)?;
-        driver::stream_synchronize(&i.local.stream)?;
+        streams::wait_idle(&i.local.stream, streams::HOST_COPY_TIMEOUT, "clearing the ERROR word")?;
         let last = i.last_op.lock().unwrap_or_else(|e| e.into_inner()).clone();
         Err(self.code_error(code, &format!("device wait (last op: {})", last.what), last.timeout))
     }
@@ -423,6 +431,8 @@ impl CudaSymmetricMemory {
     /// drop waits for them.
     fn with_stream<R>(&self, f: impl FnOnce(&Arc<CudaStream>, usize) -> Result<R>) -> Result<R> {
         bind(self.context())?;
+        // The stream first: if no slot is free it just goes back to the pool when dropped.
+        let stream = streams::pooled(self.context())?;
         let slot = {
             let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
             match slots.free.pop() {
@@ -434,21 +444,9 @@ impl CudaSymmetricMemory {
                 None => {
                     return Err(Error::InvalidArgument(format!(
                         "more than {} blocking operations at once on one symmetric memory",
-                        PinnedWords::LEN - 1
+                        PinnedWords::LEN - (ERROR_MIRROR_SLOT + 1)
                     )))
                 }
-            }
-        };
-        let stream = match streams::pooled(self.context()) {
-            Ok(s) => s,
-            Err(e) => {
-                self.inner
-                    .slots
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .free
-                    .push(slot);
-                return Err(e);
             }
         };
         let r = f(&stream, slot);
@@ -702,7 +700,7 @@ impl SymmetricMemory for CudaSymmetricMemory {
         bind(&i.local.ctx)?;
         let word = i.pad_ptrs[i.rank] + (pad::ABORT_WORD * 4) as u64;
         memset_d32_async(&i.local.stream, word, u32::from(abort), 1)?;
-        driver::stream_synchronize(&i.local.stream)
+        streams::wait_idle(&i.local.stream, streams::HOST_COPY_TIMEOUT, "setting the ABORT word")
     }
 
     fn as_any(&self) -> &dyn Any {

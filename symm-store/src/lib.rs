@@ -47,6 +47,7 @@ mod exchange;
 mod fd;
 mod hash;
 mod prefix;
+pub mod process;
 mod store;
 pub mod tcp;
 mod util;

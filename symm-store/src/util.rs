@@ -5,13 +5,13 @@ use std::time::{Duration, Instant};
 
 use crate::store::{Result, StoreError};
 
-/// `now + timeout`, or `None` when that overflows (treated as "no deadline" by callers
-/// that then still wake up periodically).
 /// Whether `e` says the process (EMFILE) or the system (ENFILE) ran out of file descriptors.
 pub(crate) fn is_fd_exhaustion(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
 
+/// `now + timeout`, or `None` when that overflows (treated as "no deadline" by callers
+/// that then still wake up periodically).
 pub(crate) fn deadline_after(timeout: Duration) -> Option<Instant> {
     Instant::now().checked_add(timeout)
 }

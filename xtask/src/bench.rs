@@ -48,12 +48,9 @@ pub fn main(args: &[String]) -> Result<()> {
     cmd.current_dir(util::root()).args(&pass).arg("--json").arg(&json);
     let gpus = util::gpu_count();
     if gpus > 0 {
-        crate::gpu::gpu_env(&mut cmd, gpus);
-        cmd.env_remove("SYMM_REQUIRE_GPUS").env_remove("RUST_TEST_THREADS");
-        if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
-            // The benchmark times ranks on distinct GPUs with the driver's default queues.
-            cmd.env_remove("CUDA_DEVICE_MAX_CONNECTIONS");
-        }
+        // Libraries only: the benchmark times ranks on distinct GPUs with the driver's default
+        // queues, and the test-only settings of `gpu_env` do not apply.
+        crate::gpu::gpu_libs_env(&mut cmd);
         eprintln!("{gpus} GPUs found: benchmarking on them");
     } else {
         eprintln!("no GPU found: symm-bench runs on the host backend");

@@ -101,6 +101,23 @@ fn configure(cmd: &mut Command, target_dir: Option<&Path>, strip: bool) {
 /// LD_LIBRARY_PATH; no NVLink multicast; GPU skips become failures for every
 /// test that needs at most `gpus` GPUs (`SYMM_REQUIRE_GPUS=<gpus>`).
 pub fn gpu_env(cmd: &mut Command, gpus: usize) {
+    gpu_libs_env(cmd);
+    cmd.env("SYMM_REQUIRE_GPUS", gpus.to_string());
+    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+        // Rank threads sharing a GPU need every hardware work queue of the context (NOTE
+        // [co-residency]; without it their suites skip, or fail under SYMM_REQUIRE_GPUS).
+        cmd.env("CUDA_DEVICE_MAX_CONNECTIONS", "32");
+    }
+    if std::env::var_os("RUST_TEST_THREADS").is_none() {
+        // GPU tests measure device memory baselines and own the GPUs (ranks sharing one GPU
+        // size their grids to fill it, NOTE [co-residency]).
+        cmd.env("RUST_TEST_THREADS", "1");
+    }
+}
+
+/// The part of [`gpu_env`] every GPU program needs (the benchmark too): CUDA, NVRTC and NCCL
+/// libraries on LD_LIBRARY_PATH, no NVLink multicast.
+pub fn gpu_libs_env(cmd: &mut Command) {
     let mut dirs = vec![PathBuf::from("/usr/local/cuda/lib64")];
     // NVRTC where `cargo xtask kernels` finds it (the system's, or its own `.nvrtc/`), NCCL.
     for d in crate::kernels::find_nvrtc()
@@ -113,18 +130,7 @@ pub fn gpu_env(cmd: &mut Command, gpus: usize) {
     }
     cmd.env("LD_LIBRARY_PATH", util::prepend_path("LD_LIBRARY_PATH", &dirs))
         .env("NCCL_NVLS_ENABLE", "0")
-        .env("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-        .env("SYMM_REQUIRE_GPUS", gpus.to_string());
-    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
-        // Rank threads sharing a GPU need every hardware work queue of the context (NOTE
-        // [co-residency]; without it their suites skip, or fail under SYMM_REQUIRE_GPUS).
-        cmd.env("CUDA_DEVICE_MAX_CONNECTIONS", "32");
-    }
-    if std::env::var_os("RUST_TEST_THREADS").is_none() {
-        // GPU tests measure device memory baselines and own the GPUs (ranks sharing one GPU
-        // size their grids to fill it, NOTE [co-residency]).
-        cmd.env("RUST_TEST_THREADS", "1");
-    }
+        .env("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1");
 }
 
 pub fn test_multigpu(args: &[String]) -> Result<()> {

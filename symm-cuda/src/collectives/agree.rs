@@ -9,7 +9,7 @@ use symm_core::{DType, Error, OpDescriptor, OpKind, ReduceOp};
 
 use super::args::OpHeader;
 use super::layout::{MISMATCH_CHECK, MISMATCH_HEADER, MISMATCH_REJECTED, MISMATCH_WORDS};
-use super::plan::check_word;
+use super::plan::check_word_of;
 
 /// The mechanism an op runs (its `OpDescriptor::variant` on the device): ranks whose ops
 /// agree in every other field but run different mechanisms disagree too.
@@ -76,11 +76,10 @@ pub fn header(kind: OpKind, dtype: DType, count: usize, reduce: Option<ReduceOp>
     )
 }
 
-/// The check word of a barrier or fused pull: the header and the op's geometry (`parts`).
+/// The check word of a barrier or fused pull: the header and the op's geometry (`parts`),
+/// computed without allocating (it is on every op's launch path).
 pub fn checked(hdr: &OpHeader, parts: &[u64]) -> u32 {
-    let mut all: Vec<u64> = hdr.0.iter().map(|&w| u64::from(w)).collect();
-    all.extend_from_slice(parts);
-    check_word(&all)
+    check_word_of(hdr.0.iter().map(|&w| u64::from(w)).chain(parts.iter().copied()))
 }
 
 fn describe(w: [u32; 4]) -> String {
@@ -186,5 +185,8 @@ mod tests {
             assert_ne!(checked(&o, &[1, 2]), checked(&base, &[1, 2]));
         }
         assert_ne!(checked(&base, &[1, 2]), checked(&base, &[1, 3]));
+        let mut all: Vec<u64> = base.0.iter().map(|&w| u64::from(w)).collect();
+        all.extend([1, 2]);
+        assert_eq!(checked(&base, &[1, 2]), super::super::plan::check_word(&all));
     }
 }

@@ -142,7 +142,7 @@ pub fn lamport(
     layout: &WorkspaceLayout,
     bound: &Bound,
     hdr: &OpHeader,
-) -> [KernelArg; 23] {
+) -> [KernelArg; 24] {
     const _: () = assert!(MAX_WORLD == 8, "the Lamport kernel takes eight workspace bases");
     let [h0, h1] = hdr.args();
     [
@@ -168,6 +168,7 @@ pub fn lamport(
         KernelArg::U64(0),
         KernelArg::U64(bound.timeout_ns),
         KernelArg::U64(bound.abort_host),
+        KernelArg::U64(layout.lamport_headers_off() as u64),
         h0,
         h1,
     ]
@@ -185,7 +186,7 @@ pub fn ring(
     bound: &Bound,
     flags: u32,
     hdr: &OpHeader,
-) -> [KernelArg; 23] {
+) -> [KernelArg; 24] {
     let [a, b, r, w] = c.args();
     let [h0, h1] = hdr.args();
     [
@@ -210,6 +211,7 @@ pub fn ring(
         KernelArg::U64(bound.timeout_ns),
         KernelArg::U64(bound.abort_host),
         KernelArg::U32(flags),
+        KernelArg::U64(layout.ring_headers_off() as u64),
         h0,
         h1,
     ]

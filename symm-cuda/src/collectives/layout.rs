@@ -189,13 +189,24 @@ impl WorkspaceLayout {
     /// computes it (after the three buffers).
     pub fn lamport_header_offset(&self, buf: usize, at: usize, from: usize) -> usize {
         let l = peer_index(at, from, self.world);
-        self.lamport_off + 3 * self.w1() * self.lamport_slot_bytes + (buf * self.w1() + l) * HEADER_BYTES
+        self.lamport_headers_off() + (buf * self.w1() + l) * HEADER_BYTES
+    }
+
+    /// Offset of the Lamport op headers `HDR[3][w1]` (after the three buffers; a kernel argument).
+    pub fn lamport_headers_off(&self) -> usize {
+        self.lamport_off + 3 * self.w1() * self.lamport_slot_bytes
+    }
+
+    /// Offset of the ring op headers `HDR[w1][S]` (in FLAGS after DATA, ACK and SENT, 16-byte
+    /// aligned; a kernel argument).
+    pub fn ring_headers_off(&self) -> usize {
+        self.flags_off + ring_header_rel(self.w1(), self.ring_slots)
     }
 
     /// Offset of the op header of ring slot `slot` from `from` in `at`'s workspace.
     pub fn ring_header_offset(&self, at: usize, from: usize, slot: usize) -> usize {
         let l = peer_index(at, from, self.world);
-        self.flags_off + ring_header_rel(self.w1(), self.ring_slots) + (l * self.ring_slots + slot) * HEADER_BYTES
+        self.ring_headers_off() + (l * self.ring_slots + slot) * HEADER_BYTES
     }
 
     /// Bytes of the ring (the staging area).
@@ -221,8 +232,7 @@ impl WorkspaceLayout {
     }
 }
 
-/// Where the ring headers start in FLAGS: after DATA, ACK and SENT, 16-byte aligned (the
-/// kernel computes the same: `coll_ring_hdr_rel` in collectives.cu).
+/// Where the ring headers start in FLAGS: after DATA, ACK and SENT, 16-byte aligned.
 fn ring_header_rel(w1: usize, slots: usize) -> usize {
     ((2 * w1 + 1) * slots * 4).div_ceil(HEADER_BYTES) * HEADER_BYTES
 }

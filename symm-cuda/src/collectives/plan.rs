@@ -572,6 +572,11 @@ pub fn ce_rs_chunks(count: usize, dtype: DType, max_chunks: usize) -> ([usize; C
 
 /// A non-zero 32-bit check word (FNV-1a of the parts) the barrier compares across ranks.
 pub fn check_word(parts: &[u64]) -> u32 {
+    check_word_of(parts.iter().copied())
+}
+
+/// [`check_word`] of parts given one at a time (no buffer to collect them in).
+pub fn check_word_of(parts: impl IntoIterator<Item = u64>) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
     for p in parts {
         for b in p.to_le_bytes() {

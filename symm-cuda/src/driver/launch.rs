@@ -5,6 +5,7 @@
 //! the kernels' Rust wrappers, which live next to the `.cu` signatures they
 //! mirror) is that the argument list matches the `extern "C"` signature.
 
+use crate::knobs::{self, LaunchMode};
 use cudarc::driver::sys;
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig};
 use symm_core::Result;
@@ -98,7 +99,7 @@ pub fn launch_with(
         )));
     }
     bind(stream.context())?;
-    match launch_mode() {
+    match knobs::launch_mode() {
         LaunchMode::Cudarc if !how.pdl => return launch_cudarc(stream, f, cfg, args),
         LaunchMode::Cudarc | LaunchMode::Params => {}
         LaunchMode::Packed => {
@@ -209,24 +210,6 @@ unsafe fn cu_launch(
         )
     };
     check(r, "cuLaunchKernel")
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum LaunchMode {
-    Packed,
-    Params,
-    Cudarc,
-}
-
-/// `SYMM_LAUNCH_MODE`: `packed` (default), `params`, `cudarc` (`SYMM_LAUNCH_VIA_CUDARC=1`, the
-/// older switch, still selects `cudarc`).
-fn launch_mode() -> LaunchMode {
-    static V: std::sync::OnceLock<LaunchMode> = std::sync::OnceLock::new();
-    *V.get_or_init(|| match crate::knobs::launch_mode() {
-        "params" => LaunchMode::Params,
-        "cudarc" => LaunchMode::Cudarc,
-        _ => LaunchMode::Packed,
-    })
 }
 
 fn launch_cudarc(stream: &CudaStream, f: &CudaFunction, cfg: LaunchConfig, args: &[KernelArg]) -> Result<()> {

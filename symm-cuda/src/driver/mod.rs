@@ -34,17 +34,6 @@ use symm_core::{Error, Result};
 /// The backend name used in [`Error::Backend`].
 pub const BACKEND: &str = "cuda";
 
-/// The driver's variable for the hardware work queues of each context (1-32, default 8).
-pub const HW_QUEUES_ENV: &str = crate::knobs::HW_QUEUES;
-
-/// The hardware work queues this process's contexts have, as the driver reads them from
-/// [`HW_QUEUES_ENV`] when CUDA starts (unset or unreadable: the driver's default, 8; clamped to
-/// 1-32 as the driver does). Ranks sharing a GPU need [`symm_core::connectivity::SHARED_DEVICE_QUEUES`]
-/// (NOTE [co-residency]). Read once: the driver does not look again either.
-pub fn hw_queues() -> u32 {
-    crate::knobs::hw_queues()
-}
-
 fn error_text(r: CUresult) -> String {
     // Only called after `init` succeeded (a failing call implies the library
     // is loaded), so the symbol lookups of cuGetErrorName/String cannot panic.

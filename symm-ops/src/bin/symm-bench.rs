@@ -1443,7 +1443,7 @@ mod gpu {
             .unwrap_or_else(|| "CUDA".into());
         // The collective kernels ran with programmatic dependent launch: asked (SYMM_PDL=1) and
         // supported, the same test CudaCollectives makes.
-        let pdl_ran = symm_ops::symm_cuda::collectives::pdl_from_env()
+        let pdl_ran = symm_ops::symm_cuda::knobs::pdl()
             && ctx0.is_some_and(|c| symm_ops::symm_cuda::driver::supports_pdl(c.cu_device()).unwrap_or(false));
         let pdl = if pdl_ran { ", PDL" } else { "" };
         report(&format!("{world} x {name}{pdl}"), world, &args, &rows, &setup)

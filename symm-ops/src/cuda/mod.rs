@@ -258,10 +258,8 @@ impl CudaEngine {
         op: ReduceOp,
         fallback: impl Fn(usize) -> AllReduceAlgo,
     ) -> Result<()> {
-        let _l = self.lock()?;
-        self.surface()?;
-        let r = self.all_reduce_locked(algo, input, output, count, dtype, op, fallback);
-        self.refused(r)
+        let _l = self.begin()?;
+        self.refused(self.all_reduce_locked(algo, input, output, count, dtype, op, fallback))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -329,10 +327,8 @@ impl CudaEngine {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        let _l = self.lock()?;
-        self.surface()?;
-        let r = self.reduce_scatter_locked(algo, input, output, count, dtype, op);
-        self.refused(r)
+        let _l = self.begin()?;
+        self.refused(self.reduce_scatter_locked(algo, input, output, count, dtype, op))
     }
 
     fn reduce_scatter_locked(
@@ -384,10 +380,8 @@ impl CudaEngine {
         count: usize,
         dtype: DType,
     ) -> Result<()> {
-        let _l = self.lock()?;
-        self.surface()?;
-        let r = self.all_gather_locked(algo, input, output, count, dtype);
-        self.refused(r)
+        let _l = self.begin()?;
+        self.refused(self.all_gather_locked(algo, input, output, count, dtype))
     }
 
     fn all_gather_locked(
@@ -432,8 +426,7 @@ impl CudaEngine {
     }
 
     pub fn barrier(&self, ranks: &[Rank]) -> Result<()> {
-        let _l = self.lock()?;
-        self.surface()?;
+        let _l = self.begin()?;
         if let Some(c) = &self.coll {
             return c.barrier(&self.stream, ranks);
         }
@@ -469,14 +462,15 @@ impl CudaEngine {
         self.coll.as_ref().is_some_and(|c| c.unregister_memory(base))
     }
 
-    /// An error the kernels latched since the last op (NOTE [error-mirror]), read without a
-    /// launch or a synchronisation: every op looks first, so a timeout, an abort or a
-    /// disagreement reaches the caller without a `check_error` call.
-    fn surface(&self) -> Result<()> {
-        match &self.coll {
-            Some(c) => c.surface_error(),
-            None => Ok(()),
+    /// The start of every op: the communicator's lock, then any error the kernels latched since
+    /// the last op (NOTE [error-mirror]), read without a launch or a synchronisation, so a
+    /// timeout, an abort or a disagreement reaches the caller without a `check_error` call.
+    fn begin(&self) -> Result<MutexGuard<'_, ()>> {
+        let l = self.lock()?;
+        if let Some(c) = &self.coll {
+            c.surface_error()?;
         }
+        Ok(l)
     }
 
     /// This rank rejected its own arguments for an op (NOTE [op-agreement]): the kernels' peers
@@ -521,8 +515,7 @@ impl CudaEngine {
 
     /// An op with nothing to move: a checked barrier with the kernels, nothing without them.
     pub fn empty_op(&self, kind: OpKind, dtype: DType, reduce: Option<ReduceOp>) -> Result<()> {
-        let _l = self.lock()?;
-        self.surface()?;
+        let _l = self.begin()?;
         match &self.coll {
             Some(c) => c.agree_empty(&self.stream, kind, dtype, reduce),
             None => Ok(()),

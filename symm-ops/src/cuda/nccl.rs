@@ -157,8 +157,8 @@ impl Nccl {
             let id = match Id::new() {
                 Ok(id) => id,
                 Err(e) => {
-                    // An empty id fails every peer at once (the length check below) instead of
-                    // leaving them waiting for one.
+                    // An empty id tells every peer at once (the marker below) instead of leaving
+                    // them waiting for one.
                     let _ = exchange.broadcast(rank, world, 0, &[], timeout);
                     return Err(nccl_err("ncclGetUniqueId", e));
                 }
@@ -168,6 +168,12 @@ impl Nccl {
             id
         } else {
             let bytes = exchange.broadcast(rank, world, 0, &[], timeout)?;
+            if bytes.is_empty() {
+                // Rank 0's marker: its ncclGetUniqueId failed (it reports why).
+                return Err(Error::Unavailable(
+                    "NCCL: rank 0 could not create the group's unique id (ncclGetUniqueId failed there)".into(),
+                ));
+            }
             if bytes.len() != 128 {
                 return Err(Error::InvalidArgument(format!(
                     "NCCL unique id of {} bytes in the store (expected 128)",

@@ -160,17 +160,7 @@ fn io_err(context: &str, e: io::Error) -> StoreError {
 
 /// True while `pid` exists and is not a zombie.
 fn pid_alive(pid: i32) -> bool {
-    if let Err(Errno::ESRCH) = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
-        return false;
-    }
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => match stat.rfind(") ") {
-            Some(i) => !matches!(stat.as_bytes().get(i + 2), Some(b'Z') | Some(b'X')),
-            None => true,
-        },
-        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
-        Err(_) => true,
-    }
+    crate::process::alive(pid)
 }
 
 fn encode_header(gen: u64, from: usize, to: usize) -> [u8; HEADER_LEN] {

@@ -122,17 +122,7 @@ impl HostSymmetricMemory {
         let Some(pid) = self.peer_pids.get(rank).copied().flatten() else {
             return true;
         };
-        if let Err(nix::errno::Errno::ESRCH) = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
-            return false;
-        }
-        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-            // The state follows the parenthesised command name.
-            Ok(stat) => match stat.rfind(") ") {
-                Some(i) => !matches!(stat.as_bytes().get(i + 2), Some(b'Z' | b'X')),
-                None => true,
-            },
-            Err(e) => e.kind() != std::io::ErrorKind::NotFound,
-        }
+        symm_store::process::alive(pid)
     }
 
     /// Acquire-polls `word` until it reaches epoch `target`, the deadline
