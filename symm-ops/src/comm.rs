@@ -13,8 +13,9 @@ use symm_core::{
     Result, SymmTensor, Topology,
 };
 
-use crate::buf::{check_dtype, Buf, BufMut, Element};
-use crate::host::{HostEngine, In};
+use crate::buf::{Buf, BufMut};
+use crate::host::HostEngine;
+use crate::ops::{NewOutput, OnStream, OpStream};
 use crate::select::{
     human, AllGatherAlgo, AllReduceAlgo, EngineKind, ReduceScatterAlgo, SelectionThresholds, Selector,
 };
@@ -122,31 +123,6 @@ pub(crate) enum Engine {
     Cuda(crate::cuda::CudaEngine),
 }
 
-/// A result an out-of-place op allocates: `Vec<T>` (host engine) or
-/// `cudarc::driver::CudaSlice<T>` (CUDA engine, allocated on the
-/// communicator's stream).
-pub trait NewOutput: Sized {
-    /// A buffer of `len` elements of `dtype` for `comm`.
-    fn new_output(comm: &Communicator, len: usize, dtype: DType) -> Result<Self>;
-    /// The buffer as an op output.
-    fn as_output(&mut self) -> BufMut<'_>;
-}
-
-impl<T: Element> NewOutput for Vec<T> {
-    fn new_output(_comm: &Communicator, len: usize, dtype: DType) -> Result<Self> {
-        if dtype != T::DTYPE {
-            return Err(Error::InvalidArgument(format!(
-                "result type {} asked for a {dtype} input",
-                T::DTYPE
-            )));
-        }
-        try_zeroed(len, &format!("a {} result", T::DTYPE))
-    }
-    fn as_output(&mut self) -> BufMut<'_> {
-        self.into()
-    }
-}
-
 /// `n` default (zero) elements in host memory, allocated fallibly: a size
 /// the allocator refuses is [`Error::OutOfMemory`] naming `what` and the
 /// size asked for, never an abort. Every host allocation sized by the
@@ -163,13 +139,6 @@ pub(crate) fn try_zeroed<T: Clone + Default>(n: usize, what: &str) -> Result<Vec
     })?;
     v.resize(n, T::default());
     Ok(v)
-}
-
-/// Elements of an all-gather's output: `count` per rank, `w` ranks.
-fn gathered_len(count: usize, w: usize) -> Result<usize> {
-    count
-        .checked_mul(w)
-        .ok_or_else(|| Error::InvalidArgument(format!("all_gather: {count} elements x world {w} overflows")))
 }
 
 /// Errors after which the ranks' protocol state is out of step.
@@ -202,8 +171,10 @@ pub struct Communicator {
     same_host: bool,
     /// Ranks of the group on this rank's device, this one included (NOTE [shared-device]).
     device_sharers: usize,
-    selector: Selector,
-    engine: Engine,
+    pub(crate) selector: Selector,
+    /// Blocks of [`Communicator::alloc`] (dropped before the engine: fields drop in order).
+    pub(crate) pool: crate::pool::Pool,
+    pub(crate) engine: Engine,
     poisoned: AtomicBool,
 }
 
@@ -441,6 +412,7 @@ impl Communicator {
             device_sharers,
             selector,
             engine,
+            pool: Default::default(),
             poisoned: AtomicBool::new(false),
         })
     }
@@ -616,7 +588,7 @@ impl Communicator {
         }
     }
 
-    fn run(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
+    pub(crate) fn run(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
         if self.poisoned.load(Ordering::Acquire) {
             return Err(Error::Aborted(
                 "an earlier op of this communicator failed (timeout, abort, lost peer or ranks that disagreed on an op); build a new one".into(),
@@ -645,14 +617,20 @@ impl Communicator {
     /// runs its own exchange with nothing to move; on the CUDA engine a barrier whose check
     /// word is the op's header, so it still takes its place in the group's op sequence (nothing
     /// on an nccl-only communicator).
-    fn empty_op(&self, kind: OpKind, dtype: DType, reduce: Option<ReduceOp>) -> Option<Result<()>> {
+    pub(crate) fn empty_op(
+        &self,
+        stream: OpStream<'_>,
+        kind: OpKind,
+        dtype: DType,
+        reduce: Option<ReduceOp>,
+    ) -> Option<Result<()>> {
         match &self.engine {
             Engine::Host(_) => {
-                let _ = (kind, dtype, reduce);
+                let _ = (stream, kind, dtype, reduce);
                 None
             }
             #[cfg(feature = "cuda")]
-            Engine::Cuda(c) => Some(self.run(|| c.empty_op(kind, dtype, reduce))),
+            Engine::Cuda(c) => Some(self.run(|| c.empty_op(stream, kind, dtype, reduce))),
         }
     }
 
@@ -666,7 +644,7 @@ impl Communicator {
     /// communicator is poisoned, even when every rank rejected the op (the
     /// kernels cannot tell). `Unavailable` is not a rejection there: every rank
     /// decides availability alike.
-    fn arg<T>(&self, r: Result<T>) -> Result<T> {
+    pub(crate) fn arg<T>(&self, r: Result<T>) -> Result<T> {
         let e = match r {
             Ok(v) => return Ok(v),
             Err(e) => e,
@@ -700,36 +678,45 @@ impl Communicator {
         }
     }
 
-    // ---- all-reduce -------------------------------------------------------
+    // ---- ops on the communicator's stream (bodies in ops.rs) ------------------
+
+    /// The ops on `stream` instead of the communicator's (CUDA engine; a stream of the
+    /// communicator's device): `comm.on(&stream).all_reduce(&mut x, ReduceOp::Sum)`. Stream
+    /// ordered and graph-capturable like every op; consecutive ops of the communicator on
+    /// different streams never overlap (the communicator orders them, see [`OnStream`]), and
+    /// ordering an op against your own work on its stream is yours, as with NCCL.
+    #[cfg(feature = "cuda")]
+    pub fn on<'c>(&'c self, stream: &'c Arc<cudarc::driver::CudaStream>) -> OnStream<'c> {
+        OnStream::with(self, stream)
+    }
+
+    /// The ops on the communicator's own stream, as an [`OnStream`] (what the op methods below
+    /// call).
+    pub fn ops(&self) -> OnStream<'_> {
+        OnStream::own(self)
+    }
 
     /// All-reduce in place; the algorithm is picked by the selection table.
     pub fn all_reduce<'a>(&self, buf: impl Into<BufMut<'a>>, op: ReduceOp) -> Result<()> {
-        let buf = buf.into();
-        let algo = self.selector.all_reduce(buf.len() * buf.dtype().size());
-        self.all_reduce_with(algo, None, buf, op)
+        self.ops().all_reduce(buf, op)
     }
 
-    /// All-reduce `input` into `output` (same length and dtype); the
-    /// algorithm is picked by the selection table.
+    /// All-reduce `input` into `output` (same length and dtype); the algorithm is picked by
+    /// the selection table.
     pub fn all_reduce_out<'a, 'b>(
         &self,
         input: impl Into<Buf<'a>>,
         output: impl Into<BufMut<'b>>,
         op: ReduceOp,
     ) -> Result<()> {
-        let input = input.into();
-        let algo = self.selector.all_reduce(input.len() * input.dtype().size());
-        self.all_reduce_with(algo, Some(input), output.into(), op)
+        self.ops().all_reduce_out(input, output, op)
     }
 
-    /// One-shot all-reduce, out of place: returns a new result
-    /// (`Vec<T>` or `CudaSlice<T>`). Allocates the result; use
-    /// [`Self::one_shot_all_reduce_out`] in hot loops and CUDA graphs.
+    /// One-shot all-reduce, out of place: returns a new result (`Vec<T>` or `CudaSlice<T>`).
+    /// Allocates the result; use [`Self::one_shot_all_reduce_out`] in hot loops and CUDA
+    /// graphs.
     pub fn one_shot_all_reduce<'a, O: NewOutput>(&self, input: impl Into<Buf<'a>>, op: ReduceOp) -> Result<O> {
-        let input = input.into();
-        let mut out = self.arg(O::new_output(self, input.len(), input.dtype()))?;
-        self.all_reduce_with(AllReduceAlgo::OneShot, Some(input), out.as_output(), op)?;
-        Ok(out)
+        self.ops().one_shot_all_reduce(input, op)
     }
 
     /// One-shot all-reduce into `output`.
@@ -739,12 +726,12 @@ impl Communicator {
         output: impl Into<BufMut<'b>>,
         op: ReduceOp,
     ) -> Result<()> {
-        self.all_reduce_with(AllReduceAlgo::OneShot, Some(input.into()), output.into(), op)
+        self.ops().one_shot_all_reduce_out(input, output, op)
     }
 
     /// Two-shot all-reduce in place.
     pub fn two_shot_all_reduce<'a>(&self, buf: impl Into<BufMut<'a>>, op: ReduceOp) -> Result<()> {
-        self.all_reduce_with(AllReduceAlgo::TwoShot, None, buf.into(), op)
+        self.ops().two_shot_all_reduce(buf, op)
     }
 
     /// Two-shot all-reduce into `output`.
@@ -754,13 +741,12 @@ impl Communicator {
         output: impl Into<BufMut<'b>>,
         op: ReduceOp,
     ) -> Result<()> {
-        self.all_reduce_with(AllReduceAlgo::TwoShot, Some(input.into()), output.into(), op)
+        self.ops().two_shot_all_reduce_out(input, output, op)
     }
 
-    /// All-reduce with an explicit algorithm; `input: None` means in place
-    /// (`output` is also the input). [`AllReduceAlgo::Lamport`] runs as
-    /// one-shot on the host engine; an algorithm the engine lacks is
-    /// [`Error::Unavailable`].
+    /// All-reduce with an explicit algorithm; `input: None` means in place (`output` is also
+    /// the input). [`AllReduceAlgo::Lamport`] runs as one-shot on the host engine; an
+    /// algorithm the engine lacks is [`Error::Unavailable`].
     pub fn all_reduce_with(
         &self,
         algo: AllReduceAlgo,
@@ -768,41 +754,43 @@ impl Communicator {
         output: BufMut<'_>,
         op: ReduceOp,
     ) -> Result<()> {
-        let count = output.len();
-        let dtype = output.dtype();
-        self.arg(check_dtype(dtype, "all_reduce"))?;
-        if let Some(i) = &input {
-            self.arg(check_same("all_reduce", i, &output, i.len()))?;
-        }
-        self.arg(self.check_algo(algo))?;
-        if count == 0 {
-            if let Some(r) = self.empty_op(OpKind::AllReduce, dtype, Some(op)) {
-                return r;
-            }
-        }
-        match &self.engine {
-            Engine::Host(h) => {
-                let in_place = input.is_none();
-                let mut out = self.arg(h.resolve_out(output, in_place))?;
-                let input = match input {
-                    Some(b) => self.arg(h.resolve_in(b))?,
-                    None => In::Output,
-                };
-                self.run(|| match algo {
-                    AllReduceAlgo::TwoShot => h.two_shot(&input, &mut out, count, dtype, op),
-                    _ => h.one_shot(&input, &mut out, count, dtype, op),
-                })
-            }
-            #[cfg(feature = "cuda")]
-            Engine::Cuda(c) => self.run(|| {
-                c.all_reduce(algo, input, output, count, dtype, op, |b| {
-                    self.selector.fallback_all_reduce(b)
-                })
-            }),
-        }
+        self.ops().all_reduce_with(algo, input, output, op)
     }
 
-    fn check_algo(&self, algo: AllReduceAlgo) -> Result<()> {
+    /// Reduce-scatter, returning a new result of `input.len() / world` elements: rank r gets
+    /// the reduction of every rank's r-th segment.
+    pub fn reduce_scatter<'a, O: NewOutput>(&self, input: impl Into<Buf<'a>>, op: ReduceOp) -> Result<O> {
+        self.ops().reduce_scatter(input, op)
+    }
+
+    /// Reduce-scatter `input` (`world * n` elements) into `output` (`n`).
+    pub fn reduce_scatter_out<'a, 'b>(
+        &self,
+        input: impl Into<Buf<'a>>,
+        output: impl Into<BufMut<'b>>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.ops().reduce_scatter_out(input, output, op)
+    }
+
+    /// All-gather, returning a new result of `input.len() * world` elements (rank r's input at
+    /// `r * input.len()`).
+    pub fn all_gather<'a, O: NewOutput>(&self, input: impl Into<Buf<'a>>) -> Result<O> {
+        self.ops().all_gather(input)
+    }
+
+    /// All-gather `input` (`n` elements) into `output` (`world * n`).
+    pub fn all_gather_out<'a, 'b>(&self, input: impl Into<Buf<'a>>, output: impl Into<BufMut<'b>>) -> Result<()> {
+        self.ops().all_gather_out(input, output)
+    }
+
+    /// Barrier over `ranks` (this rank included; any order, no duplicates), or over the whole
+    /// group with `None`. Every rank in the subset calls it.
+    pub fn barrier(&self, ranks: Option<&[usize]>) -> Result<()> {
+        self.ops().barrier(ranks)
+    }
+
+    pub(crate) fn check_algo(&self, algo: AllReduceAlgo) -> Result<()> {
         let ok = match algo {
             AllReduceAlgo::Nccl => self.selector.nccl,
             _ => self.selector.symm,
@@ -824,162 +812,4 @@ impl Communicator {
         }
     }
 
-    // ---- reduce-scatter -----------------------------------------------------
-
-    /// Reduce-scatter, returning a new result of `input.len() / world`
-    /// elements: rank r gets the reduction of every rank's r-th segment.
-    pub fn reduce_scatter<'a, O: NewOutput>(&self, input: impl Into<Buf<'a>>, op: ReduceOp) -> Result<O> {
-        let input = input.into();
-        let mut out = self.arg(O::new_output(self, input.len() / self.world_size(), input.dtype()))?;
-        self.reduce_scatter_out(input, out.as_output(), op)?;
-        Ok(out)
-    }
-
-    /// Reduce-scatter `input` (`world * n` elements) into `output` (`n`).
-    pub fn reduce_scatter_out<'a, 'b>(
-        &self,
-        input: impl Into<Buf<'a>>,
-        output: impl Into<BufMut<'b>>,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let (input, output) = (input.into(), output.into());
-        let w = self.world_size();
-        let dtype = input.dtype();
-        self.arg(check_dtype(dtype, "reduce_scatter"))?;
-        if input.len() % w != 0 {
-            return self.arg(Err(Error::InvalidArgument(format!(
-                "reduce_scatter: input of {} elements is not a multiple of the world size {w}",
-                input.len()
-            ))));
-        }
-        let count = input.len() / w;
-        self.arg(check_same("reduce_scatter", &input, &output, count))?;
-        if count == 0 {
-            if let Some(r) = self.empty_op(OpKind::ReduceScatter, dtype, Some(op)) {
-                return r;
-            }
-        }
-        match &self.engine {
-            Engine::Host(h) => {
-                let input = self.arg(h.resolve_in(input))?;
-                let mut out = self.arg(h.resolve_out(output, false))?;
-                self.run(|| h.reduce_scatter(&input, &mut out, count, dtype, op))
-            }
-            #[cfg(feature = "cuda")]
-            Engine::Cuda(c) => {
-                let algo = self.selector.reduce_scatter(input.len() * dtype.size());
-                self.run(|| c.reduce_scatter(algo, input, output, count, dtype, op))
-            }
-        }
-    }
-
-    // ---- all-gather ---------------------------------------------------------
-
-    /// All-gather, returning a new result of `input.len() * world` elements
-    /// (rank r's input at `r * input.len()`).
-    pub fn all_gather<'a, O: NewOutput>(&self, input: impl Into<Buf<'a>>) -> Result<O> {
-        let input = input.into();
-        let len = self.arg(gathered_len(input.len(), self.world_size()))?;
-        let mut out = self.arg(O::new_output(self, len, input.dtype()))?;
-        self.all_gather_out(input, out.as_output())?;
-        Ok(out)
-    }
-
-    /// All-gather `input` (`n` elements) into `output` (`world * n`).
-    pub fn all_gather_out<'a, 'b>(&self, input: impl Into<Buf<'a>>, output: impl Into<BufMut<'b>>) -> Result<()> {
-        let (input, output) = (input.into(), output.into());
-        let w = self.world_size();
-        let dtype = input.dtype();
-        self.arg(check_dtype(dtype, "all_gather"))?;
-        let count = input.len();
-        let want = self.arg(gathered_len(count, w))?;
-        self.arg(check_same("all_gather", &input, &output, want))?;
-        if count == 0 {
-            if let Some(r) = self.empty_op(OpKind::AllGather, dtype, None) {
-                return r;
-            }
-        }
-        match &self.engine {
-            Engine::Host(h) => {
-                let input = self.arg(h.resolve_in(input))?;
-                let mut out = self.arg(h.resolve_out(output, false))?;
-                self.run(|| h.all_gather(&input, &mut out, count, dtype))
-            }
-            #[cfg(feature = "cuda")]
-            Engine::Cuda(c) => {
-                let algo = self.selector.all_gather(want * dtype.size());
-                self.run(|| c.all_gather(algo, input, output, count, dtype))
-            }
-        }
-    }
-
-    // ---- barrier ------------------------------------------------------------
-
-    /// Barrier over `ranks` (this rank included; any order, no duplicates),
-    /// or over the whole group with `None`. Every rank in the subset calls it.
-    pub fn barrier(&self, ranks: Option<&[usize]>) -> Result<()> {
-        let me = self.rank();
-        // A stack array (world <= MAX_WORLD_SIZE): a barrier allocates nothing.
-        let mut buf = [me; symm_core::pad::MAX_WORLD_SIZE];
-        let n = match ranks {
-            None => {
-                for (r, slot) in buf.iter_mut().enumerate().take(self.world_size()) {
-                    *slot = me.peer(r)?;
-                }
-                self.world_size()
-            }
-            Some(list) => {
-                if list.len() > self.world_size() {
-                    return Err(Error::InvalidArgument(format!(
-                        "barrier: {} ranks listed in a group of {}",
-                        list.len(),
-                        self.world_size()
-                    )));
-                }
-                for (slot, &r) in buf.iter_mut().zip(list) {
-                    *slot = me.peer(r)?;
-                }
-                let v = &mut buf[..list.len()];
-                v.sort();
-                if let Some(w) = v.windows(2).find(|w| w[0] == w[1]) {
-                    return Err(Error::InvalidArgument(format!(
-                        "barrier: rank {} listed twice",
-                        w[0].get()
-                    )));
-                }
-                if !v.contains(&me) {
-                    return Err(Error::InvalidArgument(format!(
-                        "barrier: ranks {list:?} do not include this rank {}",
-                        me.get()
-                    )));
-                }
-                list.len()
-            }
-        };
-        let ranks = &buf[..n];
-        match &self.engine {
-            Engine::Host(h) => self.run(|| h.barrier(ranks)),
-            #[cfg(feature = "cuda")]
-            Engine::Cuda(c) => self.run(|| c.barrier(ranks)),
-        }
-    }
-}
-
-/// Checks dtype equality and the output length.
-fn check_same(op: &str, input: &Buf<'_>, output: &BufMut<'_>, want_out: usize) -> Result<()> {
-    if input.dtype() != output.dtype() {
-        return Err(Error::InvalidArgument(format!(
-            "{op}: input is {}, output is {}",
-            input.dtype(),
-            output.dtype()
-        )));
-    }
-    if output.len() != want_out {
-        return Err(Error::InvalidArgument(format!(
-            "{op}: output has {} elements, expected {want_out} (input has {})",
-            output.len(),
-            input.len()
-        )));
-    }
-    Ok(())
 }

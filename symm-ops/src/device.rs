@@ -26,6 +26,10 @@ pub trait DeviceInput {
     /// The device address, ordered after pending writes on other streams;
     /// drop the guard after the op is enqueued.
     fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>);
+    /// Whether getting the address makes the stream wait on an event (cudarc's event
+    /// tracking), which a stream being captured into a graph cannot do for events recorded
+    /// before the capture.
+    fn tracks_events(&self) -> bool;
 }
 
 /// A device buffer an op writes.
@@ -39,11 +43,13 @@ pub trait DeviceOutput {
     /// The device address, ordered after pending reads and writes on other
     /// streams; drop the guard after the op is enqueued.
     fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>);
+    /// As [`DeviceInput::tracks_events`].
+    fn tracks_events(&self) -> bool;
 }
 
 /// The trait impls for one cudarc-compatible buffer type (they differ only in the type).
 macro_rules! device_buffer {
-    (input: $($ty:ty),+) => {$(
+    (input, tracked $tracked:literal: $($ty:ty),+) => {$(
         impl<T: Element + DeviceRepr> DeviceInput for $ty {
             fn dtype(&self) -> DType {
                 T::DTYPE
@@ -57,9 +63,12 @@ macro_rules! device_buffer {
             fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
                 self.device_ptr(stream)
             }
+            fn tracks_events(&self) -> bool {
+                $tracked && DeviceInput::context(self).is_managing_stream_synchronization()
+            }
         }
     )+};
-    (output: $($ty:ty),+) => {$(
+    (output, tracked $tracked:literal: $($ty:ty),+) => {$(
         impl<T: Element + DeviceRepr> DeviceOutput for $ty {
             fn dtype(&self) -> DType {
                 T::DTYPE
@@ -73,13 +82,20 @@ macro_rules! device_buffer {
             fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
                 self.device_ptr_mut(stream)
             }
+            fn tracks_events(&self) -> bool {
+                $tracked && DeviceOutput::context(self).is_managing_stream_synchronization()
+            }
         }
     )+};
 }
 
 // cudarc's slices and views, and symm-cuda's typed views of symmetric memory (any rank's buffer).
-device_buffer!(input: CudaSlice<T>, CudaView<'_, T>, CudaViewMut<'_, T>, symm_cuda::SymmView<T>);
-device_buffer!(output: CudaSlice<T>, CudaViewMut<'_, T>, symm_cuda::SymmView<T>);
+// cudarc's own types track their uses with events (unless the context's tracking is off);
+// symmetric memory is ordered by the caller's streams only.
+device_buffer!(input, tracked true: CudaSlice<T>, CudaView<'_, T>, CudaViewMut<'_, T>);
+device_buffer!(output, tracked true: CudaSlice<T>, CudaViewMut<'_, T>);
+device_buffer!(input, tracked false: symm_cuda::SymmView<T>);
+device_buffer!(output, tracked false: symm_cuda::SymmView<T>);
 
 impl<'a, T: Element + DeviceRepr> From<&'a CudaSlice<T>> for Buf<'a> {
     fn from(s: &'a CudaSlice<T>) -> Self {

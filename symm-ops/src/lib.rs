@@ -34,13 +34,17 @@ mod cuda;
 mod device;
 mod host;
 mod local;
+mod ops;
+mod pool;
 pub mod prelude;
 mod reduce;
 mod select;
 mod setup;
 
 pub use buf::{Buf, BufMut, Element, HostIn, HostOut, RawDevicePtr};
-pub use comm::{CommConfig, Communicator, NewOutput, DEFAULT_STAGING_BYTES};
+pub use comm::{CommConfig, Communicator, DEFAULT_STAGING_BYTES};
+pub use ops::{NewOutput, OnStream};
+pub use pool::{SymmBuffer, MIN_BLOCK_BYTES};
 #[cfg(feature = "cuda")]
 pub use device::{DeviceInput, DeviceOutput};
 pub use select::{AllGatherAlgo, AllReduceAlgo, EngineKind, ReduceScatterAlgo, SelectionThresholds};

@@ -11,11 +11,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, SyncOnDrop, ValidAsZeroBits};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DeviceRepr, SyncOnDrop, ValidAsZeroBits,
+};
+use cudarc::driver::sys::CUstreamCaptureStatus;
 use symm_core::{DType, Device, Error, Group, OpKind, Rank, ReduceOp, Result, SymmTensor};
 
 use crate::buf::{check_symm_tensor, Buf, BufMut, Element};
-use crate::comm::{CommConfig, Communicator, NewOutput};
+use crate::comm::CommConfig;
+use crate::ops::{NewOutput, OnStream, OpStream};
 use crate::select::{AllGatherAlgo, AllReduceAlgo, ReduceScatterAlgo};
 use coll::Coll;
 use nccl::Nccl;
@@ -62,6 +66,19 @@ fn check_align(what: &'static str, ptr: u64, dtype: DType) -> Result<()> {
     Ok(())
 }
 
+/// The stream the communicator's last op ran on (`None` before the first).
+pub(crate) struct Last(Option<Arc<CudaStream>>);
+
+fn same_stream(a: &CudaStream, b: &CudaStream) -> bool {
+    a.cu_stream() == b.cu_stream()
+}
+
+/// Whether `s` is being captured into a graph.
+fn capturing(s: &CudaStream) -> Result<bool> {
+    let st = s.capture_status().map_err(drv_err("cuStreamIsCapturing"))?;
+    Ok(st != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
 pub(crate) struct CudaEngine {
     device: Device,
     stream: Arc<CudaStream>,
@@ -71,7 +88,12 @@ pub(crate) struct CudaEngine {
     barrier_word: Option<CudaSlice<f32>>,
     /// Why NCCL was asked for but is not there.
     nccl_missing: Option<String>,
-    lock: Mutex<()>,
+    /// Held by the op running; the stream the last op ran on.
+    lock: Mutex<Last>,
+    /// Orders an op after the previous op when their streams differ, and forks NCCL ops given
+    /// another stream onto the NCCL communicator's stream and back (recorded, then waited on at
+    /// once: one event serves every such edge).
+    order: CudaEvent,
     /// Set when this engine told its peers it rejected an op ([`Self::take_told_peers`]).
     told_peers: AtomicBool,
 }
@@ -139,6 +161,7 @@ impl CudaEngine {
         } else {
             None
         };
+        let order = stream.context().new_event(None).map_err(drv_err("cuEventCreate"))?;
         Ok(CudaEngine {
             device,
             stream,
@@ -146,7 +169,8 @@ impl CudaEngine {
             nccl,
             barrier_word,
             nccl_missing,
-            lock: Mutex::new(()),
+            lock: Mutex::new(Last(None)),
+            order,
             told_peers: AtomicBool::new(false),
         })
     }
@@ -164,7 +188,7 @@ impl CudaEngine {
         &self.stream
     }
 
-    fn lock(&self) -> Result<MutexGuard<'_, ()>> {
+    fn lock(&self) -> Result<MutexGuard<'_, Last>> {
         match self.lock.try_lock() {
             Ok(g) => Ok(g),
             Err(TryLockError::Poisoned(p)) => Ok(p.into_inner()),
@@ -200,7 +224,21 @@ impl CudaEngine {
         Ok(())
     }
 
-    fn src<'s>(&'s self, b: &'s Buf<'_>) -> Result<(u64, Option<SyncOnDrop<'s>>)> {
+    /// A cudarc buffer with event tracking cannot be used in a capture: cudarc makes the op's
+    /// stream wait on an event recorded before the capture began, which CUDA refuses (the
+    /// capture is invalidated). Said here, before anything is enqueued.
+    fn check_capturable(&self, s: &CudaStream, tracked: bool, what: &str) -> Result<()> {
+        if tracked && capturing(s)? {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: a cudarc buffer with event tracking in a CUDA graph capture (cudarc would make the \
+                 capture wait on an event recorded outside it); use a buffer from Communicator::alloc, \
+                 or disable event tracking on the context"
+            )));
+        }
+        Ok(())
+    }
+
+    fn src<'s>(&'s self, s: &'s CudaStream, b: &'s Buf<'_>) -> Result<(u64, Option<SyncOnDrop<'s>>)> {
         match b {
             Buf::Symm(t) => {
                 self.check_symm(t, "input tensor")?;
@@ -208,7 +246,8 @@ impl CudaEngine {
             }
             Buf::Device(d) => {
                 self.check_ctx(d.context(), "input")?;
-                let (p, g) = d.read_ptr(&self.stream);
+                self.check_capturable(s, d.tracks_events(), "input")?;
+                let (p, g) = d.read_ptr(s);
                 check_align("input pointer", p, d.dtype())?;
                 Ok((p, Some(g)))
             }
@@ -222,7 +261,7 @@ impl CudaEngine {
         }
     }
 
-    fn dst<'s>(&'s self, b: &'s mut BufMut<'_>) -> Result<(u64, Option<SyncOnDrop<'s>>)> {
+    fn dst<'s>(&'s self, s: &'s CudaStream, b: &'s mut BufMut<'_>) -> Result<(u64, Option<SyncOnDrop<'s>>)> {
         match b {
             BufMut::Symm(t) => {
                 self.check_symm(t, "output tensor")?;
@@ -230,8 +269,9 @@ impl CudaEngine {
             }
             BufMut::Device(d) => {
                 self.check_ctx(d.context(), "output")?;
+                self.check_capturable(s, d.tracks_events(), "output")?;
                 let dtype = d.dtype();
-                let (p, g) = d.write_ptr(&self.stream);
+                let (p, g) = d.write_ptr(s);
                 check_align("output pointer", p, dtype)?;
                 Ok((p, Some(g)))
             }
@@ -245,11 +285,33 @@ impl CudaEngine {
         }
     }
 
+    /// Runs `f` (an NCCL call) on the NCCL communicator's stream, ordered within `s`: when `s`
+    /// is another stream, the NCCL stream waits for `s` first and `s` waits for the call after
+    /// (an event each way; in a capture that forks the NCCL stream into it and joins it back).
+    fn nccl_on(&self, s: &CudaStream, f: impl FnOnce(&Nccl) -> Result<()>) -> Result<()> {
+        let nccl = self.nccl()?;
+        if same_stream(s, &self.stream) {
+            return f(nccl);
+        }
+        self.edge(s, &self.stream)?;
+        let r = f(nccl);
+        // Joined back even when the call failed: a capture must not end with a forked stream.
+        let j = self.edge(&self.stream, s);
+        r.and(j)
+    }
+
+    /// Makes `to` wait for the work queued on `from` so far.
+    fn edge(&self, from: &CudaStream, to: &CudaStream) -> Result<()> {
+        self.order.record(from).map_err(drv_err("cuEventRecord"))?;
+        to.wait(&self.order).map_err(drv_err("cuStreamWaitEvent"))
+    }
+
     /// `fallback(bytes)`: what runs instead of [`AllReduceAlgo::Pull`] when the input
     /// cannot be read in place.
     #[allow(clippy::too_many_arguments)]
     pub fn all_reduce(
         &self,
+        stream: OpStream<'_>,
         algo: AllReduceAlgo,
         input: Option<Buf<'_>>,
         output: BufMut<'_>,
@@ -258,13 +320,14 @@ impl CudaEngine {
         op: ReduceOp,
         fallback: impl Fn(usize) -> AllReduceAlgo,
     ) -> Result<()> {
-        let _l = self.begin()?;
-        self.refused(self.all_reduce_locked(algo, input, output, count, dtype, op, fallback))
+        let (_l, s) = self.begin(stream)?;
+        self.refused(s, self.all_reduce_locked(s, algo, input, output, count, dtype, op, fallback))
     }
 
     #[allow(clippy::too_many_arguments)]
     fn all_reduce_locked(
         &self,
+        s: &CudaStream,
         algo: AllReduceAlgo,
         input: Option<Buf<'_>>,
         mut output: BufMut<'_>,
@@ -273,9 +336,9 @@ impl CudaEngine {
         op: ReduceOp,
         fallback: impl Fn(usize) -> AllReduceAlgo,
     ) -> Result<()> {
-        let (out_ptr, _g_out) = self.dst(&mut output)?;
+        let (out_ptr, _g_out) = self.dst(s, &mut output)?;
         let (in_ptr, _g_in) = match &input {
-            Some(b) => self.src(b)?,
+            Some(b) => self.src(s, b)?,
             None => (out_ptr, None),
         };
         // The zero-copy pull reads the peers' inputs in place: it needs the input in registered
@@ -305,14 +368,11 @@ impl CudaEngine {
             a => a,
         };
         match algo {
-            AllReduceAlgo::Nccl => self.nccl()?.all_reduce(in_ptr, out_ptr, count, dtype, op),
-            AllReduceAlgo::CopyEngine => {
-                self.coll()?
-                    .all_reduce_ce_two_shot(&self.stream, in_ptr, out_ptr, count, dtype, op)
-            }
-            a => self
+            AllReduceAlgo::Nccl => self.nccl_on(s, |n| n.all_reduce(in_ptr, out_ptr, count, dtype, op)),
+            AllReduceAlgo::CopyEngine => self
                 .coll()?
-                .all_reduce(&self.stream, a, in_ptr, out_ptr, count, dtype, op),
+                .all_reduce_ce_two_shot(s, in_ptr, out_ptr, count, dtype, op),
+            a => self.coll()?.all_reduce(s, a, in_ptr, out_ptr, count, dtype, op),
         }
     }
 
@@ -320,6 +380,7 @@ impl CudaEngine {
     #[allow(clippy::too_many_arguments)]
     pub fn reduce_scatter(
         &self,
+        stream: OpStream<'_>,
         algo: ReduceScatterAlgo,
         input: Buf<'_>,
         output: BufMut<'_>,
@@ -327,12 +388,14 @@ impl CudaEngine {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        let _l = self.begin()?;
-        self.refused(self.reduce_scatter_locked(algo, input, output, count, dtype, op))
+        let (_l, s) = self.begin(stream)?;
+        self.refused(s, self.reduce_scatter_locked(s, algo, input, output, count, dtype, op))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn reduce_scatter_locked(
         &self,
+        s: &CudaStream,
         algo: ReduceScatterAlgo,
         input: Buf<'_>,
         mut output: BufMut<'_>,
@@ -340,8 +403,8 @@ impl CudaEngine {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        let (out_ptr, _g_out) = self.dst(&mut output)?;
-        let (in_ptr, _g_in) = self.src(&input)?;
+        let (out_ptr, _g_out) = self.dst(s, &mut output)?;
+        let (in_ptr, _g_in) = self.src(s, &input)?;
         // The pull reads the peers' inputs in place: it needs the input in registered symmetric
         // memory (the same offset on every rank, so every rank decides alike); otherwise NCCL
         // where it is available, else the kernels.
@@ -360,40 +423,39 @@ impl CudaEngine {
             a => a,
         };
         match algo {
-            ReduceScatterAlgo::Nccl => self.nccl()?.reduce_scatter(in_ptr, out_ptr, count, dtype, op),
-            ReduceScatterAlgo::Pull => {
-                self.coll()?
-                    .reduce_scatter_pull(&self.stream, in_ptr, out_ptr, count, dtype, op)
-            }
-            ReduceScatterAlgo::Symm => self
+            ReduceScatterAlgo::Nccl => self.nccl_on(s, |n| n.reduce_scatter(in_ptr, out_ptr, count, dtype, op)),
+            ReduceScatterAlgo::Pull => self
                 .coll()?
-                .reduce_scatter(&self.stream, in_ptr, out_ptr, count, dtype, op),
+                .reduce_scatter_pull(s, in_ptr, out_ptr, count, dtype, op),
+            ReduceScatterAlgo::Symm => self.coll()?.reduce_scatter(s, in_ptr, out_ptr, count, dtype, op),
         }
     }
 
     /// `count` = input elements.
     pub fn all_gather(
         &self,
+        stream: OpStream<'_>,
         algo: AllGatherAlgo,
         input: Buf<'_>,
         output: BufMut<'_>,
         count: usize,
         dtype: DType,
     ) -> Result<()> {
-        let _l = self.begin()?;
-        self.refused(self.all_gather_locked(algo, input, output, count, dtype))
+        let (_l, s) = self.begin(stream)?;
+        self.refused(s, self.all_gather_locked(s, algo, input, output, count, dtype))
     }
 
     fn all_gather_locked(
         &self,
+        s: &CudaStream,
         algo: AllGatherAlgo,
         input: Buf<'_>,
         mut output: BufMut<'_>,
         count: usize,
         dtype: DType,
     ) -> Result<()> {
-        let (out_ptr, _g_out) = self.dst(&mut output)?;
-        let (in_ptr, _g_in) = self.src(&input)?;
+        let (out_ptr, _g_out) = self.dst(s, &mut output)?;
+        let (in_ptr, _g_in) = self.src(s, &input)?;
         // The copy engine wins only zero-copy: a push into a registered output, or a pull from a
         // registered input; a staged copy loses to NCCL (2 x H200: 58 us against 44 at 16 MiB),
         // so other buffers go to NCCL where it is available, else to the SM path. The pull reads
@@ -420,15 +482,15 @@ impl CudaEngine {
             a => a,
         };
         match algo {
-            AllGatherAlgo::Nccl => self.nccl()?.all_gather(in_ptr, out_ptr, count, dtype),
-            a => self.coll()?.all_gather(&self.stream, in_ptr, out_ptr, count, dtype, a),
+            AllGatherAlgo::Nccl => self.nccl_on(s, |n| n.all_gather(in_ptr, out_ptr, count, dtype)),
+            a => self.coll()?.all_gather(s, in_ptr, out_ptr, count, dtype, a),
         }
     }
 
-    pub fn barrier(&self, ranks: &[Rank]) -> Result<()> {
-        let _l = self.begin()?;
+    pub fn barrier(&self, stream: OpStream<'_>, ranks: &[Rank]) -> Result<()> {
+        let (_l, s) = self.begin(stream)?;
         if let Some(c) = &self.coll {
-            return c.barrier(&self.stream, ranks);
+            return c.barrier(s, ranks);
         }
         let world = ranks.first().map(|r| r.world_size()).unwrap_or(0);
         if ranks.len() != world {
@@ -436,12 +498,14 @@ impl CudaEngine {
                 "a barrier over a subset of ranks on an nccl-only communicator".into(),
             ));
         }
-        let (nccl, word) = match (&self.nccl, &self.barrier_word) {
-            (Some(n), Some(w)) => (n, w),
-            _ => return Err(Error::Unavailable("no engine for a barrier".into())),
-        };
-        let (p, _g) = word.device_ptr(&self.stream);
-        nccl.all_reduce(p, p, 1, DType::F32, ReduceOp::Sum)
+        let word = self
+            .barrier_word
+            .as_ref()
+            .ok_or_else(|| Error::Unavailable("no engine for a barrier".into()))?;
+        self.nccl_on(s, |n| {
+            let (p, _g) = word.device_ptr(&self.stream);
+            n.all_reduce(p, p, 1, DType::F32, ReduceOp::Sum)
+        })
     }
 
     pub fn register(&self, t: &SymmTensor) -> Result<()> {
@@ -465,12 +529,32 @@ impl CudaEngine {
     /// The start of every op: the communicator's lock, then any error the kernels latched since
     /// the last op (NOTE [error-mirror]), read without a launch or a synchronisation, so a
     /// timeout, an abort or a disagreement reaches the caller without a `check_error` call.
-    fn begin(&self) -> Result<MutexGuard<'_, ()>> {
-        let l = self.lock()?;
+    /// Returns the op's stream (`stream`, else the communicator's), checked to be of this
+    /// device and ordered after the previous op when that ran on another stream.
+    fn begin<'s>(&'s self, stream: OpStream<'s>) -> Result<(MutexGuard<'s, Last>, &'s Arc<CudaStream>)> {
+        let mut l = self.lock()?;
         if let Some(c) = &self.coll {
             c.surface_error()?;
         }
-        Ok(l)
+        let s = match stream {
+            Some(s) => {
+                self.check_ctx(s.context(), "the op's stream")?;
+                s
+            }
+            None => &self.stream,
+        };
+        if let Some(prev) = &l.0 {
+            if !same_stream(prev, s) && capturing(prev)? == capturing(s)? {
+                // Ops share the workspace: never let two overlap. Streams in different capture
+                // states cannot be joined (a capture may not wait on work outside it); a graph's
+                // first op is then ordered by where the graph is launched.
+                self.edge(prev, s)?;
+            }
+        }
+        if l.0.as_ref().is_none_or(|p| !same_stream(p, s)) {
+            l.0 = Some(s.clone());
+        }
+        Ok((l, s))
     }
 
     /// This rank rejected its own arguments for an op (NOTE [op-agreement]): the kernels' peers
@@ -479,15 +563,16 @@ impl CudaEngine {
     /// current one. Refused, and nothing sent, while another op of this communicator runs (a
     /// local refusal).
     pub fn reject(&self) -> Result<()> {
-        let _l = self.lock()?;
-        self.tell_peers()
+        let l = self.lock()?;
+        let s = l.0.clone().unwrap_or_else(|| self.stream.clone());
+        self.tell_peers(&s)
     }
 
-    /// [`Self::reject`] with the lock held.
-    fn tell_peers(&self) -> Result<()> {
+    /// [`Self::reject`] with the lock held, on `s` (the op's stream).
+    fn tell_peers(&self, s: &CudaStream) -> Result<()> {
         self.told_peers.store(true, Ordering::Release);
         match &self.coll {
-            Some(c) => c.reject(&self.stream),
+            Some(c) => c.reject(s),
             None => Ok(()),
         }
     }
@@ -496,12 +581,12 @@ impl CudaEngine {
     /// the communicator's own checks) is told to the peers like [`Self::reject`]. Errors every
     /// rank gets alike (`Unavailable`: the same selector everywhere) and failures are not
     /// refusals.
-    fn refused(&self, r: Result<()>) -> Result<()> {
+    fn refused(&self, s: &CudaStream, r: Result<()>) -> Result<()> {
         if let Err(e) = &r {
             if is_refusal(e) {
                 // The op's own error is what the caller needs; a failure to tell the peers
                 // surfaces on their side as a timeout.
-                let _ = self.tell_peers();
+                let _ = self.tell_peers(s);
             }
         }
         r
@@ -514,10 +599,10 @@ impl CudaEngine {
     }
 
     /// An op with nothing to move: a checked barrier with the kernels, nothing without them.
-    pub fn empty_op(&self, kind: OpKind, dtype: DType, reduce: Option<ReduceOp>) -> Result<()> {
-        let _l = self.begin()?;
+    pub fn empty_op(&self, stream: OpStream<'_>, kind: OpKind, dtype: DType, reduce: Option<ReduceOp>) -> Result<()> {
+        let (_l, s) = self.begin(stream)?;
         match &self.coll {
-            Some(c) => c.agree_empty(&self.stream, kind, dtype, reduce),
+            Some(c) => c.agree_empty(s, kind, dtype, reduce),
             None => Ok(()),
         }
     }
@@ -543,14 +628,14 @@ impl CudaEngine {
 }
 
 impl<T: Element + DeviceRepr + ValidAsZeroBits> NewOutput for CudaSlice<T> {
-    fn new_output(comm: &Communicator, len: usize, dtype: DType) -> Result<Self> {
+    fn new_output(on: &OnStream<'_>, len: usize, dtype: DType) -> Result<Self> {
         if dtype != T::DTYPE {
             return Err(Error::InvalidArgument(format!(
                 "result type {} asked for a {dtype} input",
                 T::DTYPE
             )));
         }
-        let stream = comm
+        let stream = on
             .stream()
             .ok_or_else(|| Error::InvalidArgument("a CudaSlice result from a host-engine communicator".into()))?;
         stream.alloc_zeros::<T>(len).map_err(drv_err("cuMemAllocAsync"))
