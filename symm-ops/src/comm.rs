@@ -28,7 +28,11 @@ pub const DEFAULT_STAGING_BYTES: usize = 10 * 1024 * 1024;
 /// How a [`Communicator`] is set up. Every rank must pass the same values
 /// (checked at setup: ranks that selected different algorithms would
 /// deadlock).
+///
+/// Built with [`CommConfig::default`] and the `with_*` setters (the struct is
+/// `#[non_exhaustive]`: fields may be added).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct CommConfig {
     /// Bytes of the persistent symmetric staging buffer plain inputs go
     /// through (in chunks when larger). Default 10 MiB.
@@ -51,6 +55,11 @@ pub struct CommConfig {
     /// `SYMM_PDL` environment variable (`1` turns it on; off otherwise).
     /// Ranks may differ in it.
     pub pdl: Option<bool>,
+    /// Largest all-reduce (and all-gather) message of the Lamport kernels, in bytes: each rank
+    /// holds three buffers of it per peer (`symm_cuda::collectives::CollectivesConfig::lamport_bytes`).
+    /// `None`: 16 MiB for two ranks (48 MiB of buffers), 16 MiB / (world - 1) above; `Some(0)`
+    /// turns the Lamport kernels off (the sizes go to the next algorithm in the table).
+    pub lamport_bytes: Option<usize>,
 }
 
 impl Default for CommConfig {
@@ -62,6 +71,7 @@ impl Default for CommConfig {
             force_engine: None,
             nccl: true,
             pdl: None,
+            lamport_bytes: None,
         }
     }
 }
@@ -99,14 +109,20 @@ impl CommConfig {
         self.pdl = Some(pdl);
         self
     }
+    /// [`Self::lamport_bytes`].
+    pub fn with_lamport_bytes(mut self, bytes: usize) -> Self {
+        self.lamport_bytes = Some(bytes);
+        self
+    }
 }
 
 impl CommConfig {
     /// What every rank must agree on: this config and the group's options.
     fn fingerprint(&self, group: &Group) -> String {
         format!(
-            "staging={} selection={:?} force={:?} nccl={} shared_devices={}",
+            "staging={} lamport={:?} selection={:?} force={:?} nccl={} shared_devices={}",
             self.staging_bytes,
+            self.lamport_bytes,
             self.selection,
             self.force_engine,
             self.nccl,

@@ -1,8 +1,8 @@
 //! What a program using symm-ops needs, in one import: `use symm_ops::prelude::*;`.
 
 pub use crate::{
-    AllGatherAlgo, AllReduceAlgo, Buf, BufMut, CommConfig, Communicator, Element, EngineKind, ReduceScatterAlgo,
-    SelectionThresholds,
+    AllGatherAlgo, AllReduceAlgo, Buf, BufMut, CommConfig, Communicator, Element, EngineKind, OnStream,
+    ReduceScatterAlgo, SelectionThresholds, SymmBuffer,
 };
 pub use symm_core::{DType, Device, DeviceType, Error, Group, ReduceOp, Result};
 
@@ -20,12 +20,14 @@ mod tests {
             .with_selection(t)
             .with_engine(EngineKind::Host)
             .with_nccl(false)
-            .with_pdl(true);
+            .with_pdl(true)
+            .with_lamport_bytes(1 << 20);
         assert_eq!(c.staging_bytes, 4096);
         assert_eq!(c.timeout, Some(Duration::from_secs(3)));
         assert_eq!(c.selection, Some(t));
         assert_eq!(c.force_engine, Some(EngineKind::Host));
         assert!(!c.nccl);
         assert_eq!(c.pdl, Some(true));
+        assert_eq!(c.lamport_bytes, Some(1 << 20));
     }
 }

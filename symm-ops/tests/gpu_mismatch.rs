@@ -178,11 +178,7 @@ fn disagree(
 /// One case on one rank: agreeing ops, then the disagreement, eager or from a graph. Returns the
 /// error this rank saw and how long it took.
 fn case(rc: &RankCtx, mech: Mech, class: Class, graph: bool) -> TestResult<String> {
-    let config = CommConfig {
-        timeout: Some(OP_TIMEOUT),
-        nccl: false,
-        ..CommConfig::default()
-    };
+    let config = CommConfig::default().with_timeout(OP_TIMEOUT).with_nccl(false);
     let name = format!("gpu-mismatch-{mech:?}-{class:?}-{graph}");
     let rig = rig(rc, &name, config)?;
     let (s, comm) = (&rig.stream, &rig.comm);

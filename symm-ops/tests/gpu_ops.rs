@@ -350,10 +350,7 @@ fn gpu_64mib(w: GpuWorld) {
     let t = Instant::now();
     let h = run(w, |rc| {
         // A short bound on every wait: a stuck op fails in seconds, naming where it waited.
-        let config = CommConfig {
-            timeout: Some(Duration::from_secs(20)),
-            ..CommConfig::default()
-        };
+        let config = CommConfig::default().with_timeout(Duration::from_secs(20));
         let rig = rig(&rc, "gpu-64mib", config)?;
         let (s, comm) = (&rig.stream, &rig.comm);
         let me = rc.rank;
@@ -491,10 +488,7 @@ fn gpu_10000_back_to_back(w: GpuWorld) {
     let rates = run(w, move |rc| {
         // A short bound on every wait, so a stuck op surfaces as an error naming where it waited
         // (this test has hung intermittently on the GPU machine; see bench-notes.md).
-        let config = CommConfig {
-            timeout: Some(Duration::from_secs(30)),
-            ..CommConfig::default()
-        };
+        let config = CommConfig::default().with_timeout(Duration::from_secs(30));
         let rig = rig(&rc, "gpu-b2b", config)?;
         let (s, comm) = (&rig.stream, &rig.comm);
         let me = rc.rank;
@@ -701,11 +695,7 @@ fn gpu_missing_rank_times_out(w: GpuWorld) {
         return;
     }
     let took = run(w, |rc| {
-        let cfg = CommConfig {
-            timeout: Some(Duration::from_secs(2)),
-            nccl: false,
-            ..CommConfig::default()
-        };
+        let cfg = CommConfig::default().with_timeout(Duration::from_secs(2)).with_nccl(false);
         let rig = rig(&rc, "gpu-timeout", cfg)?;
         let (s, comm) = (&rig.stream, &rig.comm);
         let done = format!("gpu-timeout-{}/checked", rc.launch_id);
@@ -763,10 +753,7 @@ const REPLAYS: usize = 100;
 
 fn graph_capture_case(rc: &RankCtx, pdl: bool) -> TestResult {
     const N: usize = 2048;
-    let config = CommConfig {
-        pdl: Some(pdl),
-        ..CommConfig::default()
-    };
+    let config = CommConfig::default().with_pdl(pdl);
     let rig = rig(rc, &format!("gpu-graph-{pdl}"), config)?;
     let (s, comm) = (&rig.stream, &rig.comm);
     let me = rc.rank;
@@ -861,10 +848,7 @@ fn gpu_selection_table(w: GpuWorld) {
                 Err(Error::Unavailable(_)) => {}
                 other => return Err(format!("an nccl all-reduce on a shared GPU gave {other:?}").into()),
             }
-            let nccl_only = CommConfig {
-                force_engine: Some(EngineKind::Nccl),
-                ..CommConfig::default()
-            };
+            let nccl_only = CommConfig::default().with_engine(EngineKind::Nccl);
             match Communicator::with_stream(comm.group(), rig.stream.clone(), nccl_only) {
                 Err(Error::Unavailable(m)) if m.contains("duplicate GPUs") => {}
                 other => return Err(format!("the nccl engine on a shared GPU gave {other:?}").into()),

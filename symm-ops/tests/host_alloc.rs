@@ -21,10 +21,7 @@ fn refused(bytes: usize) -> bool {
 }
 
 fn staging(bytes: usize) -> CommConfig {
-    CommConfig {
-        staging_bytes: bytes,
-        ..CommConfig::default()
-    }
+    CommConfig::default().with_staging_bytes(bytes)
 }
 
 fn expect_oom(r: symm_core::Result<Communicator>, asked: usize) -> TestResult {

@@ -25,12 +25,8 @@ const OP_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn comm(ctx: &RankCtx, name: &str) -> TestResult<Communicator> {
     let group = ctx.group(&ctx.unique(name))?;
-    let config = CommConfig {
-        timeout: Some(OP_TIMEOUT),
-        // Small staging: the larger messages run in several chunks.
-        staging_bytes: 4096,
-        ..CommConfig::default()
-    };
+    // Small staging: the larger messages run in several chunks.
+    let config = CommConfig::default().with_timeout(OP_TIMEOUT).with_staging_bytes(4096);
     Ok(Communicator::new(&group, Device::host(ctx.rank as u32), config)?)
 }
 

@@ -215,10 +215,7 @@ fn matrix(ctx: &RankCtx, sizes: &[usize], ops: &[ReduceOp]) -> TestResult<Vec<(S
     let tiny = Communicator::new(
         &group,
         dev,
-        CommConfig {
-            staging_bytes: 1000,
-            ..CommConfig::default()
-        },
+        CommConfig::default().with_staging_bytes(1000),
     )?;
     if ctx.rank == 0 {
         println!("{}", big.selection_table());
@@ -531,10 +528,7 @@ fn bad_input_is_an_error() {
             Communicator::new(
                 &group,
                 dev,
-                CommConfig {
-                    staging_bytes: 10,
-                    ..CommConfig::default()
-                },
+                CommConfig::default().with_staging_bytes(10),
             ),
             |e| matches!(e, Error::OutOfRange { .. }),
         )?;
@@ -614,10 +608,7 @@ fn bad_input_is_an_error() {
             return Err(format!("after the errors: {x:?}").into());
         }
         // Ranks passing different configurations are told so at setup.
-        let mismatched = CommConfig {
-            staging_bytes: 4096 * (1 + ctx.rank),
-            ..CommConfig::default()
-        };
+        let mismatched = CommConfig::default().with_staging_bytes(4096 * (1 + ctx.rank));
         expect_err("config mismatch", Communicator::new(&group, dev, mismatched), |e| {
             matches!(e, Error::Mismatch { .. })
         })?;
@@ -634,10 +625,7 @@ fn timeouts_and_late_ranks() {
     run_threads(2, LIMIT, |ctx| {
         symm_testkit::link();
         let group = ctx.group(&ctx.unique("ops-timeout"))?;
-        let cfg = CommConfig {
-            timeout: Some(Duration::from_secs(2)),
-            ..CommConfig::default()
-        };
+        let cfg = CommConfig::default().with_timeout(Duration::from_secs(2));
         let comm = Communicator::new(&group, Device::host(ctx.rank as u32), cfg)?;
         // Late rank: 100 ms < 2 s timeout.
         if ctx.rank == 1 {

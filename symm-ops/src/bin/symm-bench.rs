@@ -1494,10 +1494,7 @@ mod gpu {
         })?;
         measure("Communicator::with_stream (no NCCL)", 10 * MIB, &mut |i| {
             let g = Group::new(format!("{}-comm-{i}", sh.run_id), rank, world, sh.store.clone())?;
-            let cfg = CommConfig {
-                nccl: false,
-                ..CommConfig::default()
-            };
+            let cfg = CommConfig::default().with_nccl(false);
             let _c = Communicator::with_stream(&g, stream.clone(), cfg)?;
             Ok(())
         })?;
@@ -1528,11 +1525,7 @@ mod gpu {
             .any(|&op| args.algos_for(op).iter().any(|a| a.base == "auto"));
         let (comm, comm_err) = if wants_auto {
             let g = Group::new(format!("{}-comm", sh.run_id), rank, world, sh.store.clone())?;
-            let cfg = CommConfig {
-                staging_bytes: args.staging,
-                nccl: nccl_ok,
-                ..CommConfig::default()
-            };
+            let cfg = CommConfig::default().with_staging_bytes(args.staging).with_nccl(nccl_ok);
             match Communicator::with_stream(&g, stream.clone(), cfg) {
                 Ok(c) => (Some(c), String::new()),
                 Err(e) => (None, format!("communicator: {e}")),

@@ -25,6 +25,7 @@ impl Coll {
         if let Some(pdl) = config.pdl {
             c.pdl = pdl;
         }
+        c.lamport_bytes = config.lamport_bytes;
         Ok(Coll {
             inner: CudaCollectives::with_config(group, ctx, c)?,
         })
