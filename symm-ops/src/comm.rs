@@ -827,5 +827,4 @@ impl Communicator {
             )))
         }
     }
-
 }

@@ -43,10 +43,10 @@ mod setup;
 
 pub use buf::{Buf, BufMut, Element, HostIn, HostOut, RawDevicePtr};
 pub use comm::{CommConfig, Communicator, DEFAULT_STAGING_BYTES};
-pub use ops::{NewOutput, OnStream};
-pub use pool::{SymmBuffer, MIN_BLOCK_BYTES};
 #[cfg(feature = "cuda")]
 pub use device::{DeviceInput, DeviceOutput};
+pub use ops::{NewOutput, OnStream};
+pub use pool::{SymmBuffer, MIN_BLOCK_BYTES};
 pub use select::{AllGatherAlgo, AllReduceAlgo, EngineKind, ReduceScatterAlgo, SelectionThresholds};
 
 #[cfg(feature = "cuda")]

@@ -224,7 +224,9 @@ impl<'c> OnStream<'c> {
     /// elements: rank r gets the reduction of every rank's r-th segment.
     pub fn reduce_scatter<'a, O: NewOutput>(&self, input: impl Into<Buf<'a>>, op: ReduceOp) -> Result<O> {
         let input = input.into();
-        let mut out = self.comm.arg(O::new_output(self, input.len() / self.comm.world_size(), input.dtype()))?;
+        let mut out = self
+            .comm
+            .arg(O::new_output(self, input.len() / self.comm.world_size(), input.dtype()))?;
         self.reduce_scatter_out(input, out.as_output(), op)?;
         Ok(out)
     }
@@ -263,7 +265,8 @@ impl<'c> OnStream<'c> {
             #[cfg(feature = "cuda")]
             Engine::Cuda(c) => {
                 let algo = self.comm.selector.reduce_scatter(input.len() * dtype.size());
-                self.comm.run(|| c.reduce_scatter(self.stream, algo, input, output, count, dtype, op))
+                self.comm
+                    .run(|| c.reduce_scatter(self.stream, algo, input, output, count, dtype, op))
             }
         }
     }
@@ -304,7 +307,8 @@ impl<'c> OnStream<'c> {
             #[cfg(feature = "cuda")]
             Engine::Cuda(c) => {
                 let algo = self.comm.selector.all_gather(want * dtype.size());
-                self.comm.run(|| c.all_gather(self.stream, algo, input, output, count, dtype))
+                self.comm
+                    .run(|| c.all_gather(self.stream, algo, input, output, count, dtype))
             }
         }
     }

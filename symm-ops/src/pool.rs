@@ -257,6 +257,7 @@ impl Communicator {
             .as_any()
             .downcast_ref::<symm_cuda::CudaSymmetricMemory>()
             .ok_or_else(|| Error::InvalidArgument("a CUDA communicator's block is not CUDA memory".into()))?;
-        cuda.view::<T>(self.rank().get(), t.storage_offset(), len, stream).map(Some)
+        cuda.view::<T>(self.rank().get(), t.storage_offset(), len, stream)
+            .map(Some)
     }
 }

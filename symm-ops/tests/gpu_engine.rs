@@ -119,7 +119,10 @@ fn tracked_context(ordinal: usize) -> Res<Arc<CudaContext>> {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
     static CTXS: OnceLock<Mutex<HashMap<usize, Arc<CudaContext>>>> = OnceLock::new();
-    let mut map = CTXS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    let mut map = CTXS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     if let Some(c) = map.get(&ordinal) {
         return Ok(c.clone());
     }
@@ -174,16 +177,27 @@ fn worker(comm: Communicator, compute: Arc<CudaStream>, side: Arc<CudaStream>, r
         unsafe { blas.gemm(gemm_cfg(), w.view()?, x.view()?, y.view_mut()?) }?;
         match algo {
             None => comm.on(&compute).all_reduce(&mut y, ReduceOp::Sum)?,
-            Some(a) => comm.on(&compute).all_reduce_with(a, None, (&mut y).into(), ReduceOp::Sum)?,
+            Some(a) => comm
+                .on(&compute)
+                .all_reduce_with(a, None, (&mut y).into(), ReduceOp::Sum)?,
         }
-        check(&format!("rank {rank} eager {algo:?}"), &compute.synced_clone_dtoh(y.view()?)?, &want)?;
+        check(
+            &format!("rank {rank} eager {algo:?}"),
+            &compute.synced_clone_dtoh(y.view()?)?,
+            &want,
+        )?;
     }
     // Out of place from an activation into another (the zero-copy pull where it is picked).
     let mut z = comm.alloc::<f32>(M * N)?;
     // SAFETY: as above.
     unsafe { blas.gemm(gemm_cfg(), w.view()?, x.view()?, y.view_mut()?) }?;
-    comm.on(&compute).all_reduce_with(AllReduceAlgo::Pull, Some((&y).into()), (&mut z).into(), ReduceOp::Sum)?;
-    check(&format!("rank {rank} pull"), &compute.synced_clone_dtoh(z.view()?)?, &want)?;
+    comm.on(&compute)
+        .all_reduce_with(AllReduceAlgo::Pull, Some((&y).into()), (&mut z).into(), ReduceOp::Sum)?;
+    check(
+        &format!("rank {rank} pull"),
+        &compute.synced_clone_dtoh(z.view()?)?,
+        &want,
+    )?;
 
     // A graph: GEMM + all-reduce, captured with event tracking on, replayed 100 times on new
     // inputs each time it is checked.
@@ -194,7 +208,11 @@ fn worker(comm: Communicator, compute: Arc<CudaStream>, side: Arc<CudaStream>, r
     // SAFETY: as above.
     let g = unsafe { blas.gemm(gemm_cfg(), w.view()?, x.view()?, y.view_mut()?) }
         .map_err(|e| format!("{e:?}"))
-        .and_then(|()| comm.on(&compute).all_reduce(&mut y, ReduceOp::Sum).map_err(|e| e.to_string()));
+        .and_then(|()| {
+            comm.on(&compute)
+                .all_reduce(&mut y, ReduceOp::Sum)
+                .map_err(|e| e.to_string())
+        });
     let graph = compute.end_capture(CUgraphInstantiate_flags(0))?;
     g?;
     let graph = graph.ok_or("nothing captured")?;
@@ -205,7 +223,11 @@ fn worker(comm: Communicator, compute: Arc<CudaStream>, side: Arc<CudaStream>, r
     for i in 0..100 {
         graph.launch()?;
         if i % 25 == 24 {
-            check(&format!("rank {rank} replay {i}"), &compute.synced_clone_dtoh(y.view()?)?, &want1)?;
+            check(
+                &format!("rank {rank} replay {i}"),
+                &compute.synced_clone_dtoh(y.view()?)?,
+                &want1,
+            )?;
         }
     }
     let replay_us = t.elapsed().as_secs_f64() * 1e6 / 100.0;
@@ -213,7 +235,11 @@ fn worker(comm: Communicator, compute: Arc<CudaStream>, side: Arc<CudaStream>, r
     // SAFETY: as above.
     unsafe { blas.gemm(gemm_cfg(), w.view()?, x.view()?, y.view_mut()?) }?;
     comm.on(&compute).all_reduce(&mut y, ReduceOp::Sum)?;
-    check(&format!("rank {rank} eager after the graph"), &compute.synced_clone_dtoh(y.view()?)?, &want1)?;
+    check(
+        &format!("rank {rank} eager after the graph"),
+        &compute.synced_clone_dtoh(y.view()?)?,
+        &want1,
+    )?;
 
     // Ops alternating between two streams, the caller ordering nothing: the communicator
     // keeps them from overlapping. Each op has its own buffer and payload.
@@ -231,7 +257,8 @@ fn worker(comm: Communicator, compute: Arc<CudaStream>, side: Arc<CudaStream>, r
     let algos = [AllReduceAlgo::Lamport, AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot];
     for (i, b) in bufs.iter_mut().enumerate() {
         let s = if i % 2 == 0 { &compute } else { &side };
-        comm.on(s).all_reduce_with(algos[i % 3], None, b.into(), ReduceOp::Sum)?;
+        comm.on(s)
+            .all_reduce_with(algos[i % 3], None, b.into(), ReduceOp::Sum)?;
     }
     for (i, b) in bufs.iter().enumerate() {
         let want: Vec<f64> = (0..LEN)
@@ -239,11 +266,17 @@ fn worker(comm: Communicator, compute: Arc<CudaStream>, side: Arc<CudaStream>, r
             .collect();
         let s = if i % 2 == 0 { &compute } else { &side };
         side.synchronize()?;
-        check(&format!("rank {rank} two-stream op {i}"), &s.synced_clone_dtoh(b.view()?)?, &want)?;
+        check(
+            &format!("rank {rank} two-stream op {i}"),
+            &s.synced_clone_dtoh(b.view()?)?,
+            &want,
+        )?;
     }
     comm.check_error()?;
     let (blocks, used) = comm.pool_blocks();
-    Ok(format!("replay {replay_us:.1} us/iter, pool {blocks} blocks ({used} in use)"))
+    Ok(format!(
+        "replay {replay_us:.1} us/iter, pool {blocks} blocks ({used} in use)"
+    ))
 }
 
 fn gpu_engine(w: GpuWorld) {
@@ -254,11 +287,20 @@ fn gpu_engine(w: GpuWorld) {
     let ctx = |r: usize| tracked_context(if w.is_shared() { 0 } else { r });
     // One compute stream and one side stream per rank, built on this thread; the
     // communicators too, then moved into the workers.
-    let compute: Vec<Arc<CudaStream>> = (0..w.world).map(|r| ctx(r)?.new_stream().map_err(Into::into)).collect::<Res<_>>().unwrap();
-    let side: Vec<Arc<CudaStream>> = (0..w.world).map(|r| ctx(r)?.new_stream().map_err(Into::into)).collect::<Res<_>>().unwrap();
+    let compute: Vec<Arc<CudaStream>> = (0..w.world)
+        .map(|r| ctx(r)?.new_stream().map_err(Into::into))
+        .collect::<Res<_>>()
+        .unwrap();
+    let side: Vec<Arc<CudaStream>> = (0..w.world)
+        .map(|r| ctx(r)?.new_stream().map_err(Into::into))
+        .collect::<Res<_>>()
+        .unwrap();
     let config = CommConfig::default().with_timeout(Duration::from_secs(20));
     let comms = Communicator::for_streams(&compute, config).unwrap();
-    assert_eq!(comms.iter().map(|c| c.device_sharers()).max(), Some(if w.is_shared() { w.world } else { 1 }));
+    assert_eq!(
+        comms.iter().map(|c| c.device_sharers()).max(),
+        Some(if w.is_shared() { w.world } else { 1 })
+    );
     let ready = Ready::new(w.world);
     let results: Vec<Res<String>> = std::thread::scope(|s| {
         let hs: Vec<_> = comms
@@ -269,7 +311,9 @@ fn gpu_engine(w: GpuWorld) {
                 s.spawn(move || worker(comm, c, sd, ready))
             })
             .collect();
-        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a worker panicked".into()))).collect()
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a worker panicked".into())))
+            .collect()
     });
     for (r, res) in results.iter().enumerate() {
         if let Err(e) = res {

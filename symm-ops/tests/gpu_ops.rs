@@ -695,7 +695,9 @@ fn gpu_missing_rank_times_out(w: GpuWorld) {
         return;
     }
     let took = run(w, |rc| {
-        let cfg = CommConfig::default().with_timeout(Duration::from_secs(2)).with_nccl(false);
+        let cfg = CommConfig::default()
+            .with_timeout(Duration::from_secs(2))
+            .with_nccl(false);
         let rig = rig(&rc, "gpu-timeout", cfg)?;
         let (s, comm) = (&rig.stream, &rig.comm);
         let done = format!("gpu-timeout-{}/checked", rc.launch_id);

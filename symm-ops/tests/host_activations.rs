@@ -22,13 +22,18 @@ fn fill(comm: &Communicator, b: &SymmBuffer<f32>, salt: usize) -> Result<()> {
 }
 
 fn reference(world: usize, len: usize, salt: usize) -> Vec<f64> {
-    (0..len).map(|i| (0..world).map(|r| val(r, i, salt) as f64).sum()).collect()
+    (0..len)
+        .map(|i| (0..world).map(|r| val(r, i, salt) as f64).sum())
+        .collect()
 }
 
 fn check(what: &str, got: &[f32], want: &[f64]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!((g as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()), "{what}: element {i}: {g}, want {w}");
+        assert!(
+            (g as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()),
+            "{what}: element {i}: {g}, want {w}"
+        );
     }
 }
 
@@ -53,7 +58,11 @@ fn worker(comm: Communicator) -> Result<(usize, usize)> {
     y.copy_from_host(&vec![f32::NAN; len])?;
     fill(&comm, &x, 9)?;
     comm.all_reduce_out(&x, &mut y, ReduceOp::Sum)?;
-    check(&format!("rank {r} out of place"), &y.to_host()?, &reference(world, len, 9));
+    check(
+        &format!("rank {r} out of place"),
+        &y.to_host()?,
+        &reference(world, len, 9),
+    );
     // Reduce-scatter and all-gather between activations.
     let shard = 37;
     let full = comm.alloc::<f32>(shard * world)?;
@@ -61,7 +70,11 @@ fn worker(comm: Communicator) -> Result<(usize, usize)> {
     let mut part = comm.alloc::<f32>(shard)?;
     comm.reduce_scatter_out(&full, &mut part, ReduceOp::Sum)?;
     let want = reference(world, shard * world, 4);
-    check(&format!("rank {r} reduce_scatter"), &part.to_host()?, &want[r * shard..(r + 1) * shard]);
+    check(
+        &format!("rank {r} reduce_scatter"),
+        &part.to_host()?,
+        &want[r * shard..(r + 1) * shard],
+    );
     let mut gathered = comm.alloc::<f32>(shard * world)?;
     comm.all_gather_out(&part, &mut gathered)?;
     check(&format!("rank {r} all_gather"), &gathered.to_host()?, &want);
@@ -102,7 +115,11 @@ fn run(world: usize) {
     let pools: Vec<_> = handles
         .into_iter()
         .enumerate()
-        .map(|(r, h)| h.join().expect("worker").unwrap_or_else(|e| panic!("world {world} rank {r}: {e}")))
+        .map(|(r, h)| {
+            h.join()
+                .expect("worker")
+                .unwrap_or_else(|e| panic!("world {world} rank {r}: {e}"))
+        })
         .collect();
     // Every rank made the same pool decisions.
     assert!(pools.windows(2).all(|p| p[0] == p[1]), "{pools:?}");

@@ -212,11 +212,7 @@ fn matrix(ctx: &RankCtx, sizes: &[usize], ops: &[ReduceOp]) -> TestResult<Vec<(S
     let big = Communicator::new(&group, dev, CommConfig::default())?;
     // A 1000-byte staging buffer: chunks of 112 f32 / 224 f16 elements, so
     // the mid sizes run through many chunks (reduce-scatter: / world).
-    let tiny = Communicator::new(
-        &group,
-        dev,
-        CommConfig::default().with_staging_bytes(1000),
-    )?;
+    let tiny = Communicator::new(&group, dev, CommConfig::default().with_staging_bytes(1000))?;
     if ctx.rank == 0 {
         println!("{}", big.selection_table());
     }
@@ -525,11 +521,7 @@ fn bad_input_is_an_error() {
         let dev = Device::host(ctx.rank as u32);
         expect_err(
             "tiny staging",
-            Communicator::new(
-                &group,
-                dev,
-                CommConfig::default().with_staging_bytes(10),
-            ),
+            Communicator::new(&group, dev, CommConfig::default().with_staging_bytes(10)),
             |e| matches!(e, Error::OutOfRange { .. }),
         )?;
         let comm = Communicator::new(&group, dev, CommConfig::default())?;

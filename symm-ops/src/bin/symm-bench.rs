@@ -1525,7 +1525,9 @@ mod gpu {
             .any(|&op| args.algos_for(op).iter().any(|a| a.base == "auto"));
         let (comm, comm_err) = if wants_auto {
             let g = Group::new(format!("{}-comm", sh.run_id), rank, world, sh.store.clone())?;
-            let cfg = CommConfig::default().with_staging_bytes(args.staging).with_nccl(nccl_ok);
+            let cfg = CommConfig::default()
+                .with_staging_bytes(args.staging)
+                .with_nccl(nccl_ok);
             match Communicator::with_stream(&g, stream.clone(), cfg) {
                 Ok(c) => (Some(c), String::new()),
                 Err(e) => (None, format!("communicator: {e}")),

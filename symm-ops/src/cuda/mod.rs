@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
+use cudarc::driver::sys::CUstreamCaptureStatus;
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DeviceRepr, SyncOnDrop, ValidAsZeroBits,
 };
-use cudarc::driver::sys::CUstreamCaptureStatus;
 use symm_core::{DType, Device, Error, Group, OpKind, Rank, ReduceOp, Result, SymmTensor};
 
 use crate::buf::{check_symm_tensor, Buf, BufMut, Element};
@@ -321,7 +321,10 @@ impl CudaEngine {
         fallback: impl Fn(usize) -> AllReduceAlgo,
     ) -> Result<()> {
         let (_l, s) = self.begin(stream)?;
-        self.refused(s, self.all_reduce_locked(s, algo, input, output, count, dtype, op, fallback))
+        self.refused(
+            s,
+            self.all_reduce_locked(s, algo, input, output, count, dtype, op, fallback),
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -424,9 +427,7 @@ impl CudaEngine {
         };
         match algo {
             ReduceScatterAlgo::Nccl => self.nccl_on(s, |n| n.reduce_scatter(in_ptr, out_ptr, count, dtype, op)),
-            ReduceScatterAlgo::Pull => self
-                .coll()?
-                .reduce_scatter_pull(s, in_ptr, out_ptr, count, dtype, op),
+            ReduceScatterAlgo::Pull => self.coll()?.reduce_scatter_pull(s, in_ptr, out_ptr, count, dtype, op),
             ReduceScatterAlgo::Symm => self.coll()?.reduce_scatter(s, in_ptr, out_ptr, count, dtype, op),
         }
     }
