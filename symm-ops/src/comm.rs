@@ -660,7 +660,7 @@ impl Communicator {
     /// communicator is poisoned, even when every rank rejected the op (the
     /// kernels cannot tell). `Unavailable` is not a rejection there: every rank
     /// decides availability alike.
-    pub(crate) fn arg<T>(&self, r: Result<T>) -> Result<T> {
+    pub(crate) fn arg<T>(&self, stream: OpStream<'_>, r: Result<T>) -> Result<T> {
         let e = match r {
             Ok(v) => return Ok(v),
             Err(e) => e,
@@ -671,10 +671,13 @@ impl Communicator {
         // Poisoned only by what leaves the group out of step (a peer that did not reject
         // too, a timeout), not by a local refusal such as a second op at once.
         let told = match &self.engine {
-            Engine::Host(h) => h.reject().is_err_and(|e2| is_fatal(&e2)),
+            Engine::Host(h) => {
+                let _ = stream;
+                h.reject().is_err_and(|e2| is_fatal(&e2))
+            }
             #[cfg(feature = "cuda")]
             Engine::Cuda(c) => {
-                !matches!(e, Error::Unavailable(_)) && c.reject().map_or_else(|e2| is_fatal(&e2), |()| true)
+                !matches!(e, Error::Unavailable(_)) && c.reject(stream).map_or_else(|e2| is_fatal(&e2), |()| true)
             }
         };
         if told {

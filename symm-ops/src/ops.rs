@@ -25,7 +25,7 @@ use crate::select::AllReduceAlgo;
 /// `cudarc::driver::CudaSlice<T>` (CUDA engine, allocated on the
 /// communicator's stream).
 pub trait NewOutput: Sized {
-    /// A buffer of `len` elements of `dtype` for the op `on` runs (on its stream).
+    /// A buffer of `len` elements of `dtype` for the op `on` runs (allocated on its stream).
     fn new_output(on: &OnStream<'_>, len: usize, dtype: DType) -> Result<Self>;
     /// The buffer as an op output.
     fn as_output(&mut self) -> BufMut<'_>;
@@ -105,6 +105,12 @@ impl<'c> OnStream<'c> {
         self.stream.or_else(|| self.comm.stream())
     }
 
+    /// [`Communicator::arg`] for an op on this stream: a refusal is told to the peers on the
+    /// op's stream (NOTE [op-agreement]).
+    fn arg<T>(&self, r: Result<T>) -> Result<T> {
+        self.comm.arg(self.stream, r)
+    }
+
     /// The host engine has no streams: an op given one is refused.
     fn no_stream(&self) -> Result<()> {
         match self.stream {
@@ -142,7 +148,7 @@ impl<'c> OnStream<'c> {
     /// [`Self::one_shot_all_reduce_out`] in hot loops and CUDA graphs.
     pub fn one_shot_all_reduce<'a, O: NewOutput>(&self, input: impl Into<Buf<'a>>, op: ReduceOp) -> Result<O> {
         let input = input.into();
-        let mut out = self.comm.arg(O::new_output(self, input.len(), input.dtype()))?;
+        let mut out = self.arg(O::new_output(self, input.len(), input.dtype()))?;
         self.all_reduce_with(AllReduceAlgo::OneShot, Some(input), out.as_output(), op)?;
         Ok(out)
     }
@@ -185,11 +191,11 @@ impl<'c> OnStream<'c> {
     ) -> Result<()> {
         let count = output.len();
         let dtype = output.dtype();
-        self.comm.arg(check_dtype(dtype, "all_reduce"))?;
+        self.arg(check_dtype(dtype, "all_reduce"))?;
         if let Some(i) = &input {
-            self.comm.arg(check_same("all_reduce", i, &output, i.len()))?;
+            self.arg(check_same("all_reduce", i, &output, i.len()))?;
         }
-        self.comm.arg(self.comm.check_algo(algo))?;
+        self.arg(self.comm.check_algo(algo))?;
         if count == 0 {
             if let Some(r) = self.comm.empty_op(self.stream, OpKind::AllReduce, dtype, Some(op)) {
                 return r;
@@ -197,11 +203,11 @@ impl<'c> OnStream<'c> {
         }
         match &self.comm.engine {
             Engine::Host(h) => {
-                self.comm.arg(self.no_stream())?;
+                self.arg(self.no_stream())?;
                 let in_place = input.is_none();
-                let mut out = self.comm.arg(h.resolve_out(output, in_place))?;
+                let mut out = self.arg(h.resolve_out(output, in_place))?;
                 let input = match input {
-                    Some(b) => self.comm.arg(h.resolve_in(b))?,
+                    Some(b) => self.arg(h.resolve_in(b))?,
                     None => In::Output,
                 };
                 self.comm.run(|| match algo {
@@ -224,9 +230,7 @@ impl<'c> OnStream<'c> {
     /// elements: rank r gets the reduction of every rank's r-th segment.
     pub fn reduce_scatter<'a, O: NewOutput>(&self, input: impl Into<Buf<'a>>, op: ReduceOp) -> Result<O> {
         let input = input.into();
-        let mut out = self
-            .comm
-            .arg(O::new_output(self, input.len() / self.comm.world_size(), input.dtype()))?;
+        let mut out = self.arg(O::new_output(self, input.len() / self.comm.world_size(), input.dtype()))?;
         self.reduce_scatter_out(input, out.as_output(), op)?;
         Ok(out)
     }
@@ -241,15 +245,15 @@ impl<'c> OnStream<'c> {
         let (input, output) = (input.into(), output.into());
         let w = self.comm.world_size();
         let dtype = input.dtype();
-        self.comm.arg(check_dtype(dtype, "reduce_scatter"))?;
+        self.arg(check_dtype(dtype, "reduce_scatter"))?;
         if input.len() % w != 0 {
-            return self.comm.arg(Err(Error::InvalidArgument(format!(
+            return self.arg(Err(Error::InvalidArgument(format!(
                 "reduce_scatter: input of {} elements is not a multiple of the world size {w}",
                 input.len()
             ))));
         }
         let count = input.len() / w;
-        self.comm.arg(check_same("reduce_scatter", &input, &output, count))?;
+        self.arg(check_same("reduce_scatter", &input, &output, count))?;
         if count == 0 {
             if let Some(r) = self.comm.empty_op(self.stream, OpKind::ReduceScatter, dtype, Some(op)) {
                 return r;
@@ -257,9 +261,9 @@ impl<'c> OnStream<'c> {
         }
         match &self.comm.engine {
             Engine::Host(h) => {
-                self.comm.arg(self.no_stream())?;
-                let input = self.comm.arg(h.resolve_in(input))?;
-                let mut out = self.comm.arg(h.resolve_out(output, false))?;
+                self.arg(self.no_stream())?;
+                let input = self.arg(h.resolve_in(input))?;
+                let mut out = self.arg(h.resolve_out(output, false))?;
                 self.comm.run(|| h.reduce_scatter(&input, &mut out, count, dtype, op))
             }
             #[cfg(feature = "cuda")]
@@ -277,8 +281,8 @@ impl<'c> OnStream<'c> {
     /// (rank r's input at `r * input.len()`).
     pub fn all_gather<'a, O: NewOutput>(&self, input: impl Into<Buf<'a>>) -> Result<O> {
         let input = input.into();
-        let len = self.comm.arg(gathered_len(input.len(), self.comm.world_size()))?;
-        let mut out = self.comm.arg(O::new_output(self, len, input.dtype()))?;
+        let len = self.arg(gathered_len(input.len(), self.comm.world_size()))?;
+        let mut out = self.arg(O::new_output(self, len, input.dtype()))?;
         self.all_gather_out(input, out.as_output())?;
         Ok(out)
     }
@@ -288,10 +292,10 @@ impl<'c> OnStream<'c> {
         let (input, output) = (input.into(), output.into());
         let w = self.comm.world_size();
         let dtype = input.dtype();
-        self.comm.arg(check_dtype(dtype, "all_gather"))?;
+        self.arg(check_dtype(dtype, "all_gather"))?;
         let count = input.len();
-        let want = self.comm.arg(gathered_len(count, w))?;
-        self.comm.arg(check_same("all_gather", &input, &output, want))?;
+        let want = self.arg(gathered_len(count, w))?;
+        self.arg(check_same("all_gather", &input, &output, want))?;
         if count == 0 {
             if let Some(r) = self.comm.empty_op(self.stream, OpKind::AllGather, dtype, None) {
                 return r;
@@ -299,9 +303,9 @@ impl<'c> OnStream<'c> {
         }
         match &self.comm.engine {
             Engine::Host(h) => {
-                self.comm.arg(self.no_stream())?;
-                let input = self.comm.arg(h.resolve_in(input))?;
-                let mut out = self.comm.arg(h.resolve_out(output, false))?;
+                self.arg(self.no_stream())?;
+                let input = self.arg(h.resolve_in(input))?;
+                let mut out = self.arg(h.resolve_out(output, false))?;
                 self.comm.run(|| h.all_gather(&input, &mut out, count, dtype))
             }
             #[cfg(feature = "cuda")]
@@ -359,7 +363,7 @@ impl<'c> OnStream<'c> {
         let ranks = &buf[..n];
         match &self.comm.engine {
             Engine::Host(h) => {
-                self.no_stream()?;
+                self.arg(self.no_stream())?;
                 self.comm.run(|| h.barrier(ranks))
             }
             #[cfg(feature = "cuda")]

@@ -2,7 +2,7 @@
 //! communicators built at once by `Communicator::for_streams` and moved into
 //! one worker thread per rank; activations from `Communicator::alloc` written
 //! by a cuBLAS GEMM (cudarc) and all-reduced zero-copy on the engine's compute
-//! stream (`comm.on(&stream)`); GEMM + all-reduce captured in one CUDA graph
+//! stream (`comm.on(&stream)`, not the communicator's own); GEMM + all-reduce captured in one CUDA graph
 //! with the context's event tracking left on and replayed 100 times, equal to
 //! eager and to a float64 reference; ops alternating between two streams with
 //! no ordering by the caller, every result right.
@@ -296,7 +296,13 @@ fn gpu_engine(w: GpuWorld) {
         .collect::<Res<_>>()
         .unwrap();
     let config = CommConfig::default().with_timeout(Duration::from_secs(20));
-    let comms = Communicator::for_streams(&compute, config).unwrap();
+    // The communicators' own streams are neither: every op below runs on a stream given per
+    // call, so the ordering between streams is the communicator's to keep.
+    let own: Vec<Arc<CudaStream>> = (0..w.world)
+        .map(|r| ctx(r)?.new_stream().map_err(Into::into))
+        .collect::<Res<_>>()
+        .unwrap();
+    let comms = Communicator::for_streams(&own, config).unwrap();
     assert_eq!(
         comms.iter().map(|c| c.device_sharers()).max(),
         Some(if w.is_shared() { w.world } else { 1 })

@@ -3,7 +3,7 @@
 //! `for_devices` and moved in): buffers used as op inputs and outputs go zero-copy and give the
 //! float64 reference's result; a dropped buffer's block is handed out again without a
 //! rendezvous (the pool does not grow); sizes and dtypes get blocks of their own class; bad
-//! host copies are errors; ops given a CUDA stream on a host communicator are refused.
+//! host copies are errors; every rank ends with the same block counts.
 
 use std::thread;
 

@@ -1,6 +1,6 @@
 //! Adapter over symm-cuda's collective kernels ([`CudaCollectives`]):
-//! maps symm-ops' algorithm names onto the kernels' and keeps the
-//! communicator's stream as the only stream ops are enqueued on.
+//! maps symm-ops' algorithm names onto the kernels'; every op is enqueued on
+//! the stream it is given (the op's: the communicator's or `Communicator::on`'s).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -66,8 +66,14 @@ fn check_align(what: &'static str, ptr: u64, dtype: DType) -> Result<()> {
     Ok(())
 }
 
-/// The stream the communicator's last op ran on (`None` before the first).
-pub(crate) struct Last(Option<Arc<CudaStream>>);
+/// The streams the communicator's last ops ran on: the last eager op's and the last captured
+/// op's (`None` before the first). Ops are ordered after the previous op of their own kind only:
+/// a capture may not wait on work outside it, and eager work does not wait on a capture.
+#[derive(Default)]
+pub(crate) struct Last {
+    eager: Option<Arc<CudaStream>>,
+    captured: Option<Arc<CudaStream>>,
+}
 
 fn same_stream(a: &CudaStream, b: &CudaStream) -> bool {
     a.cu_stream() == b.cu_stream()
@@ -85,7 +91,7 @@ pub(crate) struct CudaEngine {
     coll: Option<Coll>,
     nccl: Option<Nccl>,
     /// One element NCCL all-reduces for a barrier when there are no kernels.
-    barrier_word: Option<CudaSlice<f32>>,
+    barrier_word: Option<(CudaSlice<f32>, u64)>,
     /// Why NCCL was asked for but is not there.
     nccl_missing: Option<String>,
     /// Held by the op running; the stream the last op ran on.
@@ -156,8 +162,13 @@ impl CudaEngine {
         } else {
             (None, None)
         };
+        // Its address taken once here: an op never goes through cudarc's event tracking for it
+        // (a barrier may run inside a capture).
         let barrier_word = if coll.is_none() {
-            Some(stream.alloc_zeros::<f32>(1).map_err(drv_err("cuMemAlloc"))?)
+            let w = stream.alloc_zeros::<f32>(1).map_err(drv_err("cuMemAlloc"))?;
+            stream.synchronize().map_err(drv_err("cuStreamSynchronize"))?;
+            let p = w.device_ptr(&stream).0;
+            Some((w, p))
         } else {
             None
         };
@@ -169,7 +180,7 @@ impl CudaEngine {
             nccl,
             barrier_word,
             nccl_missing,
-            lock: Mutex::new(Last(None)),
+            lock: Mutex::new(Last::default()),
             order,
             told_peers: AtomicBool::new(false),
         })
@@ -226,7 +237,9 @@ impl CudaEngine {
 
     /// A cudarc buffer with event tracking cannot be used in a capture: cudarc makes the op's
     /// stream wait on an event recorded before the capture began, which CUDA refuses (the
-    /// capture is invalidated). Said here, before anything is enqueued.
+    /// capture is invalidated). Said here, before the op's own work is enqueued. Whether the
+    /// buffer tracks events is read from its context's setting now (a slice allocated while
+    /// tracking was off, then switched on, is refused too).
     fn check_capturable(&self, s: &CudaStream, tracked: bool, what: &str) -> Result<()> {
         if tracked && capturing(s)? {
             return Err(Error::InvalidArgument(format!(
@@ -293,6 +306,15 @@ impl CudaEngine {
         if same_stream(s, &self.stream) {
             return f(nccl);
         }
+        if capturing(&self.stream)? {
+            return Err(Error::InvalidArgument(
+                "an NCCL op on another stream while the communicator's own stream is being captured \
+                 (NCCL runs on that stream): run it on the communicator's stream, or outside the capture"
+                    .into(),
+            ));
+        }
+        // While the op's stream is being captured the edge forks NCCL's stream into the capture
+        // and the edge back joins it again, before the lock is released.
         self.edge(s, &self.stream)?;
         let r = f(nccl);
         // Joined back even when the call failed: a capture must not end with a forked stream.
@@ -499,14 +521,12 @@ impl CudaEngine {
                 "a barrier over a subset of ranks on an nccl-only communicator".into(),
             ));
         }
-        let word = self
+        let p = self
             .barrier_word
             .as_ref()
+            .map(|(_, p)| *p)
             .ok_or_else(|| Error::Unavailable("no engine for a barrier".into()))?;
-        self.nccl_on(s, |n| {
-            let (p, _g) = word.device_ptr(&self.stream);
-            n.all_reduce(p, p, 1, DType::F32, ReduceOp::Sum)
-        })
+        self.nccl_on(s, |n| n.all_reduce(p, p, 1, DType::F32, ReduceOp::Sum))
     }
 
     pub fn register(&self, t: &SymmTensor) -> Result<()> {
@@ -539,21 +559,28 @@ impl CudaEngine {
         }
         let s = match stream {
             Some(s) => {
-                self.check_ctx(s.context(), "the op's stream")?;
+                if let Err(e) = self.check_ctx(s.context(), "the op's stream") {
+                    // A refusal of this rank's own argument: the peers' matching op must fail.
+                    let _ = self.tell_peers(&self.stream);
+                    return Err(e);
+                }
                 s
             }
             None => &self.stream,
         };
-        if let Some(prev) = &l.0 {
-            if !same_stream(prev, s) && capturing(prev)? == capturing(s)? {
-                // Ops share the workspace: never let two overlap. Streams in different capture
-                // states cannot be joined (a capture may not wait on work outside it); a graph's
-                // first op is then ordered by where the graph is launched.
+        // Ops share the workspace: never let two overlap. An eager op waits for the previous
+        // eager op's stream; an op being captured for the previous captured op's stream while
+        // that one is still being captured (one capture at a time per communicator: CUDA refuses
+        // a wait across two captures). A graph's first op is ordered by where it is launched.
+        let cap = capturing(s)?;
+        let slot = if cap { &mut l.captured } else { &mut l.eager };
+        if let Some(prev) = slot.as_ref() {
+            if !same_stream(prev, s) && (!cap || capturing(prev)?) {
                 self.edge(prev, s)?;
             }
         }
-        if l.0.as_ref().is_none_or(|p| !same_stream(p, s)) {
-            l.0 = Some(s.clone());
+        if slot.as_ref().is_none_or(|p| !same_stream(p, s)) {
+            *slot = Some(s.clone());
         }
         Ok((l, s))
     }
@@ -563,10 +590,9 @@ impl CudaEngine {
     /// communicator still poisons itself, so this rank never pairs its next op with the peers'
     /// current one. Refused, and nothing sent, while another op of this communicator runs (a
     /// local refusal).
-    pub fn reject(&self) -> Result<()> {
-        let l = self.lock()?;
-        let s = l.0.clone().unwrap_or_else(|| self.stream.clone());
-        self.tell_peers(&s)
+    pub fn reject(&self, stream: OpStream<'_>) -> Result<()> {
+        let _l = self.lock()?;
+        self.tell_peers(stream.unwrap_or(&self.stream))
     }
 
     /// [`Self::reject`] with the lock held, on `s` (the op's stream).
