@@ -702,7 +702,8 @@ impl Communicator {
     /// The ops on `stream` instead of the communicator's (CUDA engine; a stream of the
     /// communicator's device): `comm.on(&stream).all_reduce(&mut x, ReduceOp::Sum)`. Stream
     /// ordered and graph-capturable like every op; consecutive ops of the communicator on
-    /// different streams never overlap (the communicator orders them, see [`OnStream`]), and
+    /// different streams do not overlap (the communicator orders them; eager and captured ops
+    /// apart, see [`OnStream`]), and
     /// ordering an op against your own work on its stream is yours, as with NCCL.
     #[cfg(feature = "cuda")]
     pub fn on<'c>(&'c self, stream: &'c Arc<cudarc::driver::CudaStream>) -> OnStream<'c> {

@@ -2,12 +2,13 @@
 //! ([`Communicator::on`]) or on the communicator's own stream, and the
 //! communicator's op methods are [`OnStream`]'s on its own stream.
 //!
-//! Ops on different streams are ordered by the communicator: an op on a stream
-//! other than the previous op's first waits (an event, on the device) for the
-//! work queued on that stream so far, so consecutive ops never overlap even when
-//! the caller does not order the streams (ops of one communicator share its
-//! workspace). Ordering the op against the caller's own work on the new stream
-//! stays the caller's, as with NCCL.
+//! Ops on different streams are ordered by the communicator (they share its
+//! workspace): an eager op on a stream other than the previous eager op's first
+//! waits (an event, on the device) for the work queued on that stream so far,
+//! and a captured op likewise for the previous captured op's stream while it is
+//! still captured; eager and captured ops are not joined (a capture may not
+//! wait on outside work). Ordering an op against the caller's own work on its
+//! stream stays the caller's, as with NCCL.
 
 #[cfg(feature = "cuda")]
 use std::sync::Arc;

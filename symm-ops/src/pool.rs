@@ -8,8 +8,12 @@
 //! it with the engine: a collective setup step, so every rank allocates and
 //! drops buffers in the same order (as ranks running the same model code do),
 //! and then every rank takes the same block, at the same offsets, and the
-//! zero-copy paths apply. Dropping a buffer returns its block at once, without
-//! a rendezvous; blocks live as long as the communicator.
+//! zero-copy paths apply. Ranks whose pools diverge pair different blocks, which
+//! the kernels' checks (offsets and sizes within an allocation) do not see: the
+//! zero-copy paths then read the peer's paired block. Dropping a buffer returns
+//! its block at once, without a rendezvous (a graph captured on it keeps its
+//! address: keep the buffer while the graph is used); blocks live as long as
+//! the communicator.
 
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
