@@ -1,6 +1,6 @@
 //! Ranks that disagree on a collective never get `Ok` (NOTE [op-agreement]),
-//! on the host engine, with threads (worlds 2, 3 and 8) and processes (world
-//! 3): the last rank differs in element count, in dtype with the same byte
+//! on the host engine, with threads and processes (worlds 2, 3 and 8): the
+//! last rank differs in element count, in dtype with the same byte
 //! count, in reduce operator, in the op itself, skips an op, or rejects its
 //! own argument. Every rank gets an error well within the op's deadline (no
 //! timeout: the disagreement is seen in the op's first exchange), the
@@ -168,18 +168,29 @@ fn mismatch_threads_w8() {
     threads(8);
 }
 
-#[test]
-fn mismatch_processes_w3() {
+/// Every class with the ranks as processes of `world` (each re-executes this test binary).
+fn processes(name: &str, world: usize) {
     if let Some(ctx) = child_ctx().unwrap() {
         let lines = body(&ctx).unwrap();
-        println!(
-            "SUMMARY host_mismatch_processes_w3 rank {} ok: {}",
-            ctx.rank,
-            lines.join("; ")
-        );
+        println!("SUMMARY host_{name} rank {} ok: {}", ctx.rank, lines.join("; "));
         return;
     }
-    run_processes("mismatch_processes_w3", 3, LIMIT).unwrap();
+    run_processes(name, world, LIMIT).unwrap();
+}
+
+#[test]
+fn mismatch_processes_w2() {
+    processes("mismatch_processes_w2", 2);
+}
+
+#[test]
+fn mismatch_processes_w3() {
+    processes("mismatch_processes_w3", 3);
+}
+
+#[test]
+fn mismatch_processes_w8() {
+    processes("mismatch_processes_w8", 8);
 }
 
 /// Two jobs of two ranks on one store with the same group name, joining interleaved: with job
