@@ -284,6 +284,11 @@ impl Buf<'_> {
             Buf::Raw(r) => r.dtype,
         }
     }
+    /// Whether resolving it makes the op's stream wait on a cudarc event ([`crate::DeviceInput::tracks_events`]).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn tracks_events(&self) -> bool {
+        matches!(self, Buf::Device(d) if d.tracks_events())
+    }
     pub(crate) fn kind(&self) -> &'static str {
         match self {
             Buf::Symm(_) => "Symm",
@@ -317,6 +322,11 @@ impl BufMut<'_> {
             BufMut::Device(d) => d.dtype(),
             BufMut::Raw(r) => r.dtype,
         }
+    }
+    /// As [`Buf::tracks_events`].
+    #[cfg(feature = "cuda")]
+    pub(crate) fn tracks_events(&self) -> bool {
+        matches!(self, BufMut::Device(d) if d.tracks_events())
     }
     pub(crate) fn kind(&self) -> &'static str {
         match self {

@@ -23,8 +23,8 @@ use crate::host::In;
 use crate::select::AllReduceAlgo;
 
 /// A result an out-of-place op allocates: `Vec<T>` (host engine) or
-/// `cudarc::driver::CudaSlice<T>` (CUDA engine, allocated on the
-/// communicator's stream).
+/// `cudarc::driver::CudaSlice<T>` (CUDA engine, allocated on the op's
+/// stream).
 pub trait NewOutput: Sized {
     /// A buffer of `len` elements of `dtype` for the op `on` runs (allocated on its stream).
     fn new_output(on: &OnStream<'_>, len: usize, dtype: DType) -> Result<Self>;

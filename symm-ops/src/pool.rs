@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use symm_core::{empty_p2p, get_symmetric_memory, DType, Error, Result, SymmTensor};
 
 use crate::buf::{Buf, BufMut, Element};
-use crate::comm::{Communicator, Engine};
+use crate::comm::{try_zeroed, Communicator, Engine};
 
 /// The smallest block the pool allocates (a CUDA backend rounds every
 /// allocation up to its granularity, 2 MiB on an H100, anyway).
@@ -111,27 +111,20 @@ impl<T: Element> SymmBuffer<T> {
     /// which do not block other rank threads (NOTE [pageable-copies]).
     pub fn copy_from_host(&self, src: &[T]) -> Result<()> {
         self.check_len(src.len())?;
-        let mut bytes = Vec::new();
-        bytes
-            .try_reserve_exact(src.len() * T::DTYPE.size())
-            .map_err(|e| Error::OutOfMemory {
-                device: "host".into(),
-                detail: format!("staging {} elements: {e}", src.len()),
-            })?;
-        bytes.resize(src.len() * T::DTYPE.size(), 0);
-        for (v, o) in src.iter().zip(bytes.chunks_exact_mut(T::DTYPE.size())) {
-            v.write_le(o);
-        }
+        let mut bytes = try_zeroed::<u8>(src.len() * T::DTYPE.size(), "a buffer write")?;
+        T::host_in(src).encode(0, src.len(), &mut bytes);
         let mem = self.memory()?;
         mem.write_bytes(mem.rank(), self.tensor.storage_offset(), &bytes)
     }
 
     /// The buffer's elements, read synchronously (see [`Self::copy_from_host`]).
     pub fn to_host(&self) -> Result<Vec<T>> {
-        let mut bytes = crate::comm::try_zeroed::<u8>(self.len() * T::DTYPE.size(), "a buffer read")?;
+        let mut bytes = try_zeroed::<u8>(self.len() * T::DTYPE.size(), "a buffer read")?;
         let mem = self.memory()?;
         mem.read_bytes(mem.rank(), self.tensor.storage_offset(), &mut bytes)?;
-        Ok(bytes.chunks_exact(T::DTYPE.size()).map(T::read_le).collect())
+        let mut out = try_zeroed::<T>(self.len(), "a buffer read")?;
+        T::host_out(&mut out).decode(0, &bytes);
+        Ok(out)
     }
 
     fn check_len(&self, n: usize) -> Result<()> {
@@ -257,9 +250,7 @@ impl Communicator {
             return Ok(None);
         };
         let mem = get_symmetric_memory(t).ok_or(Error::NotRendezvoused)?;
-        let cuda = mem
-            .as_any()
-            .downcast_ref::<symm_cuda::CudaSymmetricMemory>()
+        let cuda = symm_cuda::as_cuda(mem.as_ref())
             .ok_or_else(|| Error::InvalidArgument("a CUDA communicator's block is not CUDA memory".into()))?;
         cuda.view::<T>(self.rank().get(), t.storage_offset(), len, stream)
             .map(Some)

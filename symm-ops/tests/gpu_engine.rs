@@ -13,14 +13,15 @@
 
 mod common;
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::gpu::gate;
+use common::gpu::{gate, tracked_context};
+use symm_core::symm_store::{HashStore, Store, StoreExchange};
 use symm_core::ReduceOp;
 use symm_ops::cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
 use symm_ops::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use symm_ops::cudarc::driver::{CudaContext, CudaStream};
+use symm_ops::cudarc::driver::CudaStream;
 use symm_ops::symm_cuda::streams::HostCopies;
 use symm_ops::{AllReduceAlgo, CommConfig, Communicator};
 use symm_testkit::GpuWorld;
@@ -75,61 +76,23 @@ fn check(what: &str, got: &[f32], want: &[f64]) -> Res {
     Ok(())
 }
 
-/// A barrier of the worker threads that gives up after a while (a rank that failed never
-/// arrives), so that no rank does per-op setup (module loading, graph instantiation) while a
-/// peer's kernel may wait for it (NOTE [co-residency]).
+/// A barrier of the worker threads over an in-process store (it gives up at the timeout, naming
+/// the ranks that never came), so that no rank does per-op setup (module loading, graph
+/// instantiation) while a peer's kernel may wait for it (NOTE [co-residency]).
 struct Ready {
+    store: Arc<dyn Store>,
     world: usize,
-    state: Mutex<(usize, u64)>,
-    cv: Condvar,
 }
 
 impl Ready {
-    fn new(world: usize) -> Self {
-        Ready {
-            world,
-            state: Mutex::new((0, 0)),
-            cv: Condvar::new(),
-        }
-    }
-    fn wait(&self) -> Res {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let generation = st.1;
-        st.0 += 1;
-        if st.0 == self.world {
-            *st = (0, generation + 1);
-            self.cv.notify_all();
-            return Ok(());
-        }
-        let (st, t) = self
-            .cv
-            .wait_timeout_while(st, Duration::from_secs(60), |st| st.1 == generation)
-            .unwrap_or_else(|e| e.into_inner());
-        drop(st);
-        if t.timed_out() {
-            return Err("a peer never reached the barrier (it failed: see its error)".into());
-        }
+    fn wait(&self, rank: usize, step: &str) -> Res {
+        StoreExchange::new(self.store.clone(), format!("gpu-engine/ready/{step}")).barrier(
+            rank,
+            self.world,
+            Duration::from_secs(60),
+        )?;
         Ok(())
     }
-}
-
-/// One context object per GPU for this test process, event tracking left on (cudarc's
-/// default): the symm ops below must capture without turning it off.
-fn tracked_context(ordinal: usize) -> Res<Arc<CudaContext>> {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    static CTXS: OnceLock<Mutex<HashMap<usize, Arc<CudaContext>>>> = OnceLock::new();
-    let mut map = CTXS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    if let Some(c) = map.get(&ordinal) {
-        return Ok(c.clone());
-    }
-    let ctx = CudaContext::new(ordinal)?;
-    assert!(ctx.is_event_tracking());
-    map.insert(ordinal, ctx.clone());
-    Ok(ctx)
 }
 
 /// Row-major `y = x * w` through column-major cuBLAS: `y^T = w^T * x^T`.
@@ -167,7 +130,7 @@ fn worker(comm: Communicator, compute: Arc<CudaStream>, side: Arc<CudaStream>, r
     // SAFETY: the views hold M*K, K*N and M*N f32 elements, as the config says.
     unsafe { blas.gemm(gemm_cfg(), w.view()?, x.view()?, y.view_mut()?) }?;
     compute.synced_clone_dtoh(y.view()?)?;
-    ready.wait()?;
+    ready.wait(rank, "cublas-warm")?;
 
     // Eager: GEMM into the activation, all-reduce it in place on the compute stream (the
     // one-shot pull reads peers' registered inputs in place; in place it is the auto pick).
@@ -217,7 +180,7 @@ fn worker(comm: Communicator, compute: Arc<CudaStream>, side: Arc<CudaStream>, r
     g?;
     let graph = graph.ok_or("nothing captured")?;
     compute.synced_clone_dtoh(y.view()?)?;
-    ready.wait()?;
+    ready.wait(rank, "graph-built")?;
     let want1 = expected(world, 1);
     let t = Instant::now();
     for i in 0..100 {
@@ -253,7 +216,7 @@ fn worker(comm: Communicator, compute: Arc<CudaStream>, side: Arc<CudaStream>, r
         s.synced_memcpy_htod(&h, b.view_mut()?)?;
         bufs.push(b);
     }
-    ready.wait()?;
+    ready.wait(rank, "buffers-filled")?;
     let algos = [AllReduceAlgo::Lamport, AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot];
     for (i, b) in bufs.iter_mut().enumerate() {
         let s = if i % 2 == 0 { &compute } else { &side };
@@ -307,7 +270,10 @@ fn gpu_engine(w: GpuWorld) {
         comms.iter().map(|c| c.device_sharers()).max(),
         Some(if w.is_shared() { w.world } else { 1 })
     );
-    let ready = Ready::new(w.world);
+    let ready = Ready {
+        store: HashStore::new(Duration::from_secs(60)),
+        world: w.world,
+    };
     let results: Vec<Res<String>> = std::thread::scope(|s| {
         let hs: Vec<_> = comms
             .into_iter()

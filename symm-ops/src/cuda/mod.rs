@@ -66,11 +66,13 @@ fn check_align(what: &'static str, ptr: u64, dtype: DType) -> Result<()> {
     Ok(())
 }
 
-/// The streams the communicator's last ops ran on: the last eager op's and the last captured
-/// op's (`None` before the first). Ops are ordered after the previous op of their own kind only:
-/// a capture may not wait on work outside it, and eager work does not wait on a capture.
+/// The streams the communicator's last ops ran on (`None` before the first): the last op's, and,
+/// as of the last switch of streams, the last eager op's and the last captured op's. Ops are
+/// ordered after the previous op of their own kind only: a capture may not wait on work outside
+/// it, and eager work does not wait on a capture.
 #[derive(Default)]
 pub(crate) struct Last {
+    recent: Option<Arc<CudaStream>>,
     eager: Option<Arc<CudaStream>>,
     captured: Option<Arc<CudaStream>>,
 }
@@ -166,7 +168,6 @@ impl CudaEngine {
         // (a barrier may run inside a capture).
         let barrier_word = if coll.is_none() {
             let w = stream.alloc_zeros::<f32>(1).map_err(drv_err("cuMemAlloc"))?;
-            stream.synchronize().map_err(drv_err("cuStreamSynchronize"))?;
             let p = w.device_ptr(&stream).0;
             Some((w, p))
         } else {
@@ -240,13 +241,16 @@ impl CudaEngine {
     /// capture is invalidated). Said here, before the op's own work is enqueued. Whether the
     /// buffer tracks events is read from its context's setting now (a slice allocated while
     /// tracking was off, then switched on, is refused too).
-    fn check_capturable(&self, s: &CudaStream, tracked: bool, what: &str) -> Result<()> {
+    /// One driver query per op, and only when a buffer tracks events.
+    fn check_capturable(&self, s: &CudaStream, input: Option<&Buf<'_>>, output: &BufMut<'_>) -> Result<()> {
+        let tracked = input.is_some_and(Buf::tracks_events) || output.tracks_events();
         if tracked && capturing(s)? {
-            return Err(Error::InvalidArgument(format!(
-                "{what}: a cudarc buffer with event tracking in a CUDA graph capture (cudarc would make the \
+            return Err(Error::InvalidArgument(
+                "a cudarc buffer with event tracking in a CUDA graph capture (cudarc would make the \
                  capture wait on an event recorded outside it); use a buffer from Communicator::alloc, \
                  or disable event tracking on the context"
-            )));
+                    .into(),
+            ));
         }
         Ok(())
     }
@@ -259,7 +263,6 @@ impl CudaEngine {
             }
             Buf::Device(d) => {
                 self.check_ctx(d.context(), "input")?;
-                self.check_capturable(s, d.tracks_events(), "input")?;
                 let (p, g) = d.read_ptr(s);
                 check_align("input pointer", p, d.dtype())?;
                 Ok((p, Some(g)))
@@ -282,7 +285,6 @@ impl CudaEngine {
             }
             BufMut::Device(d) => {
                 self.check_ctx(d.context(), "output")?;
-                self.check_capturable(s, d.tracks_events(), "output")?;
                 let dtype = d.dtype();
                 let (p, g) = d.write_ptr(s);
                 check_align("output pointer", p, dtype)?;
@@ -361,6 +363,7 @@ impl CudaEngine {
         op: ReduceOp,
         fallback: impl Fn(usize) -> AllReduceAlgo,
     ) -> Result<()> {
+        self.check_capturable(s, input.as_ref(), &output)?;
         let (out_ptr, _g_out) = self.dst(s, &mut output)?;
         let (in_ptr, _g_in) = match &input {
             Some(b) => self.src(s, b)?,
@@ -428,6 +431,7 @@ impl CudaEngine {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
+        self.check_capturable(s, Some(&input), &output)?;
         let (out_ptr, _g_out) = self.dst(s, &mut output)?;
         let (in_ptr, _g_in) = self.src(s, &input)?;
         // The pull reads the peers' inputs in place: it needs the input in registered symmetric
@@ -477,6 +481,7 @@ impl CudaEngine {
         count: usize,
         dtype: DType,
     ) -> Result<()> {
+        self.check_capturable(s, Some(&input), &output)?;
         let (out_ptr, _g_out) = self.dst(s, &mut output)?;
         let (in_ptr, _g_in) = self.src(s, &input)?;
         // The copy engine wins only zero-copy: a push into a registered output, or a pull from a
@@ -572,16 +577,23 @@ impl CudaEngine {
         // eager op's stream; an op being captured for the previous captured op's stream while
         // that one is still being captured (one capture at a time per communicator: CUDA refuses
         // a wait across two captures). A graph's first op is ordered by where it is launched.
+        // The launch path: the same stream as the op before it is ordered by the stream itself,
+        // with no driver call. Only a switch of streams asks which streams are being captured.
+        if l.recent.as_ref().is_some_and(|r| same_stream(r, s)) {
+            return Ok((l, s));
+        }
+        if let Some(r) = l.recent.take() {
+            let slot = if capturing(&r)? { &mut l.captured } else { &mut l.eager };
+            *slot = Some(r);
+        }
         let cap = capturing(s)?;
-        let slot = if cap { &mut l.captured } else { &mut l.eager };
-        if let Some(prev) = slot.as_ref() {
-            if !same_stream(prev, s) && (!cap || capturing(prev)?) {
+        let prev = if cap { &l.captured } else { &l.eager };
+        if let Some(prev) = prev {
+            if !same_stream(prev, s) && capturing(prev)? == cap {
                 self.edge(prev, s)?;
             }
         }
-        if slot.as_ref().is_none_or(|p| !same_stream(p, s)) {
-            *slot = Some(s.clone());
-        }
+        l.recent = Some(s.clone());
         Ok((l, s))
     }
 

@@ -82,10 +82,32 @@ pub fn rig(rc: &RankCtx, name: &str, config: CommConfig) -> TestResult<Rig> {
 }
 
 /// One context object per GPU for the whole test process, so that rank streams come from one
-/// pool and the process's stream count stays flat (NOTE [stream-budget]).
+/// pool and the process's stream count stays flat (NOTE [stream-budget]). cudarc's event
+/// tracking is off on it.
 pub fn test_context(ordinal: usize) -> TestResult<Arc<CudaContext>> {
-    static CTXS: OnceLock<Mutex<HashMap<usize, Arc<CudaContext>>>> = OnceLock::new();
-    let mut map = CTXS
+    static CTXS: Contexts = OnceLock::new();
+    cached_context(&CTXS, ordinal, |ctx| {
+        // SAFETY: every cudarc buffer of these tests is used on its rank's stream only
+        // (the host reads results after synchronising it), so cudarc's
+        // cross-stream events are not needed; without them the ops can be
+        // captured in a CUDA graph (a capturing stream may not wait on events
+        // recorded outside the capture).
+        unsafe { ctx.disable_event_tracking() };
+    })
+}
+
+/// [`test_context`]'s twin with cudarc's event tracking left on (its default), for the tests
+/// whose ops must capture without turning it off.
+pub fn tracked_context(ordinal: usize) -> TestResult<Arc<CudaContext>> {
+    static CTXS: Contexts = OnceLock::new();
+    cached_context(&CTXS, ordinal, |ctx| assert!(ctx.is_event_tracking()))
+}
+
+type Contexts = OnceLock<Mutex<HashMap<usize, Arc<CudaContext>>>>;
+
+/// The context object of `ordinal` in `ctxs`, made (and set up by `init`) on first use.
+fn cached_context(ctxs: &Contexts, ordinal: usize, init: impl FnOnce(&CudaContext)) -> TestResult<Arc<CudaContext>> {
+    let mut map = ctxs
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|e| e.into_inner());
@@ -94,12 +116,7 @@ pub fn test_context(ordinal: usize) -> TestResult<Arc<CudaContext>> {
         return Ok(c.clone());
     }
     let ctx = CudaContext::new(ordinal)?;
-    // SAFETY: every cudarc buffer of these tests is used on its rank's stream only
-    // (the host reads results after synchronising it), so cudarc's
-    // cross-stream events are not needed; without them the ops can be
-    // captured in a CUDA graph (a capturing stream may not wait on events
-    // recorded outside the capture).
-    unsafe { ctx.disable_event_tracking() };
+    init(&ctx);
     map.insert(ordinal, ctx.clone());
     Ok(ctx)
 }
