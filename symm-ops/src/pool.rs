@@ -192,7 +192,8 @@ impl Communicator {
                 value: len as u64,
                 limit: (usize::MAX / 2 / dtype.size()) as u64,
             })?;
-        let (block, in_use) = {
+        // The lease is taken the moment a block is claimed: an error after it gives the block back.
+        let (block, lease) = {
             let mut blocks = self.pool.blocks.lock().unwrap_or_else(|e| e.into_inner());
             let free = blocks.iter().find(|b| {
                 b.dtype == dtype
@@ -202,22 +203,25 @@ impl Communicator {
                         .is_ok()
             });
             match free {
-                Some(b) => (b.tensor.narrow(0, len)?, b.in_use.clone()),
+                Some(b) => {
+                    let lease = Lease(b.in_use.clone());
+                    (b.tensor.narrow(0, len)?, lease)
+                }
                 None => {
                     let tensor = self.new_block(bytes / dtype.size(), dtype)?;
-                    let view = tensor.narrow(0, len)?;
                     let in_use = Arc::new(AtomicBool::new(true));
+                    let lease = Lease(in_use.clone());
+                    let view = tensor.narrow(0, len)?;
                     blocks.push(Block {
                         dtype,
                         bytes,
                         tensor,
-                        in_use: in_use.clone(),
+                        in_use,
                     });
-                    (view, in_use)
+                    (view, lease)
                 }
             }
         };
-        let lease = Lease(in_use);
         Ok(SymmBuffer {
             #[cfg(feature = "cuda")]
             view: self.cuda_view::<T>(&block, len)?,
