@@ -30,6 +30,7 @@
 pub mod agree;
 pub mod allocator;
 pub mod connectivity;
+pub mod epilogue;
 pub mod error;
 pub mod fault;
 pub mod group;

@@ -619,6 +619,69 @@ __device__ __forceinline__ unsigned long long coll_ws(const CollWs8& w, unsigned
                   : (i < 6u ? (i == 4u ? w.w4 : w.w5) : (i == 6u ? w.w6 : w.w7));
 }
 
+// Lamport op header (NOTE [op-agreement]): the thread of vector 0 stores this op's header into
+// every peer's HDR[idx][jr] and clears its own HDR[(idx+2)%3][*] (the previous op's headers).
+__device__ __forceinline__ void coll_lam_push_header(const CollWs8& wsv, char* ws, unsigned int rank,
+                                                     unsigned int world, unsigned int idx,
+                                                     unsigned long long hdr_off, const uint4& hdr) {
+    const unsigned int w1 = world - 1u;
+    const uint4 sentinel = make_uint4(COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL);
+    for (unsigned int l = 0; l < w1; ++l) {
+        const unsigned int p = (rank + 1 + l) % world;
+        const unsigned int jr = world - 2 - l;
+        coll_st_v4(reinterpret_cast<char*>(coll_ws(wsv, p)) + hdr_off + ((unsigned long long)idx * w1 + jr) * 16ull,
+                   hdr);
+        coll_st_v4(ws + hdr_off + ((unsigned long long)((idx + 2u) % 3u) * w1 + l) * 16ull, sentinel);
+    }
+}
+
+// Polls vector v of the own Lamport buffer `mine` (slot l at l * slot_bytes) until no peer's
+// lanes are the sentinel, into pv[l]; vector 0 also waits for every peer's op header in
+// HDR[idx][*] (at `hdrs`) and compares it with `hdr` (a difference latches SYMM_ERR_OP_MISMATCH).
+// False when the wait gave up. NP: the peer slots the unrolled loop visits (>= world - 1).
+template <int DT, int NP>
+__device__ __forceinline__ bool coll_lam_poll(uint4 (&pv)[COLL_MAXW - 1], const char* mine,
+                                              unsigned long long slot_bytes, unsigned long long v, const char* hdrs,
+                                              unsigned int idx, const uint4& hdr, unsigned int rank,
+                                              unsigned int world, CollWait& w, unsigned int* st,
+                                              unsigned long long& deadline) {
+    const unsigned int w1 = world - 1u;
+    unsigned int pending = (1u << w1) - 1u;
+    if (v == 0ull) {
+        pending |= pending << 8;
+    }
+    unsigned int polls = 0;
+    while (pending != 0u) {
+#pragma unroll
+        for (int l = 0; l < NP; ++l) {
+            if (pending & (1u << l)) {
+                pv[l] = coll_ld_volatile_v4(mine + (unsigned long long)l * slot_bytes + v * 16);
+                if (!coll_pending<DT>(pv[l])) {
+                    pending &= ~(1u << l);
+                }
+            }
+            if (pending & (0x100u << l)) {
+                const uint4 h = coll_ld_volatile_v4(hdrs + ((unsigned long long)idx * w1 + l) * 16ull);
+                if (h.x != COLL_SENTINEL && h.y != COLL_SENTINEL && h.z != COLL_SENTINEL && h.w != COLL_SENTINEL) {
+                    if (!coll_v4_eq(h, hdr)) {
+                        coll_latch_disagreement(w, st, SYMM_ERR_OP_MISMATCH, COLL_MISMATCH_HEADER,
+                                                (rank + 1 + l) % world, h, hdr);
+                        return false;
+                    }
+                    pending &= ~(0x100u << l);
+                }
+            }
+        }
+        if (pending != 0u && (++polls % SYMM_CHECK_EVERY) == 0u) {
+            coll_start_deadline(deadline, w);
+            if (coll_poll_gives_up(polls, deadline, w)) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 // MODE >= 0 and W > 0 fix the mode and the world size at compile time (the specialised
 // two-rank entries: a fraction of the generic kernel's code, so a cold instruction cache costs
 // less at every launch); MODE < 0 / W == 0 take them from the arguments.
@@ -696,14 +759,7 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
     auto push = [&](unsigned long long v, uint4 xv) {
         const long long nvalid = (long long)(count - v * VE);
         if (v == 0ull) {
-            // The op header goes with vector 0 (thread 0), the previous op's headers are cleared.
-            for (unsigned int l = 0; l < w1; ++l) {
-                const unsigned int p = (rank + 1 + l) % world;
-                const unsigned int jr = world - 2 - l;
-                coll_st_v4(reinterpret_cast<char*>(coll_ws(wsv, p)) + hdr_off + ((unsigned long long)idx * w1 + jr) * 16ull,
-                           hdr);
-                coll_st_v4(ws + hdr_off + ((unsigned long long)((idx + 2u) % 3u) * w1 + l) * 16ull, sentinel);
-            }
+            coll_lam_push_header(wsv, ws, rank, world, idx, hdr_off, hdr);
         }
         if (!one_vec) {
             for (unsigned int l = 0; l < w1; ++l) {
@@ -737,40 +793,8 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
         const long long nvalid = (long long)(count - v * VE);
         const uint4 own = coll_canon<DT>(coll_load<DT>(own_in + v * 16, nvalid, al_own));
         uint4 pv[COLL_MAXW - 1];
-        unsigned int pending = (1u << w1) - 1u;
-        // Vector 0 also waits for the peers' op headers (bits 8 + l) and compares them.
-        if (v == 0ull) {
-            pending |= pending << 8;
-        }
-        unsigned int polls = 0;
-        while (pending != 0u) {
-#pragma unroll
-            for (int l = 0; l < NP; ++l) {
-                if (pending & (1u << l)) {
-                    pv[l] = coll_ld_volatile_v4(mine + (unsigned long long)l * slot_bytes + v * 16);
-                    if (!coll_pending<DT>(pv[l])) {
-                        pending &= ~(1u << l);
-                    }
-                }
-                if (pending & (0x100u << l)) {
-                    const uint4 h = coll_ld_volatile_v4(ws + hdr_off + ((unsigned long long)idx * w1 + l) * 16ull);
-                    if (h.x != COLL_SENTINEL && h.y != COLL_SENTINEL && h.z != COLL_SENTINEL &&
-                        h.w != COLL_SENTINEL) {
-                        if (!coll_v4_eq(h, hdr)) {
-                            coll_latch_disagreement(w, st, SYMM_ERR_OP_MISMATCH, COLL_MISMATCH_HEADER,
-                                                    (rank + 1 + l) % world, h, hdr);
-                            return false;
-                        }
-                        pending &= ~(0x100u << l);
-                    }
-                }
-            }
-            if (pending != 0u && (++polls % SYMM_CHECK_EVERY) == 0u) {
-                coll_start_deadline(deadline, w);
-                if (coll_poll_gives_up(polls, deadline, w)) {
-                    return false;
-                }
-            }
+        if (!coll_lam_poll<DT, NP>(pv, mine, slot_bytes, v, ws + hdr_off, idx, hdr, rank, world, w, st, deadline)) {
+            return false;
         }
         if (mode == COLL_MODE_AG) {
             const bool al = al_out && al_part;
@@ -1607,3 +1631,6 @@ extern "C" __global__ void symm_coll_take_error(unsigned int* err, unsigned int*
         *out = atomicExch(err, 0u);
     }
 }
+
+// All-reduce epilogues (residual add, RMSNorm): NOTE [fused-epilogue].
+#include "epilogue.cuh"

@@ -23,6 +23,7 @@
 
 mod agree;
 pub mod args;
+mod epilogue;
 pub mod layout;
 pub mod plan;
 
@@ -40,6 +41,7 @@ use crate::driver::mem::{dtod_async, dtoh_sync, memset_d32_async};
 use crate::driver::{self, bind, from_driver};
 use crate::{kernels, knobs};
 
+pub use epilogue::{epilogue_threads, Epilogue, Epilogues};
 pub use layout::WorkspaceLayout;
 pub use plan::{AllGatherPath, AllReduceAlgo, GridBudget, ReduceScatterAlgo, RingMode, Selection, Tuning};
 
@@ -119,6 +121,8 @@ struct Fns {
     pull: [CudaFunction; 3],
     /// Two-rank pull entries per dtype, in `lamport2_index` order.
     pull2: [Vec<CudaFunction>; 3],
+    /// The Lamport one-shot with the residual / RMSNorm epilogue, per dtype.
+    lamport_epi: [CudaFunction; 3],
     barrier: CudaFunction,
     reject: CudaFunction,
     take_error: CudaFunction,
@@ -203,6 +207,7 @@ pub struct CudaCollectives {
     control: Arc<CudaStream>,
     ce: Mutex<CeState>,
     registered: RwLock<Vec<Registered>>,
+    epilogues: Epilogues,
 }
 
 impl std::fmt::Debug for CudaCollectives {
@@ -366,6 +371,11 @@ impl CudaCollectives {
             ],
             pull: [get("symm_pull_f32")?, get("symm_pull_f16")?, get("symm_pull_bf16")?],
             pull2: two_rank("pull2")?,
+            lamport_epi: [
+                get("symm_lamport_add_rms_f32")?,
+                get("symm_lamport_add_rms_f16")?,
+                get("symm_lamport_add_rms_bf16")?,
+            ],
             barrier: get("symm_coll_barrier")?,
             reject: get("symm_coll_reject")?,
             take_error: get("symm_coll_take_error")?,
@@ -427,6 +437,7 @@ impl CudaCollectives {
         for (d, &p) in direct.pads.iter_mut().zip(mem.signal_pad_ptrs()) {
             *d = p;
         }
+        let epilogues = Epilogues::load(ctx, config.pdl)?;
         Ok(CudaCollectives {
             direct,
             group: group.clone(),
@@ -450,6 +461,7 @@ impl CudaCollectives {
             control,
             ce: Mutex::new(ce),
             registered: RwLock::new(Vec::new()),
+            epilogues,
         })
     }
 

@@ -64,15 +64,40 @@ pub fn common_header() -> String {
     )
 }
 
-/// The full text NVRTC compiles for `src` with `defines`.
+/// The full text NVRTC compiles for `src` with `defines`: [`common_header`], the defines, then
+/// the file, whose `#include "name.cuh"` lines are replaced by the embedded header `name.cuh`
+/// (one level; NVRTC is given no include path).
 pub fn full_source(src: &KernelSource, defines: &str) -> String {
+    let mut body = String::with_capacity(src.source.len());
+    for (i, line) in src.source.lines().enumerate() {
+        let header = line
+            .trim()
+            .strip_prefix("#include \"")
+            .and_then(|rest| rest.strip_suffix(".cuh\""))
+            .and_then(|stem| HEADERS.iter().find(|h| h.name == stem));
+        match header {
+            Some(h) => {
+                body.push_str(&format!("#line 1 \"{}.cuh\"\n{}\n", h.name, h.source));
+                body.push_str(&format!("#line {} \"{}.cu\"\n", i + 2, src.name));
+            }
+            None => {
+                body.push_str(line);
+                body.push('\n');
+            }
+        }
+    }
     format!(
         "{}\n#line 1 \"<defines>\"\n{}\n#line 1 \"{}.cu\"\n{}",
         common_header(),
         defines,
         src.name,
-        src.source
+        body
     )
+}
+
+/// Every embedded `.cuh` header a kernel file may include (not `common.cuh`).
+pub fn headers() -> &'static [KernelSource] {
+    HEADERS
 }
 
 /// `Ok(())` if libnvrtc can be loaded, else [`Error::Unavailable`] with the reason.

@@ -152,6 +152,14 @@ impl HostIn<'_> {
             HostIn::BF16(_) => DType::BF16,
         }
     }
+    /// The first element's address.
+    pub(crate) fn address(&self) -> u64 {
+        match self {
+            HostIn::F32(s) => s.as_ptr() as u64,
+            HostIn::F16(s) => s.as_ptr() as u64,
+            HostIn::BF16(s) => s.as_ptr() as u64,
+        }
+    }
     /// Little-endian bytes of elements `[e0, e0 + n)` into `out` (`n * size` bytes).
     pub(crate) fn encode(&self, e0: usize, n: usize, out: &mut [u8]) {
         match self {
@@ -178,6 +186,14 @@ impl HostOut<'_> {
             HostOut::F32(_) => DType::F32,
             HostOut::F16(_) => DType::F16,
             HostOut::BF16(_) => DType::BF16,
+        }
+    }
+    /// The first element's address.
+    pub(crate) fn address(&self) -> u64 {
+        match self {
+            HostOut::F32(s) => s.as_ptr() as u64,
+            HostOut::F16(s) => s.as_ptr() as u64,
+            HostOut::BF16(s) => s.as_ptr() as u64,
         }
     }
     pub(crate) fn encode(&self, e0: usize, n: usize, out: &mut [u8]) {
@@ -286,6 +302,17 @@ impl Buf<'_> {
     }
     /// Whether resolving it makes the op's stream wait on a cudarc event ([`crate::DeviceInput::tracks_events`]).
     #[cfg(feature = "cuda")]
+    /// The first byte's address (host or device); 0 for a cudarc buffer (its address needs a
+    /// stream). Used to compare buffers for overlap.
+    pub(crate) fn address(&self) -> u64 {
+        match self {
+            Buf::Symm(t) => t.ptr(),
+            Buf::Host(h) => h.address(),
+            #[cfg(feature = "cuda")]
+            Buf::Device(_) => 0,
+            Buf::Raw(r) => r.ptr,
+        }
+    }
     pub(crate) fn tracks_events(&self) -> bool {
         matches!(self, Buf::Device(d) if d.tracks_events())
     }
@@ -325,6 +352,17 @@ impl BufMut<'_> {
     }
     /// As [`Buf::tracks_events`].
     #[cfg(feature = "cuda")]
+    /// The first byte's address (host or device); 0 for a cudarc buffer (its address needs a
+    /// stream). Used to compare buffers for overlap.
+    pub(crate) fn address(&self) -> u64 {
+        match self {
+            BufMut::Symm(t) => t.ptr(),
+            BufMut::Host(h) => h.address(),
+            #[cfg(feature = "cuda")]
+            BufMut::Device(_) => 0,
+            BufMut::Raw(r) => r.ptr,
+        }
+    }
     pub(crate) fn tracks_events(&self) -> bool {
         matches!(self, BufMut::Device(d) if d.tracks_events())
     }

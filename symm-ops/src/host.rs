@@ -108,6 +108,18 @@ impl Out<'_> {
 }
 
 impl In<'_> {
+    /// The same input, borrowed again.
+    pub(crate) fn reborrow(&self) -> In<'_> {
+        match self {
+            In::Host(h) => In::Host(*h),
+            In::Symm { mem, offset } => In::Symm {
+                mem: mem.clone(),
+                offset: *offset,
+            },
+            In::Output => In::Output,
+        }
+    }
+
     /// The zero-copy source, if the input lies in symmetric memory.
     fn zero_copy(&self, out: &Out<'_>) -> Option<(Arc<dyn SymmetricMemory>, usize)> {
         match (self, out) {
@@ -391,6 +403,45 @@ impl HostEngine {
             e0 += n;
         }
         Ok(())
+    }
+
+    /// Element bytes `[e0, e0 + n)` of this rank's input `i` (`out`: where an in-place input is).
+    pub(crate) fn read_in(
+        &self,
+        i: &In<'_>,
+        out: Option<&Out<'_>>,
+        e0: usize,
+        n: usize,
+        dtype: DType,
+        bytes: &mut [u8],
+    ) -> Result<()> {
+        let es = dtype.size();
+        match (i, out) {
+            (In::Host(h), _) => {
+                h.encode(e0, n, &mut bytes[..n * es]);
+                Ok(())
+            }
+            (In::Symm { mem, offset }, _) => mem.read_bytes(mem.rank(), offset + e0 * es, &mut bytes[..n * es]),
+            (In::Output, Some(o)) => self.read_out(o, e0, n, dtype, bytes),
+            (In::Output, None) => Err(Error::InvalidArgument("internal: an in-place input without its output".into())),
+        }
+    }
+
+    /// Element bytes `[e0, e0 + n)` of this rank's output `o`.
+    pub(crate) fn read_out(&self, o: &Out<'_>, e0: usize, n: usize, dtype: DType, bytes: &mut [u8]) -> Result<()> {
+        let es = dtype.size();
+        match o {
+            Out::Host(h) => {
+                h.encode(e0, n, &mut bytes[..n * es]);
+                Ok(())
+            }
+            Out::Symm { mem, offset } => mem.read_bytes(mem.rank(), offset + e0 * es, &mut bytes[..n * es]),
+        }
+    }
+
+    /// Writes element bytes at element `e0` of this rank's output `o`.
+    pub(crate) fn write_out(&self, o: &mut Out<'_>, e0: usize, dtype: DType, bytes: &[u8]) -> Result<()> {
+        o.store_bytes(e0, bytes, dtype)
     }
 
     /// Elements `[lo, hi)` of a chunk of `n` that rank `r` reduces.

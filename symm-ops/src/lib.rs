@@ -32,6 +32,7 @@ mod comm;
 mod cuda;
 #[cfg(feature = "cuda")]
 mod device;
+mod epilogue;
 mod host;
 mod local;
 mod ops;
@@ -43,6 +44,7 @@ mod setup;
 
 pub use buf::{Buf, BufMut, Element, HostIn, HostOut, RawDevicePtr};
 pub use comm::{CommConfig, Communicator, DEFAULT_STAGING_BYTES};
+pub use epilogue::{EpilogueAlgo, RmsNorm};
 #[cfg(feature = "cuda")]
 pub use device::{DeviceInput, DeviceOutput};
 pub use ops::{NewOutput, OnStream};

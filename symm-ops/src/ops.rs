@@ -94,6 +94,11 @@ impl<'c> OnStream<'c> {
         }
     }
 
+    /// The stream the op was given (`None`: the communicator's own).
+    pub(crate) fn stream_arg(&self) -> OpStream<'c> {
+        self.stream
+    }
+
     /// The communicator.
     pub fn comm(&self) -> &'c Communicator {
         self.comm
@@ -108,12 +113,12 @@ impl<'c> OnStream<'c> {
 
     /// [`Communicator::arg`] for an op on this stream: a refusal is told to the peers on the
     /// op's stream (NOTE [op-agreement]).
-    fn arg<T>(&self, r: Result<T>) -> Result<T> {
+    pub(crate) fn arg<T>(&self, r: Result<T>) -> Result<T> {
         self.comm.arg(self.stream, r)
     }
 
     /// The host engine has no streams: an op given one is refused.
-    fn no_stream(&self) -> Result<()> {
+    pub(crate) fn no_stream(&self) -> Result<()> {
         match self.stream {
             None => Ok(()),
             Some(_) => Err(Error::InvalidArgument(

@@ -308,6 +308,17 @@ impl Selector {
         }
     }
 
+    /// How an all-reduce epilogue of `bytes` runs (NOTE [fused-epilogue]): fused into the
+    /// Lamport one-shot where the all-reduce table picks Lamport (and at world 1, where nothing
+    /// is exchanged), else the table's all-reduce then the epilogue kernel.
+    pub fn epilogue(&self, bytes: usize, world: usize) -> crate::EpilogueAlgo {
+        match self.all_reduce(bytes) {
+            _ if self.symm && self.engine == EngineKind::Cuda && world == 1 => crate::EpilogueAlgo::Fused,
+            AllReduceAlgo::Lamport => crate::EpilogueAlgo::Fused,
+            a => crate::EpilogueAlgo::Separate(a),
+        }
+    }
+
     /// What runs instead of [`AllReduceAlgo::Pull`] when the input cannot be read in
     /// place (not registered, or the output overlaps it): the table without the copy engine.
     pub fn fallback_all_reduce(&self, bytes: usize) -> AllReduceAlgo {

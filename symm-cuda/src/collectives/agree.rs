@@ -29,10 +29,14 @@ pub enum Mechanism {
     CeTwoShot = 6,
     /// Nothing to move: a barrier that compares the headers' check word.
     Empty = 7,
+    /// The Lamport one-shot with the residual add (NOTE [fused-epilogue]).
+    LamportResidual = 8,
+    /// The Lamport one-shot with the residual add and RMSNorm.
+    LamportResidualNorm = 9,
 }
 
 impl Mechanism {
-    const ALL: [Mechanism; 7] = [
+    const ALL: [Mechanism; 9] = [
         Mechanism::Lamport,
         Mechanism::Ring,
         Mechanism::TwoShot,
@@ -40,6 +44,8 @@ impl Mechanism {
         Mechanism::Pull,
         Mechanism::CeTwoShot,
         Mechanism::Empty,
+        Mechanism::LamportResidual,
+        Mechanism::LamportResidualNorm,
     ];
 
     fn name(self) -> &'static str {
@@ -51,6 +57,8 @@ impl Mechanism {
             Mechanism::Pull => "pull",
             Mechanism::CeTwoShot => "copy_engine_two_shot",
             Mechanism::Empty => "empty",
+            Mechanism::LamportResidual => "lamport_residual",
+            Mechanism::LamportResidualNorm => "lamport_residual_rms_norm",
         }
     }
 }

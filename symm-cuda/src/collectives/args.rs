@@ -112,7 +112,7 @@ pub fn pull(c: &Common, d: &Direct, state: u64, p: &Pull, bound: &Bound) -> [Ker
 pub struct OpHeader(pub [u32; 4]);
 
 impl OpHeader {
-    fn args(&self) -> [KernelArg; 2] {
+    pub(crate) fn args(&self) -> [KernelArg; 2] {
         let w = self.0;
         [
             KernelArg::U64(u64::from(w[0]) | (u64::from(w[1]) << 32)),

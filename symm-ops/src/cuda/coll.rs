@@ -31,6 +31,21 @@ impl Coll {
         })
     }
 
+    /// The separate epilogue kernels (NOTE [fused-epilogue]).
+    pub fn epilogues(&self) -> &symm_cuda::collectives::Epilogues {
+        self.inner.epilogues()
+    }
+
+    /// The Lamport one-shot with the epilogue fused in.
+    pub fn lamport_epilogue(
+        &self,
+        stream: &CudaStream,
+        input: u64,
+        e: &symm_cuda::collectives::Epilogue,
+    ) -> Result<()> {
+        self.inner.lamport_epilogue(stream, input, e)
+    }
+
     /// Largest payload the Lamport algorithm takes.
     pub fn lamport_max_bytes(&self) -> usize {
         self.inner.lamport_max_bytes()

@@ -5,6 +5,7 @@
 //! allocation, no store traffic, so ops can be captured in a CUDA graph.
 
 mod coll;
+mod epilogue;
 pub(crate) mod nccl;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,6 +23,7 @@ use crate::comm::CommConfig;
 use crate::ops::{NewOutput, OnStream, OpStream};
 use crate::select::{AllGatherAlgo, AllReduceAlgo, ReduceScatterAlgo};
 use coll::Coll;
+use symm_cuda::collectives::Epilogues;
 use nccl::Nccl;
 
 fn drv_err(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
@@ -104,6 +106,9 @@ pub(crate) struct CudaEngine {
     order: CudaEvent,
     /// Set when this engine told its peers it rejected an op ([`Self::take_told_peers`]).
     told_peers: AtomicBool,
+    /// The separate epilogue kernels of an NCCL-only engine (the kernels' own otherwise), or
+    /// why they could not be loaded.
+    own_epilogues: Option<std::result::Result<Epilogues, String>>,
 }
 
 /// An error that means this rank refused its own arguments for an op its peers may be running.
@@ -174,6 +179,11 @@ impl CudaEngine {
             None
         };
         let order = stream.context().new_event(None).map_err(drv_err("cuEventCreate"))?;
+        // NCCL only: the epilogue kernels without the collectives' workspace (NVRTC may be
+        // missing where NCCL is not; then only the epilogue ops are unavailable).
+        let own_epilogues = coll.is_none().then(|| {
+            Epilogues::load(stream.context(), config.pdl.unwrap_or_else(symm_cuda::knobs::pdl)).map_err(|e| e.to_string())
+        });
         Ok(CudaEngine {
             device,
             stream,
@@ -184,6 +194,7 @@ impl CudaEngine {
             lock: Mutex::new(Last::default()),
             order,
             told_peers: AtomicBool::new(false),
+            own_epilogues,
         })
     }
 
@@ -215,6 +226,15 @@ impl CudaEngine {
             .as_ref()
             .ok_or_else(|| Error::Unavailable("symmetric-memory kernels on an nccl-only communicator".into()))
     }
+    /// The separate epilogue kernels (NOTE [fused-epilogue]).
+    fn epilogue_kernels(&self) -> Result<&Epilogues> {
+        match (&self.coll, &self.own_epilogues) {
+            (Some(c), _) => Ok(c.epilogues()),
+            (None, Some(Ok(e))) => Ok(e),
+            (None, Some(Err(why))) => Err(Error::Unavailable(format!("the all-reduce epilogue kernels: {why}"))),
+            (None, None) => Err(Error::Unavailable("the all-reduce epilogue kernels".into())),
+        }
+    }
     fn nccl(&self) -> Result<&Nccl> {
         self.nccl
             .as_ref()
@@ -243,7 +263,12 @@ impl CudaEngine {
     /// tracking was off, then switched on, is refused too).
     /// One driver query per op, and only when a buffer tracks events.
     fn check_capturable(&self, s: &CudaStream, input: Option<&Buf<'_>>, output: &BufMut<'_>) -> Result<()> {
-        let tracked = input.is_some_and(Buf::tracks_events) || output.tracks_events();
+        self.check_capturable_if(s, input.is_some_and(Buf::tracks_events) || output.tracks_events())
+    }
+
+    /// [`Self::check_capturable`] for an op whose buffers `tracked` says whether any tracks
+    /// events.
+    fn check_capturable_if(&self, s: &CudaStream, tracked: bool) -> Result<()> {
         if tracked && capturing(s)? {
             return Err(Error::InvalidArgument(
                 "a cudarc buffer with event tracking in a CUDA graph capture (cudarc would make the \

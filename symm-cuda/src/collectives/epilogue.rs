@@ -1,0 +1,270 @@
+//! All-reduce epilogues: residual add and RMSNorm over `[rows, hidden]`, as a kernel of its own
+//! after any all-reduce ([`Epilogues`]) or fused into the Lamport one-shot
+//! ([`CudaCollectives::lamport_epilogue`]). NOTE [fused-epilogue] in `kernels/epilogue.cuh`
+//! holds the numerics and the aliasing rules; `symm_core::epilogue` the checks.
+
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
+use symm_core::epilogue::{Buffers, Rows, MAX_ROW_VECTORS};
+use symm_core::{Error, OpKind, ReduceOp, Result};
+
+use super::agree::{header, Mechanism};
+use super::{cfg, kernel_dtype, CudaCollectives};
+use crate::driver::launch::{launch_with, KernelArg, Launch};
+use crate::driver::{self, bind};
+use crate::kernels;
+
+/// Most vectors of a row one thread holds (`EPI_MAXV` in epilogue.cuh).
+const MAX_VECTORS_PER_THREAD: usize = 8;
+/// Most threads of an epilogue block (`COLL_MAX_THREADS`).
+const MAX_THREADS: usize = 512;
+/// `flags` bit: compute the RMSNorm (`EPI_NORM`).
+const EPI_NORM: u32 = 1;
+
+const _: () = assert!(MAX_ROW_VECTORS == MAX_THREADS * MAX_VECTORS_PER_THREAD);
+
+/// The block of one row: `(threads, vectors per thread)`, a function of the row's vector count
+/// alone, so the fused and the separate kernel reduce a row's squares in the same order.
+pub fn epilogue_threads(vectors_per_row: usize) -> (u32, u32) {
+    let threads = vectors_per_row.div_ceil(32).max(1) * 32;
+    let threads = threads.min(MAX_THREADS);
+    (threads as u32, vectors_per_row.div_ceil(threads).max(1) as u32)
+}
+
+/// What an epilogue reads besides the sum and writes: device addresses, checked by
+/// [`Buffers::check`] before any launch.
+#[derive(Debug, Clone, Copy)]
+pub struct Epilogue {
+    pub rows: Rows,
+    pub residual: u64,
+    /// The RMSNorm weight (`hidden` elements); `None`: the residual add alone.
+    pub weight: Option<u64>,
+    pub residual_out: u64,
+    /// Where the normalised rows go (with `weight`).
+    pub norm_out: u64,
+    pub eps: f32,
+}
+
+impl Epilogue {
+    /// Checks the buffers against `x` (the op's input: its partial sums).
+    pub fn check(&self, op: &'static str, x: u64) -> Result<()> {
+        let bytes = self.rows.bytes();
+        let span = |what, addr| symm_core::epilogue::Span { what, addr, bytes };
+        for (what, p) in [("x", x), ("residual", self.residual), ("residual_out", self.residual_out)] {
+            if p == 0 {
+                return Err(Error::InvalidArgument(format!("{op}: {what} is a null device address")));
+            }
+        }
+        if self.weight.is_some() && self.norm_out == 0 {
+            return Err(Error::InvalidArgument(format!("{op}: norm_out is a null device address")));
+        }
+        if !self.eps.is_finite() || self.eps < 0.0 {
+            return Err(Error::InvalidArgument(format!(
+                "{op}: eps {} is not a finite non-negative number",
+                self.eps
+            )));
+        }
+        Buffers {
+            x: span("x", x),
+            residual: span("residual", self.residual),
+            weight: self.weight.map(|w| symm_core::epilogue::Span {
+                what: "weight",
+                addr: w,
+                bytes: self.rows.hidden() * self.rows.dtype().size(),
+            }),
+            residual_out: span("residual_out", self.residual_out),
+            norm_out: self.weight.map(|_| span("norm_out", self.norm_out)),
+        }
+        .check(op)
+    }
+
+    /// The arguments every epilogue kernel ends with: residual, weight, residual_out, norm_out,
+    /// eps, flags.
+    fn tail(&self) -> [KernelArg; 6] {
+        [
+            KernelArg::U64(self.residual),
+            KernelArg::U64(self.weight.unwrap_or(0)),
+            KernelArg::U64(self.residual_out),
+            KernelArg::U64(if self.weight.is_some() { self.norm_out } else { 0 }),
+            KernelArg::F32(self.eps),
+            KernelArg::U32(if self.weight.is_some() { EPI_NORM } else { 0 }),
+        ]
+    }
+
+    fn grid(&self, blocks: u32) -> LaunchConfig {
+        let (threads, _) = epilogue_threads(self.rows.vectors_per_row());
+        cfg((self.rows.rows().min(blocks as usize)) as u32, threads)
+    }
+
+    fn geometry(&self) -> [KernelArg; 3] {
+        let vr = self.rows.vectors_per_row();
+        let (_, k) = epilogue_threads(vr);
+        [
+            KernelArg::U64(self.rows.rows() as u64),
+            KernelArg::U32(vr as u32),
+            KernelArg::U32(k),
+        ]
+    }
+}
+
+/// The separate epilogue kernel (`symm_add_rms_{dt}`) of one context: what runs after an
+/// all-reduce that is not the fused Lamport one (another symm algorithm, NCCL, the host's copy).
+/// Needs no workspace, so an NCCL-only communicator has one too.
+pub struct Epilogues {
+    fns: [CudaFunction; 3],
+    how: Launch,
+    sm_count: u32,
+}
+
+impl std::fmt::Debug for Epilogues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Epilogues").field("pdl", &self.how.pdl).finish_non_exhaustive()
+    }
+}
+
+impl Epilogues {
+    /// Loads the kernels (the collectives module: NVRTC, cached) into `ctx`; `pdl` as
+    /// `CollectivesConfig::pdl` (used where the device supports it).
+    pub fn load(ctx: &Arc<CudaContext>, pdl: bool) -> Result<Epilogues> {
+        bind(ctx)?;
+        let module = kernels::load(ctx, kernels::source("collectives")?, "")?;
+        let get = |dt: &str| driver::load_function(&module, &format!("symm_add_rms_{dt}"));
+        let sm = driver::attribute(
+            ctx.cu_device(),
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )?;
+        Ok(Epilogues {
+            fns: [get("f32")?, get("f16")?, get("bf16")?],
+            how: Launch {
+                pdl: pdl && driver::supports_pdl(ctx.cu_device())?,
+            },
+            sm_count: u32::try_from(sm).unwrap_or(1).max(1),
+        })
+    }
+
+    /// The epilogue over `sum` (the all-reduced rows; may be `e.norm_out` or `e.residual_out`,
+    /// which are read before they are written), on `stream`. `x` is the op's input, for the
+    /// aliasing checks (pass `sum` when the sum was computed in place).
+    pub fn launch(&self, stream: &CudaStream, x: u64, sum: u64, e: &Epilogue) -> Result<()> {
+        let op = "all-reduce epilogue";
+        let dt = kernel_dtype(e.rows.dtype(), op)?;
+        e.check(op, x)?;
+        if sum % 16 != 0 {
+            return Err(Error::Misaligned {
+                what: "all-reduced sum",
+                value: sum,
+                align: 16,
+            });
+        }
+        if e.rows.rows() == 0 {
+            return Ok(());
+        }
+        let [rows, vr, k] = e.geometry();
+        let [res, w, ro, no, eps, flags] = e.tail();
+        let a = [KernelArg::U64(sum), res, w, ro, no, rows, vr, k, eps, flags];
+        launch_with(stream, &self.fns[dt], e.grid(self.sm_count), &a, self.how)
+    }
+}
+
+impl CudaCollectives {
+    /// The separate epilogue kernels of this context (see [`Epilogues`]).
+    pub fn epilogues(&self) -> &Epilogues {
+        &self.epilogues
+    }
+
+    /// Largest `[rows, hidden]` message (bytes) [`Self::lamport_epilogue`] takes: the Lamport
+    /// buffers' (any at world 1).
+    pub fn lamport_epilogue_max_bytes(&self) -> usize {
+        self.lamport_max_bytes()
+    }
+
+    /// The Lamport one-shot all-reduce (sum) of `input` with the epilogue `e` applied to each
+    /// row as it completes, in one kernel (NOTE [fused-epilogue]). Every rank passes the same
+    /// geometry and the same mechanism in the same op order (NOTE [op-agreement]: the header
+    /// carries the op, a fused op against another op latches a mismatch).
+    pub fn lamport_epilogue(&self, stream: &CudaStream, input: u64, e: &Epilogue) -> Result<()> {
+        let op = "all_reduce_residual_rms_norm";
+        self.check_stream(stream)?;
+        let dt = kernel_dtype(e.rows.dtype(), op)?;
+        e.check(op, input)?;
+        let bytes = e.rows.bytes();
+        if self.world > 1 && bytes > self.layout.lamport_max_bytes() {
+            return Err(Error::OutOfRange {
+                what: "fused all-reduce epilogue bytes (the Lamport buffers)",
+                value: bytes as u64,
+                limit: self.layout.lamport_max_bytes() as u64,
+            });
+        }
+        if e.rows.rows() == 0 {
+            return Ok(());
+        }
+        let mech = if e.weight.is_some() {
+            Mechanism::LamportResidualNorm
+        } else {
+            Mechanism::LamportResidual
+        };
+        let hdr = header(OpKind::AllReduce, e.rows.dtype(), e.rows.count(), Some(ReduceOp::Sum), mech);
+        let [h0, h1] = hdr.args();
+        let d = &self.direct;
+        let [rows, vr, k] = e.geometry();
+        let [res, w, ro, no, eps, flags] = e.tail();
+        let a = [
+            KernelArg::U64(d.ws[0]),
+            KernelArg::U64(d.ws[1]),
+            KernelArg::U64(d.ws[2]),
+            KernelArg::U64(d.ws[3]),
+            KernelArg::U64(d.ws[4]),
+            KernelArg::U64(d.ws[5]),
+            KernelArg::U64(d.ws[6]),
+            KernelArg::U64(d.ws[7]),
+            KernelArg::U64(d.pads[self.rank % d.pads.len()]),
+            KernelArg::U32(self.rank as u32),
+            KernelArg::U32(self.world as u32),
+            KernelArg::U64(input),
+            rows,
+            vr,
+            k,
+            KernelArg::U64(self.layout.lamport_off as u64),
+            KernelArg::U64(self.layout.lamport_slot_bytes as u64),
+            KernelArg::U64(self.timeout_ns),
+            KernelArg::U64(self.abort_host),
+            KernelArg::U64(self.layout.lamport_headers_off() as u64),
+            h0,
+            h1,
+            res,
+            w,
+            ro,
+            no,
+            eps,
+            flags,
+        ];
+        // One block per row while the grid budget allows (all blocks resident: NOTE
+        // [co-residency]).
+        self.launch_coll(stream, &self.fns.lamport_epi[dt], e.grid(self.grid.blocks), &a)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_of_a_row() {
+        // hidden 4096 bf16: 512 vectors, one per thread; 8192: two; 128: one warp.
+        assert_eq!(epilogue_threads(512), (512, 1));
+        assert_eq!(epilogue_threads(1024), (512, 2));
+        assert_eq!(epilogue_threads(16), (32, 1));
+        assert_eq!(epilogue_threads(1), (32, 1));
+        assert_eq!(epilogue_threads(MAX_ROW_VECTORS), (512, 8));
+        assert_eq!(epilogue_threads(100), (128, 1));
+        for vr in 1..=MAX_ROW_VECTORS {
+            let (t, k) = epilogue_threads(vr);
+            assert!(t % 32 == 0 && t as usize <= MAX_THREADS);
+            assert!((t * k) as usize >= vr && k as usize <= MAX_VECTORS_PER_THREAD, "{vr}");
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! The CUDA engine's all-reduce epilogues (NOTE [fused-epilogue]): the fused Lamport kernel, or
+//! an all-reduce (any, NCCL included) into the sum's place followed by the epilogue kernel.
+
+use cudarc::driver::CudaStream;
+use symm_core::epilogue::Rows;
+use symm_core::{Error, ReduceOp, Result};
+use symm_cuda::collectives::Epilogue;
+
+use super::CudaEngine;
+use crate::buf::{Buf, BufMut, RawDevicePtr};
+use crate::epilogue::{EpiArgs, EpilogueAlgo, ResArg, SumAt, XArg};
+use crate::ops::OpStream;
+use crate::select::AllReduceAlgo;
+
+fn internal() -> Error {
+    Error::InvalidArgument("internal: an epilogue buffer went missing".into())
+}
+
+impl CudaEngine {
+    /// One epilogue op on the op's stream; `fallback` as for [`Self::all_reduce`].
+    pub fn epilogue(
+        &self,
+        stream: OpStream<'_>,
+        algo: EpilogueAlgo,
+        a: EpiArgs<'_>,
+        rows: Rows,
+        fallback: impl Fn(usize) -> AllReduceAlgo,
+    ) -> Result<()> {
+        let (_l, s) = self.begin(stream)?;
+        self.refused(s, self.epilogue_locked(s, algo, a, rows, fallback))
+    }
+
+    fn epilogue_locked(
+        &self,
+        s: &CudaStream,
+        algo: EpilogueAlgo,
+        a: EpiArgs<'_>,
+        rows: Rows,
+        fallback: impl Fn(usize) -> AllReduceAlgo,
+    ) -> Result<()> {
+        let (op, sum_at, eps) = (a.op(), a.sum_at(), a.eps());
+        let EpiArgs { x, residual, norm, .. } = a;
+        let (x_in, mut x_mut) = match x {
+            XArg::In(b) => (Some(b), None),
+            XArg::Mut(b) => (None, Some(b)),
+        };
+        let (r_in, mut r_out) = match residual {
+            ResArg::Apart(r, o) => (Some(r), o),
+            ResArg::InPlace(r) => (None, r),
+        };
+        let (weight, mut n_out) = match norm {
+            Some((w, _, o)) => (Some(w), o),
+            None => (None, None),
+        };
+        let tracked = x_in.as_ref().is_some_and(Buf::tracks_events)
+            || x_mut.as_ref().is_some_and(BufMut::tracks_events)
+            || r_in.as_ref().is_some_and(Buf::tracks_events)
+            || r_out.tracks_events()
+            || weight.as_ref().is_some_and(Buf::tracks_events)
+            || n_out.as_ref().is_some_and(BufMut::tracks_events);
+        self.check_capturable_if(s, tracked)?;
+        let (x_ptr, _gx) = match (&x_in, &mut x_mut) {
+            (Some(b), _) => self.src(s, b)?,
+            (None, Some(b)) => self.dst(s, b)?,
+            (None, None) => return Err(internal()),
+        };
+        let (ro_ptr, _gro) = self.dst(s, &mut r_out)?;
+        let (r_ptr, _gr) = match &r_in {
+            Some(b) => self.src(s, b)?,
+            None => (ro_ptr, None),
+        };
+        let (w_ptr, _gw) = match &weight {
+            Some(b) => {
+                let (p, g) = self.src(s, b)?;
+                (Some(p), g)
+            }
+            None => (None, None),
+        };
+        let (n_ptr, _gn) = match &mut n_out {
+            Some(b) => self.dst(s, b)?,
+            None if w_ptr.is_some() => (x_ptr, None),
+            None => (0, None),
+        };
+        let e = Epilogue {
+            rows,
+            residual: r_ptr,
+            weight: w_ptr,
+            residual_out: ro_ptr,
+            norm_out: n_ptr,
+            eps,
+        };
+        e.check(op, x_ptr)?;
+        match algo {
+            EpilogueAlgo::Separate(ar) => {
+                let (count, dtype) = (rows.count(), rows.dtype());
+                let target = match sum_at {
+                    SumAt::X => x_ptr,
+                    SumAt::NormOut => n_ptr,
+                    SumAt::ResidualOut => ro_ptr,
+                };
+                let input = (target != x_ptr).then(|| Buf::Raw(RawDevicePtr::new(x_ptr, count, dtype)));
+                let output = BufMut::Raw(RawDevicePtr::new(target, count, dtype));
+                self.all_reduce_locked(s, ar, input, output, count, dtype, ReduceOp::Sum, fallback)?;
+                self.epilogue_kernels()?.launch(s, x_ptr, target, &e)
+            }
+            _ => self.coll()?.lamport_epilogue(s, x_ptr, &e),
+        }
+    }
+}
