@@ -14,6 +14,7 @@ use symm_core::{
 };
 
 use crate::buf::{Buf, BufMut};
+use crate::epilogue::RmsNorm;
 use crate::host::HostEngine;
 use crate::ops::{NewOutput, OnStream, OpStream};
 use crate::select::{
@@ -808,6 +809,50 @@ impl Communicator {
     /// group with `None`. Every rank in the subset calls it.
     pub fn barrier(&self, ranks: Option<&[usize]>) -> Result<()> {
         self.ops().barrier(ranks)
+    }
+
+    /// All-reduce + residual + RMSNorm: [`OnStream::all_reduce_residual_rms_norm`].
+    pub fn all_reduce_residual_rms_norm<'a>(
+        &self,
+        x: impl Into<Buf<'a>>,
+        residual: impl Into<Buf<'a>>,
+        norm: RmsNorm<'a>,
+        norm_out: impl Into<BufMut<'a>>,
+        residual_out: impl Into<BufMut<'a>>,
+    ) -> Result<()> {
+        self.ops()
+            .all_reduce_residual_rms_norm(x, residual, norm, norm_out, residual_out)
+    }
+
+    /// In place: [`OnStream::all_reduce_residual_rms_norm_in_place`].
+    pub fn all_reduce_residual_rms_norm_in_place<'a>(
+        &self,
+        x: impl Into<BufMut<'a>>,
+        residual: impl Into<BufMut<'a>>,
+        norm: RmsNorm<'a>,
+    ) -> Result<()> {
+        self.ops().all_reduce_residual_rms_norm_in_place(x, residual, norm)
+    }
+
+    /// All-reduce + residual: [`OnStream::all_reduce_residual`].
+    pub fn all_reduce_residual<'a>(
+        &self,
+        x: impl Into<Buf<'a>>,
+        residual: impl Into<Buf<'a>>,
+        out: impl Into<BufMut<'a>>,
+        hidden: usize,
+    ) -> Result<()> {
+        self.ops().all_reduce_residual(x, residual, out, hidden)
+    }
+
+    /// In place: [`OnStream::all_reduce_residual_in_place`].
+    pub fn all_reduce_residual_in_place<'a>(
+        &self,
+        x: impl Into<BufMut<'a>>,
+        residual: impl Into<BufMut<'a>>,
+        hidden: usize,
+    ) -> Result<()> {
+        self.ops().all_reduce_residual_in_place(x, residual, hidden)
     }
 
     pub(crate) fn check_algo(&self, algo: AllReduceAlgo) -> Result<()> {

@@ -1,8 +1,8 @@
 //! What a program using symm-ops needs, in one import: `use symm_ops::prelude::*;`.
 
 pub use crate::{
-    AllGatherAlgo, AllReduceAlgo, Buf, BufMut, CommConfig, Communicator, Element, EngineKind, OnStream,
-    ReduceScatterAlgo, SelectionThresholds, SymmBuffer,
+    AllGatherAlgo, AllReduceAlgo, Buf, BufMut, CommConfig, Communicator, Element, EngineKind, EpilogueAlgo, OnStream,
+    ReduceScatterAlgo, RmsNorm, SelectionThresholds, SymmBuffer,
 };
 pub use symm_core::{DType, Device, DeviceType, Error, Group, ReduceOp, Result};
 

@@ -2,6 +2,7 @@
 //! references, tolerance checks, poison and guard patterns, result hashes.
 #![allow(dead_code)]
 
+pub mod epilogue;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 
