@@ -301,7 +301,6 @@ impl Buf<'_> {
         }
     }
     /// Whether resolving it makes the op's stream wait on a cudarc event ([`crate::DeviceInput::tracks_events`]).
-    #[cfg(feature = "cuda")]
     /// The first byte's address (host or device); 0 for a cudarc buffer (its address needs a
     /// stream). Used to compare buffers for overlap.
     pub(crate) fn address(&self) -> u64 {
@@ -313,6 +312,7 @@ impl Buf<'_> {
             Buf::Raw(r) => r.ptr,
         }
     }
+    #[cfg(feature = "cuda")]
     pub(crate) fn tracks_events(&self) -> bool {
         matches!(self, Buf::Device(d) if d.tracks_events())
     }
@@ -351,7 +351,6 @@ impl BufMut<'_> {
         }
     }
     /// As [`Buf::tracks_events`].
-    #[cfg(feature = "cuda")]
     /// The first byte's address (host or device); 0 for a cudarc buffer (its address needs a
     /// stream). Used to compare buffers for overlap.
     pub(crate) fn address(&self) -> u64 {
@@ -363,6 +362,7 @@ impl BufMut<'_> {
             BufMut::Raw(r) => r.ptr,
         }
     }
+    #[cfg(feature = "cuda")]
     pub(crate) fn tracks_events(&self) -> bool {
         matches!(self, BufMut::Device(d) if d.tracks_events())
     }

@@ -14,7 +14,7 @@ use symm_core::{
 };
 
 use crate::buf::{Buf, BufMut};
-use crate::epilogue::RmsNorm;
+use crate::epilogue::{EpilogueAlgo, RmsNorm};
 use crate::host::HostEngine;
 use crate::ops::{NewOutput, OnStream, OpStream};
 use crate::select::{
@@ -512,6 +512,10 @@ impl Communicator {
         self.selector.all_reduce(bytes)
     }
     /// The algorithm `reduce_scatter` picks for an input of `bytes`.
+    /// How an all-reduce epilogue of `bytes` runs ([`EpilogueAlgo::Auto`]'s choice).
+    pub fn select_epilogue(&self, bytes: usize) -> EpilogueAlgo {
+        self.selector.epilogue(bytes, self.world_size())
+    }
     pub fn select_reduce_scatter(&self, bytes: usize) -> ReduceScatterAlgo {
         self.selector.reduce_scatter(bytes)
     }

@@ -175,11 +175,18 @@ struct Args {
     probe: bool,
     /// Run the bandwidth probes (SM and copy-engine copies to and from the peer) instead.
     probe_bw: bool,
+    /// `--ops ar_rms_norm`: the all-reduce epilogue table (symm-bench/epilogue.rs).
+    epilogue: bool,
+    /// Its row lengths (`--hidden`) and row counts (`--tokens`).
+    hiddens: Vec<usize>,
+    tokens: Vec<usize>,
 }
 
 const USAGE: &str = "usage: symm-bench [--ops LIST] [--sizes LIST] [--dtype bf16|f16|f32] [--redop sum|avg|max|min] \
 [--iters N] [--rounds N] [--modes eager,graph] [--algos LIST] [--ranks N] [--staging BYTES] [--lamport-bytes BYTES] [--json PATH] \
-[--quick] [--full] [--no-nccl] [--no-setup] [--probe] [--probe-bw]";
+[--quick] [--full] [--no-nccl] [--no-setup] [--probe] [--probe-bw] [--hidden LIST] [--tokens LIST]
+--ops ar_rms_norm (with or instead of the collectives): all-reduce + residual + RMSNorm, fused against unfused, \
+for every --hidden (default 4096,8192) and --tokens (default 1,8,32,128,512); CUDA only";
 
 fn parse_size(s: &str) -> Result<usize, String> {
     let s = s.trim();
@@ -193,6 +200,15 @@ fn parse_size(s: &str) -> Result<usize, String> {
     n.checked_mul(mult)
         .filter(|&v| v > 0)
         .ok_or_else(|| format!("bad size {s:?}"))
+}
+
+/// A positive count (`--hidden`, `--tokens`).
+fn parse_count(s: &str) -> Result<usize, String> {
+    s.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("bad count {s:?}"))
 }
 
 /// 1K..256M: powers of 4 plus 1M, 4M, 16M, 64M, 256M.
@@ -271,6 +287,9 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
         setup: true,
         probe: false,
         probe_bw: false,
+        epilogue: false,
+        hiddens: vec![4096, 8192],
+        tokens: vec![1, 8, 32, 128, 512],
     };
     let mut sizes_given = false;
     let mut it = argv.iter();
@@ -278,8 +297,12 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
         let mut val = |name: &str| it.next().cloned().ok_or_else(|| format!("{name} needs a value"));
         match arg.as_str() {
             "--ops" => {
-                a.ops = val("--ops")?
+                let v = val("--ops")?;
+                // `ar_rms_norm`: the all-reduce epilogue table (symm-bench/epilogue.rs).
+                a.epilogue = v.split(',').any(|s| s.trim() == "ar_rms_norm");
+                a.ops = v
                     .split(',')
+                    .filter(|s| s.trim() != "ar_rms_norm")
                     .map(|s| {
                         Op::ALL
                             .into_iter()
@@ -330,6 +353,8 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
             "--ranks" => a.ranks = Some(val("--ranks")?.parse().map_err(|_| "bad --ranks")?),
             "--staging" => a.staging = parse_size(&val("--staging")?)?,
             "--lamport-bytes" => a.lamport_bytes = Some(parse_size(&val("--lamport-bytes")?)?),
+            "--hidden" => a.hiddens = val("--hidden")?.split(',').map(parse_count).collect::<Result<_, _>>()?,
+            "--tokens" => a.tokens = val("--tokens")?.split(',').map(parse_count).collect::<Result<_, _>>()?,
             "--json" => a.json = Some(PathBuf::from(val("--json")?)),
             "--quick" => a.quick = true,
             "--full" => a.full = true,
@@ -1130,8 +1155,10 @@ mod host {
     use symm_ops::{AllGatherAlgo, AllReduceAlgo, CommConfig, Communicator};
 
     pub fn run(mut args: Args) -> BoxResult<()> {
-        if args.probe || args.probe_bw {
-            return Err("--probe and --probe-bw measure GPU kernels: no CUDA device here".into());
+        if args.probe || args.probe_bw || args.epilogue {
+            return Err(
+                "--probe, --probe-bw and --ops ar_rms_norm measure GPU kernels: no CUDA device here".into(),
+            );
         }
         symm_testkit::link();
         let world = args.ranks.unwrap_or(2).max(1);
@@ -1270,8 +1297,15 @@ mod host {
 
 // ------------------------------------------------------------------ GPUs
 
+// `--ops ar_rms_norm`: times with `gpu`'s rig (`RankState`, `time_rounds`).
+#[cfg(feature = "cuda")]
+#[path = "symm-bench/epilogue.rs"]
+mod epilogue;
+
 #[cfg(feature = "cuda")]
 mod gpu {
+    use crate::epilogue;
+
     use super::*;
     use std::marker::PhantomData;
 
@@ -1288,7 +1322,7 @@ mod gpu {
     use symm_ops::{CommConfig, Communicator, RawDevicePtr};
 
     /// Rotating inputs per point.
-    const K: usize = 4;
+    pub(super) const K: usize = 4;
 
     /// Where NCCL's library may be, for a clear skip message (dlopen also searches the loader cache).
     fn nccl_library() -> Result<PathBuf, String> {
@@ -1406,19 +1440,19 @@ mod gpu {
         Ok(t)
     }
 
-    struct RankState {
-        rank: usize,
-        world: usize,
-        ctx: Arc<CudaContext>,
-        stream: Arc<CudaStream>,
-        coll: CudaCollectives,
-        comm: Option<Communicator>,
-        comm_err: String,
-        nccl: Option<Comm>,
-        nccl_err: String,
-        all: Vec<Rank>,
-        start: CudaEvent,
-        end: CudaEvent,
+    pub(super) struct RankState {
+        pub(super) rank: usize,
+        pub(super) world: usize,
+        pub(super) ctx: Arc<CudaContext>,
+        pub(super) stream: Arc<CudaStream>,
+        pub(super) coll: CudaCollectives,
+        pub(super) comm: Option<Communicator>,
+        pub(super) comm_err: String,
+        pub(super) nccl: Option<Comm>,
+        pub(super) nccl_err: String,
+        pub(super) all: Vec<Rank>,
+        pub(super) start: CudaEvent,
+        pub(super) end: CudaEvent,
     }
 
     pub fn run(args: Args, world: usize) -> BoxResult<()> {
@@ -1570,6 +1604,9 @@ mod gpu {
         if args.probe_bw {
             bandwidth_probes(sh, &st)?;
             return Ok((rows, setup));
+        }
+        if args.epilogue {
+            epilogue::run(sh, &st, nccl_ok)?;
         }
         let mut disabled: Vec<(Op, String)> = Vec::new();
         'ops: for &op in &args.ops {
@@ -2066,7 +2103,7 @@ mod gpu {
     /// Microseconds per launch of `iters` back-to-back calls of `launch(i)` on the rank's
     /// stream, one value per round (after one round of warm-up): a host loop (eager) or one
     /// captured CUDA graph replayed (graph). The ranks meet in a barrier before every round.
-    fn time_rounds(
+    pub(super) fn time_rounds(
         st: &RankState,
         mode: Mode,
         iters: usize,
