@@ -83,6 +83,7 @@ fn graph(rig: &Rig) -> TestResult<String> {
     for _ in 0..OPS * REPLAYS {
         comm.all_reduce_residual_rms_norm_in_place(&mut xe, &mut re, RmsNorm::new(&weight, EPS))?;
     }
+    s.synchronize()?;
     let (xg, rg, xe, re) = (xg.to_host()?, rg.to_host()?, xe.to_host()?, re.to_host()?);
     for (what, a, b) in [("norm", &xg, &xe), ("residual", &rg, &re)] {
         if let Some(i) = a.iter().zip(b.iter()).position(|(p, q)| to_bits(*p) != to_bits(*q)) {
@@ -122,6 +123,7 @@ fn nan_after_return(rig: &Rig) -> TestResult {
             // Stream-ordered right behind the op: no host synchronisation in between.
             s.memcpy_htod(&nan, x.view_mut()?)?;
             s.memcpy_htod(&nan, res.view_mut()?)?;
+            s.synchronize()?;
             let got = (no.to_host()?, ro.to_host()?);
             if got.0.iter().chain(&got.1).any(|v| v.is_nan()) {
                 return Err(format!("rank {r} {algo:?} round {round}: a NaN reached an output").into());

@@ -149,6 +149,18 @@ fn bits_equal<T: Element>(what: &str, a: &[T], b: &[T]) -> Result<(), String> {
 
 type Res<T = ()> = Result<T, String>;
 
+/// Waits for the ops enqueued so far (CUDA: the communicator's stream). `SymmBuffer`'s host
+/// copies run on the memory's own stream, unordered with the ops' stream, so a read after an
+/// op waits for it first.
+pub fn sync(comm: &Communicator) -> Res {
+    #[cfg(feature = "cuda")]
+    if let Some(s) = comm.stream() {
+        s.synchronize().map_err(|e| format!("synchronising the stream: {e}"))?;
+    }
+    let _ = comm;
+    Ok(())
+}
+
 fn e<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> String + '_ {
     move |err| format!("{what}: {err}")
 }
@@ -186,6 +198,7 @@ pub fn case<T: Element>(comm: &Communicator, plan: &Plan, seed: u64, hidden: usi
         comm.ops()
             .all_reduce_residual_rms_norm_with(algo, &x, &res, RmsNorm::new(&weight, EPS), &mut norm_out, &mut res_out)
             .map_err(e(&what))?;
+        sync(comm)?;
         let got = (norm_out.to_host().map_err(e(&what))?, res_out.to_host().map_err(e(&what))?);
         match &base {
             None => {
@@ -209,6 +222,7 @@ pub fn case<T: Element>(comm: &Communicator, plan: &Plan, seed: u64, hidden: usi
     res_out.copy_from_host(&poison::<T>(n)).map_err(e(&label))?;
     comm.all_reduce_residual(&x, &res, &mut res_out, hidden)
         .map_err(e(&label))?;
+    sync(comm)?;
     bits_equal(&format!("{label} all_reduce_residual"), &res_out.to_host().map_err(e(&label))?, &b_res)?;
 
     // The in-place forms, on copies.
@@ -218,12 +232,14 @@ pub fn case<T: Element>(comm: &Communicator, plan: &Plan, seed: u64, hidden: usi
     r2.copy_from_host(&res_h).map_err(e(&label))?;
     comm.all_reduce_residual_rms_norm_in_place(&mut x2, &mut r2, RmsNorm::new(&weight, EPS))
         .map_err(e(&label))?;
+    sync(comm)?;
     bits_equal(&format!("{label} in place norm"), &x2.to_host().map_err(e(&label))?, &b_norm)?;
     bits_equal(&format!("{label} in place residual"), &r2.to_host().map_err(e(&label))?, &b_res)?;
     x2.copy_from_host(&x_h).map_err(e(&label))?;
     r2.copy_from_host(&res_h).map_err(e(&label))?;
     comm.all_reduce_residual_in_place(&mut x2, &mut r2, hidden)
         .map_err(e(&label))?;
+    sync(comm)?;
     bits_equal(&format!("{label} in place add"), &r2.to_host().map_err(e(&label))?, &b_res)?;
 
     // NaN written into the inputs after the ops returned never reaches an output.

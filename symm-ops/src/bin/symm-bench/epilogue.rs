@@ -161,10 +161,13 @@ fn point<T: symm_ops::Element>(
     let mut base: Option<(Vec<T>, Vec<T>)> = None;
     let mut times: Vec<(Variant, Vec<f64>)> = Vec::new();
     for v in &vs {
-        // Correctness first: poisoned outputs, one op, compared with auto.
+        // Correctness first: poisoned outputs, one op, compared with auto. (The buffers' host
+        // copies run on the memory's own stream: the op stream is drained around them.)
+        st.stream.synchronize()?;
         b.norm_out.copy_from_host(&vec![T::from_f32(f32::NAN); n])?;
         b.res_out.copy_from_host(&vec![T::from_f32(f32::NAN); n])?;
         run_op(comm, &mut b, v.algo, 0)?;
+        st.stream.synchronize()?;
         let got = (b.norm_out.to_host()?, b.res_out.to_host()?);
         let err = match &base {
             None => {
