@@ -157,8 +157,7 @@ pub fn sync(comm: &Communicator) -> Res {
     if let Some(s) = comm.stream() {
         s.synchronize().map_err(|e| format!("synchronising the stream: {e}"))?;
     }
-    let _ = comm;
-    Ok(())
+    comm.check_error().map_err(|e| format!("after the op: {e}"))
 }
 
 fn e<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> String + '_ {
