@@ -20,6 +20,7 @@ use common::{hash, to_bits};
 use half::bf16;
 use symm_ops::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use symm_ops::prelude::*;
+use symm_ops::symm_cuda::streams::HostCopies;
 use symm_ops::{EpilogueAlgo, RmsNorm};
 use symm_testkit::launch::TestResult;
 use symm_testkit::{GpuWorld, Placement};
@@ -113,7 +114,9 @@ fn nan_after_return(rig: &Rig) -> TestResult {
     weight.copy_from_host(&(0..hidden).map(|i| weight_of(5, i)).collect::<Vec<bf16>>())?;
     let (mut x, mut res) = (comm.alloc::<bf16>(n)?, comm.alloc::<bf16>(n)?);
     let (mut no, mut ro) = (comm.alloc::<bf16>(n)?, comm.alloc::<bf16>(n)?);
-    let nan = vec![bf16::NAN; n];
+    // NaN on the device, copied device to device behind each op: a pageable host copy queued
+    // behind a collective would hold up the peer threads' launches (NOTE [pageable-copies]).
+    let nan = s.synced_clone_htod(&vec![bf16::NAN; n])?;
     for (algo, poison) in [
         (EpilogueAlgo::Fused, false),
         (EpilogueAlgo::Fused, true),
@@ -128,8 +131,8 @@ fn nan_after_return(rig: &Rig) -> TestResult {
                 .all_reduce_residual_rms_norm_with(algo, &x, &res, RmsNorm::new(&weight, EPS), &mut no, &mut ro)?;
             if poison {
                 // Stream-ordered right behind the op: no host synchronisation in between.
-                s.memcpy_htod(&nan, x.view_mut()?)?;
-                s.memcpy_htod(&nan, res.view_mut()?)?;
+                s.memcpy_dtod(&nan, x.view_mut()?)?;
+                s.memcpy_dtod(&nan, res.view_mut()?)?;
             }
             s.synchronize()?;
             comm.check_error()?;
