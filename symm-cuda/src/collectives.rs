@@ -437,7 +437,8 @@ impl CudaCollectives {
         for (d, &p) in direct.pads.iter_mut().zip(mem.signal_pad_ptrs()) {
             *d = p;
         }
-        let epilogues = Epilogues::load(ctx, config.pdl)?;
+        // The separate epilogue kernel waits on no peer: held to the grid budget on a shared GPU.
+        let epilogues = Epilogues::load(ctx, config.pdl)?.with_max_blocks(grid.blocks);
         Ok(CudaCollectives {
             direct,
             group: group.clone(),

@@ -117,7 +117,10 @@ impl Epilogue {
 pub struct Epilogues {
     fns: [CudaFunction; 3],
     how: Launch,
-    sm_count: u32,
+    /// Most blocks of one launch: the SM count, or the collectives' grid budget on a GPU shared
+    /// by ranks (NOTE [co-residency]: with programmatic dependent launch this kernel's blocks may
+    /// sit resident behind the all-reduce before it, and must leave the peers' kernels room).
+    blocks: u32,
 }
 
 impl std::fmt::Debug for Epilogues {
@@ -142,8 +145,14 @@ impl Epilogues {
             how: Launch {
                 pdl: pdl && driver::supports_pdl(ctx.cu_device())?,
             },
-            sm_count: u32::try_from(sm).unwrap_or(1).max(1),
+            blocks: u32::try_from(sm).unwrap_or(1).max(1),
         })
+    }
+
+    /// The same kernels held to `blocks` blocks per launch (a shared GPU's grid budget).
+    pub fn with_max_blocks(mut self, blocks: u32) -> Epilogues {
+        self.blocks = blocks.clamp(1, self.blocks);
+        self
     }
 
     /// The epilogue over `sum` (the all-reduced rows; may be `e.norm_out` or `e.residual_out`,
@@ -166,7 +175,7 @@ impl Epilogues {
         let [rows, vr, k] = e.geometry();
         let [res, w, ro, no, eps, flags] = e.tail();
         let a = [KernelArg::U64(sum), res, w, ro, no, rows, vr, k, eps, flags];
-        launch_with(stream, &self.fns[dt], e.grid(self.sm_count), &a, self.how)
+        launch_with(stream, &self.fns[dt], e.grid(self.blocks), &a, self.how)
     }
 }
 
