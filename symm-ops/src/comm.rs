@@ -542,8 +542,8 @@ impl Communicator {
             if self.same_host { "one host" } else { "several hosts" },
             human(self.config.staging_bytes),
         );
-        #[allow(unused_mut)]
         let mut t = self.selector.table(&header);
+        t.push_str(&self.selector.epilogue_table(self.world_size()));
         #[cfg(feature = "cuda")]
         if let Engine::Cuda(c) = &self.engine {
             if let Some(why) = c.nccl_missing() {

@@ -319,6 +319,36 @@ impl Selector {
         }
     }
 
+    /// The all-reduce epilogues' lines of [`Self::table`] (NOTE [fused-epilogue]): fused
+    /// where the all-reduce rows say Lamport, else that all-reduce then the epilogue kernel.
+    pub fn epilogue_table(&self, world: usize) -> String {
+        let t = &self.thresholds;
+        let mut s = String::new();
+        let mut b: Vec<usize> = [
+            t.lamport_max_bytes,
+            t.one_shot_max_bytes,
+            t.two_shot_max_bytes,
+            t.all_reduce_pull_min_bytes.saturating_sub(1),
+            t.all_reduce_ce_min_bytes.saturating_sub(1),
+        ]
+        .into_iter()
+        .filter(|&x| x < usize::MAX / 2)
+        .collect();
+        b.sort_unstable();
+        b.dedup();
+        block(
+            &mut s,
+            "all_reduce_residual[_rms_norm] (bytes of x)",
+            &b,
+            |bytes| match self.epilogue(bytes, world) {
+                crate::EpilogueAlgo::Fused => "fused (lamport one-shot + epilogue, one kernel)".to_string(),
+                crate::EpilogueAlgo::Separate(a) => format!("{a}, then the epilogue"),
+                crate::EpilogueAlgo::Auto => "auto".to_string(),
+            },
+        );
+        s
+    }
+
     /// What runs instead of [`AllReduceAlgo::Pull`] when the input cannot be read in
     /// place (not registered, or the output overlaps it): the table without the copy engine.
     pub fn fallback_all_reduce(&self, bytes: usize) -> AllReduceAlgo {
