@@ -189,9 +189,15 @@ mod tests {
         let r = Rows::new("t", 4096 * 7, 4096, DType::BF16).unwrap();
         assert_eq!((r.rows(), r.vectors_per_row(), r.bytes()), (7, 512, 4096 * 7 * 2));
         assert_eq!(Rows::new("t", 16, 4, DType::F32).unwrap().vectors_per_row(), 1);
-        assert!(Rows::new("t", 12, 12, DType::BF16).is_err(), "12 bf16 is not whole vectors");
+        assert!(
+            Rows::new("t", 12, 12, DType::BF16).is_err(),
+            "12 bf16 is not whole vectors"
+        );
         assert!(Rows::new("t", 0, 0, DType::F32).is_err());
-        assert!(Rows::new("t", 4096 * 2 + 8, 4096, DType::BF16).is_err(), "a partial row");
+        assert!(
+            Rows::new("t", 4096 * 2 + 8, 4096, DType::BF16).is_err(),
+            "a partial row"
+        );
         assert!(matches!(
             Rows::new("t", 0, 32768 + 8, DType::BF16),
             Err(Error::OutOfRange { .. })

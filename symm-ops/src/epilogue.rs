@@ -469,7 +469,12 @@ fn internal() -> Error {
 /// One row's epilogue on the CPU, as the kernels round (NOTE [fused-epilogue]): `sum` (the
 /// all-reduced row, already in the element type) plus `res`, rounded; with `norm`, the RMSNorm
 /// of that, times the weight, rounded. Returns the two rows' bytes.
-pub(crate) fn row_epilogue(dtype: DType, sum: &[u8], res: &[u8], norm: Option<(&[u8], f32)>) -> (Vec<u8>, Option<Vec<u8>>) {
+pub(crate) fn row_epilogue(
+    dtype: DType,
+    sum: &[u8],
+    res: &[u8],
+    norm: Option<(&[u8], f32)>,
+) -> (Vec<u8>, Option<Vec<u8>>) {
     let n = sum.len() / dtype.size();
     let mut a = vec![0f32; n];
     let mut r = vec![0f32; n];

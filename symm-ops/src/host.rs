@@ -423,7 +423,9 @@ impl HostEngine {
             }
             (In::Symm { mem, offset }, _) => mem.read_bytes(mem.rank(), offset + e0 * es, &mut bytes[..n * es]),
             (In::Output, Some(o)) => self.read_out(o, e0, n, dtype, bytes),
-            (In::Output, None) => Err(Error::InvalidArgument("internal: an in-place input without its output".into())),
+            (In::Output, None) => Err(Error::InvalidArgument(
+                "internal: an in-place input without its output".into(),
+            )),
         }
     }
 

@@ -44,9 +44,9 @@ mod setup;
 
 pub use buf::{Buf, BufMut, Element, HostIn, HostOut, RawDevicePtr};
 pub use comm::{CommConfig, Communicator, DEFAULT_STAGING_BYTES};
-pub use epilogue::{EpilogueAlgo, RmsNorm};
 #[cfg(feature = "cuda")]
 pub use device::{DeviceInput, DeviceOutput};
+pub use epilogue::{EpilogueAlgo, RmsNorm};
 pub use ops::{NewOutput, OnStream};
 pub use pool::{SymmBuffer, MIN_BLOCK_BYTES};
 pub use select::{AllGatherAlgo, AllReduceAlgo, EngineKind, ReduceScatterAlgo, SelectionThresholds};

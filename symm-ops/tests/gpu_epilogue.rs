@@ -127,8 +127,14 @@ fn nan_after_return(rig: &Rig) -> TestResult {
             let seed = 1000 + (round % 2) as u64;
             x.copy_from_host(&(0..n).map(|i| x_of(seed, r, i)).collect::<Vec<bf16>>())?;
             res.copy_from_host(&(0..n).map(|i| residual_of(seed, i)).collect::<Vec<bf16>>())?;
-            comm.ops()
-                .all_reduce_residual_rms_norm_with(algo, &x, &res, RmsNorm::new(&weight, EPS), &mut no, &mut ro)?;
+            comm.ops().all_reduce_residual_rms_norm_with(
+                algo,
+                &x,
+                &res,
+                RmsNorm::new(&weight, EPS),
+                &mut no,
+                &mut ro,
+            )?;
             if poison {
                 // Stream-ordered right behind the op: no host synchronisation in between.
                 s.memcpy_dtod(&nan, x.view_mut()?)?;
@@ -147,7 +153,11 @@ fn nan_after_return(rig: &Rig) -> TestResult {
                 Some(f) => {
                     let diff = |a: &[bf16], b: &[bf16]| {
                         let bad: Vec<usize> = (0..a.len()).filter(|&i| to_bits(a[i]) != to_bits(b[i])).collect();
-                        (bad.len(), bad.first().map(|i| i / hidden), bad.last().map(|i| i / hidden))
+                        (
+                            bad.len(),
+                            bad.first().map(|i| i / hidden),
+                            bad.last().map(|i| i / hidden),
+                        )
                     };
                     let (dn, dr) = (diff(&got.0, &f.0), diff(&got.1, &f.1));
                     if dn.0 > 0 || dr.0 > 0 {

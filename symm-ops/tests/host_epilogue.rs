@@ -47,34 +47,103 @@ fn errors(comm: &Communicator) -> Result<()> {
     let mut ro = vec![bf16::ZERO; n + 8];
     let ops = comm.ops();
     // A hidden size that is not whole 16-byte vectors (12 bf16 = 24 bytes).
-    let r = ops.all_reduce_residual_rms_norm(&x[..36], &res[..36], RmsNorm::new(&w[..12], EPS), &mut no[..36], &mut ro[..36]);
-    assert!(matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("hidden size 12")), "{r:?}");
+    let r = ops.all_reduce_residual_rms_norm(
+        &x[..36],
+        &res[..36],
+        RmsNorm::new(&w[..12], EPS),
+        &mut no[..36],
+        &mut ro[..36],
+    );
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("hidden size 12")),
+        "{r:?}"
+    );
     // A partial row.
-    let r = ops.all_reduce_residual_rms_norm(&x[..n - 8], &res[..n - 8], RmsNorm::new(&w[..h], EPS), &mut no[..n - 8], &mut ro[..n - 8]);
-    assert!(matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("whole rows")), "{r:?}");
+    let r = ops.all_reduce_residual_rms_norm(
+        &x[..n - 8],
+        &res[..n - 8],
+        RmsNorm::new(&w[..h], EPS),
+        &mut no[..n - 8],
+        &mut ro[..n - 8],
+    );
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("whole rows")),
+        "{r:?}"
+    );
     // Wrong lengths.
-    let r = ops.all_reduce_residual_rms_norm(&x[..n], &res[..n - h], RmsNorm::new(&w[..h], EPS), &mut no[..n], &mut ro[..n]);
-    assert!(matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("residual has")), "{r:?}");
-    let r = ops.all_reduce_residual_rms_norm(&x[..n], &res[..n], RmsNorm::new(&w[..h], EPS), &mut no[..n], &mut ro[..n + 8]);
-    assert!(matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("residual_out has")), "{r:?}");
+    let r = ops.all_reduce_residual_rms_norm(
+        &x[..n],
+        &res[..n - h],
+        RmsNorm::new(&w[..h], EPS),
+        &mut no[..n],
+        &mut ro[..n],
+    );
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("residual has")),
+        "{r:?}"
+    );
+    let r = ops.all_reduce_residual_rms_norm(
+        &x[..n],
+        &res[..n],
+        RmsNorm::new(&w[..h], EPS),
+        &mut no[..n],
+        &mut ro[..n + 8],
+    );
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("residual_out has")),
+        "{r:?}"
+    );
     // Another dtype.
     let wf = vec![1.0f32; h];
-    let r = ops.all_reduce_residual_rms_norm(&x[..n], &res[..n], RmsNorm::new(&wf[..], EPS), &mut no[..n], &mut ro[..n]);
-    assert!(matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("weight is f32")), "{r:?}");
+    let r = ops.all_reduce_residual_rms_norm(
+        &x[..n],
+        &res[..n],
+        RmsNorm::new(&wf[..], EPS),
+        &mut no[..n],
+        &mut ro[..n],
+    );
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("weight is f32")),
+        "{r:?}"
+    );
     // Misaligned: one element (2 bytes) into each buffer.
     let (x1, r1) = (&x[1..n + 1], &res[1..n + 1]);
     let r = ops.all_reduce_residual_rms_norm(x1, r1, RmsNorm::new(&w[..h], EPS), &mut no[..n], &mut ro[..n]);
     assert!(matches!(&r, Err(Error::Misaligned { what: "x", .. })), "{r:?}");
     // The residual aliasing the input (a symmetric tensor both ways would be the device case;
     // host slices alias through the same Vec).
-    let r = ops.all_reduce_residual_rms_norm(&x[..n], &x[8..n + 8], RmsNorm::new(&w[..h], EPS), &mut no[..n], &mut ro[..n]);
-    assert!(matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("x overlaps residual")), "{r:?}");
+    let r = ops.all_reduce_residual_rms_norm(
+        &x[..n],
+        &x[8..n + 8],
+        RmsNorm::new(&w[..h], EPS),
+        &mut no[..n],
+        &mut ro[..n],
+    );
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("x overlaps residual")),
+        "{r:?}"
+    );
     // An output over an input.
-    let r = ops.all_reduce_residual_rms_norm(&x[..n], &res[..n], RmsNorm::new(&res[..h], EPS), &mut no[..n], &mut ro[..n]);
+    let r = ops.all_reduce_residual_rms_norm(
+        &x[..n],
+        &res[..n],
+        RmsNorm::new(&res[..h], EPS),
+        &mut no[..n],
+        &mut ro[..n],
+    );
     assert!(r.is_ok(), "the weight may overlap an input: {r:?}");
     // A bad eps.
-    let r = ops.all_reduce_residual_rms_norm(&x[..n], &res[..n], RmsNorm::new(&w[..h], f32::NAN), &mut no[..n], &mut ro[..n]);
-    assert!(matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("eps")), "{r:?}");
+    let r = ops.all_reduce_residual_rms_norm(
+        &x[..n],
+        &res[..n],
+        RmsNorm::new(&w[..h], f32::NAN),
+        &mut no[..n],
+        &mut ro[..n],
+    );
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("eps")),
+        "{r:?}"
+    );
     // The residual add with a hidden size of 0.
     let r = ops.all_reduce_residual(&x[..n], &res[..n], &mut ro[..n], 0);
     assert!(is_arg_error(&r), "{r:?}");

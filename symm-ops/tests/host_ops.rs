@@ -690,7 +690,10 @@ fn selection_table_is_printable() {
     println!("{t}");
     assert!(t.contains("engine host"), "{t}");
     assert!(t.contains("one-shot") && t.contains("two-shot"), "{t}");
-    assert!(t.contains("all_reduce_residual[_rms_norm]") && t.contains("one-shot, then the epilogue"), "{t}");
+    assert!(
+        t.contains("all_reduce_residual[_rms_norm]") && t.contains("one-shot, then the epilogue"),
+        "{t}"
+    );
     // Equal on every rank but for the device named in the header.
     let body = |t: &str| t.lines().skip(1).collect::<Vec<_>>().join("\n");
     assert_eq!(body(&tables[0]), body(&tables[1]));

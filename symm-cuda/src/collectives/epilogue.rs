@@ -54,13 +54,19 @@ impl Epilogue {
     pub fn check(&self, op: &'static str, x: u64) -> Result<()> {
         let bytes = self.rows.bytes();
         let span = |what, addr| symm_core::epilogue::Span { what, addr, bytes };
-        for (what, p) in [("x", x), ("residual", self.residual), ("residual_out", self.residual_out)] {
+        for (what, p) in [
+            ("x", x),
+            ("residual", self.residual),
+            ("residual_out", self.residual_out),
+        ] {
             if p == 0 {
                 return Err(Error::InvalidArgument(format!("{op}: {what} is a null device address")));
             }
         }
         if self.weight.is_some() && self.norm_out == 0 {
-            return Err(Error::InvalidArgument(format!("{op}: norm_out is a null device address")));
+            return Err(Error::InvalidArgument(format!(
+                "{op}: norm_out is a null device address"
+            )));
         }
         if !self.eps.is_finite() || self.eps < 0.0 {
             return Err(Error::InvalidArgument(format!(
@@ -125,7 +131,9 @@ pub struct Epilogues {
 
 impl std::fmt::Debug for Epilogues {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Epilogues").field("pdl", &self.how.pdl).finish_non_exhaustive()
+        f.debug_struct("Epilogues")
+            .field("pdl", &self.how.pdl)
+            .finish_non_exhaustive()
     }
 }
 
@@ -216,7 +224,13 @@ impl CudaCollectives {
         } else {
             Mechanism::LamportResidual
         };
-        let hdr = header(OpKind::AllReduce, e.rows.dtype(), e.rows.count(), Some(ReduceOp::Sum), mech);
+        let hdr = header(
+            OpKind::AllReduce,
+            e.rows.dtype(),
+            e.rows.count(),
+            Some(ReduceOp::Sum),
+            mech,
+        );
         let [h0, h1] = hdr.args();
         let d = &self.direct;
         let [rows, vr, k] = e.geometry();

@@ -1156,9 +1156,7 @@ mod host {
 
     pub fn run(mut args: Args) -> BoxResult<()> {
         if args.probe || args.probe_bw || args.epilogue {
-            return Err(
-                "--probe, --probe-bw and --ops ar_rms_norm measure GPU kernels: no CUDA device here".into(),
-            );
+            return Err("--probe, --probe-bw and --ops ar_rms_norm measure GPU kernels: no CUDA device here".into());
         }
         symm_testkit::link();
         let world = args.ranks.unwrap_or(2).max(1);

@@ -23,8 +23,8 @@ use crate::comm::CommConfig;
 use crate::ops::{NewOutput, OnStream, OpStream};
 use crate::select::{AllGatherAlgo, AllReduceAlgo, ReduceScatterAlgo};
 use coll::Coll;
-use symm_cuda::collectives::Epilogues;
 use nccl::Nccl;
+use symm_cuda::collectives::Epilogues;
 
 fn drv_err(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
     move |e| Error::Backend {
@@ -182,7 +182,8 @@ impl CudaEngine {
         // NCCL only: the epilogue kernels without the collectives' workspace (NVRTC may be
         // missing where NCCL is not; then only the epilogue ops are unavailable).
         let own_epilogues = coll.is_none().then(|| {
-            Epilogues::load(stream.context(), config.pdl.unwrap_or_else(symm_cuda::knobs::pdl)).map_err(|e| e.to_string())
+            Epilogues::load(stream.context(), config.pdl.unwrap_or_else(symm_cuda::knobs::pdl))
+                .map_err(|e| e.to_string())
         });
         Ok(CudaEngine {
             device,

@@ -112,7 +112,12 @@ pub fn check_row<T: Element>(
     let ms: f64 = s.iter().map(|v| v * v).sum::<f64>() / hidden as f64;
     let rho = 1.0 / (ms + EPS as f64).sqrt();
     // Relative error of mean(s^2) from the residual errors, halved by the square root.
-    let d_ms: f64 = s.iter().zip(&tol_s).map(|(v, t)| 2.0 * v.abs() * t + t * t).sum::<f64>() / hidden as f64;
+    let d_ms: f64 = s
+        .iter()
+        .zip(&tol_s)
+        .map(|(v, t)| 2.0 * v.abs() * t + t * t)
+        .sum::<f64>()
+        / hidden as f64;
     let delta = 0.5 * d_ms / (ms + EPS as f64) + 2f64.powi(-21) + 4.0 * u;
     for j in 0..hidden {
         let w = weight_of::<T>(seed, j).to_f32() as f64;
@@ -129,11 +134,14 @@ pub fn check_row<T: Element>(
 }
 
 fn poison<T: Element>(n: usize) -> Vec<T> {
-    vec![from_bits::<T>(match T::DTYPE {
-        DType::F32 => 0x7FC0_0BAD,
-        DType::F16 => 0x7E0B,
-        _ => 0x7F8B,
-    }); n]
+    vec![
+        from_bits::<T>(match T::DTYPE {
+            DType::F32 => 0x7FC0_0BAD,
+            DType::F16 => 0x7E0B,
+            _ => 0x7F8B,
+        });
+        n
+    ]
 }
 
 fn bits_equal<T: Element>(what: &str, a: &[T], b: &[T]) -> Result<(), String> {
@@ -198,7 +206,10 @@ pub fn case<T: Element>(comm: &Communicator, plan: &Plan, seed: u64, hidden: usi
             .all_reduce_residual_rms_norm_with(algo, &x, &res, RmsNorm::new(&weight, EPS), &mut norm_out, &mut res_out)
             .map_err(e(&what))?;
         sync(comm)?;
-        let got = (norm_out.to_host().map_err(e(&what))?, res_out.to_host().map_err(e(&what))?);
+        let got = (
+            norm_out.to_host().map_err(e(&what))?,
+            res_out.to_host().map_err(e(&what))?,
+        );
         match &base {
             None => {
                 let step = (tokens / plan.ref_rows.max(1)).max(1);
@@ -222,7 +233,11 @@ pub fn case<T: Element>(comm: &Communicator, plan: &Plan, seed: u64, hidden: usi
     comm.all_reduce_residual(&x, &res, &mut res_out, hidden)
         .map_err(e(&label))?;
     sync(comm)?;
-    bits_equal(&format!("{label} all_reduce_residual"), &res_out.to_host().map_err(e(&label))?, &b_res)?;
+    bits_equal(
+        &format!("{label} all_reduce_residual"),
+        &res_out.to_host().map_err(e(&label))?,
+        &b_res,
+    )?;
 
     // The in-place forms, on copies.
     let mut x2 = comm.alloc::<T>(n).map_err(e(&label))?;
@@ -232,19 +247,35 @@ pub fn case<T: Element>(comm: &Communicator, plan: &Plan, seed: u64, hidden: usi
     comm.all_reduce_residual_rms_norm_in_place(&mut x2, &mut r2, RmsNorm::new(&weight, EPS))
         .map_err(e(&label))?;
     sync(comm)?;
-    bits_equal(&format!("{label} in place norm"), &x2.to_host().map_err(e(&label))?, &b_norm)?;
-    bits_equal(&format!("{label} in place residual"), &r2.to_host().map_err(e(&label))?, &b_res)?;
+    bits_equal(
+        &format!("{label} in place norm"),
+        &x2.to_host().map_err(e(&label))?,
+        &b_norm,
+    )?;
+    bits_equal(
+        &format!("{label} in place residual"),
+        &r2.to_host().map_err(e(&label))?,
+        &b_res,
+    )?;
     x2.copy_from_host(&x_h).map_err(e(&label))?;
     r2.copy_from_host(&res_h).map_err(e(&label))?;
     comm.all_reduce_residual_in_place(&mut x2, &mut r2, hidden)
         .map_err(e(&label))?;
     sync(comm)?;
-    bits_equal(&format!("{label} in place add"), &r2.to_host().map_err(e(&label))?, &b_res)?;
+    bits_equal(
+        &format!("{label} in place add"),
+        &r2.to_host().map_err(e(&label))?,
+        &b_res,
+    )?;
 
     // NaN written into the inputs after the ops returned never reaches an output.
     x.copy_from_host(&poison::<T>(n)).map_err(e(&label))?;
     res.copy_from_host(&poison::<T>(n)).map_err(e(&label))?;
-    bits_equal(&format!("{label} norm_out after NaN inputs"), &norm_out.to_host().map_err(e(&label))?, &b_norm)?;
+    bits_equal(
+        &format!("{label} norm_out after NaN inputs"),
+        &norm_out.to_host().map_err(e(&label))?,
+        &b_norm,
+    )?;
     Ok(hash(&b_norm) ^ hash(&b_res).rotate_left(1))
 }
 

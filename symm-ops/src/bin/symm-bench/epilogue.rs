@@ -93,7 +93,11 @@ fn bufs<T: symm_ops::Element>(comm: &Communicator, hidden: usize, tokens: usize)
     // The residual and the weight are the same on every rank.
     res.copy_from_host(&(0..n).map(|i| T::from_f32(val(0, i, 40))).collect::<Vec<T>>())?;
     let weight = comm.alloc::<T>(hidden)?;
-    weight.copy_from_host(&(0..hidden).map(|i| T::from_f32(1.0 + val(0, i, 41) / 4.0)).collect::<Vec<T>>())?;
+    weight.copy_from_host(
+        &(0..hidden)
+            .map(|i| T::from_f32(1.0 + val(0, i, 41) / 4.0))
+            .collect::<Vec<T>>(),
+    )?;
     Ok(Bufs {
         xs,
         res,
@@ -181,7 +185,11 @@ fn point<T: symm_ops::Element>(
             }
             Some(bs) => compare(&got.0, &bs.0).max(compare(&got.1, &bs.1)),
         };
-        let limit = if v.algo == EpilogueAlgo::Separate(AllReduceAlgo::Nccl) { 4.0 } else { 0.0 };
+        let limit = if v.algo == EpilogueAlgo::Separate(AllReduceAlgo::Nccl) {
+            4.0
+        } else {
+            0.0
+        };
         let key = sh.next_key(st.rank, "epi-check");
         let all = gather_f64s(sh, st.rank, &key, &[err])?;
         let worst = all.iter().filter_map(|e| e.first().copied()).fold(0.0, f64::max);
@@ -204,7 +212,9 @@ fn point<T: symm_ops::Element>(
         times.push((*v, per_mode));
     }
     if st.rank == 0 {
-        let unfused = times.iter().find(|(v, _)| v.label == "symm+norm" || v.label == "lamport+norm");
+        let unfused = times
+            .iter()
+            .find(|(v, _)| v.label == "symm+norm" || v.label == "lamport+norm");
         for (v, per_mode) in &times {
             for (mi, &mode) in args.modes.iter().enumerate() {
                 let t = per_mode[mi];
@@ -241,7 +251,9 @@ fn point<T: symm_ops::Element>(
 pub(crate) fn run(sh: &Shared, st: &RankState, nccl_ok: bool) -> BoxResult<()> {
     let args = &sh.args;
     let g = Group::new(format!("{}-epilogue", sh.run_id), st.rank, st.world, sh.store.clone())?;
-    let cfg = CommConfig::default().with_staging_bytes(args.staging).with_nccl(nccl_ok);
+    let cfg = CommConfig::default()
+        .with_staging_bytes(args.staging)
+        .with_nccl(nccl_ok);
     let comm = Communicator::with_stream(&g, st.stream.clone(), cfg)?;
     let nccl = comm.has_nccl();
     if st.rank == 0 {
