@@ -111,13 +111,12 @@ __device__ __forceinline__ void epi_row(uint4 (&s)[EPI_MAXV], unsigned int k, un
     }
 }
 
-// The epilogue alone over `sum` (already all-reduced); `sum` may be norm_out or residual_out.
+// The epilogue over every row of this block, from `sum` (already all-reduced; may be norm_out or
+// residual_out, read before they are written). `red`: the block's 32-float scratch.
 template <int DT>
 __device__ __forceinline__ void epi_rows(const char* sum, const char* res, const char* weight, char* res_out,
                                          char* norm_out, unsigned long long rows, unsigned int vr, unsigned int k,
-                                         float eps, bool norm) {
-    symm_pdl_prologue();
-    __shared__ float red[32];
+                                         float eps, bool norm, float* red) {
     const unsigned long long row_bytes = (unsigned long long)vr * 16ull;
     for (unsigned long long row = blockIdx.x; row < rows; row += gridDim.x) {
         const unsigned long long o = row * row_bytes;
@@ -136,9 +135,11 @@ __device__ __forceinline__ void epi_rows(const char* sum, const char* res, const
 #define EPI_ARGS                                                                                          \
     const char *sum, const char *res, const char *weight, char *res_out, char *norm_out, unsigned long long rows, \
         unsigned int vr, unsigned int k, float eps, unsigned int flags
-#define EPI_ENTRY(NAME, DT)                                                                       \
-    extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS) NAME(EPI_ARGS) {                \
-        epi_rows<DT>(sum, res, weight, res_out, norm_out, rows, vr, k, eps, (flags & EPI_NORM) != 0u); \
+#define EPI_ENTRY(NAME, DT)                                                                            \
+    extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS) NAME(EPI_ARGS) {                     \
+        symm_pdl_prologue();                                                                            \
+        __shared__ float red[32];                                                                       \
+        epi_rows<DT>(sum, res, weight, res_out, norm_out, rows, vr, k, eps, (flags & EPI_NORM) != 0u, red); \
     }
 EPI_ENTRY(symm_add_rms_f32, COLL_F32)
 EPI_ENTRY(symm_add_rms_f16, COLL_F16)
@@ -157,18 +158,8 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
     __shared__ float red[32];
     const unsigned long long row_bytes = (unsigned long long)vr * 16ull;
     if (world == 1u) {
-        for (unsigned long long row = blockIdx.x; row < rows; row += gridDim.x) {
-            const unsigned long long o = row * row_bytes;
-            uint4 s[EPI_MAXV];
-#pragma unroll
-            for (int m = 0; m < EPI_MAXV; ++m) {
-                const unsigned int j = threadIdx.x + (unsigned int)m * blockDim.x;
-                if ((unsigned int)m < k && j < vr) {
-                    s[m] = *reinterpret_cast<const uint4*>(input + o + (unsigned long long)j * 16ull);
-                }
-            }
-            epi_row<DT>(s, k, vr, res + o, weight, res_out + o, norm_out + o, eps, norm, red);
-        }
+        // Nothing to exchange: the sum is the input.
+        epi_rows<DT>(input, res, weight, res_out, norm_out, rows, vr, k, eps, norm, red);
         return;
     }
     char* ws = reinterpret_cast<char*>(coll_ws(wsv, rank));

@@ -151,16 +151,7 @@ impl OnStream<'_> {
         norm_out: impl Into<BufMut<'a>>,
         residual_out: impl Into<BufMut<'a>>,
     ) -> Result<()> {
-        let hidden = norm.weight.len();
-        self.epilogue_with(
-            EpilogueAlgo::Auto,
-            EpiArgs {
-                x: XArg::In(x.into()),
-                residual: ResArg::Apart(residual.into(), residual_out.into()),
-                norm: Some((norm.weight, norm.eps, Some(norm_out.into()))),
-                hidden,
-            },
-        )
+        self.all_reduce_residual_rms_norm_with(EpilogueAlgo::Auto, x, residual, norm, norm_out, residual_out)
     }
 
     /// [`Self::all_reduce_residual_rms_norm`] in place: `x` becomes the norm, `residual` the
@@ -192,15 +183,7 @@ impl OnStream<'_> {
         out: impl Into<BufMut<'a>>,
         hidden: usize,
     ) -> Result<()> {
-        self.epilogue_with(
-            EpilogueAlgo::Auto,
-            EpiArgs {
-                x: XArg::In(x.into()),
-                residual: ResArg::Apart(residual.into(), out.into()),
-                norm: None,
-                hidden,
-            },
-        )
+        self.all_reduce_residual_with(EpilogueAlgo::Auto, x, residual, out, hidden)
     }
 
     /// [`Self::all_reduce_residual`] in place: `residual += all_reduce_sum(x)`. `x` is scratch:

@@ -55,6 +55,26 @@ pub struct Direct {
     pub pads: [u64; MAX_WORLD],
 }
 
+impl Direct {
+    /// The first arguments of every Lamport kernel (`symm_lamport*`, `symm_lamport_add_rms_*`):
+    /// the eight workspace bases, then this rank's signal pad.
+    pub fn lamport_head(&self, rank: u32) -> [KernelArg; 9] {
+        const _: () = assert!(MAX_WORLD == 8, "the Lamport kernels take eight workspace bases");
+        let w = &self.ws;
+        [
+            KernelArg::U64(w[0]),
+            KernelArg::U64(w[1]),
+            KernelArg::U64(w[2]),
+            KernelArg::U64(w[3]),
+            KernelArg::U64(w[4]),
+            KernelArg::U64(w[5]),
+            KernelArg::U64(w[6]),
+            KernelArg::U64(w[7]),
+            KernelArg::U64(self.pads[rank as usize % MAX_WORLD]),
+        ]
+    }
+}
+
 /// One fused zero-copy pull (`symm_pull_{dt}`): what it reads and writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pull {
@@ -143,19 +163,18 @@ pub fn lamport(
     bound: &Bound,
     hdr: &OpHeader,
 ) -> [KernelArg; 24] {
-    const _: () = assert!(MAX_WORLD == 8, "the Lamport kernel takes eight workspace bases");
     let [h0, h1] = hdr.args();
+    let [w0, w1, w2, w3, w4, w5, w6, w7, pad] = d.lamport_head(c.rank);
     [
-        KernelArg::U64(d.ws[0]),
-        KernelArg::U64(d.ws[1]),
-        KernelArg::U64(d.ws[2]),
-        KernelArg::U64(d.ws[3]),
-        KernelArg::U64(d.ws[4]),
-        KernelArg::U64(d.ws[5]),
-        KernelArg::U64(d.ws[6]),
-        KernelArg::U64(d.ws[7]),
-        // This rank's signal pad.
-        KernelArg::U64(d.pads[c.rank as usize % MAX_WORLD]),
+        w0,
+        w1,
+        w2,
+        w3,
+        w4,
+        w5,
+        w6,
+        w7,
+        pad,
         KernelArg::U32(c.rank),
         KernelArg::U32(c.world),
         KernelArg::U32(mode as u32),

@@ -232,19 +232,19 @@ impl CudaCollectives {
             mech,
         );
         let [h0, h1] = hdr.args();
-        let d = &self.direct;
         let [rows, vr, k] = e.geometry();
         let [res, w, ro, no, eps, flags] = e.tail();
+        let [w0, w1, w2, w3, w4, w5, w6, w7, pad] = self.direct.lamport_head(self.rank as u32);
         let a = [
-            KernelArg::U64(d.ws[0]),
-            KernelArg::U64(d.ws[1]),
-            KernelArg::U64(d.ws[2]),
-            KernelArg::U64(d.ws[3]),
-            KernelArg::U64(d.ws[4]),
-            KernelArg::U64(d.ws[5]),
-            KernelArg::U64(d.ws[6]),
-            KernelArg::U64(d.ws[7]),
-            KernelArg::U64(d.pads[self.rank % d.pads.len()]),
+            w0,
+            w1,
+            w2,
+            w3,
+            w4,
+            w5,
+            w6,
+            w7,
+            pad,
             KernelArg::U32(self.rank as u32),
             KernelArg::U32(self.world as u32),
             KernelArg::U64(input),
