@@ -29,7 +29,11 @@
 //     in their phase 1 and all blocks are resident (one wave), so it cannot deadlock. At world 1
 //     there is no exchange and no op state: a = x.
 // Aliasing: norm_out may be x and residual_out may be residual (each vector is read and then
-// written by one thread); nothing else may overlap (checked on the host).
+// written by one thread); no output may overlap anything else, the inputs (x, residual, weight)
+// may overlap each other but x and residual (checked on the host, symm_core::epilogue).
+// A poll that gives up (timeout, abort, a latched error) leaves the row reduced from this rank's
+// own input: the outputs of a failed op are garbage (the error reaches the caller, NOTE
+// [error-mirror], and the communicator refuses further ops), never a wait without end.
 
 // Most vectors of one row per thread.
 #define EPI_MAXV 8

@@ -1848,7 +1848,12 @@ mod tests {
         assert!(!ptx.contains("trap;"));
         assert!(!ptx.contains("multimem"));
         // The Lamport and ring kernels keep their vectors in registers (no local-memory stack).
-        for k in ["symm_lamport_bf16", "symm_ring_bf16"] {
+        for k in [
+            "symm_lamport_bf16",
+            "symm_ring_bf16",
+            "symm_lamport_add_rms_bf16",
+            "symm_add_rms_bf16",
+        ] {
             let start = ptx.find(&format!(".entry {k}(")).unwrap();
             let body = &ptx[start..];
             let end = body[1..].find(".entry").map_or(body.len(), |e| e + 1);
@@ -1874,8 +1879,13 @@ mod tests {
             checked += 1;
         }
         // 3 x (generic Lamport, ring, reduce_ptrs, generic pull) + 2 x 27 two-rank + the barrier
-        // and the rejection.
-        assert_eq!(checked, 12 + 54 + 2);
+        // and the rejection + 3 x (fused Lamport epilogue, separate epilogue).
+        assert_eq!(checked, 12 + 54 + 2 + 6);
+        for dt in ["f32", "f16", "bf16"] {
+            for k in ["symm_lamport_add_rms", "symm_add_rms"] {
+                assert!(ptx.contains(&format!(".entry {k}_{dt}(")), "{k}_{dt} missing");
+            }
+        }
     }
 
     /// The `.entry` functions of a PTX text: (name, body up to the next entry).

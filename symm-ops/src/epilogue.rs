@@ -123,6 +123,12 @@ impl EpiArgs<'_> {
         if matches!(self.x, XArg::In(_)) && self.sum_at() == SumAt::X {
             return Err(Error::InvalidArgument(format!("internal: {op} needs a writable x")));
         }
+        let eps = self.eps();
+        if !eps.is_finite() || eps < 0.0 {
+            return Err(Error::InvalidArgument(format!(
+                "{op}: eps {eps} is not a finite non-negative number"
+            )));
+        }
         Ok(rows)
     }
     /// Where the unfused sequence all-reduces into.
@@ -137,6 +143,17 @@ impl EpiArgs<'_> {
     pub fn eps(&self) -> f32 {
         self.norm.as_ref().map_or(0.0, |n| n.1)
     }
+}
+
+/// The out-of-place residual add all-reduces into `residual_out` before it reads `residual`: the
+/// two must not be one buffer there (the in-place form takes `x` as its scratch instead).
+pub(crate) fn check_sum_place(op: &'static str, sum_at: SumAt, residual: u64, residual_out: u64) -> Result<()> {
+    if sum_at == SumAt::ResidualOut && residual == residual_out {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: out is residual; use all_reduce_residual_in_place for the in-place add"
+        )));
+    }
+    Ok(())
 }
 
 impl OnStream<'_> {
@@ -373,20 +390,19 @@ impl<'a> HostEpi<'a> {
         })
     }
 
+    /// The buffer rules (the shape and eps were checked with the arguments); none for zero rows,
+    /// as on the CUDA engine, whose empty op reads no buffer.
     fn check(&self, rows: &Rows) -> Result<()> {
         let op = if self.weight.is_some() {
             "all_reduce_residual_rms_norm"
         } else {
             "all_reduce_residual"
         };
-        if !self.eps.is_finite() || self.eps < 0.0 {
-            return Err(Error::InvalidArgument(format!(
-                "{op}: eps {} is not a finite non-negative number",
-                self.eps
-            )));
+        if rows.count() == 0 {
+            return Ok(());
         }
-        let _ = rows;
-        self.spans.check(op)
+        self.spans.check(op)?;
+        check_sum_place(op, self.sum_at, self.spans.residual.addr, self.spans.residual_out.addr)
     }
 
     /// The host engine's all-reduce into the sum's place, then the epilogue on the CPU.

@@ -1,6 +1,6 @@
 //! All-reduce epilogues (#19) on CUDA GPUs: world 1 and every world of `GPU_WORLDS` (ranks
 //! sharing one GPU where the machine has one). The shared suite (`common/epilogue.rs`): every
-//! dtype, hidden 128 / 4096 / 8192 / 16384, tokens 1 / 7 / 128 / 4096, against the float64
+//! dtype, hidden 128 / 4096 / 5000 / 8192 / 16384, tokens 1 / 7 / 128 / 4096, against the float64
 //! reference, the fused Lamport kernel bitwise equal to every all-reduce + epilogue-kernel
 //! sequence, to the in-place forms and on every rank. Then: 100 fused ops in place, captured in a
 //! CUDA graph and replayed 100 times, bitwise equal to the same 10 000 ops run eagerly; NaN
@@ -27,7 +27,8 @@ use symm_testkit::{GpuWorld, Placement};
 
 fn plan(comm: &Communicator) -> Plan {
     Plan {
-        hiddens: vec![128, 4096, 8192, 16384],
+        // 5000: a row whose last pass over the block is partial (625 bf16 / 1250 f32 vectors).
+        hiddens: vec![128, 4096, 5000, 8192, 16384],
         tokens: vec![1, 7, 128, 4096],
         algos: vec![
             EpilogueAlgo::Fused,

@@ -123,7 +123,7 @@ fn errors(comm: &Communicator) -> Result<()> {
         matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("x overlaps residual")),
         "{r:?}"
     );
-    // An output over an input.
+    // The weight may overlap an input (both are only read).
     let r = ops.all_reduce_residual_rms_norm(
         &x[..n],
         &res[..n],
@@ -132,6 +132,50 @@ fn errors(comm: &Communicator) -> Result<()> {
         &mut ro[..n],
     );
     assert!(r.is_ok(), "the weight may overlap an input: {r:?}");
+    // Outputs over inputs or over each other: symmetric buffers given twice (the way device
+    // buffers alias), in the out-of-place forms.
+    let (xs, rs, ws) = (comm.alloc::<bf16>(n)?, comm.alloc::<bf16>(n)?, comm.alloc::<bf16>(h)?);
+    let (nos, ros) = (comm.alloc::<bf16>(n)?, comm.alloc::<bf16>(n)?);
+    // (An output over the weight: symm_core::epilogue's unit tests.)
+    let (xt, rt, wt, nt, rot) = (xs.tensor(), rs.tensor(), ws.tensor(), nos.tensor(), ros.tensor());
+    for (what, residual_out, norm_out) in [
+        ("residual_out overlaps x", xt, nt),
+        ("norm_out overlaps residual ", rot, rt),
+        ("norm_out overlaps residual_out", rot, rot),
+    ] {
+        let r = ops.all_reduce_residual_rms_norm(xt, rt, RmsNorm::new(wt, EPS), norm_out, residual_out);
+        assert!(
+            matches!(&r, Err(Error::InvalidArgument(m)) if m.contains(what)),
+            "{what}: {r:?}"
+        );
+    }
+    // The exact in-place pairs through the out-of-place form are fine for the norm op...
+    ops.all_reduce_residual_rms_norm(xt, rt, RmsNorm::new(wt, EPS), xt, rt)?;
+    // ...but the residual add alone would all-reduce into the residual before reading it.
+    let r = ops.all_reduce_residual(xt, rt, rt, h);
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("all_reduce_residual_in_place")),
+        "{r:?}"
+    );
+    // Zero rows: an empty op that agrees with the peers; only the shape and eps are checked.
+    ops.all_reduce_residual_rms_norm(
+        &x[..0],
+        &res[..0],
+        RmsNorm::new(&w[..h], EPS),
+        &mut no[..0],
+        &mut ro[..0],
+    )?;
+    let r = ops.all_reduce_residual_rms_norm(
+        &x[..0],
+        &res[..0],
+        RmsNorm::new(&w[..h], -1.0),
+        &mut no[..0],
+        &mut ro[..0],
+    );
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("eps")),
+        "{r:?}"
+    );
     // A bad eps.
     let r = ops.all_reduce_residual_rms_norm(
         &x[..n],

@@ -8,7 +8,7 @@ use symm_cuda::collectives::Epilogue;
 
 use super::CudaEngine;
 use crate::buf::{Buf, BufMut, RawDevicePtr};
-use crate::epilogue::{EpiArgs, EpilogueAlgo, ResArg, SumAt, XArg};
+use crate::epilogue::{check_sum_place, EpiArgs, EpilogueAlgo, ResArg, SumAt, XArg};
 use crate::ops::OpStream;
 use crate::select::AllReduceAlgo;
 
@@ -90,6 +90,7 @@ impl CudaEngine {
             eps,
         };
         e.check(op, x_ptr)?;
+        check_sum_place(op, sum_at, r_ptr, ro_ptr)?;
         match algo {
             EpilogueAlgo::Separate(ar) => {
                 let (count, dtype) = (rows.count(), rows.dtype());

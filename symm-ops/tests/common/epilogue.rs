@@ -5,6 +5,8 @@
 //! poisoned with NaN before each run, every algorithm compared bitwise with the planner's pick,
 //! the in-place forms with the out-of-place one, the residual-only op with the norm op's
 //! residual, and the outputs against the float64 reference within the documented tolerance.
+//! (NaN written after an op returns is the GPU suite's `nan_after_return`: on the host engine an
+//! op is over when it returns.)
 //! Each case returns a hash of its outputs: the caller compares them across ranks (bitwise the
 //! same on every rank).
 
@@ -268,14 +270,6 @@ pub fn case<T: Element>(comm: &Communicator, plan: &Plan, seed: u64, hidden: usi
         &b_res,
     )?;
 
-    // NaN written into the inputs after the ops returned never reaches an output.
-    x.copy_from_host(&poison::<T>(n)).map_err(e(&label))?;
-    res.copy_from_host(&poison::<T>(n)).map_err(e(&label))?;
-    bits_equal(
-        &format!("{label} norm_out after NaN inputs"),
-        &norm_out.to_host().map_err(e(&label))?,
-        &b_norm,
-    )?;
     Ok(hash(&b_norm) ^ hash(&b_res).rotate_left(1))
 }
 
