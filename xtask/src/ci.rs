@@ -1,8 +1,10 @@
 //! `cargo xtask ci`: everything CI checks, in order, with a summary.
 //!
-//! Steps: rustfmt check; build of every target of the default members; their
-//! tests (doc tests of docs/*.md included); NVRTC compile of every CUDA kernel;
-//! symm-rocm check + tests with HIP_PATH=/usr (when HIP headers exist; under
+//! Steps: rustfmt check; build of every target of the default members; clippy
+//! (`-D warnings` on every target; library and binary code also
+//! `undocumented_unsafe_blocks`, `unwrap_used`, `expect_used`: [`LIB_LINTS`]);
+//! their tests (doc tests of docs/*.md included); NVRTC compile of every CUDA kernel;
+//! symm-rocm check, clippy + tests with HIP_PATH=/usr (when HIP headers exist; under
 //! CI=true their absence is a failure); the benchmark smoke test on whatever
 //! backend the machine has. Every step runs even after a failure; the last line
 //! is `N passed, N failed` (with the skipped steps named after it) and the exit
@@ -19,6 +21,34 @@ enum Outcome {
     Pass,
     Fail(String),
     Skip(String),
+}
+
+/// The lints library and binary code must pass besides `-D warnings`: every unsafe block says
+/// why it is sound, and no `unwrap` / `expect` (errors, not panics).
+pub const LIB_LINTS: &[&str] = &[
+    "-D",
+    "warnings",
+    "-D",
+    "clippy::undocumented_unsafe_blocks",
+    "-D",
+    "clippy::unwrap_used",
+    "-D",
+    "clippy::expect_used",
+];
+
+/// `cargo clippy` over `scope` (package selection): every target with `-D warnings`, then the
+/// library and binary targets with [`LIB_LINTS`]; `hip`: with HIP_PATH=/usr.
+fn clippy(scope: &[&str], hip: bool) -> Result<()> {
+    let run = |targets: &[&str], lints: &[&str]| {
+        let mut cmd = util::cargo();
+        cmd.arg("clippy").args(scope).args(targets).arg("--").args(lints);
+        if hip {
+            cmd.env("HIP_PATH", "/usr");
+        }
+        util::run(&mut cmd)
+    };
+    run(&["--all-targets"], &["-D", "warnings"])?;
+    run(&["--lib", "--bins"], LIB_LINTS)
 }
 
 /// Where HIP headers are expected (Debian's libamdhip64-dev puts them under /usr).
@@ -41,6 +71,7 @@ fn rocm_step() -> Outcome {
             .args(["check", "-p", "symm-rocm", "--all-targets"])
             .env("HIP_PATH", "/usr"),
     )
+    .and_then(|_| clippy(&["-p", "symm-rocm"], true))
     .and_then(|_| util::run(util::cargo().args(["test", "-p", "symm-rocm"]).env("HIP_PATH", "/usr")));
     match r {
         Ok(()) => Outcome::Pass,
@@ -106,6 +137,10 @@ pub fn main(args: &[String]) -> Result<()> {
                     "--all-targets",
                 ])))
             }),
+        ),
+        (
+            "clippy",
+            Box::new(|| to_outcome(clippy(&["--workspace", "--exclude", "symm-rocm"], false))),
         ),
         (
             "test",

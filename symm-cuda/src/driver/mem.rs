@@ -19,10 +19,10 @@ pub fn htod_sync(stream: &CudaStream, dst: u64, src: &[u8]) -> Result<()> {
         return Ok(());
     }
     bind(stream.context())?;
-    // SAFETY: `src` is valid for `src.len()` bytes until the stream is
-    // synchronised below (before this function returns); the caller checked
-    // that `dst..dst+len` lies in memory mapped for this device.
     check(
+        // SAFETY: `src` is valid for `src.len()` bytes until the stream is
+        // synchronised below (before this function returns); the caller checked
+        // that `dst..dst+len` lies in memory mapped for this device.
         unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast::<c_void>(), src.len(), stream.cu_stream()) },
         "cuMemcpyHtoDAsync",
     )?;
@@ -35,9 +35,9 @@ pub fn dtoh_sync(stream: &CudaStream, dst: &mut [u8], src: u64) -> Result<()> {
         return Ok(());
     }
     bind(stream.context())?;
-    // SAFETY: `dst` is valid and exclusively borrowed until the stream is
-    // synchronised below; the caller checked the device range.
     check(
+        // SAFETY: `dst` is valid and exclusively borrowed until the stream is
+        // synchronised below; the caller checked the device range.
         unsafe { sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast::<c_void>(), src, dst.len(), stream.cu_stream()) },
         "cuMemcpyDtoHAsync",
     )?;
@@ -124,8 +124,8 @@ impl PinnedWords {
         }
         let mut p: *mut c_void = std::ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
-        // SAFETY: writes the new host pointer; a context is current.
         check(
+            // SAFETY: writes the new host pointer; a context is current.
             unsafe { sys::cuMemHostAlloc(&mut p, Self::BYTES, flags) },
             "cuMemHostAlloc",
         )?;

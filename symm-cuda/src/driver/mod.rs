@@ -150,8 +150,8 @@ pub fn device(ordinal: usize) -> Result<sys::CUdevice> {
 pub fn attribute(dev: sys::CUdevice, attr: sys::CUdevice_attribute) -> Result<i32> {
     init()?;
     let mut v: c_int = 0;
-    // SAFETY: `dev` came from `device`; writes one int.
     check(
+        // SAFETY: `dev` came from `device`; writes one int.
         unsafe { sys::cuDeviceGetAttribute(&mut v, attr, dev) },
         "cuDeviceGetAttribute",
     )?;
@@ -177,8 +177,8 @@ pub fn supports_pdl(dev: sys::CUdevice) -> Result<bool> {
 pub fn uuid(dev: sys::CUdevice) -> Result<String> {
     init()?;
     let mut u = MaybeUninit::<sys::CUuuid>::uninit();
-    // SAFETY: `dev` is valid; the driver fills the 16-byte struct.
     check(
+        // SAFETY: `dev` is valid; the driver fills the 16-byte struct.
         unsafe { sys::cuDeviceGetUuid_v2(u.as_mut_ptr(), dev) },
         "cuDeviceGetUuid",
     )?;
@@ -191,8 +191,8 @@ pub fn uuid(dev: sys::CUdevice) -> Result<String> {
 pub fn pci_bus_id(dev: sys::CUdevice) -> Result<String> {
     init()?;
     let mut buf = [0 as c_char; 64];
-    // SAFETY: the buffer holds 64 bytes; the driver writes a NUL-terminated string.
     check(
+        // SAFETY: the buffer holds 64 bytes; the driver writes a NUL-terminated string.
         unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as c_int, dev) },
         "cuDeviceGetPCIBusId",
     )?;
@@ -207,8 +207,8 @@ pub fn p2p_attribute(a: sys::CUdevice, b: sys::CUdevice, attr: sys::CUdevice_P2P
     }
     init()?;
     let mut v: c_int = 0;
-    // SAFETY: valid devices; writes one int.
     check(
+        // SAFETY: valid devices; writes one int.
         unsafe { sys::cuDeviceGetP2PAttribute(&mut v, attr, a, b) },
         "cuDeviceGetP2PAttribute",
     )?;

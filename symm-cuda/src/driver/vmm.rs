@@ -40,8 +40,8 @@ pub fn granularity(ordinal: usize) -> Result<usize> {
     super::init()?;
     let p = prop(ordinal);
     let mut g = 0usize;
-    // SAFETY: `p` is a fully initialised property struct; writes one size_t.
     check(
+        // SAFETY: `p` is a fully initialised property struct; writes one size_t.
         unsafe {
             sys::cuMemGetAllocationGranularity(
                 &mut g,
@@ -111,9 +111,9 @@ impl PhysicalAllocation {
         let mut handle: CUmemGenericAllocationHandle = 0;
         // The POSIX-fd handle type passes the fd value itself as the pointer.
         let os_handle = fd.as_raw_fd() as isize as *mut c_void;
-        // SAFETY: `fd` is a live fd borrowed for the call; the driver reads it
-        // (dup'ing what it needs) and writes the new handle.
         check(
+            // SAFETY: `fd` is a live fd borrowed for the call; the driver reads it
+            // (dup'ing what it needs) and writes the new handle.
             unsafe {
                 sys::cuMemImportFromShareableHandle(
                     &mut handle,
@@ -129,8 +129,8 @@ impl PhysicalAllocation {
     /// Exports the allocation as a new POSIX fd (owned by the caller).
     pub fn export_fd(&self) -> Result<OwnedFd> {
         let mut fd: i32 = -1;
-        // SAFETY: for POSIX fds the driver writes an int through the pointer.
         check(
+            // SAFETY: for POSIX fds the driver writes an int through the pointer.
             unsafe {
                 sys::cuMemExportToShareableHandle(
                     (&mut fd as *mut i32).cast::<c_void>(),
@@ -183,8 +183,8 @@ impl AddressRange {
     pub fn reserve(size: usize, align: usize) -> Result<Self> {
         super::init()?;
         let mut ptr: sys::CUdeviceptr = 0;
-        // SAFETY: writes the reserved address; no fixed address requested.
         check(
+            // SAFETY: writes the reserved address; no fixed address requested.
             unsafe { sys::cuMemAddressReserve(&mut ptr, size, align, 0, 0) },
             "cuMemAddressReserve",
         )?;
@@ -229,8 +229,8 @@ impl Mapping {
                 range.size()
             )));
         }
-        // SAFETY: the range is reserved and unmapped; the handle is live.
         check(
+            // SAFETY: the range is reserved and unmapped; the handle is live.
             unsafe { sys::cuMemMap(range.ptr(), phys.size(), 0, phys.raw(), 0) },
             "cuMemMap",
         )?;
@@ -246,8 +246,8 @@ impl Mapping {
                 flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
             })
             .collect();
-        // SAFETY: the range is mapped; `descs` holds `descs.len()` entries.
         check(
+            // SAFETY: the range is mapped; `descs` holds `descs.len()` entries.
             unsafe { sys::cuMemSetAccess(m.ptr(), m.size(), descs.as_ptr(), descs.len()) },
             "cuMemSetAccess",
         )?;

@@ -45,8 +45,8 @@ pub fn set_device(device: u32) -> Result<(), Error> {
 /// PCI bus id of `device` ("0000:c1:00.0").
 pub fn pci_bus_id(device: u32) -> Result<String, Error> {
     let mut buf = [0 as std::ffi::c_char; 64];
-    // SAFETY: buf is 64 bytes and we pass that length.
     check(
+        // SAFETY: buf is 64 bytes and we pass that length.
         unsafe { ffi::hipDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as c_int, device as c_int) },
         "hipDeviceGetPCIBusId",
     )?;
@@ -68,8 +68,8 @@ pub fn arch_name(device: u32) -> Result<String, Error> {
     }
     // SAFETY: all-zero bytes are a valid value of this plain-data struct.
     let mut props: Box<Props> = Box::new(unsafe { std::mem::zeroed() });
-    // SAFETY: the pointer is valid for the struct's size (plus slack).
     check(
+        // SAFETY: the pointer is valid for the struct's size (plus slack).
         unsafe {
             ffi::hipGetDeviceProperties(
                 (&mut props.p as *mut hip_sys::hiprt::hipDeviceProp_t).cast(),
@@ -188,8 +188,8 @@ unsafe impl Sync for Stream {}
 impl Stream {
     pub fn new() -> Result<Self, Error> {
         let mut s: ffi::hipStream_t = std::ptr::null_mut();
-        // SAFETY: valid out-pointer.
         check(
+            // SAFETY: valid out-pointer.
             unsafe { ffi::hipStreamCreateWithFlags(&mut s, ffi::HIP_STREAM_NON_BLOCKING) },
             "hipStreamCreateWithFlags",
         )?;
@@ -200,8 +200,8 @@ impl Stream {
     }
     /// Async host -> device copy of `src` into `dst`, then waits for it.
     pub fn copy_to_device_sync(&self, dst: u64, src: &[u8], limit: Duration) -> Result<(), Error> {
-        // SAFETY: src lives until the stream is synchronised below; dst is a live mapping.
         check(
+            // SAFETY: src lives until the stream is synchronised below; dst is a live mapping.
             unsafe {
                 ffi::hipMemcpyAsync(
                     dst as *mut c_void,
@@ -217,9 +217,9 @@ impl Stream {
     }
     /// Async device -> host copy of `dst.len()` bytes from `src`, then waits for it.
     pub fn copy_from_device_sync(&self, dst: &mut [u8], src: u64, limit: Duration) -> Result<(), Error> {
-        // SAFETY: dst lives (mutably borrowed) until the stream is synchronised
-        // below; src is a live mapping (caller checks the range).
         check(
+            // SAFETY: dst lives (mutably borrowed) until the stream is synchronised
+            // below; src is a live mapping (caller checks the range).
             unsafe {
                 ffi::hipMemcpyAsync(
                     dst.as_mut_ptr().cast(),
@@ -235,8 +235,8 @@ impl Stream {
     }
     /// Async memset of `len` bytes at `dst`, then waits.
     pub fn memset_sync(&self, dst: u64, value: u8, len: usize, limit: Duration) -> Result<(), Error> {
-        // SAFETY: dst..dst+len is a live mapping (caller).
         check(
+            // SAFETY: dst..dst+len is a live mapping (caller).
             unsafe { ffi::hipMemsetAsync(dst as *mut c_void, c_int::from(value), len, self.0) },
             "hipMemsetAsync",
         )?;
@@ -285,8 +285,8 @@ impl Module {
     /// Loads a code object (hiprtc output) on the current device.
     pub fn load(code: &[u8]) -> Result<Self, Error> {
         let mut m: ffi::hipModule_t = std::ptr::null_mut();
-        // SAFETY: `code` is a complete code object, alive for the call (HIP copies it).
         check(
+            // SAFETY: `code` is a complete code object, alive for the call (HIP copies it).
             unsafe { ffi::hipModuleLoadData(&mut m, code.as_ptr().cast()) },
             "hipModuleLoadData",
         )?;
@@ -295,8 +295,8 @@ impl Module {
     pub fn function(&self, name: &str) -> Result<Function, Error> {
         let c = CString::new(name).map_err(|_| Error::InvalidArgument(format!("kernel name {name:?}")))?;
         let mut f: ffi::hipFunction_t = std::ptr::null_mut();
-        // SAFETY: module is live; c is NUL-terminated.
         check(
+            // SAFETY: module is live; c is NUL-terminated.
             unsafe { ffi::hipModuleGetFunction(&mut f, self.0, c.as_ptr()) },
             "hipModuleGetFunction",
         )?;

@@ -80,8 +80,8 @@ impl Prop {
 fn granularity_with(layout: PropLayout, device: u32) -> Result<usize, Error> {
     let prop = Prop::new(layout, device);
     let mut g = 0usize;
-    // SAFETY: prop is a valid property struct for `layout`; g is a valid out-pointer.
     check(
+        // SAFETY: prop is a valid property struct for `layout`; g is a valid out-pointer.
         unsafe { ffi::hipMemGetAllocationGranularity(&mut g, prop.as_ptr(), ffi::HIP_MEM_GRANULARITY_RECOMMENDED) },
         "hipMemGetAllocationGranularity",
     )?;
@@ -130,8 +130,8 @@ impl PhysicalMemory {
     pub fn create(device: u32, size: usize, layout: PropLayout) -> Result<Self, Error> {
         let prop = Prop::new(layout, device);
         let mut h: ffi::hipMemGenericAllocationHandle_t = std::ptr::null_mut();
-        // SAFETY: valid property struct and out-pointer.
         check(
+            // SAFETY: valid property struct and out-pointer.
             unsafe { ffi::hipMemCreate(&mut h, size, prop.as_ptr(), 0) },
             "hipMemCreate",
         )?;
@@ -141,9 +141,9 @@ impl PhysicalMemory {
     /// Imports a peer's allocation from its exported fd (the fd stays owned by the caller).
     pub fn import(fd: BorrowedFd<'_>, size: usize) -> Result<Self, Error> {
         let mut h: ffi::hipMemGenericAllocationHandle_t = std::ptr::null_mut();
-        // SAFETY: HIP takes a POSIX fd as the pointer-sized value of the
-        // descriptor (as CUDA does); the fd is open for the call's duration.
         check(
+            // SAFETY: HIP takes a POSIX fd as the pointer-sized value of the
+            // descriptor (as CUDA does); the fd is open for the call's duration.
             unsafe {
                 ffi::hipMemImportFromShareableHandle(
                     &mut h,
@@ -159,8 +159,8 @@ impl PhysicalMemory {
     /// Exports the allocation as a new POSIX fd.
     pub fn export_fd(&self) -> Result<OwnedFd, Error> {
         let mut fd: c_int = -1;
-        // SAFETY: for POSIX fds the out-parameter is an int the runtime fills.
         check(
+            // SAFETY: for POSIX fds the out-parameter is an int the runtime fills.
             unsafe {
                 ffi::hipMemExportToShareableHandle(
                     (&mut fd as *mut c_int).cast(),
@@ -205,8 +205,8 @@ impl Mapping {
     pub fn new(mem: std::sync::Arc<PhysicalMemory>, device: u32, granularity: usize) -> Result<Self, Error> {
         let size = mem.size();
         let mut p: *mut c_void = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; no fixed address requested.
         check(
+            // SAFETY: valid out-pointer; no fixed address requested.
             unsafe { ffi::hipMemAddressReserve(&mut p, size, granularity, std::ptr::null_mut(), 0) },
             "hipMemAddressReserve",
         )?;
@@ -216,8 +216,8 @@ impl Mapping {
             mapped: false,
             _mem: mem,
         };
-        // SAFETY: the range was just reserved with the allocation's size.
         check(
+            // SAFETY: the range was just reserved with the allocation's size.
             unsafe { ffi::hipMemMap(m.ptr as *mut c_void, size, 0, m._mem.handle, 0) },
             "hipMemMap",
         )?;
@@ -229,8 +229,8 @@ impl Mapping {
             },
             flags: ffi::HIP_MEM_ACCESS_READ_WRITE,
         };
-        // SAFETY: the range is mapped; one descriptor is passed.
         check(
+            // SAFETY: the range is mapped; one descriptor is passed.
             unsafe { ffi::hipMemSetAccess(m.ptr as *mut c_void, size, &desc, 1) },
             "hipMemSetAccess",
         )?;
