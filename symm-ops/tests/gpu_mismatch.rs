@@ -3,8 +3,9 @@
 //! and replayed from a CUDA graph: the last rank differs in element count, in
 //! dtype with the same byte count, in reduce operator, in the op itself,
 //! skips an op, or rejects its own argument, on the Lamport, one-shot (ring),
-//! two-shot, pull and copy-engine all-reduce and on reduce-scatter and
-//! all-gather. Every rank gets an error (`Mismatch`: eager, from its next op
+//! two-shot, pull and copy-engine all-reduce, on reduce-scatter and
+//! all-gather, and on the fused all-reduce + residual + RMSNorm (whose op may
+//! also meet a plain Lamport all-reduce). Every rank gets an error (`Mismatch`: eager, from its next op
 //! by itself, NOTE [error-mirror]; from a graph, from `check_error`; the
 //! rejecting rank its own `InvalidArgument`) well within the ops' deadline,
 //! the communicator is poisoned afterwards, and ops that agree (empty ones
@@ -44,9 +45,14 @@ enum Mech {
     CopyEngine,
     ReduceScatter,
     AllGather,
+    /// The fused all-reduce + residual + RMSNorm (NOTE [fused-epilogue]; rows of `HIDDEN`).
+    Fused,
 }
 
-const MECHS: [Mech; 7] = [
+/// Row length of the fused epilogue's cases (16-byte rows in bf16, 32 in f32).
+const HIDDEN: usize = 8;
+
+const MECHS: [Mech; 8] = [
     Mech::Lamport,
     Mech::OneShot,
     Mech::TwoShot,
@@ -54,6 +60,7 @@ const MECHS: [Mech; 7] = [
     Mech::CopyEngine,
     Mech::ReduceScatter,
     Mech::AllGather,
+    Mech::Fused,
 ];
 
 /// The cases: every class on the mechanisms it applies to.
@@ -90,6 +97,17 @@ fn cases() -> Vec<(Mech, Class)> {
     // that run different mechanisms never read each other's header: NOTE [op-agreement]).
     v.push((Mech::Lamport, Class::OpKind));
     v.push((Mech::Lamport, Class::SkipsAnOp));
+    // The fused epilogue (sum only): its count, dtype, a rejection, and the op itself: a fused
+    // op against a plain Lamport all-reduce of the same count (the same buffers; the headers'
+    // mechanisms differ).
+    for c in [
+        Class::Count,
+        Class::DtypeSameBytes,
+        Class::RejectsItsArgument,
+        Class::OpKind,
+    ] {
+        v.push((Mech::Fused, c));
+    }
     v
 }
 
@@ -132,6 +150,26 @@ impl<T: DeviceRepr + Element + Default + Clone> Bufs<T> {
                 return comm.reduce_scatter_out(&x, &mut self.output.slice_mut(..n - cut), op);
             }
             Mech::AllGather => return comm.all_gather_out(&x, &mut self.output.slice_mut(..n * w - cut)),
+            Mech::Fused => {
+                // x and the residual from the input, norm_out and residual_out from the output;
+                // the weight overlaps x (inputs may overlap).
+                let (x, res, wt) = (
+                    self.input.slice(..n),
+                    self.input.slice(n..2 * n),
+                    self.input.slice(..HIDDEN),
+                );
+                let (mut no, mut ro) = self.output.split_at_mut(n);
+                let (mut no, mut ro) = (no.slice_mut(..n - cut), ro.slice_mut(..n));
+                let _ = op;
+                return comm.ops().all_reduce_residual_rms_norm_with(
+                    symm_ops::EpilogueAlgo::Fused,
+                    &x,
+                    &res,
+                    symm_ops::RmsNorm::new(&wt, 1e-5),
+                    &mut no,
+                    &mut ro,
+                );
+            }
         };
         let mut o = self.output.slice_mut(..n - cut);
         if mech == Mech::Pull {
@@ -162,6 +200,7 @@ fn disagree(
         // f32 x N against bf16 x 2N: the same bytes.
         (Class::DtypeSameBytes, true) => h.run(comm, mech, 2 * n, op, false),
         (Class::ReduceOp, true) => f.run(comm, mech, n, ReduceOp::Max, false),
+        (Class::OpKind, true) if mech == Mech::Fused => f.run(comm, Mech::Lamport, n, op, false),
         (Class::OpKind, true) => f.all_gather(comm, n),
         (Class::RejectsItsArgument, true) => f.run(comm, mech, n, op, true),
         (Class::SkipsAnOp, _) => {
