@@ -105,6 +105,17 @@ impl DType {
     pub const fn is_reducible_float(self) -> bool {
         matches!(self, DType::F32 | DType::F16 | DType::BF16)
     }
+    /// Unit roundoff of a floating type (half an ulp at 1: 2^-24 f32, 2^-11 f16, 2^-8 bf16,
+    /// 2^-53 f64), the unit of every stated tolerance; 0 for the integer types (exact).
+    pub const fn unit_roundoff(self) -> f64 {
+        match self {
+            DType::F32 => 5.960_464_477_539_063e-8,
+            DType::F16 => 4.882_812_5e-4,
+            DType::BF16 => 3.906_25e-3,
+            DType::F64 => 1.110_223_024_625_156_5e-16,
+            _ => 0.0,
+        }
+    }
 }
 
 impl fmt::Display for DType {
@@ -210,5 +221,18 @@ impl Channel {
 impl fmt::Display for Channel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "channel {}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DType;
+
+    #[test]
+    fn unit_roundoff_is_half_an_ulp_at_one() {
+        for (d, bits) in [(DType::F32, 24), (DType::F16, 11), (DType::BF16, 8), (DType::F64, 53)] {
+            assert_eq!(d.unit_roundoff(), 2f64.powi(-bits), "{d}");
+        }
+        assert_eq!(DType::I32.unit_roundoff(), 0.0);
     }
 }

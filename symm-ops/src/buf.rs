@@ -300,7 +300,6 @@ impl Buf<'_> {
             Buf::Raw(r) => r.dtype,
         }
     }
-    /// Whether resolving it makes the op's stream wait on a cudarc event ([`crate::DeviceInput::tracks_events`]).
     /// The first byte's address (host or device); 0 for a cudarc buffer (its address needs a
     /// stream). Used to compare buffers for overlap.
     pub(crate) fn address(&self) -> u64 {
@@ -311,10 +310,6 @@ impl Buf<'_> {
             Buf::Device(_) => 0,
             Buf::Raw(r) => r.ptr,
         }
-    }
-    #[cfg(feature = "cuda")]
-    pub(crate) fn tracks_events(&self) -> bool {
-        matches!(self, Buf::Device(d) if d.tracks_events())
     }
     pub(crate) fn kind(&self) -> &'static str {
         match self {
@@ -350,7 +345,6 @@ impl BufMut<'_> {
             BufMut::Raw(r) => r.dtype,
         }
     }
-    /// As [`Buf::tracks_events`].
     /// The first byte's address (host or device); 0 for a cudarc buffer (its address needs a
     /// stream). Used to compare buffers for overlap.
     pub(crate) fn address(&self) -> u64 {
@@ -361,10 +355,6 @@ impl BufMut<'_> {
             BufMut::Device(_) => 0,
             BufMut::Raw(r) => r.ptr,
         }
-    }
-    #[cfg(feature = "cuda")]
-    pub(crate) fn tracks_events(&self) -> bool {
-        matches!(self, BufMut::Device(d) if d.tracks_events())
     }
     pub(crate) fn kind(&self) -> &'static str {
         match self {

@@ -511,11 +511,11 @@ impl Communicator {
     pub fn select_all_reduce(&self, bytes: usize) -> AllReduceAlgo {
         self.selector.all_reduce(bytes)
     }
-    /// The algorithm `reduce_scatter` picks for an input of `bytes`.
     /// How an all-reduce epilogue of `bytes` runs ([`EpilogueAlgo::Auto`]'s choice).
     pub fn select_epilogue(&self, bytes: usize) -> EpilogueAlgo {
         self.selector.epilogue(bytes, self.world_size())
     }
+    /// The algorithm `reduce_scatter` picks for an input of `bytes`.
     pub fn select_reduce_scatter(&self, bytes: usize) -> ReduceScatterAlgo {
         self.selector.reduce_scatter(bytes)
     }

@@ -316,6 +316,7 @@ struct HostEpi<'a> {
     sum_at: SumAt,
     eps: f32,
     spans: Buffers,
+    op: &'static str,
 }
 
 fn span_in(what: &'static str, b: &Buf<'_>) -> Span {
@@ -335,7 +336,7 @@ fn span_out(what: &'static str, b: &BufMut<'_>) -> Span {
 
 impl<'a> HostEpi<'a> {
     fn resolve(h: &crate::host::HostEngine, a: EpiArgs<'a>) -> Result<HostEpi<'a>> {
-        let sum_at = a.sum_at();
+        let (sum_at, op) = (a.sum_at(), a.op());
         let eps = a.eps();
         let (x, x_out, x_span) = match a.x {
             XArg::In(b) => {
@@ -379,6 +380,7 @@ impl<'a> HostEpi<'a> {
             weight,
             norm_out,
             sum_at,
+            op,
             eps,
             spans: Buffers {
                 x: x_span,
@@ -393,16 +395,16 @@ impl<'a> HostEpi<'a> {
     /// The buffer rules (the shape and eps were checked with the arguments); none for zero rows,
     /// as on the CUDA engine, whose empty op reads no buffer.
     fn check(&self, rows: &Rows) -> Result<()> {
-        let op = if self.weight.is_some() {
-            "all_reduce_residual_rms_norm"
-        } else {
-            "all_reduce_residual"
-        };
         if rows.count() == 0 {
             return Ok(());
         }
-        self.spans.check(op)?;
-        check_sum_place(op, self.sum_at, self.spans.residual.addr, self.spans.residual_out.addr)
+        self.spans.check(self.op)?;
+        check_sum_place(
+            self.op,
+            self.sum_at,
+            self.spans.residual.addr,
+            self.spans.residual_out.addr,
+        )
     }
 
     /// The host engine's all-reduce into the sum's place, then the epilogue on the CPU.
@@ -431,7 +433,7 @@ impl<'a> HostEpi<'a> {
         let mut res = vec![0u8; nb];
         let mut weight = vec![0u8; nb];
         if let Some(w) = &self.weight {
-            h.read_in(w, None, 0, hidden, dtype, &mut weight)?;
+            w.load_bytes(0, hidden, dtype, &mut weight)?;
         }
         for row in 0..rows.rows() {
             let e0 = row * hidden;
@@ -441,20 +443,20 @@ impl<'a> HostEpi<'a> {
                 SumAt::ResidualOut => Some(&self.residual_out),
             }
             .ok_or_else(internal)?;
-            h.read_out(sum_src, e0, hidden, dtype, &mut sum)?;
+            sum_src.load_bytes(e0, hidden, dtype, &mut sum)?;
             match &self.residual {
-                Some(r) => h.read_in(r, None, e0, hidden, dtype, &mut res)?,
-                None => h.read_out(&self.residual_out, e0, hidden, dtype, &mut res)?,
+                Some(r) => r.load_bytes(e0, hidden, dtype, &mut res)?,
+                None => self.residual_out.load_bytes(e0, hidden, dtype, &mut res)?,
             }
             let norm = self.weight.as_ref().map(|_| (&weight[..], self.eps));
             let (s, n) = row_epilogue(dtype, &sum, &res, norm);
-            h.write_out(&mut self.residual_out, e0, dtype, &s)?;
+            self.residual_out.store_bytes(e0, &s, dtype)?;
             if let Some(n) = n {
                 let dst = match &mut self.norm_out {
                     Some(o) => o,
                     None => self.x_out.as_mut().ok_or_else(internal)?,
                 };
-                h.write_out(dst, e0, dtype, &n)?;
+                dst.store_bytes(e0, &n, dtype)?;
             }
         }
         Ok(())

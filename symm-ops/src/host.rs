@@ -95,8 +95,19 @@ impl Out<'_> {
             }
         }
     }
+    /// Reads element bytes `[e0, e0 + n)` (this rank's part).
+    pub(crate) fn load_bytes(&self, e0: usize, n: usize, dtype: DType, bytes: &mut [u8]) -> Result<()> {
+        let nb = n * dtype.size();
+        match self {
+            Out::Host(h) => {
+                h.encode(e0, n, &mut bytes[..nb]);
+                Ok(())
+            }
+            Out::Symm { mem, offset } => mem.read_bytes(mem.rank(), *offset + e0 * dtype.size(), &mut bytes[..nb]),
+        }
+    }
     /// Writes element bytes at element `e0`.
-    fn store_bytes(&mut self, e0: usize, bytes: &[u8], dtype: DType) -> Result<()> {
+    pub(crate) fn store_bytes(&mut self, e0: usize, bytes: &[u8], dtype: DType) -> Result<()> {
         match self {
             Out::Host(h) => {
                 h.decode(e0, bytes);
@@ -117,6 +128,22 @@ impl In<'_> {
                 offset: *offset,
             },
             In::Output => In::Output,
+        }
+    }
+
+    /// Reads element bytes `[e0, e0 + n)` of this rank's input (not an in-place one: that is
+    /// its output's [`Out::load_bytes`]).
+    pub(crate) fn load_bytes(&self, e0: usize, n: usize, dtype: DType, bytes: &mut [u8]) -> Result<()> {
+        let nb = n * dtype.size();
+        match self {
+            In::Host(h) => {
+                h.encode(e0, n, &mut bytes[..nb]);
+                Ok(())
+            }
+            In::Symm { mem, offset } => mem.read_bytes(mem.rank(), offset + e0 * dtype.size(), &mut bytes[..nb]),
+            In::Output => Err(Error::InvalidArgument(
+                "internal: an in-place input read as an input".into(),
+            )),
         }
     }
 
@@ -403,47 +430,6 @@ impl HostEngine {
             e0 += n;
         }
         Ok(())
-    }
-
-    /// Element bytes `[e0, e0 + n)` of this rank's input `i` (`out`: where an in-place input is).
-    pub(crate) fn read_in(
-        &self,
-        i: &In<'_>,
-        out: Option<&Out<'_>>,
-        e0: usize,
-        n: usize,
-        dtype: DType,
-        bytes: &mut [u8],
-    ) -> Result<()> {
-        let es = dtype.size();
-        match (i, out) {
-            (In::Host(h), _) => {
-                h.encode(e0, n, &mut bytes[..n * es]);
-                Ok(())
-            }
-            (In::Symm { mem, offset }, _) => mem.read_bytes(mem.rank(), offset + e0 * es, &mut bytes[..n * es]),
-            (In::Output, Some(o)) => self.read_out(o, e0, n, dtype, bytes),
-            (In::Output, None) => Err(Error::InvalidArgument(
-                "internal: an in-place input without its output".into(),
-            )),
-        }
-    }
-
-    /// Element bytes `[e0, e0 + n)` of this rank's output `o`.
-    pub(crate) fn read_out(&self, o: &Out<'_>, e0: usize, n: usize, dtype: DType, bytes: &mut [u8]) -> Result<()> {
-        let es = dtype.size();
-        match o {
-            Out::Host(h) => {
-                h.encode(e0, n, &mut bytes[..n * es]);
-                Ok(())
-            }
-            Out::Symm { mem, offset } => mem.read_bytes(mem.rank(), offset + e0 * es, &mut bytes[..n * es]),
-        }
-    }
-
-    /// Writes element bytes at element `e0` of this rank's output `o`.
-    pub(crate) fn write_out(&self, o: &mut Out<'_>, e0: usize, dtype: DType, bytes: &[u8]) -> Result<()> {
-        o.store_bytes(e0, bytes, dtype)
     }
 
     /// Elements `[lo, hi)` of a chunk of `n` that rank `r` reduces.

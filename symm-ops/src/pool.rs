@@ -28,9 +28,8 @@ use crate::comm::{try_zeroed, Communicator, Engine};
 /// allocation up to its granularity, 2 MiB on an H100, anyway).
 pub const MIN_BLOCK_BYTES: usize = 64 * 1024;
 
+/// One pooled allocation: its class is the tensor's dtype and element count.
 struct Block {
-    dtype: DType,
-    bytes: usize,
     tensor: SymmTensor,
     in_use: Arc<AtomicBool>,
 }
@@ -196,8 +195,8 @@ impl Communicator {
         let (block, lease) = {
             let mut blocks = self.pool.blocks.lock().unwrap_or_else(|e| e.into_inner());
             let free = blocks.iter().find(|b| {
-                b.dtype == dtype
-                    && b.bytes == bytes
+                b.tensor.dtype() == dtype
+                    && b.tensor.numel() * dtype.size() == bytes
                     && b.in_use
                         .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
                         .is_ok()
@@ -212,12 +211,7 @@ impl Communicator {
                     let in_use = Arc::new(AtomicBool::new(true));
                     let lease = Lease(in_use.clone());
                     let view = tensor.narrow(0, len)?;
-                    blocks.push(Block {
-                        dtype,
-                        bytes,
-                        tensor,
-                        in_use,
-                    });
+                    blocks.push(Block { tensor, in_use });
                     (view, lease)
                 }
             }

@@ -319,27 +319,27 @@ impl Selector {
         }
     }
 
-    /// The all-reduce epilogues' lines of [`Self::table`] (NOTE [fused-epilogue]): fused
-    /// where the all-reduce rows say Lamport, else that all-reduce then the epilogue kernel.
-    pub fn epilogue_table(&self, world: usize) -> String {
+    /// The sizes at which the all-reduce table may change its pick (the last byte of each
+    /// range; `usize::MAX`-like values for thresholds that are off).
+    fn all_reduce_bounds(&self) -> [usize; 5] {
         let t = &self.thresholds;
-        let mut s = String::new();
-        let mut b: Vec<usize> = [
+        [
             t.lamport_max_bytes,
             t.one_shot_max_bytes,
             t.two_shot_max_bytes,
             t.all_reduce_pull_min_bytes.saturating_sub(1),
             t.all_reduce_ce_min_bytes.saturating_sub(1),
         ]
-        .into_iter()
-        .filter(|&x| x < usize::MAX / 2)
-        .collect();
-        b.sort_unstable();
-        b.dedup();
+    }
+
+    /// The all-reduce epilogues' lines of [`Self::table`] (NOTE [fused-epilogue]): fused
+    /// where the all-reduce rows say Lamport, else that all-reduce then the epilogue kernel.
+    pub fn epilogue_table(&self, world: usize) -> String {
+        let mut s = String::new();
         block(
             &mut s,
             "all_reduce_residual[_rms_norm] (bytes of x)",
-            &b,
+            &bounds(&self.all_reduce_bounds()),
             |bytes| match self.epilogue(bytes, world) {
                 crate::EpilogueAlgo::Fused => "fused (lamport one-shot + epilogue, one kernel)".to_string(),
                 crate::EpilogueAlgo::Separate(a) => format!("{a}, then the epilogue"),
@@ -403,20 +403,7 @@ impl Selector {
         let mut s = String::new();
         s.push_str(header);
         s.push('\n');
-        let bounds = |extra: &[usize]| {
-            // usize::MAX (and MAX - 1 from "min" thresholds) mean "no limit".
-            let mut b: Vec<usize> = extra.iter().copied().filter(|&x| x < usize::MAX / 2).collect();
-            b.sort_unstable();
-            b.dedup();
-            b
-        };
-        let ar = bounds(&[
-            t.lamport_max_bytes,
-            t.one_shot_max_bytes,
-            t.two_shot_max_bytes,
-            t.all_reduce_pull_min_bytes.saturating_sub(1),
-            t.all_reduce_ce_min_bytes.saturating_sub(1),
-        ]);
+        let ar = bounds(&self.all_reduce_bounds());
         block(&mut s, "all_reduce (bytes of the tensor)", &ar, |b| {
             self.all_reduce(b).to_string()
         });
@@ -452,6 +439,15 @@ pub(crate) fn human(bytes: usize) -> String {
 
 /// One block of the table: rows `bytes <= bound` over the sorted upper
 /// bounds, then "larger"; adjacent rows with the same algorithm merge.
+/// The ranges' upper bounds of a table block, sorted and deduplicated; `usize::MAX` (and
+/// `MAX - 1` from "min" thresholds) mean "no limit" and are left out.
+fn bounds(extra: &[usize]) -> Vec<usize> {
+    let mut b: Vec<usize> = extra.iter().copied().filter(|&x| x < usize::MAX / 2).collect();
+    b.sort_unstable();
+    b.dedup();
+    b
+}
+
 fn block(s: &mut String, title: &str, bounds: &[usize], pick: impl Fn(usize) -> String) {
     s.push_str("  ");
     s.push_str(title);

@@ -48,7 +48,7 @@ fn graph(rig: &Rig) -> TestResult<String> {
     const REPLAYS: usize = 100;
     let (hidden, tokens) = (4096, 7);
     let n = hidden * tokens;
-    let (comm, s) = (&rig.comm, comm_stream(rig)?);
+    let (comm, s) = (&rig.comm, &rig.stream);
     let r = comm.rank().get();
     let x_h: Vec<bf16> = (0..n).map(|i| x_of(77, r, i)).collect();
     let res_h: Vec<bf16> = (0..n).map(|i| residual_of(77, i)).collect();
@@ -98,10 +98,6 @@ fn graph(rig: &Rig) -> TestResult<String> {
     Ok(format!("graph replay {replay_us:.2} us/op, hash {:016x}", hash(&xg)))
 }
 
-fn comm_stream(rig: &Rig) -> TestResult<&std::sync::Arc<symm_ops::cudarc::driver::CudaStream>> {
-    Ok(rig.comm.stream().ok_or("a CUDA communicator without a stream")?)
-}
-
 /// NaN copied into x and residual on the op's stream right after each op returns (no host
 /// synchronisation in between) never reaches the outputs: fused (Lamport) and separate. Rounds
 /// alternate two inputs of one shape, so an op that read the previous op's data would give other
@@ -109,7 +105,7 @@ fn comm_stream(rig: &Rig) -> TestResult<&std::sync::Arc<symm_ops::cudarc::driver
 fn nan_after_return(rig: &Rig) -> TestResult {
     let (hidden, tokens) = (8192, 7);
     let n = hidden * tokens;
-    let (comm, s) = (&rig.comm, comm_stream(rig)?);
+    let (comm, s) = (&rig.comm, &rig.stream);
     let r = comm.rank().get();
     let weight = comm.alloc::<bf16>(hidden)?;
     weight.copy_from_host(&(0..hidden).map(|i| weight_of(5, i)).collect::<Vec<bf16>>())?;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
-use symm_core::epilogue::{Buffers, Rows, MAX_ROW_VECTORS};
+use symm_core::epilogue::{Buffers, Rows, Span, MAX_ROW_VECTORS};
 use symm_core::{Error, OpKind, ReduceOp, Result};
 
 use super::agree::{header, Mechanism};
@@ -35,69 +35,90 @@ pub fn epilogue_threads(vectors_per_row: usize) -> (u32, u32) {
     (threads as u32, vectors_per_row.div_ceil(threads).max(1) as u32)
 }
 
-/// What an epilogue reads besides the sum and writes: device addresses, checked by
-/// [`Buffers::check`] before any launch.
+/// One epilogue op's buffers (device addresses) and parameters, checked once when built
+/// ([`Epilogue::new`]: null addresses, eps, then [`Buffers::check`]), so the launches take it as
+/// it is.
 #[derive(Debug, Clone, Copy)]
 pub struct Epilogue {
-    pub rows: Rows,
-    pub residual: u64,
-    /// The RMSNorm weight (`hidden` elements); `None`: the residual add alone.
-    pub weight: Option<u64>,
-    pub residual_out: u64,
-    /// Where the normalised rows go (with `weight`).
-    pub norm_out: u64,
-    pub eps: f32,
+    /// The op's input: this rank's partial sums.
+    x: u64,
+    rows: Rows,
+    residual: u64,
+    residual_out: u64,
+    /// `(weight, norm_out, eps)` with the RMSNorm; `None`: the residual add alone.
+    norm: Option<(u64, u64, f32)>,
 }
 
 impl Epilogue {
-    /// Checks the buffers against `x` (the op's input: its partial sums).
-    pub fn check(&self, op: &'static str, x: u64) -> Result<()> {
-        let bytes = self.rows.bytes();
-        let span = |what, addr| symm_core::epilogue::Span { what, addr, bytes };
+    /// The epilogue of `rows` of partial sums at `x`: `residual_out = residual + sum`, and with
+    /// `norm = Some((weight, norm_out, eps))` the RMSNorm of that into `norm_out`. Errors name
+    /// `op`.
+    pub fn new(
+        op: &'static str,
+        x: u64,
+        rows: Rows,
+        residual: u64,
+        residual_out: u64,
+        norm: Option<(u64, u64, f32)>,
+    ) -> Result<Epilogue> {
+        let (w, n) = norm.map_or((None, None), |(w, n, _)| (Some(w), Some(n)));
         for (what, p) in [
-            ("x", x),
-            ("residual", self.residual),
-            ("residual_out", self.residual_out),
+            ("x", Some(x)),
+            ("residual", Some(residual)),
+            ("residual_out", Some(residual_out)),
+            ("weight", w),
+            ("norm_out", n),
         ] {
-            if p == 0 {
+            if p == Some(0) {
                 return Err(Error::InvalidArgument(format!("{op}: {what} is a null device address")));
             }
         }
-        if self.weight.is_some() && self.norm_out == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "{op}: norm_out is a null device address"
-            )));
+        if let Some((_, _, eps)) = norm {
+            if !eps.is_finite() || eps < 0.0 {
+                return Err(Error::InvalidArgument(format!(
+                    "{op}: eps {eps} is not a finite non-negative number"
+                )));
+            }
         }
-        if !self.eps.is_finite() || self.eps < 0.0 {
-            return Err(Error::InvalidArgument(format!(
-                "{op}: eps {} is not a finite non-negative number",
-                self.eps
-            )));
-        }
+        let bytes = rows.bytes();
+        let span = |what, addr| Span { what, addr, bytes };
         Buffers {
             x: span("x", x),
-            residual: span("residual", self.residual),
-            weight: self.weight.map(|w| symm_core::epilogue::Span {
+            residual: span("residual", residual),
+            weight: norm.map(|(w, _, _)| Span {
                 what: "weight",
                 addr: w,
-                bytes: self.rows.hidden() * self.rows.dtype().size(),
+                bytes: rows.hidden() * rows.dtype().size(),
             }),
-            residual_out: span("residual_out", self.residual_out),
-            norm_out: self.weight.map(|_| span("norm_out", self.norm_out)),
+            residual_out: span("residual_out", residual_out),
+            norm_out: norm.map(|(_, n, _)| span("norm_out", n)),
         }
-        .check(op)
+        .check(op)?;
+        Ok(Epilogue {
+            x,
+            rows,
+            residual,
+            residual_out,
+            norm,
+        })
+    }
+
+    /// The rows.
+    pub fn rows(&self) -> Rows {
+        self.rows
     }
 
     /// The arguments every epilogue kernel ends with: residual, weight, residual_out, norm_out,
     /// eps, flags.
     fn tail(&self) -> [KernelArg; 6] {
+        let (weight, norm_out, eps) = self.norm.unwrap_or((0, 0, 0.0));
         [
             KernelArg::U64(self.residual),
-            KernelArg::U64(self.weight.unwrap_or(0)),
+            KernelArg::U64(weight),
             KernelArg::U64(self.residual_out),
-            KernelArg::U64(if self.weight.is_some() { self.norm_out } else { 0 }),
-            KernelArg::F32(self.eps),
-            KernelArg::U32(if self.weight.is_some() { EPI_NORM } else { 0 }),
+            KernelArg::U64(norm_out),
+            KernelArg::F32(eps),
+            KernelArg::U32(if self.norm.is_some() { EPI_NORM } else { 0 }),
         ]
     }
 
@@ -163,13 +184,10 @@ impl Epilogues {
         self
     }
 
-    /// The epilogue over `sum` (the all-reduced rows; may be `e.norm_out` or `e.residual_out`,
-    /// which are read before they are written), on `stream`. `x` is the op's input, for the
-    /// aliasing checks (pass `sum` when the sum was computed in place).
-    pub fn launch(&self, stream: &CudaStream, x: u64, sum: u64, e: &Epilogue) -> Result<()> {
-        let op = "all-reduce epilogue";
-        let dt = kernel_dtype(e.rows.dtype(), op)?;
-        e.check(op, x)?;
+    /// The epilogue over `sum` (the all-reduced rows; may be `x`, the norm output or the
+    /// residual output, which are read before they are written), on `stream`.
+    pub fn launch(&self, stream: &CudaStream, sum: u64, e: &Epilogue) -> Result<()> {
+        let dt = kernel_dtype(e.rows.dtype(), "all-reduce epilogue")?;
         if sum % 16 != 0 {
             return Err(Error::Misaligned {
                 what: "all-reduced sum",
@@ -193,21 +211,13 @@ impl CudaCollectives {
         &self.epilogues
     }
 
-    /// Largest `[rows, hidden]` message (bytes) [`Self::lamport_epilogue`] takes: the Lamport
-    /// buffers' (any at world 1).
-    pub fn lamport_epilogue_max_bytes(&self) -> usize {
-        self.lamport_max_bytes()
-    }
-
-    /// The Lamport one-shot all-reduce (sum) of `input` with the epilogue `e` applied to each
+    /// The Lamport one-shot all-reduce (sum) of `e`'s input with the epilogue applied to each
     /// row as it completes, in one kernel (NOTE [fused-epilogue]). Every rank passes the same
     /// geometry and the same mechanism in the same op order (NOTE [op-agreement]: the header
     /// carries the op, a fused op against another op latches a mismatch).
-    pub fn lamport_epilogue(&self, stream: &CudaStream, input: u64, e: &Epilogue) -> Result<()> {
-        let op = "all_reduce_residual_rms_norm";
+    pub fn lamport_epilogue(&self, stream: &CudaStream, e: &Epilogue) -> Result<()> {
         self.check_stream(stream)?;
-        let dt = kernel_dtype(e.rows.dtype(), op)?;
-        e.check(op, input)?;
+        let dt = kernel_dtype(e.rows.dtype(), "all_reduce_residual_rms_norm")?;
         let bytes = e.rows.bytes();
         if self.world > 1 && bytes > self.layout.lamport_max_bytes() {
             return Err(Error::OutOfRange {
@@ -219,7 +229,7 @@ impl CudaCollectives {
         if e.rows.rows() == 0 {
             return Ok(());
         }
-        let mech = if e.weight.is_some() {
+        let mech = if e.norm.is_some() {
             Mechanism::LamportResidualNorm
         } else {
             Mechanism::LamportResidual
@@ -247,7 +257,7 @@ impl CudaCollectives {
             pad,
             KernelArg::U32(self.rank as u32),
             KernelArg::U32(self.world as u32),
-            KernelArg::U64(input),
+            KernelArg::U64(e.x),
             rows,
             vr,
             k,

@@ -37,13 +37,8 @@ impl Coll {
     }
 
     /// The Lamport one-shot with the epilogue fused in.
-    pub fn lamport_epilogue(
-        &self,
-        stream: &CudaStream,
-        input: u64,
-        e: &symm_cuda::collectives::Epilogue,
-    ) -> Result<()> {
-        self.inner.lamport_epilogue(stream, input, e)
+    pub fn lamport_epilogue(&self, stream: &CudaStream, e: &symm_cuda::collectives::Epilogue) -> Result<()> {
+        self.inner.lamport_epilogue(stream, e)
     }
 
     /// Largest payload the Lamport algorithm takes.

@@ -52,13 +52,6 @@ impl CudaEngine {
             Some((w, _, o)) => (Some(w), o),
             None => (None, None),
         };
-        let tracked = x_in.as_ref().is_some_and(Buf::tracks_events)
-            || x_mut.as_ref().is_some_and(BufMut::tracks_events)
-            || r_in.as_ref().is_some_and(Buf::tracks_events)
-            || r_out.tracks_events()
-            || weight.as_ref().is_some_and(Buf::tracks_events)
-            || n_out.as_ref().is_some_and(BufMut::tracks_events);
-        self.check_capturable_if(s, tracked)?;
         let (x_ptr, _gx) = match (&x_in, &mut x_mut) {
             (Some(b), _) => self.src(s, b)?,
             (None, Some(b)) => self.dst(s, b)?,
@@ -78,18 +71,10 @@ impl CudaEngine {
         };
         let (n_ptr, _gn) = match &mut n_out {
             Some(b) => self.dst(s, b)?,
-            None if w_ptr.is_some() => (x_ptr, None),
-            None => (0, None),
+            None => (x_ptr, None),
         };
-        let e = Epilogue {
-            rows,
-            residual: r_ptr,
-            weight: w_ptr,
-            residual_out: ro_ptr,
-            norm_out: n_ptr,
-            eps,
-        };
-        e.check(op, x_ptr)?;
+        let norm = w_ptr.map(|w| (w, n_ptr, eps));
+        let e = Epilogue::new(op, x_ptr, rows, r_ptr, ro_ptr, norm)?;
         check_sum_place(op, sum_at, r_ptr, ro_ptr)?;
         match algo {
             EpilogueAlgo::Separate(ar) => {
@@ -102,9 +87,9 @@ impl CudaEngine {
                 let input = (target != x_ptr).then(|| Buf::Raw(RawDevicePtr::new(x_ptr, count, dtype)));
                 let output = BufMut::Raw(RawDevicePtr::new(target, count, dtype));
                 self.all_reduce_locked(s, ar, input, output, count, dtype, ReduceOp::Sum, fallback)?;
-                self.epilogue_kernels()?.launch(s, x_ptr, target, &e)
+                self.epilogue_kernels()?.launch(s, target, &e)
             }
-            _ => self.coll()?.lamport_epilogue(s, x_ptr, &e),
+            _ => self.coll()?.lamport_epilogue(s, &e),
         }
     }
 }

@@ -259,18 +259,12 @@ impl CudaEngine {
 
     /// A cudarc buffer with event tracking cannot be used in a capture: cudarc makes the op's
     /// stream wait on an event recorded before the capture began, which CUDA refuses (the
-    /// capture is invalidated). Said here, before the op's own work is enqueued. Whether the
-    /// buffer tracks events is read from its context's setting now (a slice allocated while
-    /// tracking was off, then switched on, is refused too).
-    /// One driver query per op, and only when a buffer tracks events.
-    fn check_capturable(&self, s: &CudaStream, input: Option<&Buf<'_>>, output: &BufMut<'_>) -> Result<()> {
-        self.check_capturable_if(s, input.is_some_and(Buf::tracks_events) || output.tracks_events())
-    }
-
-    /// [`Self::check_capturable`] for an op whose buffers `tracked` says whether any tracks
-    /// events.
-    fn check_capturable_if(&self, s: &CudaStream, tracked: bool) -> Result<()> {
-        if tracked && capturing(s)? {
+    /// capture is invalidated). Asked where such a buffer is resolved, before its event wait and
+    /// before the op enqueues anything (every op resolves its buffers first). Whether the buffer
+    /// tracks events is read from its context's setting now (a slice allocated while tracking
+    /// was off, then switched on, is refused too). A driver query only for such buffers.
+    fn refuse_tracked_in_capture(&self, s: &CudaStream, tracks_events: bool) -> Result<()> {
+        if tracks_events && capturing(s)? {
             return Err(Error::InvalidArgument(
                 "a cudarc buffer with event tracking in a CUDA graph capture (cudarc would make the \
                  capture wait on an event recorded outside it); use a buffer from Communicator::alloc, \
@@ -289,6 +283,7 @@ impl CudaEngine {
             }
             Buf::Device(d) => {
                 self.check_ctx(d.context(), "input")?;
+                self.refuse_tracked_in_capture(s, d.tracks_events())?;
                 let (p, g) = d.read_ptr(s);
                 check_align("input pointer", p, d.dtype())?;
                 Ok((p, Some(g)))
@@ -311,6 +306,7 @@ impl CudaEngine {
             }
             BufMut::Device(d) => {
                 self.check_ctx(d.context(), "output")?;
+                self.refuse_tracked_in_capture(s, d.tracks_events())?;
                 let dtype = d.dtype();
                 let (p, g) = d.write_ptr(s);
                 check_align("output pointer", p, dtype)?;
@@ -389,7 +385,6 @@ impl CudaEngine {
         op: ReduceOp,
         fallback: impl Fn(usize) -> AllReduceAlgo,
     ) -> Result<()> {
-        self.check_capturable(s, input.as_ref(), &output)?;
         let (out_ptr, _g_out) = self.dst(s, &mut output)?;
         let (in_ptr, _g_in) = match &input {
             Some(b) => self.src(s, b)?,
@@ -457,7 +452,6 @@ impl CudaEngine {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        self.check_capturable(s, Some(&input), &output)?;
         let (out_ptr, _g_out) = self.dst(s, &mut output)?;
         let (in_ptr, _g_in) = self.src(s, &input)?;
         // The pull reads the peers' inputs in place: it needs the input in registered symmetric
@@ -507,7 +501,6 @@ impl CudaEngine {
         count: usize,
         dtype: DType,
     ) -> Result<()> {
-        self.check_capturable(s, Some(&input), &output)?;
         let (out_ptr, _g_out) = self.dst(s, &mut output)?;
         let (in_ptr, _g_in) = self.src(s, &input)?;
         // The copy engine wins only zero-copy: a push into a registered output, or a pull from a
@@ -592,7 +585,7 @@ impl CudaEngine {
             Some(s) => {
                 if let Err(e) = self.check_ctx(s.context(), "the op's stream") {
                     // A refusal of this rank's own argument: the peers' matching op must fail.
-                    let _ = self.tell_peers(&self.stream);
+                    let _ = self.tell_peers(self.telling_stream(stream));
                     return Err(e);
                 }
                 s
@@ -608,14 +601,27 @@ impl CudaEngine {
         if l.recent.as_ref().is_some_and(|r| same_stream(r, s)) {
             return Ok((l, s));
         }
-        if let Some(r) = l.recent.take() {
-            let slot = if capturing(&r)? { &mut l.captured } else { &mut l.eager };
-            *slot = Some(r);
-        }
+        // Each stream's capture state is asked once (the previous op's stream is usually the
+        // previous op's stream of its kind too).
         let cap = capturing(s)?;
+        let recent_cap = match &l.recent {
+            Some(r) => Some(capturing(r)?),
+            None => None,
+        };
+        if let (Some(r), Some(rc)) = (l.recent.take(), recent_cap) {
+            *(if rc { &mut l.captured } else { &mut l.eager }) = Some(r);
+        }
         let prev = if cap { &l.captured } else { &l.eager };
         if let Some(prev) = prev {
-            if !same_stream(prev, s) && capturing(prev)? == cap {
+            // When the previous op's stream went to this kind's slot it is `prev`, state known.
+            let prev_cap = if same_stream(prev, s) {
+                None
+            } else if recent_cap == Some(cap) {
+                Some(cap)
+            } else {
+                Some(capturing(prev)?)
+            };
+            if prev_cap == Some(cap) {
                 self.edge(prev, s)?;
             }
         }
@@ -630,7 +636,16 @@ impl CudaEngine {
     /// local refusal).
     pub fn reject(&self, stream: OpStream<'_>) -> Result<()> {
         let _l = self.lock()?;
-        self.tell_peers(stream.unwrap_or(&self.stream))
+        self.tell_peers(self.telling_stream(stream))
+    }
+
+    /// Where a refusal is told: the op's stream, or the communicator's when the op's stream is
+    /// of another context (the refusal may be that very stream; the kernels run in this one).
+    fn telling_stream<'s>(&'s self, stream: OpStream<'s>) -> &'s CudaStream {
+        match stream {
+            Some(s) if s.context().cu_ctx() == self.stream.context().cu_ctx() => s,
+            _ => &self.stream,
+        }
     }
 
     /// [`Self::reject`] with the lock held, on `s` (the op's stream).

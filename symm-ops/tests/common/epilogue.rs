@@ -10,11 +10,10 @@
 //! Each case returns a hash of its outputs: the caller compares them across ranks (bitwise the
 //! same on every rank).
 
-use symm_core::DType;
 use symm_ops::prelude::*;
 use symm_ops::{EpilogueAlgo, RmsNorm};
 
-use super::{from_bits, hash, to_bits};
+use super::{hash, poison_value, to_bits};
 
 /// One suite's cases: every (dtype, hidden, tokens) of the lists; `algos`: besides the planner's
 /// pick ([`EpilogueAlgo::Auto`], the base), the forced algorithms each case also runs where they
@@ -32,15 +31,6 @@ pub struct Plan {
 }
 
 pub const EPS: f32 = 1e-5;
-
-/// Unit roundoff of the element type.
-pub fn unit(dtype: DType) -> f64 {
-    match dtype {
-        DType::F32 => 2f64.powi(-24),
-        DType::F16 => 2f64.powi(-11),
-        _ => 2f64.powi(-8),
-    }
-}
 
 fn mix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -83,7 +73,7 @@ pub fn check_row<T: Element>(
     res_out: &[T],
     norm_out: Option<&[T]>,
 ) -> Result<(), String> {
-    let u = unit(T::DTYPE);
+    let u = T::DTYPE.unit_roundoff();
     let mut s = vec![0f64; hidden];
     let mut tol_s = vec![0f64; hidden];
     for (j, (sj, tj)) in s.iter_mut().zip(&mut tol_s).enumerate() {
@@ -136,14 +126,7 @@ pub fn check_row<T: Element>(
 }
 
 fn poison<T: Element>(n: usize) -> Vec<T> {
-    vec![
-        from_bits::<T>(match T::DTYPE {
-            DType::F32 => 0x7FC0_0BAD,
-            DType::F16 => 0x7E0B,
-            _ => 0x7F8B,
-        });
-        n
-    ]
+    vec![poison_value::<T>(); n]
 }
 
 fn bits_equal<T: Element>(what: &str, a: &[T], b: &[T]) -> Result<(), String> {

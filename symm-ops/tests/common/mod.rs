@@ -114,11 +114,7 @@ pub fn reference<T: Element>(values: Values, seed: u64, world: usize, op: Reduce
 
 /// Relative half-ulp of the element type.
 fn rel(dtype: DType) -> f64 {
-    match dtype {
-        DType::F32 => 2f64.powi(-24),
-        DType::F16 => 2f64.powi(-11),
-        _ => 2f64.powi(-8),
-    }
+    dtype.unit_roundoff()
 }
 
 /// Checks one result element against its reference; exact for max/min and

@@ -128,11 +128,7 @@ fn run_op<T: symm_ops::Element>(comm: &Communicator, b: &mut Bufs<T>, algo: Epil
 
 /// 0: bitwise equal to `base`; else the largest difference in units of roundoff of |base|.
 fn compare<T: symm_ops::Element>(got: &[T], base: &[T]) -> f64 {
-    let u = match T::DTYPE {
-        DType::F32 => 2f64.powi(-24),
-        DType::F16 => 2f64.powi(-11),
-        _ => 2f64.powi(-8),
-    };
+    let u = T::DTYPE.unit_roundoff();
     got.iter()
         .zip(base)
         .map(|(g, b)| {
