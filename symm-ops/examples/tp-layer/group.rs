@@ -1,0 +1,151 @@
+//! A tensor-parallel group: one worker thread per rank, the communicators built together and
+//! moved in (docs/embedding.md), every rank running the same plan.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use symm_ops::cudarc::driver::{CudaContext, CudaStream};
+use symm_ops::prelude::*;
+
+use crate::gpu::Kernels;
+use crate::model::Shape;
+use crate::rank::{Exec, Mode, Outputs, Rank};
+use crate::Res;
+
+/// What one group runs.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub shape: Shape,
+    /// The GPU ordinal of each rank (repeated: ranks share that GPU).
+    pub devices: Vec<usize>,
+    pub modes: Vec<Mode>,
+    pub tokens: Vec<usize>,
+    pub kv_lens: Vec<usize>,
+    /// Cache positions per head: at least the longest kv length plus the most tokens.
+    pub lmax: usize,
+    /// Timed executions (none: checked only).
+    pub execs: Vec<Exec>,
+    pub layers: usize,
+    pub rounds: usize,
+    pub seed: u64,
+}
+
+impl Plan {
+    pub fn tp(&self) -> usize {
+        self.devices.len()
+    }
+}
+
+/// One (tokens, kv length, mode) of a group.
+pub struct Record {
+    pub tokens: usize,
+    pub kv_len: usize,
+    pub mode: Mode,
+    /// The epilogue the mode ran (the planner's picks named).
+    pub algo: String,
+    /// Rank 0's outputs (not for [`Mode::None`] above TP 1, which is not the layer).
+    pub out: Option<Outputs>,
+    /// Ranks whose outputs differ from rank 0's, bit for bit.
+    pub diverged: Vec<usize>,
+    /// Rank 0's microseconds per layer, per round, for each timed execution.
+    pub times: Vec<(Exec, Vec<f64>)>,
+}
+
+/// The contexts of `devices`' GPUs, one object per GPU, with cudarc's event tracking off: each
+/// rank orders its work on its one stream, and the layer's graphs capture the weights' slices.
+pub fn contexts(devices: &[usize]) -> Res<Vec<Arc<CudaContext>>> {
+    let mut made: Vec<(usize, Arc<CudaContext>)> = Vec::new();
+    devices
+        .iter()
+        .map(|&d| {
+            if let Some((_, c)) = made.iter().find(|(o, _)| *o == d) {
+                return Ok(c.clone());
+            }
+            let c = CudaContext::new(d)?;
+            // SAFETY: every buffer of a rank is used on that rank's stream only, and the host
+            // reads results after synchronising it; cudarc's cross-stream events are not needed.
+            unsafe { c.disable_event_tracking() };
+            made.push((d, c.clone()));
+            Ok(c)
+        })
+        .collect()
+}
+
+fn fingerprint(o: &Outputs) -> Vec<u64> {
+    o.residual.iter().chain(&o.norm).map(|v| v.to_bits()).collect()
+}
+
+/// Runs `plan` on its ranks; returns rank 0's records.
+pub fn run(plan: &Plan) -> Res<Vec<Record>> {
+    let ctxs = contexts(&plan.devices)?;
+    let streams: Vec<Arc<CudaStream>> = ctxs.iter().map(|c| c.new_stream()).collect::<Result<_, _>>()?;
+    let config = CommConfig::default().with_timeout(Duration::from_secs(60));
+    let comms = Communicator::for_streams(&streams, config)?;
+    let per_rank: Vec<Res<Vec<(Record, Option<Vec<u64>>)>>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .zip(streams)
+            .zip(&ctxs)
+            .map(|((comm, stream), ctx)| sc.spawn(move || worker(plan, comm, stream, ctx)))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a rank's thread panicked".into())))
+            .collect()
+    });
+    let mut ranks = Vec::with_capacity(per_rank.len());
+    for (r, res) in per_rank.into_iter().enumerate() {
+        ranks.push(res.map_err(|e| format!("{} TP {} rank {r}: {e}", plan.shape.name, plan.tp()))?);
+    }
+    let mut rank0 = ranks.remove(0);
+    for (i, (rec, fp0)) in rank0.iter_mut().enumerate() {
+        for (r, other) in ranks.iter().enumerate() {
+            if other[i].1 != *fp0 {
+                rec.diverged.push(r + 1);
+            }
+        }
+    }
+    Ok(rank0.into_iter().map(|(rec, _)| rec).collect())
+}
+
+type RankRecords = Vec<(Record, Option<Vec<u64>>)>;
+
+fn worker(plan: &Plan, comm: Communicator, stream: Arc<CudaStream>, ctx: &Arc<CudaContext>) -> Res<RankRecords> {
+    ctx.bind_to_thread()?;
+    let kernels = Kernels::load(ctx)?;
+    let mut rank = Rank::new(comm, stream, kernels, plan.shape, plan.lmax, plan.seed)?;
+    let layer_fn = plan.tp() == 1;
+    let mut out = Vec::new();
+    for &tokens in &plan.tokens {
+        let mut acts = rank.acts(tokens)?;
+        for &kv_len in &plan.kv_lens {
+            for &mode in &plan.modes {
+                let checked = layer_fn || mode != Mode::None;
+                let outputs = if checked {
+                    Some(rank.check(&mut acts, mode, kv_len)?)
+                } else {
+                    None
+                };
+                let fp = outputs.as_ref().map(fingerprint);
+                let mut times = Vec::new();
+                for &exec in &plan.execs {
+                    times.push((
+                        exec,
+                        rank.time(&mut acts, mode, kv_len, exec, plan.layers, plan.rounds)?,
+                    ));
+                }
+                let record = Record {
+                    tokens,
+                    kv_len,
+                    mode,
+                    algo: rank.algo_name(mode, &acts),
+                    out: if rank.comm.rank().get() == 0 { outputs } else { None },
+                    diverged: Vec::new(),
+                    times,
+                };
+                out.push((record, fp));
+            }
+        }
+    }
+    rank.comm.check_error()?;
+    Ok(out)
+}

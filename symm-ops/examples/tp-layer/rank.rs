@@ -1,0 +1,381 @@
+//! One tensor-parallel rank: its weight shards and KV cache (cudarc slices), its activations
+//! (symmetric memory from its communicator), and the layer's forward pass on its stream, as an
+//! engine's worker runs it.
+
+use std::sync::Arc;
+
+use symm_ops::cudarc::cublas::CudaBlas;
+use symm_ops::cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use symm_ops::cudarc::driver::{CudaSlice, CudaStream};
+use symm_ops::half::bf16;
+use symm_ops::prelude::*;
+use symm_ops::{AllReduceAlgo, EpilogueAlgo, RmsNorm, SymmBuffer};
+
+use crate::gpu::{linear, Kernels, CHUNK};
+use crate::model::{Shape, Shard, Tensor, HEAD_DIM};
+use crate::Res;
+
+/// How the layer's two all-reduces and their residual + RMSNorm epilogues run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// No collective: the residual add and norm on this rank's partial sums alone. At TP 1
+    /// this is the layer; above it is the compute floor (its output is not the layer's).
+    None,
+    /// NCCL's all-reduce, then the separate residual + RMSNorm kernel.
+    Nccl,
+    /// symm's all-reduce (the planner's pick for the message), then the separate kernel.
+    Symm,
+    /// symm's fused all-reduce + residual + RMSNorm (one kernel).
+    Fused,
+    /// What `all_reduce_residual_rms_norm` picks by itself.
+    Auto,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 5] = [Mode::None, Mode::Nccl, Mode::Symm, Mode::Fused, Mode::Auto];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::None => "none",
+            Mode::Nccl => "nccl",
+            Mode::Symm => "symm",
+            Mode::Fused => "fused",
+            Mode::Auto => "auto",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Mode> {
+        Mode::ALL.into_iter().find(|m| m.name() == s)
+    }
+}
+
+/// Eager launches or a CUDA graph of several layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exec {
+    Eager,
+    Graph,
+}
+
+impl Exec {
+    pub fn name(self) -> &'static str {
+        match self {
+            Exec::Eager => "eager",
+            Exec::Graph => "graph",
+        }
+    }
+}
+
+struct Weights {
+    in_norm: CudaSlice<bf16>,
+    qkv: CudaSlice<bf16>,
+    o: CudaSlice<bf16>,
+    post_norm: CudaSlice<bf16>,
+    gate_up: CudaSlice<bf16>,
+    down: CudaSlice<bf16>,
+    k_cache: CudaSlice<bf16>,
+    v_cache: CudaSlice<bf16>,
+}
+
+/// A step's activations for `tokens` tokens. What feeds or leaves a collective is symmetric
+/// memory from the communicator; the rest is the rank's own.
+pub struct Acts {
+    tokens: usize,
+    qkv: CudaSlice<bf16>,
+    attn: CudaSlice<bf16>,
+    part_o: CudaSlice<f32>,
+    part_ml: CudaSlice<f32>,
+    gate_up: CudaSlice<bf16>,
+    act: CudaSlice<bf16>,
+    /// The O projection's partial sums (row-parallel), all-reduced.
+    o_part: SymmBuffer<bf16>,
+    /// The down projection's partial sums, all-reduced.
+    down_part: SymmBuffer<bf16>,
+    /// The residual stream, in and out of each epilogue in turn.
+    res: [SymmBuffer<bf16>; 2],
+    /// The normed activations the next GEMM reads.
+    normed: SymmBuffer<bf16>,
+}
+
+/// A rank's layer outputs after one checked step: the residual stream and its norm, widened.
+pub struct Outputs {
+    pub residual: Vec<f64>,
+    pub norm: Vec<f64>,
+}
+
+pub struct Rank {
+    pub comm: Communicator,
+    pub stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    k: Kernels,
+    s: Shape,
+    tp: usize,
+    rank: usize,
+    lmax: usize,
+    seed: u64,
+    w: Weights,
+}
+
+impl Rank {
+    /// Builds the rank's weights and cache (`lmax` positions) on `stream`.
+    pub fn new(comm: Communicator, stream: Arc<CudaStream>, k: Kernels, s: Shape, lmax: usize, seed: u64) -> Res<Rank> {
+        let (tp, rank) = (comm.world_size(), comm.rank().get());
+        s.check_tp(tp)?;
+        let blas = CudaBlas::new(stream.clone())?;
+        let make = |t: Tensor| -> Res<CudaSlice<bf16>> {
+            let shard = Shard::new(t, &s, tp, rank, 1, lmax);
+            let mut b = stream.alloc_zeros::<bf16>(shard.rows * shard.cols)?;
+            k.init(&stream, &mut b, &shard, &s, seed)?;
+            Ok(b)
+        };
+        let w = Weights {
+            in_norm: make(Tensor::InNorm)?,
+            qkv: make(Tensor::Qkv)?,
+            o: make(Tensor::O)?,
+            post_norm: make(Tensor::PostNorm)?,
+            gate_up: make(Tensor::GateUp)?,
+            down: make(Tensor::Down)?,
+            k_cache: make(Tensor::KCache)?,
+            v_cache: make(Tensor::VCache)?,
+        };
+        stream.synchronize()?;
+        Ok(Rank {
+            comm,
+            stream,
+            blas,
+            k,
+            s,
+            tp,
+            rank,
+            lmax,
+            seed,
+            w,
+        })
+    }
+
+    /// Activations for `tokens` tokens (every rank allocates them in the same order).
+    pub fn acts(&self, tokens: usize) -> Res<Acts> {
+        let (s, l) = (&self.s, self.s.local(self.tp));
+        let nchunk = self.lmax.div_ceil(CHUNK);
+        let st = &self.stream;
+        let th = tokens * s.hidden;
+        Ok(Acts {
+            tokens,
+            qkv: st.alloc_zeros(tokens * (l.q_heads + 2 * l.kv_heads) * HEAD_DIM)?,
+            attn: st.alloc_zeros(tokens * l.q_heads * HEAD_DIM)?,
+            part_o: st.alloc_zeros(tokens * l.q_heads * nchunk * HEAD_DIM)?,
+            part_ml: st.alloc_zeros(tokens * l.q_heads * nchunk * 2)?,
+            gate_up: st.alloc_zeros(tokens * 2 * l.inter)?,
+            act: st.alloc_zeros(tokens * l.inter)?,
+            o_part: self.comm.alloc(th)?,
+            down_part: self.comm.alloc(th)?,
+            res: [self.comm.alloc(th)?, self.comm.alloc(th)?],
+            normed: self.comm.alloc(th)?,
+        })
+    }
+
+    /// The epilogue `mode` would run for `acts` (for the report): the algorithm's name.
+    pub fn algo_name(&self, mode: Mode, acts: &Acts) -> String {
+        let bytes = acts.tokens * self.s.hidden * 2;
+        match self.epilogue_algo(mode, bytes) {
+            None => "add+norm kernel".into(),
+            Some(EpilogueAlgo::Separate(a)) => format!("{a:?}+norm"),
+            Some(EpilogueAlgo::Auto) => format!("auto={:?}", self.comm.select_epilogue(bytes)),
+            Some(a) => format!("{a:?}"),
+        }
+    }
+
+    fn epilogue_algo(&self, mode: Mode, bytes: usize) -> Option<EpilogueAlgo> {
+        Some(match mode {
+            Mode::None => return None,
+            Mode::Nccl => EpilogueAlgo::Separate(AllReduceAlgo::Nccl),
+            Mode::Symm => EpilogueAlgo::Separate(self.comm.select_all_reduce(bytes)),
+            Mode::Fused => EpilogueAlgo::Fused,
+            Mode::Auto => EpilogueAlgo::Auto,
+        })
+    }
+
+    /// `res_out = res_in + all_reduce(part)`, `normed = RMSNorm(res_out) * w`, by `mode`.
+    #[allow(clippy::too_many_arguments)]
+    fn epilogue(
+        &self,
+        mode: Mode,
+        part: &SymmBuffer<bf16>,
+        res_in: &SymmBuffer<bf16>,
+        res_out: &mut SymmBuffer<bf16>,
+        w: &CudaSlice<bf16>,
+        normed: &mut SymmBuffer<bf16>,
+        tokens: usize,
+    ) -> Res {
+        let (st, s) = (&self.stream, &self.s);
+        match self.epilogue_algo(mode, tokens * s.hidden * 2) {
+            None => self.k.add_rms_norm(
+                st,
+                part.view()?,
+                Some((res_in.view()?, res_out.view_mut()?)),
+                w,
+                normed.view_mut()?,
+                tokens,
+                s.hidden,
+                s.eps,
+            ),
+            Some(algo) => Ok(self.comm.on(st).all_reduce_residual_rms_norm_with(
+                algo,
+                part,
+                res_in,
+                RmsNorm::new(w, s.eps),
+                normed,
+                res_out,
+            )?),
+        }
+    }
+
+    /// One decoder layer: reads `normed` (this layer's normed input) and `res[0]`; leaves the
+    /// residual stream in `res[0]` and the next layer's normed input in `normed`.
+    pub fn layer(&mut self, a: &mut Acts, mode: Mode, kv_len: usize) -> Res {
+        let (s, l, t) = (self.s, self.s.local(self.tp), a.tokens);
+        let st = self.stream.clone();
+        let (q, kv) = (l.q_heads, l.kv_heads);
+        linear(
+            &self.blas,
+            a.normed.view()?,
+            &self.w.qkv,
+            &mut a.qkv,
+            (t, (q + 2 * kv) * HEAD_DIM, s.hidden),
+        )?;
+        let w = &mut self.w;
+        self.k.rope_kv(
+            &st,
+            &mut a.qkv,
+            &mut w.k_cache,
+            &mut w.v_cache,
+            (q, kv),
+            t,
+            (kv_len, self.lmax),
+            s.rope_theta,
+        )?;
+        self.k.attention(
+            &st,
+            &a.qkv,
+            (&self.w.k_cache, &self.w.v_cache),
+            (&mut a.part_o, &mut a.part_ml),
+            &mut a.attn,
+            (q, kv),
+            t,
+            (kv_len, self.lmax),
+        )?;
+        linear(
+            &self.blas,
+            &a.attn,
+            &self.w.o,
+            a.o_part.view_mut()?,
+            (t, s.hidden, q * HEAD_DIM),
+        )?;
+        let [r0, r1] = &mut a.res;
+        self.epilogue(mode, &a.o_part, r0, r1, &self.w.post_norm, &mut a.normed, t)?;
+        linear(
+            &self.blas,
+            a.normed.view()?,
+            &self.w.gate_up,
+            &mut a.gate_up,
+            (t, 2 * l.inter, s.hidden),
+        )?;
+        self.k.silu_mul(&st, &a.gate_up, &mut a.act, t, l.inter)?;
+        linear(
+            &self.blas,
+            &a.act,
+            &self.w.down,
+            a.down_part.view_mut()?,
+            (t, s.hidden, l.inter),
+        )?;
+        self.epilogue(mode, &a.down_part, r1, r0, &self.w.in_norm, &mut a.normed, t)
+    }
+
+    /// One checked step from the fixed input: a fresh cache, the input RMSNorm, one layer;
+    /// returns what this rank holds afterwards.
+    pub fn check(&mut self, a: &mut Acts, mode: Mode, kv_len: usize) -> Res<Outputs> {
+        let (s, t, st) = (self.s, a.tokens, self.stream.clone());
+        for tensor in [Tensor::KCache, Tensor::VCache] {
+            let shard = Shard::new(tensor, &s, self.tp, self.rank, t, self.lmax);
+            let cache = if tensor == Tensor::KCache {
+                &mut self.w.k_cache
+            } else {
+                &mut self.w.v_cache
+            };
+            self.k.init(&st, cache, &shard, &s, self.seed)?;
+        }
+        let input = Shard::new(Tensor::Input, &s, self.tp, self.rank, t, self.lmax);
+        self.k.init(&st, a.res[0].view_mut()?, &input, &s, self.seed)?;
+        self.k.add_rms_norm(
+            &st,
+            a.res[0].view()?,
+            None::<(&CudaSlice<bf16>, &mut CudaSlice<bf16>)>,
+            &self.w.in_norm,
+            a.normed.view_mut()?,
+            t,
+            s.hidden,
+            s.eps,
+        )?;
+        self.layer(a, mode, kv_len)?;
+        st.synchronize()?;
+        let widen = |v: Vec<bf16>| v.into_iter().map(|x| x.to_f64()).collect();
+        Ok(Outputs {
+            residual: widen(st.clone_dtoh(a.res[0].view()?)?),
+            norm: widen(st.clone_dtoh(a.normed.view()?)?),
+        })
+    }
+
+    /// Microseconds per layer, one figure per round: `layers` layers per round, launched one by
+    /// one (eager) or as one CUDA graph replayed `replays` times per round.
+    pub fn time(
+        &mut self,
+        a: &mut Acts,
+        mode: Mode,
+        kv_len: usize,
+        exec: Exec,
+        layers: usize,
+        rounds: usize,
+    ) -> Res<Vec<f64>> {
+        const REPLAYS: usize = 4;
+        let st = self.stream.clone();
+        let event = || st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
+        let mut out = Vec::with_capacity(rounds);
+        // Warm-up, eager: cuBLAS loads its kernels outside any capture.
+        for _ in 0..2 {
+            self.layer(a, mode, kv_len)?;
+        }
+        st.synchronize()?;
+        match exec {
+            Exec::Eager => {
+                for _ in 0..rounds {
+                    let e0 = event()?;
+                    for _ in 0..layers {
+                        self.layer(a, mode, kv_len)?;
+                    }
+                    let e1 = event()?;
+                    e1.synchronize()?;
+                    out.push(e0.elapsed_ms(&e1)? as f64 * 1e3 / layers as f64);
+                }
+            }
+            Exec::Graph => {
+                st.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+                let captured = (0..layers).try_for_each(|_| self.layer(a, mode, kv_len));
+                let graph = st.end_capture(CUgraphInstantiate_flags(0))?;
+                captured?; // the capture ended before its error is returned
+                let graph = graph.ok_or("the capture recorded nothing")?;
+                graph.launch()?;
+                st.synchronize()?;
+                for _ in 0..rounds {
+                    let e0 = event()?;
+                    for _ in 0..REPLAYS {
+                        graph.launch()?;
+                    }
+                    let e1 = event()?;
+                    e1.synchronize()?;
+                    out.push(e0.elapsed_ms(&e1)? as f64 * 1e3 / (REPLAYS * layers) as f64);
+                }
+            }
+        }
+        self.comm.check_error()?;
+        Ok(out)
+    }
+}
