@@ -104,7 +104,9 @@ fn kernels_step() -> Outcome {
 fn bench_step() -> Outcome {
     match crate::bench::bench_package() {
         Ok(None) => Outcome::Skip(format!("the `{}` binary does not exist yet", crate::bench::BIN)),
-        Ok(Some(_)) => to_outcome(crate::bench::main(&["--quick".to_string()])),
+        Ok(Some(_)) => {
+            to_outcome(crate::bench::main(&["--quick".to_string()]).and_then(|_| crate::bench::tp_layer_without_gpu()))
+        }
         Err(e) => Outcome::Fail(e),
     }
 }

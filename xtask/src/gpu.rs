@@ -227,6 +227,12 @@ pub fn gpu_bundle(args: &[String]) -> Result<()> {
     for (p, b) in &bins {
         cmd.args(["-p", p, "--bin", b]);
     }
+    let tp_layer = packages
+        .iter()
+        .any(|p| p.name == crate::bench::TP_PACKAGE && p.examples.iter().any(|e| e == crate::bench::TP_EXAMPLE));
+    if tp_layer {
+        cmd.args(["-p", crate::bench::TP_PACKAGE, "--example", crate::bench::TP_EXAMPLE]);
+    }
     configure(&mut cmd, Some(&target_dir), true);
     util::run(&mut cmd)?;
 
@@ -242,6 +248,14 @@ pub fn gpu_bundle(args: &[String]) -> Result<()> {
     }
     for (_, b) in &bins {
         copy_exe(&target_dir.join("release").join(b), &out.join("bin").join(b))?;
+    }
+    if tp_layer {
+        let exe = target_dir
+            .join("release")
+            .join("examples")
+            .join(crate::bench::TP_EXAMPLE);
+        copy_exe(&exe, &out.join("bin").join(crate::bench::TP_EXAMPLE))?;
+        bins.push((crate::bench::TP_PACKAGE.into(), crate::bench::TP_EXAMPLE.into()));
     }
     let anchors = util::root()
         .join("..")

@@ -1,4 +1,5 @@
-//! `cargo xtask kernels`: NVRTC-compiles every CUDA kernel for sm_90.
+//! `cargo xtask kernels`: NVRTC-compiles every CUDA kernel for sm_90 (symm-cuda's, then the
+//! tensor-parallel layer example's).
 //!
 //! The compile itself is symm-cuda's `kernels::compile_all(arch)`, called from
 //! the `nvrtc_compile_all` example of symm-cuda so xtask stays free of CUDA
@@ -107,6 +108,21 @@ pub fn main(args: &[String]) -> Result<()> {
     util::run(
         util::cargo()
             .args(["run", "--quiet", "-p", "symm-cuda", "--example", EXAMPLE, "--", &arch])
+            .env("LD_LIBRARY_PATH", util::prepend_path("LD_LIBRARY_PATH", &dirs)),
+    )?;
+    // The tensor-parallel layer's own kernels (symm-ops/examples/tp-layer/kernels.cu).
+    util::run(
+        util::cargo()
+            .args([
+                "run",
+                "--quiet",
+                "-p",
+                crate::bench::TP_PACKAGE,
+                "--example",
+                crate::bench::TP_EXAMPLE,
+            ])
+            .args(["--", "--compile-only", "--arch", &arch])
+            .env("SYMM_KERNEL_CACHE", "off")
             .env("LD_LIBRARY_PATH", util::prepend_path("LD_LIBRARY_PATH", &dirs)),
     )
 }

@@ -9,7 +9,8 @@
 //! - `test-multigpu [test args]`: the GPU suites on this machine's GPUs (>= 2).
 //! - `gpu-bundle [--out .gpu]`: GPU test and benchmark executables plus
 //!   `run.sh`, for a GPU machine without cargo.
-//! - `bench [--quick] [--out DIR] [args]`: the benchmark, JSON and SVG plot.
+//! - `bench [--quick] [--out DIR] [args]`: the benchmark, JSON and SVG plot;
+//!   `bench --tp-layer [args]`: the tensor-parallel decoder layer instead.
 //! - `plot BENCH.json [--out PLOT.svg] [--anchors ANCHORS.json]`: the plots alone
 //!   (PLOT.svg: ours against NCCL; PLOT-detail.svg: every algorithm).
 
@@ -32,6 +33,8 @@ commands:
   bench [--quick] [--out DIR] [args]
                               run symm-bench (GPU when present, host backend otherwise);
                               JSON + SVG plot in DIR (default target/bench)
+  bench --tp-layer [--out DIR] [args]
+                              the tensor-parallel Llama layer (symm-ops example tp-layer; needs a GPU)
   plot BENCH.json [--out PLOT.svg] [--anchors ANCHORS.json]
                               plot a symm-bench JSON file (and PLOT-detail.svg)";
 

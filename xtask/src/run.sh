@@ -6,6 +6,7 @@
 #                                       needing at most that many GPUs fails instead of skipping; on one
 #                                       GPU the shared-device suites run, the distinct-GPU ones skip)
 #   ./run.sh bench [symm-bench args]    the benchmark (JSON + SVG plot into $OUT when set)
+#   ./run.sh tp-layer [args]            the tensor-parallel decoder layer (JSON + SVG plot into $OUT when set)
 #   ./run.sh anchors [args]             torchrun --nproc-per-node ${NPROC:-2} anchors_torch.py (PyTorch / NCCL anchors)
 #   ./run.sh store-interop [args]       symm-store against PyTorch's TCPStore, both directions, one
 #                                       verdict line (args: the Rust side alone, server | client <port>)
@@ -93,6 +94,20 @@ cmd_bench() {
   fi
 }
 
+cmd_tp_layer() {
+  [ -x "$HERE/bin/tp-layer" ] || { echo "tp-layer is not in this bundle" >&2; return 1; }
+  local extra=()
+  local json=""
+  if ! has_arg --json "$@"; then
+    json="${OUT:-$HERE}/tp-layer.json"
+    extra=(--json "$json")
+  fi
+  run tp-layer "$HERE/bin/tp-layer" "$@" "${extra[@]}" || return 1
+  if [ -n "$json" ] && [ -f "$json" ] && [ -x "$HERE/bin/xtask" ]; then
+    run tp-layer "$HERE/bin/xtask" plot "$json" --out "${json%.json}.svg"
+  fi
+}
+
 cmd_anchors() {
   [ -f "$HERE/anchors_torch.py" ] || { echo "anchors_torch.py is not in this bundle" >&2; return 1; }
   local extra=()
@@ -138,9 +153,10 @@ cmd_all() {
 case "${1:-}" in
   tests) shift; cmd_tests "$@" ;;
   bench) shift; cmd_bench "$@" ;;
+  tp-layer) shift; cmd_tp_layer "$@" ;;
   anchors) shift; cmd_anchors "$@" ;;
   store-interop) shift; cmd_store_interop "$@" ;;
   all) shift; cmd_all "$@" ;;
   list) cat "$HERE/MANIFEST"; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" ;;
-  *) sed -n '2,13p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,14p' "$0" >&2; exit 2 ;;
 esac

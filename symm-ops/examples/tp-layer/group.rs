@@ -1,11 +1,13 @@
 //! A tensor-parallel group: one worker thread per rank, the communicators built together and
 //! moved in (docs/embedding.md), every rank running the same plan.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use symm_ops::cudarc::driver::{CudaContext, CudaStream};
 use symm_ops::prelude::*;
+use symm_ops::symm_cuda::streams::{self, PooledStream};
 
 use crate::gpu::Kernels;
 use crate::model::Shape;
@@ -51,21 +53,28 @@ pub struct Record {
     pub times: Vec<(Exec, Vec<f64>)>,
 }
 
-/// The contexts of `devices`' GPUs, one object per GPU, with cudarc's event tracking off: each
-/// rank orders its work on its one stream, and the layer's graphs capture the weights' slices.
+/// The contexts of `devices`' GPUs: one object per GPU for the whole process, so that every
+/// group's rank streams come from one pool (NOTE [stream-budget]: a process that keeps creating
+/// streams walks the round-robin over the hardware queues, and ranks sharing a GPU then queue
+/// behind each other). cudarc's event tracking is off on them: each rank orders its work on its
+/// one stream, and the layer's graphs capture the weights' slices.
 pub fn contexts(devices: &[usize]) -> Res<Vec<Arc<CudaContext>>> {
-    let mut made: Vec<(usize, Arc<CudaContext>)> = Vec::new();
+    static MADE: OnceLock<Mutex<HashMap<usize, Arc<CudaContext>>>> = OnceLock::new();
+    let mut made = MADE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     devices
         .iter()
         .map(|&d| {
-            if let Some((_, c)) = made.iter().find(|(o, _)| *o == d) {
+            if let Some(c) = made.get(&d) {
                 return Ok(c.clone());
             }
             let c = CudaContext::new(d)?;
             // SAFETY: every buffer of a rank is used on that rank's stream only, and the host
             // reads results after synchronising it; cudarc's cross-stream events are not needed.
             unsafe { c.disable_event_tracking() };
-            made.push((d, c.clone()));
+            made.insert(d, c.clone());
             Ok(c)
         })
         .collect()
@@ -78,7 +87,9 @@ fn fingerprint(o: &Outputs) -> Vec<u64> {
 /// Runs `plan` on its ranks; returns rank 0's records.
 pub fn run(plan: &Plan) -> Res<Vec<Record>> {
     let ctxs = contexts(&plan.devices)?;
-    let streams: Vec<Arc<CudaStream>> = ctxs.iter().map(|c| c.new_stream()).collect::<Result<_, _>>()?;
+    // Rank streams on loan from symm's pool; they go back when the group is done.
+    let pooled: Vec<PooledStream> = ctxs.iter().map(streams::pooled).collect::<Result<_, _>>()?;
+    let streams: Vec<Arc<CudaStream>> = pooled.iter().map(|p| p.stream().clone()).collect();
     let config = CommConfig::default().with_timeout(Duration::from_secs(60));
     let comms = Communicator::for_streams(&streams, config)?;
     let per_rank: Vec<Res<Vec<(Record, Option<Vec<u64>>)>>> = std::thread::scope(|sc| {

@@ -160,6 +160,12 @@ fn main() -> ExitCode {
             }
         };
     }
+    // Ranks sharing a GPU need more hardware queues than the driver's default of 8 (NOTE
+    // [shared-device]), and CUDA reads the variable when it starts: the program sets it before
+    // its first CUDA call, unless the user chose a value.
+    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+        std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
+    }
     symm_ops::link();
     let gpus = match symm_ops::symm_cuda::cuda_available() {
         Ok(n) => n,

@@ -47,6 +47,7 @@ mod panel;
 mod records;
 mod style;
 mod svg;
+mod tp;
 
 use std::path::{Path, PathBuf};
 
@@ -103,6 +104,19 @@ fn file_name(p: &Path) -> String {
 /// `svg_path` instead, and is not an error.
 pub fn plot_file(json: &Path, anchors_json: Option<&Path>, svg_path: &Path) -> Result<Plotted> {
     let v = read_json(json)?;
+    if tp::is_tp_layer(&v) {
+        // The tensor-parallel layer's JSON: one figure of its own.
+        let svg = tp::tp_svg(&v, &format!("tp-layer: {}", file_name(json)))
+            .ok_or_else(|| format!("{} holds no timed tp-layer rows", json.display()))?;
+        write(svg_path, &svg)?;
+        return Ok(Plotted {
+            points: v["rows"].as_array().map_or(0, |r| r.len()),
+            failed: 0,
+            files: vec![svg_path.to_path_buf()],
+            note: Some("tensor-parallel layer rows".into()),
+            nccl: false,
+        });
+    }
     let rec = records(&v);
     let mut meta = Meta::from_json(&v, &file_name(json));
     let mut pts = rec.points;

@@ -1,0 +1,188 @@
+//! The tensor-parallel layer's figure (`tp-layer --json`): one panel per model and execution,
+//! whole-model time per generated token against tokens per step (log-log), one line per
+//! (TP, communication mode); the compute floor (`none`) dashed.
+
+use serde_json::Value;
+
+use super::axes::{decade_bounds, num_label, ticks, LogAxis};
+use super::svg::{header, Svg};
+
+/// Whether `v` is a tp-layer JSON document.
+pub fn is_tp_layer(v: &Value) -> bool {
+    v["bench"] == "tp-layer"
+}
+
+const COLORS: [&str; 5] = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"];
+const MODES: [&str; 5] = ["none", "nccl", "symm", "fused", "auto"];
+
+struct Pt {
+    model: String,
+    exec: String,
+    tp: u64,
+    mode: String,
+    kv: u64,
+    tokens: f64,
+    us_per_token: f64,
+}
+
+fn points(v: &Value) -> Vec<Pt> {
+    v["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            let model_us = r["model_us_per_step"].as_f64()?;
+            let tokens = r["tokens"].as_f64()?;
+            Some(Pt {
+                model: r["model"].as_str()?.to_string(),
+                exec: r["exec"].as_str()?.to_string(),
+                tp: r["tp"].as_u64()?,
+                mode: r["mode"].as_str()?.to_string(),
+                kv: r["kv_len"].as_u64()?,
+                tokens,
+                us_per_token: model_us / tokens,
+            })
+        })
+        .collect()
+}
+
+/// The SVG, or `None` when the document holds no timed rows.
+pub fn tp_svg(v: &Value, title: &str) -> Option<String> {
+    let pts = points(v);
+    if pts.is_empty() {
+        return None;
+    }
+    // One panel per (model, exec) at the longest KV length timed.
+    let mut panels: Vec<(String, String)> = Vec::new();
+    for p in &pts {
+        let k = (p.model.clone(), p.exec.clone());
+        if !panels.contains(&k) {
+            panels.push(k);
+        }
+    }
+    let (pw, ph, margin) = (420.0, 300.0, 60.0);
+    let cols = panels.len().min(2) as f64;
+    let mut s = Svg::new(cols * (pw + margin) + margin);
+    let device = v["meta"]["device"].as_str().unwrap_or("?");
+    let sub = vec![
+        format!("{device}; whole-model time per generated token (layers x per-layer median), log-log"),
+        "lines: TP size (colour) and mode (marker order: none, nccl, symm, fused, auto); none = compute floor, dashed"
+            .into(),
+    ];
+    let top = header(&mut s, title, &sub) + 10.0;
+    for (i, (model, exec)) in panels.iter().enumerate() {
+        let kv = pts
+            .iter()
+            .filter(|p| &p.model == model && &p.exec == exec)
+            .map(|p| p.kv)
+            .max()
+            .unwrap_or(0);
+        let mine: Vec<&Pt> = pts
+            .iter()
+            .filter(|p| &p.model == model && &p.exec == exec && p.kv == kv)
+            .collect();
+        let x0 = margin + (i % 2) as f64 * (pw + margin);
+        let y0 = top + (i / 2) as f64 * (ph + margin);
+        let (tlo, thi) = mine
+            .iter()
+            .fold((f64::MAX, 0f64), |(a, b), p| (a.min(p.tokens), b.max(p.tokens)));
+        let (ylo, yhi) = mine.iter().fold((f64::MAX, 0f64), |(a, b), p| {
+            (a.min(p.us_per_token), b.max(p.us_per_token))
+        });
+        let (ylo, yhi) = decade_bounds(ylo, yhi);
+        let xa = LogAxis::new(tlo / 1.3, thi * 1.3, x0, x0 + pw);
+        let ya = LogAxis::new(ylo, yhi, y0 + ph, y0);
+        s.text(
+            x0,
+            y0 - 8.0,
+            r#" font-weight="bold""#,
+            &format!("{model}, {exec}, KV {kv}"),
+        );
+        s.line(x0, y0 + ph, x0 + pw, y0 + ph, r##" stroke="#444""##);
+        s.line(x0, y0, x0, y0 + ph, r##" stroke="#444""##);
+        for t in ticks(ylo, yhi, 10.0) {
+            let y = ya.map(t);
+            s.line(x0, y, x0 + pw, y, r##" stroke="#ddd""##);
+            s.text(x0 - 6.0, y + 4.0, r#" text-anchor="end""#, &num_label(t));
+        }
+        for t in ticks(tlo, thi, 2.0) {
+            let x = xa.map(t);
+            s.text(x, y0 + ph + 15.0, r#" text-anchor="middle""#, &num_label(t));
+        }
+        s.text(
+            x0 + pw / 2.0,
+            y0 + ph + 32.0,
+            r#" text-anchor="middle""#,
+            "tokens per step",
+        );
+        s.text(x0 - 45.0, y0 - 8.0, "", "us/token");
+        let mut series: Vec<(u64, String)> = Vec::new();
+        for p in &mine {
+            if !series.contains(&(p.tp, p.mode.clone())) {
+                series.push((p.tp, p.mode.clone()));
+            }
+        }
+        let mut tps: Vec<u64> = series.iter().map(|s| s.0).collect();
+        tps.dedup();
+        for (tp, mode) in &series {
+            let color = COLORS[tps.iter().position(|t| t == tp).unwrap_or(0) % COLORS.len()];
+            let mut line: Vec<(f64, f64)> = mine
+                .iter()
+                .filter(|p| p.tp == *tp && &p.mode == mode)
+                .map(|p| (xa.map(p.tokens), ya.map(p.us_per_token)))
+                .collect();
+            line.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let path: Vec<String> = line.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
+            let dash = if mode == "none" && *tp > 1 {
+                r#" stroke-dasharray="4 3""#
+            } else {
+                ""
+            };
+            s.o.push_str(&format!(
+                "<polyline points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.4\"{dash}/>\n",
+                path.join(" ")
+            ));
+            let m = MODES.iter().position(|x| x == mode).unwrap_or(0);
+            for (x, y) in &line {
+                let r = 2.0 + m as f64 * 0.8;
+                s.o.push_str(&format!(
+                    "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"{r:.1}\" fill=\"none\" stroke=\"{color}\"/>\n"
+                ));
+            }
+            if let Some((x, y)) = line.last() {
+                s.text(
+                    x + 6.0,
+                    y + 3.0,
+                    &format!(r#" fill="{color}" font-size="9""#),
+                    &format!("tp{tp} {mode}"),
+                );
+            }
+        }
+    }
+    let rows = panels.len().div_ceil(2) as f64;
+    Some(s.finish(top + rows * (ph + margin) + 20.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plots_timed_rows_only() {
+        let row = |tp: u64, mode: &str, tokens: u64, us: Option<f64>| {
+            serde_json::json!({"model": "8b", "exec": if us.is_some() { Some("graph") } else { None },
+                "tp": tp, "mode": mode, "kv_len": 1024, "tokens": tokens, "model_us_per_step": us})
+        };
+        let v = serde_json::json!({"bench": "tp-layer", "meta": {"device": "H200"}, "rows": [
+            row(1, "none", 1, Some(3000.0)), row(1, "none", 8, Some(3200.0)),
+            row(2, "nccl", 1, Some(2000.0)), row(2, "fused", 1, Some(1700.0)),
+            row(4, "fused", 1, None),
+        ]});
+        assert!(is_tp_layer(&v));
+        let svg = tp_svg(&v, "t").unwrap();
+        assert!(svg.contains("tp1 none") && svg.contains("tp2 fused") && !svg.contains("tp4"));
+        assert_eq!(svg.matches("<polyline").count(), 3);
+        let empty = serde_json::json!({"bench": "tp-layer", "rows": [row(4, "fused", 1, None)]});
+        assert!(tp_svg(&empty, "t").is_none());
+    }
+}
