@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use symm_ops::cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
+use symm_ops::cudarc::driver::sys;
 use symm_ops::cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
@@ -69,9 +70,18 @@ fn addr_mut<T>(b: &mut impl DevicePtrMut<T>, s: &CudaStream) -> u64 {
 }
 
 impl Kernels {
+    /// Loads the kernels into `ctx`, each onto the device now: under CUDA's lazy loading a
+    /// first launch loads the function and may wait for the whole device, which on a shared GPU
+    /// waits for a peer's spinning collective (NOTE [co-residency]).
     pub fn load(ctx: &Arc<CudaContext>) -> Res<Kernels> {
         let m = kernels::load(ctx, &SOURCE, "")?;
-        let f = |n: &str| m.load_function(n);
+        let f = |n: &str| -> Res<CudaFunction> {
+            let f = m.load_function(n)?;
+            // SAFETY: `f` is a live function of a module loaded in its context (kept alive by
+            // `f`); cuFuncLoad only loads it.
+            unsafe { sys::cuFuncLoad(f.cu_function()) }.result()?;
+            Ok(f)
+        };
         Ok(Kernels {
             init: f("tp_init")?,
             add_rms_norm: f("tp_add_rms_norm")?,

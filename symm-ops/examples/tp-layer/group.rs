@@ -2,8 +2,8 @@
 //! moved in (docs/embedding.md), every rank running the same plan.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use symm_ops::cudarc::driver::{CudaContext, CudaStream};
 use symm_ops::prelude::*;
@@ -92,12 +92,22 @@ pub fn run(plan: &Plan) -> Res<Vec<Record>> {
     let streams: Vec<Arc<CudaStream>> = pooled.iter().map(|p| p.stream().clone()).collect();
     let config = CommConfig::default().with_timeout(Duration::from_secs(60));
     let comms = Communicator::for_streams(&streams, config)?;
+    let barrier = RankBarrier::new(plan.tp());
     let per_rank: Vec<Res<Vec<(Record, Option<Vec<u64>>)>>> = std::thread::scope(|sc| {
         let hs: Vec<_> = comms
             .into_iter()
             .zip(streams)
             .zip(&ctxs)
-            .map(|((comm, stream), ctx)| sc.spawn(move || worker(plan, comm, stream, ctx)))
+            .map(|((comm, stream), ctx)| {
+                let barrier = &barrier;
+                sc.spawn(move || {
+                    let r = worker(plan, comm, stream, ctx, barrier);
+                    if r.is_err() {
+                        barrier.abandon();
+                    }
+                    r
+                })
+            })
             .collect();
         hs.into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err("a rank's thread panicked".into())))
@@ -120,14 +130,29 @@ pub fn run(plan: &Plan) -> Res<Vec<Record>> {
 
 type RankRecords = Vec<(Record, Option<Vec<u64>>)>;
 
-fn worker(plan: &Plan, comm: Communicator, stream: Arc<CudaStream>, ctx: &Arc<CudaContext>) -> Res<RankRecords> {
+/// One rank's run of the plan. On a GPU shared by ranks, nothing may wait for the whole
+/// device while a peer's kernel spins (NOTE [co-residency]): module loads (cuBLAS loads its
+/// kernels lazily, at a GEMM's first launch of a shape) and setup sit between host barriers,
+/// apart from every collective (the activations' allocation is one when the pool grows); a
+/// warm-up layer without collectives loads every GEMM kernel a token count uses.
+fn worker(
+    plan: &Plan,
+    comm: Communicator,
+    stream: Arc<CudaStream>,
+    ctx: &Arc<CudaContext>,
+    barrier: &RankBarrier,
+) -> Res<RankRecords> {
     ctx.bind_to_thread()?;
     let kernels = Kernels::load(ctx)?;
     let mut rank = Rank::new(comm, stream, kernels, plan.shape, plan.lmax, plan.seed)?;
+    barrier.wait()?;
     let layer_fn = plan.tp() == 1;
     let mut out = Vec::new();
     for &tokens in &plan.tokens {
-        let mut acts = rank.acts(tokens)?;
+        let mut acts = rank.acts(tokens)?; // a collective step when the pool grows
+        barrier.wait()?;
+        rank.warm_up(&mut acts)?;
+        barrier.wait()?;
         for &kv_len in &plan.kv_lens {
             for &mode in &plan.modes {
                 let checked = layer_fn || mode != Mode::None;
@@ -158,5 +183,81 @@ fn worker(plan: &Plan, comm: Communicator, stream: Arc<CudaStream>, ctx: &Arc<Cu
         }
     }
     rank.comm.check_error()?;
+    // Tearing down (cuBLAS, module unloads) may wait for the device: after every rank's last op.
+    barrier.wait()?;
     Ok(out)
+}
+
+/// A barrier of the group's rank threads that never hangs: a wait ends with an error after
+/// [`RankBarrier::TIMEOUT`] or as soon as a rank that failed abandons the group.
+pub struct RankBarrier {
+    state: Mutex<(usize, u64, bool)>, // (arrived, generation, abandoned)
+    cv: Condvar,
+    n: usize,
+}
+
+impl RankBarrier {
+    const TIMEOUT: Duration = Duration::from_secs(300);
+
+    pub fn new(n: usize) -> RankBarrier {
+        RankBarrier {
+            state: Mutex::new((0, 0, false)),
+            cv: Condvar::new(),
+            n,
+        }
+    }
+
+    pub fn wait(&self) -> Res {
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let generation = g.1;
+        g.0 += 1;
+        if g.0 == self.n {
+            g.0 = 0;
+            g.1 += 1;
+            self.cv.notify_all();
+            return Ok(());
+        }
+        let deadline = Instant::now() + Self::TIMEOUT;
+        while g.1 == generation {
+            if g.2 {
+                return Err("another rank failed".into());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!("the rank barrier timed out after {:?}", Self::TIMEOUT).into());
+            }
+            g = self.cv.wait_timeout(g, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        Ok(())
+    }
+
+    /// A rank failed: every wait, now or later, returns an error.
+    pub fn abandon(&self) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).2 = true;
+        self.cv.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn barrier_releases_together_and_never_hangs() {
+        let b = RankBarrier::new(3);
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..3).map(|_| s.spawn(|| (b.wait(), b.wait()))).collect();
+            for h in hs {
+                let (x, y) = h.join().unwrap();
+                assert!(x.is_ok() && y.is_ok());
+            }
+        });
+        let b = RankBarrier::new(2);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| b.wait());
+            std::thread::sleep(Duration::from_millis(20));
+            b.abandon();
+            assert!(waiter.join().unwrap().is_err(), "an abandoned group's wait fails");
+        });
+    }
 }

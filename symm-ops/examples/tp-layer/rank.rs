@@ -290,6 +290,13 @@ impl Rank {
         self.epilogue(mode, &a.down_part, r1, r0, &self.w.in_norm, &mut a.normed, t)
     }
 
+    /// One layer without collectives and a synchronisation: loads every kernel the step
+    /// launches for these shapes (cuBLAS picks and loads its GEMM kernels at first use).
+    pub fn warm_up(&mut self, a: &mut Acts) -> Res {
+        self.layer(a, Mode::None, 0)?;
+        Ok(self.stream.synchronize()?)
+    }
+
     /// One checked step from the fixed input: a fresh cache, the input RMSNorm, one layer;
     /// returns what this rank holds afterwards.
     pub fn check(&mut self, a: &mut Acts, mode: Mode, kv_len: usize) -> Res<Outputs> {
