@@ -311,6 +311,17 @@ impl Kernels {
     }
 }
 
+/// Holds cuBLAS's GEMMs on this handle to `sms` SMs. For ranks sharing a GPU: cuBLAS's
+/// persistent (stream-K) kernels size their grid to the SMs they may use and have blocks wait
+/// for other blocks of the grid, so on a GPU whose other SMs hold peers' spinning collectives
+/// (NOTE [co-residency]) an unlimited GEMM waits for blocks that cannot start.
+pub fn limit_gemm_sms(blas: &CudaBlas, sms: usize) -> Res {
+    let sms = i32::try_from(sms.max(1)).map_err(|_| "SM count out of range")?;
+    // SAFETY: a live handle; the call only sets one of its fields.
+    unsafe { symm_ops::cudarc::cublas::sys::cublasSetSmCountTarget(*blas.handle(), sms) }.result()?;
+    Ok(())
+}
+
 /// `y[tokens x n] = x[tokens x k] * w[n x k]^T` (row-major; `w` in PyTorch `Linear` layout), bf16
 /// with f32 accumulation.
 pub fn linear(

@@ -195,7 +195,11 @@ fn run(a: &Args, gpus: usize) -> Res {
     let mut rows: Vec<Row> = Vec::new();
     if a.tiny {
         let tiny = Args {
-            tokens: a.tokens.iter().map(|&t| t.min(32)).collect(),
+            tokens: {
+                let mut t: Vec<usize> = a.tokens.iter().map(|&t| t.min(32)).collect();
+                t.dedup();
+                t
+            },
             kv: vec![37, 300],
             execs: Vec::new(),
             ..a.clone()

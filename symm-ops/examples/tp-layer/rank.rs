@@ -5,13 +5,13 @@
 use std::sync::Arc;
 
 use symm_ops::cudarc::cublas::CudaBlas;
-use symm_ops::cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use symm_ops::cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use symm_ops::cudarc::driver::{CudaSlice, CudaStream};
 use symm_ops::half::bf16;
 use symm_ops::prelude::*;
 use symm_ops::{AllReduceAlgo, EpilogueAlgo, RmsNorm, SymmBuffer};
 
-use crate::gpu::{linear, Kernels, CHUNK};
+use crate::gpu::{self, linear, Kernels, CHUNK};
 use crate::model::{Shape, Shard, Tensor, HEAD_DIM};
 use crate::Res;
 
@@ -121,6 +121,14 @@ impl Rank {
         let (tp, rank) = (comm.world_size(), comm.rank().get());
         s.check_tp(tp)?;
         let blas = CudaBlas::new(stream.clone())?;
+        let sharers = comm.device_sharers();
+        if sharers > 1 {
+            // Leave the peers' collectives their SMs (the grid budget's share, less its reserve).
+            let sms = stream
+                .context()
+                .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+            gpu::limit_gemm_sms(&blas, (sms as usize / sharers).saturating_sub(2))?;
+        }
         let make = |t: Tensor| -> Res<CudaSlice<bf16>> {
             let shard = Shard::new(t, &s, tp, rank, 1, lmax);
             let mut b = stream.alloc_zeros::<bf16>(shard.rows * shard.cols)?;
