@@ -92,16 +92,16 @@ pub fn run(plan: &Plan) -> Res<Vec<Record>> {
     let streams: Vec<Arc<CudaStream>> = pooled.iter().map(|p| p.stream().clone()).collect();
     let config = CommConfig::default().with_timeout(Duration::from_secs(60));
     let comms = Communicator::for_streams(&streams, config)?;
-    let barrier = RankBarrier::new(plan.tp());
+    let barrier = Arc::new(RankBarrier::new(plan.tp()));
     let per_rank: Vec<Res<Vec<(Record, Option<Vec<u64>>)>>> = std::thread::scope(|sc| {
         let hs: Vec<_> = comms
             .into_iter()
             .zip(streams)
             .zip(&ctxs)
             .map(|((comm, stream), ctx)| {
-                let barrier = &barrier;
+                let barrier = barrier.clone();
                 sc.spawn(move || {
-                    let r = worker(plan, comm, stream, ctx, barrier);
+                    let r = worker(plan, comm, stream, ctx, &barrier);
                     if r.is_err() {
                         barrier.abandon();
                     }
@@ -140,11 +140,13 @@ fn worker(
     comm: Communicator,
     stream: Arc<CudaStream>,
     ctx: &Arc<CudaContext>,
-    barrier: &RankBarrier,
+    barrier: &Arc<RankBarrier>,
 ) -> Res<RankRecords> {
     ctx.bind_to_thread()?;
     let kernels = Kernels::load(ctx)?;
-    let mut rank = Rank::new(comm, stream, kernels, plan.shape, plan.lmax, plan.seed)?;
+    // Ranks sharing a GPU meet before each collective (correctness only; see `Rank::fence`).
+    let fence = (comm.device_sharers() > 1).then(|| barrier.clone());
+    let mut rank = Rank::new(comm, stream, kernels, plan.shape, plan.lmax, plan.seed, fence)?;
     barrier.wait()?;
     let layer_fn = plan.tp() == 1;
     let mut out = Vec::new();

@@ -12,6 +12,7 @@ use symm_ops::prelude::*;
 use symm_ops::{AllReduceAlgo, EpilogueAlgo, RmsNorm, SymmBuffer};
 
 use crate::gpu::{self, linear, Kernels, CHUNK};
+use crate::group::RankBarrier;
 use crate::model::{Shape, Shard, Tensor, HEAD_DIM};
 use crate::Res;
 
@@ -113,11 +114,26 @@ pub struct Rank {
     lmax: usize,
     seed: u64,
     w: Weights,
+    /// Ranks sharing a GPU: every rank's stream drained and the ranks met before each
+    /// collective. symm's grids are sized so that every rank's collectives are resident
+    /// together (NOTE [co-residency]), but a cuBLAS GEMM queued behind nothing on one rank can
+    /// need SMs a peer's spinning collective holds, and some of its kernels keep blocks waiting
+    /// for other blocks of their grid: with 4 and more ranks on one H200 the layer hung in its
+    /// first all-reduce without this. Correctness only: shared groups are not timed.
+    fence: Option<Arc<RankBarrier>>,
 }
 
 impl Rank {
     /// Builds the rank's weights and cache (`lmax` positions) on `stream`.
-    pub fn new(comm: Communicator, stream: Arc<CudaStream>, k: Kernels, s: Shape, lmax: usize, seed: u64) -> Res<Rank> {
+    pub fn new(
+        comm: Communicator,
+        stream: Arc<CudaStream>,
+        k: Kernels,
+        s: Shape,
+        lmax: usize,
+        seed: u64,
+        fence: Option<Arc<RankBarrier>>,
+    ) -> Res<Rank> {
         let (tp, rank) = (comm.world_size(), comm.rank().get());
         s.check_tp(tp)?;
         let blas = CudaBlas::new(stream.clone())?;
@@ -157,6 +173,7 @@ impl Rank {
             lmax,
             seed,
             w,
+            fence,
         })
     }
 
@@ -215,7 +232,12 @@ impl Rank {
         tokens: usize,
     ) -> Res {
         let (st, s) = (&self.stream, &self.s);
-        match self.epilogue_algo(mode, tokens * s.hidden * 2) {
+        let algo = self.epilogue_algo(mode, tokens * s.hidden * 2);
+        if let (Some(_), Some(fence)) = (algo, &self.fence) {
+            st.synchronize()?;
+            fence.wait()?;
+        }
+        match algo {
             None => self.k.add_rms_norm(
                 st,
                 part.view()?,
