@@ -80,33 +80,26 @@ cmd_tests() {
   [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
 }
 
-cmd_bench() {
-  [ -x "$HERE/bin/symm-bench" ] || { echo "symm-bench is not in this bundle" >&2; return 1; }
+# run_plotted NAME EXE ARGS...: runs a benchmark executable with --json $OUT/NAME.json (unless
+# ARGS has one), then plots that JSON with xtask into NAME.svg beside it.
+run_plotted() {
+  local name="$1" exe="$2"; shift 2
+  [ -x "$exe" ] || { echo "$(basename "$exe") is not in this bundle" >&2; return 1; }
   local extra=()
   local json=""
   if ! has_arg --json "$@"; then
-    json="${OUT:-$HERE}/bench.json"
+    json="${OUT:-$HERE}/$name.json"
     extra=(--json "$json")
   fi
-  run bench "$HERE/bin/symm-bench" "$@" "${extra[@]}" || return 1
+  run "$name" "$exe" "$@" "${extra[@]}" || return 1
   if [ -n "$json" ] && [ -f "$json" ] && [ -x "$HERE/bin/xtask" ]; then
-    run bench "$HERE/bin/xtask" plot "$json" --out "${json%.json}.svg"
+    run "$name" "$HERE/bin/xtask" plot "$json" --out "${json%.json}.svg"
   fi
 }
 
-cmd_tp_layer() {
-  [ -x "$HERE/bin/tp-layer" ] || { echo "tp-layer is not in this bundle" >&2; return 1; }
-  local extra=()
-  local json=""
-  if ! has_arg --json "$@"; then
-    json="${OUT:-$HERE}/tp-layer.json"
-    extra=(--json "$json")
-  fi
-  run tp-layer "$HERE/bin/tp-layer" "$@" "${extra[@]}" || return 1
-  if [ -n "$json" ] && [ -f "$json" ] && [ -x "$HERE/bin/xtask" ]; then
-    run tp-layer "$HERE/bin/xtask" plot "$json" --out "${json%.json}.svg"
-  fi
-}
+cmd_bench() { run_plotted bench "$HERE/bin/symm-bench" "$@"; }
+
+cmd_tp_layer() { run_plotted tp-layer "$HERE/bin/tp-layer" "$@"; }
 
 cmd_anchors() {
   [ -f "$HERE/anchors_torch.py" ] || { echo "anchors_torch.py is not in this bundle" >&2; return 1; }
