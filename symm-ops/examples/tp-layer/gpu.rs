@@ -152,6 +152,9 @@ impl Kernels {
         eps: f32,
     ) -> Res {
         let n = rows * hidden;
+        if hidden % 8 != 0 || hidden > 32_768 {
+            return Err(format!("add_rms_norm: hidden {hidden} is not a multiple of 8 up to 32768").into());
+        }
         check("add_rms_norm x", x.len(), n)?;
         check("add_rms_norm weight", w.len(), hidden)?;
         check("add_rms_norm out", normed.len(), n)?;
@@ -164,8 +167,14 @@ impl Kernels {
             None => (0u64, 0u64),
         };
         let (x, w, out, hidden32) = (addr(x, s), addr(w, s), addr_mut(normed, s), hidden as u32);
+        // One 16-byte vector per thread and pass, at most 4 passes (NORM_MAXV in kernels.cu).
+        let threads = (hidden / 8).next_multiple_of(32).clamp(32, 1024) as u32;
+        if [x, r, ro, w, out].iter().any(|a| a % 16 != 0) {
+            return Err("add_rms_norm: a buffer not aligned to 16 bytes".into());
+        }
         // SAFETY: every buffer holds rows x hidden elements (the weight `hidden`), checked
-        // above; null residuals are skipped by the kernel.
+        // above; every address is 16-byte aligned and hidden a multiple of 8 (checked), so rows
+        // are whole 16-byte vectors; null residuals are skipped by the kernel.
         unsafe {
             s.launch_builder(&self.add_rms_norm)
                 .arg(&x)
@@ -175,7 +184,7 @@ impl Kernels {
                 .arg(&out)
                 .arg(&hidden32)
                 .arg(&eps)
-                .launch(cfg((rows as u32, 1, 1), 256))?;
+                .launch(cfg((rows as u32, 1, 1), threads))?;
         }
         Ok(())
     }

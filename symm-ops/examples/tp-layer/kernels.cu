@@ -63,25 +63,65 @@ __device__ float tp_block_sum(float v) {
     return s;
 }
 
-// One block per row of `hidden`: y = x (+ res); res_out = bf16(y) when given;
-// normed = bf16(y' * rsqrt(mean(y'^2) + eps) * w) with y' = bf16(y), the rounding of
-// symm's epilogue (NOTE [fused-epilogue]). res and res_out may be null (the input norm).
-extern "C" __global__ void tp_add_rms_norm(const bf16* x, const bf16* res, bf16* res_out, const bf16* w,
-                                           bf16* normed, unsigned int hidden, float eps) {
+// The 8 bf16 of a 16-byte vector, widened.
+__device__ __forceinline__ void tp_unpack8(const uint4 v, float (&f)[8]) {
+    const unsigned int w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+    }
+}
+
+__device__ __forceinline__ uint4 tp_pack8(const float (&f)[8]) {
+    unsigned int w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = (unsigned int)tobf(f[2 * i]) | ((unsigned int)tobf(f[2 * i + 1]) << 16);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+#define NORM_MAXV 4  // 16-byte vectors per thread: hidden up to 4 * 1024 * 8
+
+// One block per row of `hidden` (a multiple of 8, at most 32768), one 16-byte vector per
+// thread and pass: y = x (+ res); res_out = bf16(y) when given; normed = bf16(y' * rsqrt(mean(y'^2)
+// + eps) * w) with y' = bf16(y), the rounding of symm's epilogue (NOTE [fused-epilogue]). res and
+// res_out may be null (the input norm). The row stays in registers between the two passes.
+extern "C" __global__ void __launch_bounds__(1024)
+    tp_add_rms_norm(const bf16* x, const bf16* res, bf16* res_out, const bf16* w, bf16* normed,
+                    unsigned int hidden, float eps) {
     const size_t base = (size_t)blockIdx.x * hidden;
+    const unsigned nv = hidden / 8;
+    float y[NORM_MAXV][8];
     float ss = 0.0f;
-    for (unsigned i = threadIdx.x; i < hidden; i += blockDim.x) {
-        float y = bf(x[base + i]);
-        if (res) y += bf(res[base + i]);
-        const bf16 yb = tobf(y);
-        if (res_out) res_out[base + i] = yb;
-        ss += bf(yb) * bf(yb);
+#pragma unroll
+    for (int k = 0; k < NORM_MAXV; ++k) {
+        const unsigned v = threadIdx.x + k * blockDim.x;
+        if (v < nv) {
+            float r[8];
+            tp_unpack8(*reinterpret_cast<const uint4*>(x + base + (size_t)v * 8), y[k]);
+            if (res) {
+                tp_unpack8(*reinterpret_cast<const uint4*>(res + base + (size_t)v * 8), r);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) y[k][i] += r[i];
+            }
+            const uint4 yb = tp_pack8(y[k]);
+            if (res_out) *reinterpret_cast<uint4*>(res_out + base + (size_t)v * 8) = yb;
+            tp_unpack8(yb, y[k]);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) ss += y[k][i] * y[k][i];
+        }
     }
     const float inv = rsqrtf(tp_block_sum(ss) / (float)hidden + eps);
-    for (unsigned i = threadIdx.x; i < hidden; i += blockDim.x) {
-        float y = bf(x[base + i]);
-        if (res) y += bf(res[base + i]);
-        normed[base + i] = tobf(bf(tobf(y)) * inv * bf(w[i]));
+#pragma unroll
+    for (int k = 0; k < NORM_MAXV; ++k) {
+        const unsigned v = threadIdx.x + k * blockDim.x;
+        if (v < nv) {
+            float g[8];
+            tp_unpack8(*reinterpret_cast<const uint4*>(w + (size_t)v * 8), g);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) y[k][i] = y[k][i] * inv * g[i];
+            *reinterpret_cast<uint4*>(normed + base + (size_t)v * 8) = tp_pack8(y[k]);
+        }
     }
 }
 
