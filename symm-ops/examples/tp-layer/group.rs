@@ -93,7 +93,7 @@ pub fn run(plan: &Plan) -> Res<Vec<Record>> {
     let config = CommConfig::default().with_timeout(Duration::from_secs(60));
     let comms = Communicator::for_streams(&streams, config)?;
     let barrier = Arc::new(RankBarrier::new(plan.tp()));
-    let per_rank: Vec<Res<Vec<(Record, Option<Vec<u64>>)>>> = std::thread::scope(|sc| {
+    let per_rank: Vec<Res<RankRecords>> = std::thread::scope(|sc| {
         let hs: Vec<_> = comms
             .into_iter()
             .zip(streams)
