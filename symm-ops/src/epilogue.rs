@@ -2,9 +2,9 @@
 //! partial sums `x`, add the residual, RMSNorm the sum (NOTE [fused-epilogue] in
 //! `symm-cuda/kernels/epilogue.cuh`; docs/ops.md, "Fused epilogues").
 //!
-//! The CUDA engine runs the Lamport one-shot with the epilogue fused in where the all-reduce
-//! table picks Lamport, else the table's all-reduce (NCCL included) followed by the separate
-//! epilogue kernel; the host engine runs its all-reduce and the same arithmetic on the CPU.
+//! The CUDA engine runs the table's all-reduce (NCCL included) followed by the separate
+//! epilogue kernel, or, at world 1 or when asked for, the Lamport one-shot with the epilogue
+//! fused in; the host engine runs its all-reduce and the same arithmetic on the CPU.
 
 use symm_core::epilogue::{Buffers, Rows, Span};
 use symm_core::{DType, Error, ReduceOp, Result};
@@ -19,9 +19,9 @@ use crate::select::AllReduceAlgo;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum EpilogueAlgo {
-    /// The planner: [`EpilogueAlgo::Fused`] where the all-reduce table picks
-    /// [`AllReduceAlgo::Lamport`] for the message (or at world 1), else the table's
-    /// all-reduce then the epilogue kernel.
+    /// The planner: the all-reduce table's pick for the message, then the epilogue kernel;
+    /// [`EpilogueAlgo::Fused`] at world 1 (above it the fused kernel measured slower than the
+    /// Lamport all-reduce plus the epilogue kernel: `Selector::epilogue`).
     Auto,
     /// One kernel: the Lamport one-shot with the epilogue applied to each row as it arrives
     /// (CUDA; messages up to the Lamport buffers). The host engine runs its unfused sequence.
@@ -158,8 +158,9 @@ pub(crate) fn check_sum_place(op: &'static str, sum_at: SumAt, residual: u64, re
 
 impl OnStream<'_> {
     /// `residual_out = residual + all_reduce_sum(x)`; `norm_out = RMSNorm(residual_out) * weight`
-    /// per row of `norm.weight.len()` elements (the hidden size): one kernel where the all-reduce
-    /// table picks Lamport. Rounding and tolerance: docs/ops.md, "Fused epilogues".
+    /// per row of `norm.weight.len()` elements (the hidden size): the all-reduce table's pick and
+    /// the epilogue kernel (one fused kernel at world 1). Rounding and tolerance: docs/ops.md,
+    /// "Fused epilogues".
     pub fn all_reduce_residual_rms_norm<'a>(
         &self,
         x: impl Into<Buf<'a>>,

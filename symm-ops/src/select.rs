@@ -308,13 +308,15 @@ impl Selector {
         }
     }
 
-    /// How an all-reduce epilogue of `bytes` runs (NOTE [fused-epilogue]): fused into the
-    /// Lamport one-shot where the all-reduce table picks Lamport (and at world 1, where nothing
-    /// is exchanged), else the table's all-reduce then the epilogue kernel.
+    /// How an all-reduce epilogue of `bytes` runs (NOTE [fused-epilogue]): the table's
+    /// all-reduce then the epilogue kernel; fused (one kernel) only at world 1, where nothing is
+    /// exchanged. On 2 x H200 the fused kernel lost to the Lamport all-reduce plus the epilogue
+    /// kernel at every size measured (hidden 4096 / 8192, 1-128 tokens: 1.26-1.60x in graph
+    /// replay, 1.15-1.19x eager; bench-notes round 13), so above world 1 it runs only when asked
+    /// for ([`crate::EpilogueAlgo::Fused`]).
     pub fn epilogue(&self, bytes: usize, world: usize) -> crate::EpilogueAlgo {
         match self.all_reduce(bytes) {
             _ if self.symm && self.engine == EngineKind::Cuda && world == 1 => crate::EpilogueAlgo::Fused,
-            AllReduceAlgo::Lamport => crate::EpilogueAlgo::Fused,
             a => crate::EpilogueAlgo::Separate(a),
         }
     }
@@ -332,8 +334,8 @@ impl Selector {
         ]
     }
 
-    /// The all-reduce epilogues' lines of [`Self::table`] (NOTE [fused-epilogue]): fused
-    /// where the all-reduce rows say Lamport, else that all-reduce then the epilogue kernel.
+    /// The all-reduce epilogues' lines of [`Self::table`] (NOTE [fused-epilogue]): the
+    /// all-reduce rows' pick then the epilogue kernel (fused at world 1).
     pub fn epilogue_table(&self, world: usize) -> String {
         let mut s = String::new();
         block(
