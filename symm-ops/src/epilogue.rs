@@ -3,8 +3,8 @@
 //! `symm-cuda/kernels/epilogue.cuh`; docs/ops.md, "Fused epilogues").
 //!
 //! The CUDA engine runs the table's all-reduce (NCCL included) followed by the separate
-//! epilogue kernel, or, at world 1 or when asked for, the Lamport one-shot with the epilogue
-//! fused in; the host engine runs its all-reduce and the same arithmetic on the CPU.
+//! epilogue kernel, or the Lamport one-shot with the epilogue fused in (the planner's rule:
+//! `Selector::epilogue`); the host engine runs its all-reduce and the same arithmetic on the CPU.
 
 use symm_core::epilogue::{Buffers, Rows, Span};
 use symm_core::{DType, Error, ReduceOp, Result};
@@ -20,8 +20,8 @@ use crate::select::AllReduceAlgo;
 #[non_exhaustive]
 pub enum EpilogueAlgo {
     /// The planner: the all-reduce table's pick for the message, then the epilogue kernel;
-    /// [`EpilogueAlgo::Fused`] at world 1 (above it the fused kernel measured slower than the
-    /// Lamport all-reduce plus the epilogue kernel: `Selector::epilogue`).
+    /// [`EpilogueAlgo::Fused`] at world 1 and where the table picks Lamport for a message of at
+    /// least `SelectionThresholds::epilogue_fused_min_bytes` (`Selector::epilogue`).
     Auto,
     /// One kernel: the Lamport one-shot with the epilogue applied to each row as it arrives
     /// (CUDA; messages up to the Lamport buffers). The host engine runs its unfused sequence.
@@ -159,8 +159,8 @@ pub(crate) fn check_sum_place(op: &'static str, sum_at: SumAt, residual: u64, re
 impl OnStream<'_> {
     /// `residual_out = residual + all_reduce_sum(x)`; `norm_out = RMSNorm(residual_out) * weight`
     /// per row of `norm.weight.len()` elements (the hidden size): the all-reduce table's pick and
-    /// the epilogue kernel (one fused kernel at world 1). Rounding and tolerance: docs/ops.md,
-    /// "Fused epilogues".
+    /// the epilogue kernel, or one fused kernel (`EpilogueAlgo::Auto`). Rounding and tolerance:
+    /// docs/ops.md, "Fused epilogues".
     pub fn all_reduce_residual_rms_norm<'a>(
         &self,
         x: impl Into<Buf<'a>>,

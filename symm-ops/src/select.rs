@@ -153,10 +153,24 @@ pub struct SelectionThresholds {
     /// ([`AllReduceAlgo::CopyEngine`]) when input and output both lie in registered symmetric
     /// memory, apart (else the pull when the input does). CUDA, two ranks only.
     pub all_reduce_ce_min_bytes: usize,
+    /// All-reduce epilogues (`all_reduce_residual[_rms_norm]`) from this size on, where the
+    /// all-reduce rows pick Lamport: the fused kernel (one kernel) instead of the Lamport
+    /// all-reduce then the epilogue kernel. World 1 always runs the fused kernel. CUDA only.
+    pub epilogue_fused_min_bytes: usize,
 }
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * 1024;
+
+/// [`SelectionThresholds::epilogue_fused_min_bytes`] on CUDA above world 1. Measured on
+/// 2 x H200 in a tensor-parallel Llama layer (symm-ops/examples/tp-layer, bench-notes round 13).
+/// Below 512 KiB the Lamport all-reduce then the epilogue kernel beat NCCL + the same kernel by
+/// 4-9% a layer at 1-32 tokens, and the fused kernel lost to both (1.10x NCCL). From 512 KiB
+/// (70B at 32 tokens, 8B and 70B at 128) Lamport then the epilogue kernel took 1.4-3.6 ms a
+/// layer in 7 of 10 runs, against NCCL's 0.37-1.45 ms: a stall in the layer that the
+/// collective alone does not show in symm-bench, not yet explained (#23). The fused kernel
+/// there stayed within -5% to +4% of NCCL.
+const EPILOGUE_FUSED_MIN_BYTES: usize = 512 * KIB;
 
 impl SelectionThresholds {
     /// The defaults for an engine and world size.
@@ -181,6 +195,7 @@ impl SelectionThresholds {
                 all_reduce_pull_min_bytes: usize::MAX,
                 all_reduce_ce_min_bytes: usize::MAX,
                 reduce_scatter_pull_min_bytes: usize::MAX,
+                epilogue_fused_min_bytes: usize::MAX,
             },
             EngineKind::Nccl => SelectionThresholds {
                 lamport_max_bytes: 0,
@@ -193,6 +208,7 @@ impl SelectionThresholds {
                 all_reduce_pull_min_bytes: usize::MAX,
                 all_reduce_ce_min_bytes: usize::MAX,
                 reduce_scatter_pull_min_bytes: usize::MAX,
+                epilogue_fused_min_bytes: usize::MAX,
             },
             EngineKind::Cuda if world_size <= 2 => {
                 // Measured on 2 x H200 (NV18), graph replay, NCCL 2.28.9 in the same run
@@ -220,6 +236,7 @@ impl SelectionThresholds {
                     all_reduce_pull_min_bytes: lamport + 1,
                     all_reduce_ce_min_bytes: 128 * MIB + 1,
                     reduce_scatter_pull_min_bytes: 32 * MIB + 1,
+                    epilogue_fused_min_bytes: EPILOGUE_FUSED_MIN_BYTES,
                 }
             }
             EngineKind::Cuda => {
@@ -246,6 +263,7 @@ impl SelectionThresholds {
                     all_reduce_pull_min_bytes: usize::MAX,
                     all_reduce_ce_min_bytes: usize::MAX,
                     reduce_scatter_pull_min_bytes: if measured { 16 * MIB + 1 } else { usize::MAX },
+                    epilogue_fused_min_bytes: EPILOGUE_FUSED_MIN_BYTES,
                 }
             }
         }
@@ -309,14 +327,14 @@ impl Selector {
     }
 
     /// How an all-reduce epilogue of `bytes` runs (NOTE [fused-epilogue]): the table's
-    /// all-reduce then the epilogue kernel; fused (one kernel) only at world 1, where nothing is
-    /// exchanged. On 2 x H200 the fused kernel lost to the Lamport all-reduce plus the epilogue
-    /// kernel at every size measured (hidden 4096 / 8192, 1-128 tokens: 1.26-1.60x in graph
-    /// replay, 1.15-1.19x eager; bench-notes round 13), so above world 1 it runs only when asked
-    /// for ([`crate::EpilogueAlgo::Fused`]).
+    /// all-reduce then the epilogue kernel, except the fused kernel (one kernel) at world 1,
+    /// where nothing is exchanged, and where the table picks Lamport for a message of at least
+    /// [`SelectionThresholds::epilogue_fused_min_bytes`] (see `EPILOGUE_FUSED_MIN_BYTES` for the
+    /// measurements).
     pub fn epilogue(&self, bytes: usize, world: usize) -> crate::EpilogueAlgo {
         match self.all_reduce(bytes) {
             _ if self.symm && self.engine == EngineKind::Cuda && world == 1 => crate::EpilogueAlgo::Fused,
+            AllReduceAlgo::Lamport if bytes >= self.thresholds.epilogue_fused_min_bytes => crate::EpilogueAlgo::Fused,
             a => crate::EpilogueAlgo::Separate(a),
         }
     }
@@ -335,13 +353,15 @@ impl Selector {
     }
 
     /// The all-reduce epilogues' lines of [`Self::table`] (NOTE [fused-epilogue]): the
-    /// all-reduce rows' pick then the epilogue kernel (fused at world 1).
+    /// all-reduce rows' pick then the epilogue kernel, or the fused kernel ([`Self::epilogue`]).
     pub fn epilogue_table(&self, world: usize) -> String {
         let mut s = String::new();
+        let mut edges = self.all_reduce_bounds().to_vec();
+        edges.push(self.thresholds.epilogue_fused_min_bytes.saturating_sub(1));
         block(
             &mut s,
             "all_reduce_residual[_rms_norm] (bytes of x)",
-            &bounds(&self.all_reduce_bounds()),
+            &bounds(&edges),
             |bytes| match self.epilogue(bytes, world) {
                 crate::EpilogueAlgo::Fused => "fused (lamport one-shot + epilogue, one kernel)".to_string(),
                 crate::EpilogueAlgo::Separate(a) => format!("{a}, then the epilogue"),
@@ -496,6 +516,33 @@ mod tests {
             nccl,
             thresholds: SelectionThresholds::defaults(engine, world),
         }
+    }
+
+    /// The epilogue rule: the table's all-reduce then the kernel, fused at world 1 and for
+    /// Lamport messages from `epilogue_fused_min_bytes`; the table shows the boundary.
+    #[test]
+    fn epilogues_fuse_at_world_1_and_for_large_lamport_messages() {
+        use crate::EpilogueAlgo::{Fused, Separate};
+        for world in [2, 4, 8] {
+            let s = sel(EngineKind::Cuda, world, true);
+            let min = s.thresholds.epilogue_fused_min_bytes;
+            assert_eq!(min, 512 * KIB);
+            assert_eq!(s.epilogue(8 * KIB, world), Separate(AllReduceAlgo::Lamport));
+            assert_eq!(s.epilogue(min - 16, world), Separate(AllReduceAlgo::Lamport));
+            assert_eq!(s.all_reduce(min), AllReduceAlgo::Lamport, "world {world}");
+            assert_eq!(s.epilogue(min, world), Fused);
+            let above = s.thresholds.lamport_max_bytes + 16;
+            assert_ne!(s.epilogue(above, world), Fused, "beyond Lamport: the table's pick");
+            let table = s.epilogue_table(world);
+            assert!(
+                table.contains("< 512 KiB      lamport") && table.contains("fused (lamport"),
+                "{table}"
+            );
+        }
+        let one = sel(EngineKind::Cuda, 1, true);
+        assert_eq!(one.epilogue(8 * KIB, 1), Fused);
+        let host = sel(EngineKind::Host, 2, false);
+        assert!(matches!(host.epilogue(8 * MIB, 2), Separate(_)));
     }
 
     #[test]
