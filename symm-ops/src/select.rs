@@ -167,9 +167,9 @@ const MIB: usize = 1024 * 1024;
 /// Below 512 KiB the Lamport all-reduce then the epilogue kernel beat NCCL + the same kernel by
 /// 4-9% a layer at 1-32 tokens, and the fused kernel lost to both (1.10x NCCL). From 512 KiB
 /// (70B at 32 tokens, 8B and 70B at 128) Lamport then the epilogue kernel took 1.4-3.6 ms a
-/// layer in 7 of 10 runs, against NCCL's 0.37-1.45 ms: a stall in the layer that the
-/// collective alone does not show in symm-bench, not yet explained (#23). The fused kernel
-/// there stayed within -5% to +4% of NCCL.
+/// layer in 26 of 48 measurements (three runs, graph and eager; 0 of 80 below), against NCCL's
+/// 0.37-1.45 ms: a stall in the layer that the collective alone does not show in symm-bench,
+/// not yet explained (#23). The fused kernel there stayed within -5% to +4% of NCCL.
 const EPILOGUE_FUSED_MIN_BYTES: usize = 512 * KIB;
 
 impl SelectionThresholds {
