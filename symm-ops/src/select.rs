@@ -121,7 +121,11 @@ impl fmt::Display for AllGatherAlgo {
 /// tensor's bytes; reduce-scatter the whole unreduced input; all-gather the
 /// whole gathered output (as nccl-tests counts them). A threshold of 0
 /// disables the algorithm below it; `usize::MAX` means "no limit".
+///
+/// Start from [`SelectionThresholds::defaults`] and set fields (the struct is
+/// `#[non_exhaustive]`: fields may be added).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct SelectionThresholds {
     /// all_reduce up to this size: Lamport (CUDA).
     pub lamport_max_bytes: usize,
@@ -169,7 +173,8 @@ const MIB: usize = 1024 * 1024;
 /// (70B at 32 tokens, 8B and 70B at 128) Lamport then the epilogue kernel took 1.4-3.6 ms a
 /// layer in 26 of 48 measurements (three runs, graph and eager; 0 of 80 below), against NCCL's
 /// 0.37-1.45 ms: a stall in the layer that the collective alone does not show in symm-bench,
-/// not yet explained (#23). The fused kernel there stayed within -5% to +4% of NCCL.
+/// not yet explained (#23). The fused kernel there stayed within -5% to +4% of NCCL. Three to
+/// eight ranks are unmeasured: the same bound.
 const EPILOGUE_FUSED_MIN_BYTES: usize = 512 * KIB;
 
 impl SelectionThresholds {

@@ -135,7 +135,7 @@ cmd_store_interop() {
 
 cmd_all() {
   local passed=0 failed=0
-  for c in tests bench anchors store-interop; do
+  for c in tests bench tp-layer anchors store-interop; do
     echo "==> run.sh $c" >&2
     if "cmd_${c//-/_}"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "==> $c FAILED" >&2; fi
   done

@@ -1,5 +1,6 @@
 //! The layer's device calls: its NVRTC kernels (`kernels.cu`), their launches, and the cuBLAS
-//! GEMMs. The example's one module with `unsafe`: each launch checks the lengths of the
+//! GEMMs: the example's driver module (the context setup in group.rs is its only other
+//! `unsafe`). Each launch checks the lengths of the
 //! buffers it is given against the dimensions it is told, so the kernels stay in bounds.
 
 use std::sync::Arc;

@@ -2,6 +2,7 @@
 //! moved in (docs/embedding.md), every rank running the same plan.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -93,7 +94,9 @@ pub fn run(plan: &Plan) -> Res<Vec<Record>> {
     let config = CommConfig::default().with_timeout(Duration::from_secs(60));
     let comms = Communicator::for_streams(&streams, config)?;
     let barrier = Arc::new(RankBarrier::new(plan.tp()));
+    let done = AtomicBool::new(false);
     let per_rank: Vec<Res<RankRecords>> = std::thread::scope(|sc| {
+        sc.spawn(|| watchdog(&barrier, &done));
         let hs: Vec<_> = comms
             .into_iter()
             .zip(streams)
@@ -101,17 +104,23 @@ pub fn run(plan: &Plan) -> Res<Vec<Record>> {
             .map(|((comm, stream), ctx)| {
                 let barrier = barrier.clone();
                 sc.spawn(move || {
+                    // A rank that fails or panics abandons the group, so its peers stop at
+                    // their next barrier instead of pairing with a rank that is gone.
+                    let guard = AbandonOnDrop(&barrier);
                     let r = worker(plan, comm, stream, ctx, &barrier);
-                    if r.is_err() {
-                        barrier.abandon();
+                    if r.is_ok() {
+                        std::mem::forget(guard);
                     }
                     r
                 })
             })
             .collect();
-        hs.into_iter()
+        let results = hs
+            .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err("a rank's thread panicked".into())))
-            .collect()
+            .collect();
+        done.store(true, Ordering::Release);
+        results
     });
     let mut ranks = Vec::with_capacity(per_rank.len());
     for (r, res) in per_rank.into_iter().enumerate() {
@@ -190,6 +199,38 @@ fn worker(
     Ok(out)
 }
 
+/// Abandons the group when dropped (a failed or panicking rank's thread).
+struct AbandonOnDrop<'a>(&'a RankBarrier);
+
+impl Drop for AbandonOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.abandon();
+    }
+}
+
+/// How long the ranks of an abandoned group may take to stop before the process exits.
+const ABANDON_GRACE: Duration = Duration::from_secs(120);
+
+/// Ends the process when a rank failed and its peers have not stopped within
+/// [`ABANDON_GRACE`]: symm's ops time out by themselves, but a peer inside an NCCL all-reduce
+/// or a device synchronisation behind one waits for the failed rank forever.
+fn watchdog(barrier: &RankBarrier, done: &AtomicBool) {
+    let mut since: Option<Instant> = None;
+    while !done.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(100));
+        if barrier.abandoned() {
+            let t = *since.get_or_insert_with(Instant::now);
+            if t.elapsed() > ABANDON_GRACE {
+                eprintln!(
+                    "tp-layer: FAILED: a rank failed and its peers did not stop within {ABANDON_GRACE:?} \
+                     (a wait outside symm, such as NCCL's, has no bound); exiting"
+                );
+                std::process::exit(1);
+            }
+        }
+    }
+}
+
 /// A barrier of the group's rank threads that never hangs: a wait ends with an error after
 /// [`RankBarrier::TIMEOUT`] or as soon as a rank that failed abandons the group.
 pub struct RankBarrier {
@@ -211,6 +252,9 @@ impl RankBarrier {
 
     pub fn wait(&self) -> Res {
         let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if g.2 {
+            return Err("another rank failed".into());
+        }
         let generation = g.1;
         g.0 += 1;
         if g.0 == self.n {
@@ -231,6 +275,11 @@ impl RankBarrier {
             g = self.cv.wait_timeout(g, left).unwrap_or_else(|e| e.into_inner()).0;
         }
         Ok(())
+    }
+
+    /// Whether a rank abandoned the group.
+    pub fn abandoned(&self) -> bool {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).2
     }
 
     /// A rank failed: every wait, now or later, returns an error.
@@ -261,5 +310,12 @@ mod tests {
             b.abandon();
             assert!(waiter.join().unwrap().is_err(), "an abandoned group's wait fails");
         });
+        assert!(b.abandoned());
+        let last = RankBarrier::new(1);
+        last.abandon();
+        assert!(
+            last.wait().is_err(),
+            "the last rank to arrive is not released into a gone group"
+        );
     }
 }

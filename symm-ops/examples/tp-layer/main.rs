@@ -15,9 +15,11 @@
 //!
 //! Every configuration is checked before it is timed: the TP = t output against the TP = 1
 //! output within NOTE [tp-tolerance], every rank's output bit for bit against rank 0's, and
-//! TP 1 against a float64 CPU reference (reference.rs; the `tiny` layer at every size, the
-//! real models at their smallest). A failed check stops the run and prints the worst element.
+//! TP 1 against a float64 CPU reference (reference.rs; the `tiny` layer at every token count up
+//! to 32 and KV 1, 37 and 300, the real models at their smallest). A failed check stops the run
+//! and prints the worst element.
 //! TP sizes over the GPU count run with ranks sharing GPU 0: checked, not timed, no NCCL.
+//! `SYMM_PDL=1` runs symm's kernels with programmatic dependent launch (CommConfig::pdl).
 //!
 //! `cargo xtask bench --tp-layer [args]` runs it and plots the JSON; alone:
 //! `cargo run --release -p symm-ops --example tp-layer -- [args]` (`--help`).
@@ -136,6 +138,10 @@ fn parse(args: &[String]) -> Res<Args> {
             s.check_tp(t)?;
         }
     }
+    let lmax = a.kv.iter().max().copied().unwrap_or(0) + a.tokens.iter().max().copied().unwrap_or(0);
+    if lmax > model::CACHE_STRIDE {
+        return Err(format!("--kv plus --tokens up to {}, not {lmax}", model::CACHE_STRIDE).into());
+    }
     Ok(a)
 }
 
@@ -165,6 +171,10 @@ fn main() -> ExitCode {
     // its first CUDA call, unless the user chose a value.
     if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
         std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
+    }
+    // Never NVLink SHARP / multicast (DESIGN.md); NCCL reads it at its first init.
+    if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+        std::env::set_var("NCCL_NVLS_ENABLE", "0");
     }
     symm_ops::link();
     let gpus = match symm_ops::symm_cuda::cuda_available() {
@@ -197,10 +207,14 @@ fn run(a: &Args, gpus: usize) -> Res {
         let tiny = Args {
             tokens: {
                 let mut t: Vec<usize> = a.tokens.iter().map(|&t| t.min(32)).collect();
+                t.sort_unstable();
                 t.dedup();
                 t
             },
-            kv: vec![37, 300],
+            // A one-position cache makes the new tokens' keys, positions and mask carry the
+            // softmax (the unit test `the_checks_see_mask_and_position_mistakes`); 37 and 300 a
+            // partial and a multi-chunk cache.
+            kv: vec![1, 37, 300],
             execs: Vec::new(),
             ..a.clone()
         };
@@ -241,7 +255,7 @@ fn model_runs(a: &Args, s: &Shape, gpus: usize, full_reference: bool) -> Res<Vec
     };
     let mut rows = Vec::new();
     eprintln!(
-        "tp-layer: {} TP 1 ({} MB of weights per layer)",
+        "tp-layer: {} TP 1 ({} MiB of weights per layer)",
         s.name,
         s.weight_bytes() >> 20
     );
@@ -277,7 +291,12 @@ fn model_runs(a: &Args, s: &Shape, gpus: usize, full_reference: bool) -> Res<Vec
         let (devices, mut modes, execs) = if shared {
             (vec![0; tp], a.modes.clone(), Vec::new())
         } else {
-            let mut m = vec![Mode::None];
+            // The compute floor only where it is timed (it is not the layer: nothing to check).
+            let mut m = if a.execs.is_empty() {
+                Vec::new()
+            } else {
+                vec![Mode::None]
+            };
             m.extend(&a.modes);
             ((0..tp).collect(), m, a.execs.clone())
         };

@@ -16,6 +16,20 @@ pub struct Outputs {
 /// One layer over `tokens` new tokens at positions `kv_len..kv_len + tokens`, attending
 /// causally to the `kv_len` cached positions and to each other.
 pub fn layer(s: &Shape, seed: u64, tokens: usize, kv_len: usize, tp: usize) -> Outputs {
+    layer_with(s, seed, tokens, kv_len, tp, Faults::default())
+}
+
+/// Mistakes a device kernel could make, injected into the reference so that the unit tests can
+/// show the checks see them (NOTE [tp-tolerance]).
+#[derive(Clone, Copy, Debug, Default)]
+struct Faults {
+    /// Token t also attends to the next new token (the causal mask off by one).
+    mask_off_by_one: bool,
+    /// The new keys rotated for position + 1.
+    key_position_plus_one: bool,
+}
+
+fn layer_with(s: &Shape, seed: u64, tokens: usize, kv_len: usize, tp: usize, f: Faults) -> Outputs {
     let h = s.hidden;
     let lmax = kv_len + tokens;
     let whole = |t: Tensor| Shard::new(t, s, 1, 0, tokens, lmax);
@@ -32,7 +46,8 @@ pub fn layer(s: &Shape, seed: u64, tokens: usize, kv_len: usize, tp: usize) -> O
         let mut qkv = linear(&shard(Tensor::Qkv), s, seed, &normed);
         for (t, row) in qkv.iter_mut().enumerate() {
             for head in 0..l.q_heads + l.kv_heads {
-                rope(&mut row[head * hd..(head + 1) * hd], kv_len + t, s.rope_theta);
+                let shift = usize::from(f.key_position_plus_one && head >= l.q_heads);
+                rope(&mut row[head * hd..(head + 1) * hd], kv_len + t + shift, s.rope_theta);
             }
         }
         let (kc, vc) = (shard(Tensor::KCache), shard(Tensor::VCache));
@@ -56,7 +71,8 @@ pub fn layer(s: &Shape, seed: u64, tokens: usize, kv_len: usize, tp: usize) -> O
                 for g in 0..group {
                     let qh = kvh * group + g;
                     let q = &qkv[t][qh * hd..(qh + 1) * hd];
-                    let o = attend(q, &keys[..=kv_len + t], &values[..=kv_len + t]);
+                    let seen = (kv_len + t + usize::from(f.mask_off_by_one)).min(kv_len + tokens - 1);
+                    let o = attend(q, &keys[..=seen], &values[..=seen]);
                     attn[t][qh * hd..(qh + 1) * hd].copy_from_slice(&o);
                 }
             }
@@ -204,6 +220,37 @@ mod tests {
         assert!(d.worst < 1e-12, "{d}");
         let d = Diff::of(&b.residual[TINY.hidden..2 * TINY.hidden], &a.residual, TINY.hidden);
         assert!(d.worst > 1e-3, "the second token differs from the first: {d}");
+    }
+
+    /// The checks see a mask or key-position mistake: on the tiny layer with a one-position
+    /// cache (the configuration the GPU run checks for this: main.rs), either moves the output
+    /// past the tolerance. With long caches of wider keys they hide (the cached keys dominate
+    /// the softmax), which is why that configuration exists.
+    #[test]
+    fn the_checks_see_mask_and_position_mistakes() {
+        let (tokens, kv) = (8, 1);
+        let good = layer(&TINY, 3, tokens, kv, 1);
+        for (what, f) in [
+            (
+                "mask off by one",
+                Faults {
+                    mask_off_by_one: true,
+                    ..Faults::default()
+                },
+            ),
+            (
+                "keys at position + 1",
+                Faults {
+                    key_position_plus_one: true,
+                    ..Faults::default()
+                },
+            ),
+        ] {
+            let bad = layer_with(&TINY, 3, tokens, kv, 1, f);
+            let d = Diff::of(&bad.residual, &good.residual, TINY.hidden);
+            let n = Diff::of(&bad.norm, &good.norm, TINY.hidden);
+            assert!(!d.ok() || !n.ok(), "{what}: residual {d}; norm {n}");
+        }
     }
 
     #[test]

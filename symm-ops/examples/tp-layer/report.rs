@@ -152,7 +152,7 @@ pub fn table(rows: &[Row]) -> String {
     let checked: Vec<&Row> = rows.iter().filter(|r| r.exec.is_none()).collect();
     if !checked.is_empty() {
         s += &format!(
-            "\nchecked, not timed (ranks sharing one GPU: correctness only); worst |a-b|/(rms+|b|), tolerance {TOLERANCE:.3}\n"
+            "\nchecked, not timed (the tiny layer, and ranks sharing one GPU); worst |a-b|/(rms+|b|), tolerance {TOLERANCE:.3}\n"
         );
         s += &format!(
             "{:>5} {:>3} {:>5} {:>4} {:>5} {:>9} {:>9}  epilogue\n",

@@ -1,6 +1,6 @@
 //! The tensor-parallel layer's figure (`tp-layer --json`): one panel per model and execution,
 //! whole-model time per generated token against tokens per step (log-log), one line per
-//! (TP, communication mode); the compute floor (`none`) dashed.
+//! (TP, communication mode): colour by mode, dash by TP size.
 
 use serde_json::Value;
 
@@ -12,8 +12,15 @@ pub fn is_tp_layer(v: &Value) -> bool {
     v["bench"] == "tp-layer"
 }
 
-const COLORS: [&str; 5] = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"];
+/// One colour per communication mode (in `MODES` order), one dash per TP size (ascending).
+const COLORS: [&str; 5] = ["#7f7f7f", "#d62728", "#1f77b4", "#2ca02c", "#ff7f0e"];
 const MODES: [&str; 5] = ["none", "nccl", "symm", "fused", "auto"];
+const DASHES: [&str; 4] = [
+    "",
+    r#" stroke-dasharray="6 3""#,
+    r#" stroke-dasharray="2 2""#,
+    r#" stroke-dasharray="8 2 2 2""#,
+];
 
 struct Pt {
     model: String,
@@ -66,7 +73,7 @@ pub fn tp_svg(v: &Value, title: &str) -> Option<String> {
     let device = v["meta"]["device"].as_str().unwrap_or("?");
     let sub = vec![
         format!("{device}; whole-model time per generated token (layers x per-layer median), log-log"),
-        "lines: TP size (colour) and mode (marker order: none, nccl, symm, fused, auto); none = compute floor, dashed"
+        "colour: mode (grey none = compute floor, red nccl, blue symm, green fused, orange auto); dash: TP size (solid = smallest)"
             .into(),
     ];
     let top = header(&mut s, title, &sub) + 10.0;
@@ -123,9 +130,12 @@ pub fn tp_svg(v: &Value, title: &str) -> Option<String> {
             }
         }
         let mut tps: Vec<u64> = series.iter().map(|s| s.0).collect();
+        tps.sort_unstable();
         tps.dedup();
         for (tp, mode) in &series {
-            let color = COLORS[tps.iter().position(|t| t == tp).unwrap_or(0) % COLORS.len()];
+            let m = MODES.iter().position(|x| x == mode).unwrap_or(0);
+            let color = COLORS[m % COLORS.len()];
+            let dash = DASHES[tps.iter().position(|t| t == tp).unwrap_or(0) % DASHES.len()];
             let mut line: Vec<(f64, f64)> = mine
                 .iter()
                 .filter(|p| p.tp == *tp && &p.mode == mode)
@@ -133,20 +143,13 @@ pub fn tp_svg(v: &Value, title: &str) -> Option<String> {
                 .collect();
             line.sort_by(|a, b| a.0.total_cmp(&b.0));
             let path: Vec<String> = line.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
-            let dash = if mode == "none" && *tp > 1 {
-                r#" stroke-dasharray="4 3""#
-            } else {
-                ""
-            };
             s.o.push_str(&format!(
                 "<polyline points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.4\"{dash}/>\n",
                 path.join(" ")
             ));
-            let m = MODES.iter().position(|x| x == mode).unwrap_or(0);
             for (x, y) in &line {
-                let r = 2.0 + m as f64 * 0.8;
                 s.o.push_str(&format!(
-                    "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"{r:.1}\" fill=\"none\" stroke=\"{color}\"/>\n"
+                    "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"2.6\" fill=\"none\" stroke=\"{color}\"/>\n"
                 ));
             }
             if let Some((x, y)) = line.last() {
