@@ -1,0 +1,384 @@
+//! symm-bench's command line: the ops, modes and algorithms it runs, and the plan of
+//! (op, size) steps.
+
+use super::*;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+}
+
+impl Op {
+    pub(crate) const ALL: [Op; 3] = [Op::AllReduce, Op::ReduceScatter, Op::AllGather];
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Op::AllReduce => "all_reduce",
+            Op::ReduceScatter => "reduce_scatter",
+            Op::AllGather => "all_gather",
+        }
+    }
+    /// nccl-tests' bus bandwidth factor.
+    pub(crate) fn bus_factor(self, world: usize) -> f64 {
+        let n = world as f64;
+        match self {
+            Op::AllReduce => 2.0 * (n - 1.0) / n,
+            _ => (n - 1.0) / n,
+        }
+    }
+    /// Algorithms run by default.
+    pub(crate) fn default_algos(self) -> &'static [&'static str] {
+        match self {
+            Op::AllReduce => &[
+                "auto",
+                "lamport",
+                "one_shot",
+                "two_shot",
+                "pull",
+                "copy_engine",
+                "ce_two_shot",
+                "nccl",
+            ],
+            Op::ReduceScatter => &["auto", "lamport", "ring", "pull", "copy_engine", "nccl"],
+            Op::AllGather => &["auto", "lamport", "sm", "pull", "copy_engine", "nccl"],
+        }
+    }
+    pub(crate) fn accepts(self, base: &str) -> bool {
+        self.default_algos().contains(&base) || (self == Op::AllGather && base == "copy_engine_staged")
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Eager,
+    Graph,
+}
+
+impl Mode {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Mode::Eager => "eager",
+            Mode::Graph => "graph",
+        }
+    }
+}
+
+/// An algorithm as given on the command line: base name plus tuning parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct AlgoSpec {
+    pub(crate) label: String,
+    pub(crate) base: String,
+    pub(crate) params: Vec<(String, String)>,
+}
+
+impl AlgoSpec {
+    pub(crate) fn parse(s: &str) -> Result<AlgoSpec, String> {
+        let mut parts = s.split(':');
+        let base = parts.next().unwrap_or("").trim().to_string();
+        if base.is_empty() {
+            return Err(format!("empty algorithm in {s:?}"));
+        }
+        let mut params = Vec::new();
+        for p in parts {
+            let (k, v) = p
+                .split_once('=')
+                .ok_or_else(|| format!("algorithm parameter {p:?} is not key=value"))?;
+            if !["chunk", "minchunk", "cpb", "blocks", "threads", "frac", "cechunk"].contains(&k) {
+                return Err(format!("unknown algorithm parameter {k:?} in {s:?}"));
+            }
+            params.push((k.to_string(), v.to_string()));
+        }
+        if !Op::ALL.iter().any(|o| o.accepts(&base)) {
+            return Err(format!("unknown algorithm {base:?}"));
+        }
+        Ok(AlgoSpec {
+            label: s.to_string(),
+            base,
+            params,
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Args {
+    pub(crate) ops: Vec<Op>,
+    pub(crate) sizes: Vec<usize>,
+    pub(crate) dtype: DType,
+    pub(crate) redop: ReduceOp,
+    pub(crate) iters: Option<usize>,
+    pub(crate) rounds: usize,
+    pub(crate) modes: Vec<Mode>,
+    pub(crate) algos: Option<Vec<AlgoSpec>>,
+    pub(crate) ranks: Option<usize>,
+    pub(crate) staging: usize,
+    /// Lamport buffer size (largest Lamport message) of the explicit kernels' collectives.
+    pub(crate) lamport_bytes: Option<usize>,
+    pub(crate) json: Option<PathBuf>,
+    pub(crate) quick: bool,
+    /// `--full`: the whole default sweep on the host backend too (see `host_default_cap`).
+    pub(crate) full: bool,
+    /// The sizes are the default sweep (neither `--sizes` nor `--quick` chose them).
+    pub(crate) default_sweep: bool,
+    pub(crate) nccl: bool,
+    pub(crate) setup: bool,
+    /// Run the latency probes (symm_cuda::probe) instead of the collectives.
+    pub(crate) probe: bool,
+    /// Run the bandwidth probes (SM and copy-engine copies to and from the peer) instead.
+    pub(crate) probe_bw: bool,
+    /// `--ops ar_rms_norm`: the all-reduce epilogue table (symm-bench/epilogue.rs).
+    pub(crate) epilogue: bool,
+    /// Its row lengths (`--hidden`) and row counts (`--tokens`).
+    pub(crate) hiddens: Vec<usize>,
+    pub(crate) tokens: Vec<usize>,
+}
+
+pub(crate) const USAGE: &str = "usage: symm-bench [--ops LIST] [--sizes LIST] [--dtype bf16|f16|f32] [--redop sum|avg|max|min] \
+[--iters N] [--rounds N] [--modes eager,graph] [--algos LIST] [--ranks N] [--staging BYTES] [--lamport-bytes BYTES] [--json PATH] \
+[--quick] [--full] [--no-nccl] [--no-setup] [--probe] [--probe-bw] [--hidden LIST] [--tokens LIST]
+--ops ar_rms_norm (with or instead of the collectives): all-reduce + residual + RMSNorm, fused against unfused, \
+for every --hidden (default 4096,8192) and --tokens (default 1,8,32,128,512); CUDA only";
+
+pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('K') | Some('k') => (&s[..s.len() - 1], KIB),
+        Some('M') | Some('m') => (&s[..s.len() - 1], MIB),
+        Some('G') | Some('g') => (&s[..s.len() - 1], 1024 * MIB),
+        _ => (s, 1),
+    };
+    let n: usize = num.parse().map_err(|_| format!("bad size {s:?}"))?;
+    n.checked_mul(mult)
+        .filter(|&v| v > 0)
+        .ok_or_else(|| format!("bad size {s:?}"))
+}
+
+/// A positive count (`--hidden`, `--tokens`).
+pub(crate) fn parse_count(s: &str) -> Result<usize, String> {
+    s.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("bad count {s:?}"))
+}
+
+/// 1K..256M: powers of 4 plus 1M, 4M, 16M, 64M, 256M.
+pub(crate) fn default_sizes() -> Vec<usize> {
+    let mut v: Vec<usize> = (0..10).map(|i| KIB << (2 * i)).filter(|&s| s <= 256 * MIB).collect();
+    for s in [MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB] {
+        if !v.contains(&s) {
+            v.push(s);
+        }
+    }
+    v.sort_unstable();
+    v
+}
+
+/// The largest size of the host backend's default sweep (4M; `--full` goes on to 256M).
+///
+/// The host engine (symm-ops' `HostEngine`, used with `CommConfig::default()` here) moves every
+/// op through its symmetric staging buffer in chunks of half of it (`DEFAULT_STAGING_BYTES / 2`
+/// = 5 MiB): stage, barrier, read and reduce, barrier, write. Up to 4M a message is one chunk and
+/// the sweep shows the latency-to-bandwidth curve; above it every message is the same 5 MiB step
+/// repeated `bytes / 5 MiB` times, host-memory-bandwidth bound, so the time just scales with the
+/// size and algbw / busbw stay flat. Measured (`taskset -c 0,1 symm-bench`: 2 cores, 2 ranks,
+/// bf16, sum), busbw in GB/s at 4M / 16M / 64M / 256M: all_reduce two_shot 1.87 / 1.76 / 1.75 /
+/// 1.80 (2244 / 9510 / 38367 / 149285 us: 561-599 us per MiB), reduce_scatter ring 1.40 / 1.37 /
+/// 1.36 / 1.37, all_gather sm 3.23 / 2.65 / 2.55 / 2.61. Yet every row from 16M up takes 7 to 20
+/// s (`iters_for` moves 2 GiB per round, 16 rounds): those 21 rows took 5.8 of the 6.3 minutes
+/// of the whole sweep there (9.9 minutes on CI's 2-core machine); the sweep to 4M takes 32 s.
+pub(crate) fn host_default_cap() -> usize {
+    let chunk = symm_ops::DEFAULT_STAGING_BYTES / 2;
+    default_sizes().into_iter().filter(|&s| s <= chunk).max().unwrap_or(KIB)
+}
+
+/// The sizes the host backend runs, and the one line saying where the default sweep stopped
+/// (when it did): the default sweep stops at `host_default_cap` unless `--full`; sizes from
+/// `--sizes` or `--quick` run as given.
+pub(crate) fn host_sweep(args: &Args) -> (Vec<usize>, Option<String>) {
+    if !args.default_sweep || args.full {
+        return (args.sizes.clone(), None);
+    }
+    let cap = host_default_cap();
+    let kept: Vec<usize> = args.sizes.iter().copied().filter(|&s| s <= cap).collect();
+    let Some(&max) = args.sizes.iter().max() else {
+        return (kept, None);
+    };
+    if kept.len() == args.sizes.len() {
+        return (kept, None);
+    }
+    let note = format!(
+        "# host backend: sizes stop at {} (above it the host engine repeats its {} staging step and the time \
+         just scales with size); --full runs the whole sweep to {}",
+        fmt_size(cap),
+        fmt_size(symm_ops::DEFAULT_STAGING_BYTES / 2),
+        fmt_size(max)
+    );
+    (kept, Some(note))
+}
+
+pub(crate) fn parse_args(argv: &[String]) -> Result<Args, String> {
+    let mut a = Args {
+        ops: Op::ALL.to_vec(),
+        sizes: default_sizes(),
+        dtype: DType::BF16,
+        redop: ReduceOp::Sum,
+        iters: None,
+        rounds: 15,
+        modes: vec![Mode::Eager, Mode::Graph],
+        algos: None,
+        ranks: None,
+        staging: 10 * MIB,
+        lamport_bytes: None,
+        json: None,
+        quick: false,
+        full: false,
+        default_sweep: true,
+        nccl: true,
+        setup: true,
+        probe: false,
+        probe_bw: false,
+        epilogue: false,
+        hiddens: vec![4096, 8192],
+        tokens: vec![1, 8, 32, 128, 512],
+    };
+    let mut sizes_given = false;
+    let mut it = argv.iter();
+    while let Some(arg) = it.next() {
+        let mut val = |name: &str| it.next().cloned().ok_or_else(|| format!("{name} needs a value"));
+        match arg.as_str() {
+            "--ops" => {
+                let v = val("--ops")?;
+                // `ar_rms_norm`: the all-reduce epilogue table (symm-bench/epilogue.rs).
+                a.epilogue = v.split(',').any(|s| s.trim() == "ar_rms_norm");
+                a.ops = v
+                    .split(',')
+                    .filter(|s| s.trim() != "ar_rms_norm")
+                    .map(|s| {
+                        Op::ALL
+                            .into_iter()
+                            .find(|o| o.name() == s.trim())
+                            .ok_or_else(|| format!("unknown op {s:?}"))
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            "--sizes" => {
+                a.sizes = val("--sizes")?.split(',').map(parse_size).collect::<Result<_, _>>()?;
+                sizes_given = true;
+            }
+            "--dtype" => {
+                a.dtype = match val("--dtype")?.as_str() {
+                    "bf16" => DType::BF16,
+                    "f16" | "fp16" => DType::F16,
+                    "f32" | "fp32" => DType::F32,
+                    o => return Err(format!("unsupported dtype {o:?}")),
+                }
+            }
+            "--redop" => {
+                let v = val("--redop")?;
+                a.redop = ReduceOp::ALL
+                    .into_iter()
+                    .find(|o| o.name() == v)
+                    .ok_or_else(|| format!("unknown redop {v:?}"))?
+            }
+            "--iters" => a.iters = Some(val("--iters")?.parse().map_err(|_| "bad --iters")?),
+            "--rounds" => a.rounds = val("--rounds")?.parse().map_err(|_| "bad --rounds")?,
+            "--modes" => {
+                a.modes = val("--modes")?
+                    .split(',')
+                    .map(|m| match m.trim() {
+                        "eager" => Ok(Mode::Eager),
+                        "graph" => Ok(Mode::Graph),
+                        o => Err(format!("unknown mode {o:?}")),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            "--algos" => {
+                a.algos = Some(
+                    val("--algos")?
+                        .split(',')
+                        .map(AlgoSpec::parse)
+                        .collect::<Result<_, _>>()?,
+                )
+            }
+            "--ranks" => a.ranks = Some(val("--ranks")?.parse().map_err(|_| "bad --ranks")?),
+            "--staging" => a.staging = parse_size(&val("--staging")?)?,
+            "--lamport-bytes" => a.lamport_bytes = Some(parse_size(&val("--lamport-bytes")?)?),
+            "--hidden" => a.hiddens = val("--hidden")?.split(',').map(parse_count).collect::<Result<_, _>>()?,
+            "--tokens" => a.tokens = val("--tokens")?.split(',').map(parse_count).collect::<Result<_, _>>()?,
+            "--json" => a.json = Some(PathBuf::from(val("--json")?)),
+            "--quick" => a.quick = true,
+            "--full" => a.full = true,
+            "--no-nccl" => a.nccl = false,
+            "--no-setup" => a.setup = false,
+            "--probe" => a.probe = true,
+            "--probe-bw" => a.probe_bw = true,
+            "-h" | "--help" => return Err(USAGE.to_string()),
+            o => return Err(format!("unknown argument {o:?}\n{USAGE}")),
+        }
+    }
+    if a.full && (sizes_given || a.quick) {
+        return Err(format!(
+            "--full runs the whole default sweep; it does not go with {} (which {} the sizes)\n{USAGE}",
+            if sizes_given { "--sizes" } else { "--quick" },
+            if sizes_given { "sets" } else { "shortens" }
+        ));
+    }
+    if a.quick && !sizes_given {
+        a.sizes = vec![KIB, 16 * KIB, 64 * KIB];
+    }
+    a.default_sweep = !sizes_given && !a.quick;
+    if a.quick && a.iters.is_none() {
+        a.iters = Some(10);
+        a.rounds = a.rounds.min(5);
+    }
+    if a.rounds == 0 || a.iters == Some(0) {
+        return Err("--rounds and --iters must be positive".into());
+    }
+    Ok(a)
+}
+
+impl Args {
+    pub(crate) fn algos_for(&self, op: Op) -> Vec<AlgoSpec> {
+        match &self.algos {
+            Some(list) => list.iter().filter(|s| op.accepts(&s.base)).cloned().collect::<Vec<_>>(),
+            None => op
+                .default_algos()
+                .iter()
+                .filter_map(|s| AlgoSpec::parse(s).ok())
+                .collect::<Vec<_>>(),
+        }
+        .into_iter()
+        .filter(|s| self.nccl || s.base != "nccl")
+        .collect()
+    }
+    /// Ops per timed round for a message of `bytes`.
+    pub(crate) fn iters_for(&self, bytes: usize) -> usize {
+        self.iters.unwrap_or_else(|| (2048 * MIB / bytes.max(1)).clamp(5, 100))
+    }
+    /// Bytes one row of `bytes` moves: the checked op, a warm-up round and the timed rounds (the
+    /// progress line's estimate takes a row's time as proportional to it).
+    pub(crate) fn work(&self, bytes: usize) -> f64 {
+        ((self.rounds as f64 + 1.0) * self.iters_for(bytes) as f64 + 1.0) * bytes as f64
+    }
+    /// The progress step of `op` at `size`.
+    pub(crate) fn step(&self, op: Op, size: usize) -> Step {
+        Step {
+            op,
+            size,
+            work: self.work(size),
+        }
+    }
+    /// The (op, size) of every progress step, in the order they run: each op's sizes, each
+    /// repeated for the `algos(op)` algorithms that run it.
+    pub(crate) fn plan(&self, algos: impl Fn(Op) -> usize) -> Vec<(Op, usize)> {
+        let mut plan = Vec::new();
+        for &op in &self.ops {
+            let n = algos(op);
+            for &size in &self.sizes {
+                plan.extend(std::iter::repeat_n((op, size), n));
+            }
+        }
+        plan
+    }
+}
