@@ -1,0 +1,517 @@
+//! The all-reduce entries of [`CudaCollectives`]: the planner-free dispatch over Lamport,
+//! one-shot, ring / two-shot, the zero-copy pull and the copy-engine two-shot, and their launches.
+
+use super::*;
+
+impl CudaCollectives {
+    // ------------------------------------------------------------------ all-reduce
+
+    /// All-reduce of `count` elements from `input` into `output` (may be equal: in place).
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_reduce(
+        &self,
+        stream: &CudaStream,
+        algo: AllReduceAlgo,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.all_reduce_tuned(stream, algo, &self.config.tuning, input, output, count, dtype, op)
+    }
+
+    /// [`Self::all_reduce`] with explicit launch tuning (every rank must pass the same).
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_reduce_tuned(
+        &self,
+        stream: &CudaStream,
+        algo: AllReduceAlgo,
+        tuning: &Tuning,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let Some((dt, _bytes)) = self.all_reduce_args(stream, input, output, count, dtype)? else {
+            return Ok(());
+        };
+        tuning.validate()?;
+        let in_place = input == output;
+        let algo = match algo {
+            // Nothing to exchange: the ring kernel reduces the rank's own data (avg divides by 1).
+            _ if self.world == 1 => AllReduceAlgo::OneShot,
+            AllReduceAlgo::Auto => self.select_all_reduce(count, dtype),
+            a => a,
+        };
+        let mech = match algo {
+            AllReduceAlgo::Lamport => Mechanism::Lamport,
+            AllReduceAlgo::OneShot | AllReduceAlgo::Auto => Mechanism::Ring,
+            AllReduceAlgo::TwoShot => Mechanism::TwoShot,
+            AllReduceAlgo::CopyEngine => Mechanism::CopyEngine,
+            AllReduceAlgo::Pull => Mechanism::Pull,
+        };
+        let hdr = &header(OpKind::AllReduce, dtype, count, Some(op), mech);
+        match algo {
+            AllReduceAlgo::Lamport => {
+                self.lamport(stream, dt, RingMode::AllReduce, op, input, output, count, tuning, hdr)
+            }
+            AllReduceAlgo::OneShot | AllReduceAlgo::Auto => self.launch_ring(
+                stream,
+                dt,
+                op,
+                RingMode::AllReduce,
+                input,
+                output,
+                count,
+                count,
+                tuning,
+                in_place,
+                hdr,
+            ),
+            AllReduceAlgo::TwoShot => {
+                let q = two_shot_shard(count, self.world, dtype);
+                let es = dtype.size() as u64;
+                let my_out = output + self.rank as u64 * q as u64 * es;
+                // Reduce-scatter into this rank's shard of the output, then all-gather in place.
+                self.launch_ring(
+                    stream,
+                    dt,
+                    op,
+                    RingMode::ReduceScatter,
+                    input,
+                    my_out,
+                    count,
+                    q,
+                    tuning,
+                    false,
+                    hdr,
+                )?;
+                self.launch_ring(
+                    stream,
+                    dt,
+                    op,
+                    RingMode::AllGather,
+                    my_out,
+                    output,
+                    count,
+                    q,
+                    tuning,
+                    false,
+                    hdr,
+                )
+            }
+            AllReduceAlgo::CopyEngine | AllReduceAlgo::Pull => {
+                let tuning = if algo == AllReduceAlgo::Pull {
+                    Tuning {
+                        ce_fraction: 0.0,
+                        ..*tuning
+                    }
+                } else {
+                    *tuning
+                };
+                self.all_reduce_ce(stream, dt, dtype, op, input, output, count, &tuning, hdr)
+            }
+        }
+    }
+
+    /// One Lamport launch; `count` elements per peer slot (AR: the message, RS: one shard, AG: one
+    /// rank's input).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn lamport(
+        &self,
+        stream: &CudaStream,
+        dt: usize,
+        mode: RingMode,
+        op: ReduceOp,
+        input: u64,
+        output: u64,
+        count: usize,
+        tuning: &Tuning,
+        hdr: &OpHeader,
+    ) -> Result<()> {
+        let dtype = [DType::F32, DType::F16, DType::BF16][dt];
+        let p = lamport_plan(count, dtype, &self.layout, tuning, self.grid.blocks)?;
+        // Two ranks: the entry specialised for this (mode, op) (NOTE in collectives.cu).
+        let f = if self.world == 2 && !knobs::lamport_generic() {
+            &self.fns.lamport2[dt][lamport2_index(mode, kernel_op(op))]
+        } else {
+            &self.fns.lamport[dt]
+        };
+        let mut a = args::lamport(
+            &self.common(),
+            &self.direct,
+            mode,
+            kernel_op(op),
+            input,
+            output,
+            count,
+            &self.layout,
+            &self.bound(),
+            hdr,
+        );
+        let mut bits = mode as u32;
+        if knobs::lamport_acq_rel_arrive() {
+            bits |= args::LAMPORT_ACQREL_ARRIVE;
+        }
+        bits |= knobs::lamport_lag() << args::LAMPORT_LAG_SHIFT;
+        a[args::LAMPORT_MODE_ARG] = KernelArg::U32(bits);
+        self.launch_coll(stream, f, cfg(p.blocks, p.threads), &a)
+    }
+
+    /// One ring launch (see NOTE [collectives-protocols]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_ring(
+        &self,
+        stream: &CudaStream,
+        dt: usize,
+        op: ReduceOp,
+        mode: RingMode,
+        input: u64,
+        output: u64,
+        total: usize,
+        shard: usize,
+        tuning: &Tuning,
+        in_place: bool,
+        hdr: &OpHeader,
+    ) -> Result<()> {
+        let dtype = [DType::F32, DType::F16, DType::BF16][dt];
+        let p: RingPlan = ring_plan(mode, total, shard, dtype, &self.layout, tuning, self.grid.blocks)?;
+        let flags = u32::from(in_place && mode == RingMode::AllReduce && self.world > 1);
+        let a = args::ring(
+            &self.common(),
+            kernel_op(op),
+            input,
+            output,
+            &p,
+            &self.layout,
+            &self.bound(),
+            flags,
+            hdr,
+        );
+        self.launch_coll(stream, &self.fns.ring[dt], cfg(p.blocks(), p.threads), &a)
+    }
+
+    /// `out[0..n] = reduce over ranks of srcs[r][0..n]` on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_reduce_ptrs(
+        &self,
+        stream: &CudaStream,
+        dt: usize,
+        op: ReduceOp,
+        out: u64,
+        n: usize,
+        srcs: &[u64],
+        tuning: &Tuning,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let dtype = [DType::F32, DType::F16, DType::BF16][dt];
+        let vectors = n.div_ceil(plan::vec_elems(dtype));
+        let threads = tuning.threads;
+        let blocks = vectors
+            .div_ceil(threads as usize)
+            .clamp(1, self.grid.independent(tuning.blocks(self.grid.blocks), 4) as usize) as u32;
+        let a = args::reduce_ptrs(self.rank as u32, self.world as u32, kernel_op(op), out, n, srcs);
+        self.launch_coll(stream, &self.fns.reduce_ptrs[dt], cfg(blocks, threads), &a)
+    }
+
+    pub(super) fn launch_barrier(&self, stream: &CudaStream, mask: u64, check: u32) -> Result<()> {
+        let a = args::barrier(&self.common(), mask, &self.bound(), check);
+        self.launch_coll(stream, &self.fns.barrier, cfg(1, 64), &a)
+    }
+
+    /// One fused zero-copy pull (opening barrier, pull, closing barrier in one kernel; NOTE
+    /// [collectives-protocols], "Fused pull"). One wave: at most one block per SM.
+    pub(super) fn launch_pull(&self, stream: &CudaStream, dt: usize, p: &args::Pull, tuning: &Tuning) -> Result<()> {
+        let dtype = [DType::F32, DType::F16, DType::BF16][dt];
+        let vectors = p.n.div_ceil(plan::vec_elems(dtype)).max(1);
+        let threads = tuning.threads;
+        let blocks = vectors
+            .div_ceil(threads as usize)
+            .clamp(1, tuning.blocks(self.grid.blocks) as usize) as u32;
+        // The state words are at the start of the workspace.
+        let a = args::pull(&self.common(), &self.direct, self.ws, p, &self.bound());
+        let f = if self.world == 2 && !knobs::lamport_generic() {
+            &self.fns.pull2[dt][lamport2_index(p.mode, p.op)]
+        } else {
+            &self.fns.pull[dt]
+        };
+        self.launch_coll(stream, f, cfg(blocks, threads.max(64)), &a)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn all_reduce_ce(
+        &self,
+        stream: &CudaStream,
+        dt: usize,
+        dtype: DType,
+        op: ReduceOp,
+        input: u64,
+        output: u64,
+        count: usize,
+        tuning: &Tuning,
+        hdr: &OpHeader,
+    ) -> Result<()> {
+        let es = dtype.size();
+        let bytes = count * es;
+        let sym = self.registered(input, bytes, "the copy-engine all-reduce needs its input")?;
+        if ranges_overlap(input, bytes, output, bytes) {
+            return Err(Error::InvalidArgument(
+                "the copy-engine all-reduce cannot run in place (peers read the input while the output is written)"
+                    .into(),
+            ));
+        }
+        let (ce_elems, chunk, nchunks, slots) = ce_split(count, dtype, &self.layout, tuning)?;
+        let check = checked(hdr, &[3, sym.offset as u64, sym.alloc_size as u64]);
+        if ce_elems == 0 {
+            // Pure SM pull: one fused kernel.
+            let mut srcs = [0u64; MAX_WORLD];
+            for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
+                *src = if s == self.rank { input } else { sym.ptrs[s] };
+            }
+            let p = args::Pull {
+                mode: RingMode::AllReduce,
+                op: kernel_op(op),
+                out: output,
+                n: count,
+                srcs,
+                check,
+            };
+            return self.launch_pull(stream, dt, &p, tuning);
+        }
+        let mask = self.full_mask();
+        self.launch_barrier(stream, mask, check)?;
+        let ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
+        if ce_elems > 0 {
+            ce.fork.record(stream).map_err(|e| from_driver(e, "cuEventRecord"))?;
+            ce.side(stream)
+                .wait(&ce.fork)
+                .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
+        }
+        // The part the SMs pull directly runs while the copy engine copies the rest.
+        if ce_elems < count {
+            let off = (ce_elems * es) as u64;
+            let mut srcs = [0u64; MAX_WORLD];
+            for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
+                *src = if s == self.rank { input + off } else { sym.ptrs[s] + off };
+            }
+            self.launch_reduce_ptrs(
+                stream,
+                dt,
+                op,
+                output + off,
+                count - ce_elems,
+                &srcs[..self.world],
+                tuning,
+            )?;
+        }
+        let w1 = self.world - 1;
+        let chunk_bytes = chunk * es;
+        for c in 0..nchunks {
+            let k = c % slots.min(CE_EVENTS);
+            let start = c * chunk;
+            let n = chunk.min(ce_elems - start);
+            if c >= slots.min(CE_EVENTS) {
+                ce.side(stream)
+                    .wait(&ce.reduced[k])
+                    .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
+            }
+            let mut srcs = [0u64; MAX_WORLD];
+            for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
+                if s == self.rank {
+                    *src = input + (start * es) as u64;
+                    continue;
+                }
+                let l = peer_index(self.rank, s, self.world);
+                let scratch = self.ws + (self.layout.ring_off + (k * w1 + l) * chunk_bytes) as u64;
+                dtod_async(ce.side(stream), scratch, sym.ptrs[s] + (start * es) as u64, n * es)?;
+                *src = scratch;
+            }
+            ce.copied[k]
+                .record(ce.side(stream))
+                .map_err(|e| from_driver(e, "cuEventRecord"))?;
+            stream
+                .wait(&ce.copied[k])
+                .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
+            self.launch_reduce_ptrs(
+                stream,
+                dt,
+                op,
+                output + (start * es) as u64,
+                n,
+                &srcs[..self.world],
+                tuning,
+            )?;
+            ce.reduced[k]
+                .record(stream)
+                .map_err(|e| from_driver(e, "cuEventRecord"))?;
+        }
+        drop(ce);
+        // Peers read this rank's input until here.
+        self.launch_barrier(stream, mask, 0)
+    }
+
+    /// The checks every all-reduce entry makes: the stream, the dtype, the pointers' alignment,
+    /// and input and output either equal or apart. `None` for an empty message (nothing to do),
+    /// else the kernels' dtype index and the message's bytes.
+    pub(super) fn all_reduce_args(
+        &self,
+        stream: &CudaStream,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+    ) -> Result<Option<(usize, usize)>> {
+        self.check_stream(stream)?;
+        let dt = kernel_dtype(dtype, "all_reduce")?;
+        if count == 0 {
+            return Ok(None);
+        }
+        check_ptr("all_reduce input", input, dtype)?;
+        check_ptr("all_reduce output", output, dtype)?;
+        let bytes = byte_len(count, dtype)?;
+        if input != output && ranges_overlap(input, bytes, output, bytes) {
+            return Err(Error::InvalidArgument(
+                "all_reduce input and output overlap without being equal".into(),
+            ));
+        }
+        Ok(Some((dt, bytes)))
+    }
+
+    /// Copy-engine two-shot all-reduce (two ranks; input and output both in registered
+    /// symmetric memory, at the same offsets on every rank, out of place): after a barrier that
+    /// checks the geometry, each rank owns half of the message. A copy stream pulls the peer's
+    /// input for this rank's half straight into the output in chunks that shrink towards the end
+    /// ([`ce_rs_chunks`]); the SMs reduce each chunk in place as it lands (`output = input +
+    /// output`, fp32, rank order); a second copy stream pushes each reduced chunk into the
+    /// peer's output at once. So pulls, reductions and pushes overlap, and both NVLink
+    /// directions carry the whole message once (the minimum for two ranks) through the copy
+    /// engines, which moved ~370 GB/s (reads) and ~389 GB/s (writes) per direction with both
+    /// GPUs copying, against ~333 for the SM pull (docs/benchmarks.md). A closing barrier: the
+    /// peer's pushes into this output have landed and the peer no longer reads this input.
+    /// Other world sizes, or inputs / outputs outside registered memory, get an error naming
+    /// the requirement. Stream-ordered, allocates nothing, graph-capturable.
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_reduce_ce_two_shot(
+        &self,
+        stream: &CudaStream,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let Some((dt, bytes)) = self.all_reduce_args(stream, input, output, count, dtype)? else {
+            return Ok(());
+        };
+        let es = dtype.size();
+        if self.world != 2 {
+            return Err(Error::InvalidArgument(format!(
+                "the copy-engine two-shot all-reduce runs on two ranks, this group has {}",
+                self.world
+            )));
+        }
+        if ranges_overlap(input, bytes, output, bytes) {
+            return Err(Error::InvalidArgument(
+                "the copy-engine two-shot all-reduce runs out of place (the peer's half lands in the output)".into(),
+            ));
+        }
+        let sin = self.registered(input, bytes, "the copy-engine two-shot all-reduce needs its input")?;
+        let sout = self.registered(output, bytes, "the copy-engine two-shot all-reduce needs its output")?;
+        let peer = 1 - self.rank;
+        let q = two_shot_shard(count, 2, dtype).min(count);
+        let (start, n) = if self.rank == 0 { (0, q) } else { (q, count - q) };
+        let hdr = &header(OpKind::AllReduce, dtype, count, Some(op), Mechanism::CeTwoShot);
+        let check = checked(
+            hdr,
+            &[
+                9,
+                sin.offset as u64,
+                sin.alloc_size as u64,
+                sout.offset as u64,
+                sout.alloc_size as u64,
+                count as u64,
+                dt as u64,
+            ],
+        );
+        let mask = self.full_mask();
+        self.launch_barrier(stream, mask, check)?;
+        if n > 0 {
+            let off = (start * es) as u64;
+            self.ce_pull_reduce(
+                stream,
+                dt,
+                dtype,
+                op,
+                CePull {
+                    own: input + off,
+                    out: output + off,
+                    remote: sin.ptrs[peer] + off,
+                    count: n,
+                    push_to: Some(sout.ptrs[peer] + off),
+                },
+            )?;
+        }
+        // The peer's pushes into this output have landed; it no longer reads this input.
+        self.launch_barrier(stream, mask, 0)
+    }
+
+    /// The copy-engine pipeline of [`Self::reduce_scatter_ce`] and
+    /// [`Self::all_reduce_ce_two_shot`] (two ranks): the copy stream pulls `p.remote` into
+    /// `p.out` in chunks ([`ce_rs_chunks`]); as each lands, the SMs reduce it in place with
+    /// `p.own` (rank order); with `push_to`, a second copy stream then pushes each reduced chunk
+    /// there. Returns with every copy joined into `stream`.
+    pub(super) fn ce_pull_reduce(
+        &self,
+        stream: &CudaStream,
+        dt: usize,
+        dtype: DType,
+        op: ReduceOp,
+        p: CePull,
+    ) -> Result<()> {
+        let es = dtype.size();
+        let peer = 1 - self.rank;
+        let tuning = self.config.tuning;
+        let ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
+        ce.fork.record(stream).map_err(|e| from_driver(e, "cuEventRecord"))?;
+        ce.side(stream)
+            .wait(&ce.fork)
+            .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
+        let mut at = 0usize;
+        let (chunks, nchunks) = ce_rs_chunks(p.count, dtype, CE_EVENTS);
+        for (k, &m) in chunks[..nchunks].iter().enumerate() {
+            let off = (at * es) as u64;
+            dtod_async(ce.side(stream), p.out + off, p.remote + off, m * es)?;
+            ce.copied[k]
+                .record(ce.side(stream))
+                .map_err(|e| from_driver(e, "cuEventRecord"))?;
+            stream
+                .wait(&ce.copied[k])
+                .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
+            let mut srcs = [0u64; 2];
+            srcs[self.rank] = p.own + off;
+            srcs[peer] = p.out + off;
+            self.launch_reduce_ptrs(stream, dt, op, p.out + off, m, &srcs, &tuning)?;
+            if let Some(dst) = p.push_to {
+                ce.reduced[k]
+                    .record(stream)
+                    .map_err(|e| from_driver(e, "cuEventRecord"))?;
+                ce.side2(stream)
+                    .wait(&ce.reduced[k])
+                    .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
+                dtod_async(ce.side2(stream), dst + off, p.out + off, m * es)?;
+            }
+            at += m;
+        }
+        if p.push_to.is_some() {
+            ce.join
+                .record(ce.side2(stream))
+                .map_err(|e| from_driver(e, "cuEventRecord"))?;
+            stream.wait(&ce.join).map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,461 @@
+//! The reduce-scatter and all-gather entries of [`CudaCollectives`]: SM push, zero-copy pull and
+//! copy-engine paths, and their launches.
+
+use super::*;
+
+impl CudaCollectives {
+    // ------------------------------------------------------------------ reduce-scatter
+
+    /// Reduce-scatter: `input` holds `count * world` elements, `output` receives this rank's
+    /// `count` (in place when `output == input + rank * count` elements).
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce_scatter(
+        &self,
+        stream: &CudaStream,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let tuning = self.config.tuning;
+        self.reduce_scatter_tuned(
+            stream,
+            ReduceScatterAlgo::Auto,
+            &tuning,
+            input,
+            output,
+            count,
+            dtype,
+            op,
+        )
+    }
+
+    /// [`Self::reduce_scatter`] with an explicit algorithm and launch tuning (every rank must pass
+    /// the same).
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce_scatter_tuned(
+        &self,
+        stream: &CudaStream,
+        algo: ReduceScatterAlgo,
+        tuning: &Tuning,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let Some((dt, _)) = self.reduce_scatter_geometry(stream, input, output, count, dtype)? else {
+            return Ok(());
+        };
+        tuning.validate()?;
+        let total = count * self.world;
+        let algo = match algo {
+            ReduceScatterAlgo::Auto => self.select_reduce_scatter(count, dtype),
+            a => a,
+        };
+        let lamport = algo == ReduceScatterAlgo::Lamport && self.world > 1;
+        let mech = if lamport { Mechanism::Lamport } else { Mechanism::Ring };
+        let hdr = &header(OpKind::ReduceScatter, dtype, count, Some(op), mech);
+        if lamport {
+            return self.lamport(
+                stream,
+                dt,
+                RingMode::ReduceScatter,
+                op,
+                input,
+                output,
+                count,
+                tuning,
+                hdr,
+            );
+        }
+        self.launch_ring(
+            stream,
+            dt,
+            op,
+            RingMode::ReduceScatter,
+            input,
+            output,
+            total,
+            count,
+            tuning,
+            false,
+            hdr,
+        )
+    }
+
+    /// Checks a reduce-scatter's arguments (`count` output elements; the input holds `count *
+    /// world`); `None` when there is nothing to do.
+    /// The checks every reduce-scatter entry makes (the stream, the dtype, the shard geometry);
+    /// `None` for an empty shard.
+    pub(super) fn reduce_scatter_geometry(
+        &self,
+        stream: &CudaStream,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+    ) -> Result<Option<(usize, ShardGeometry)>> {
+        self.check_stream(stream)?;
+        let dt = kernel_dtype(dtype, "reduce_scatter")?;
+        if count == 0 {
+            return Ok(None);
+        }
+        let g = shard_geometry(
+            "reduce_scatter",
+            ("reduce_scatter input", input),
+            ("reduce_scatter output", output),
+            count,
+            dtype,
+            (self.rank, self.world),
+        )?;
+        Ok(Some((dt, g)))
+    }
+
+    /// Zero-copy reduce-scatter for an input in registered symmetric memory (the same offset on
+    /// every rank, see [`Self::register_symmetric`]): every rank reads its shard straight from
+    /// every peer's input and reduces it (PyTorch's `reduce_scatter_out` pattern). A barrier that
+    /// also checks every rank passed the same geometry, the pull (the SM-pull kernel of the
+    /// copy-engine all-reduce, on this rank's shard), and a closing barrier (peers read this
+    /// rank's input until then, so the caller may overwrite it afterwards). `output` may be this
+    /// rank's shard of `input` (in place: no peer reads that shard). Stream-ordered, allocates
+    /// nothing, graph-capturable.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce_scatter_pull(
+        &self,
+        stream: &CudaStream,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let Some((dt, g)) = self.reduce_scatter_geometry(stream, input, output, count, dtype)? else {
+            return Ok(());
+        };
+        let own = g.own;
+        let shard = own - input;
+        let sym = self.registered(input, g.whole_bytes, "the zero-copy reduce-scatter needs its input")?;
+        let hdr = &header(OpKind::ReduceScatter, dtype, count, Some(op), Mechanism::Pull);
+        let check = checked(hdr, &[4, sym.offset as u64, sym.alloc_size as u64]);
+        let mut srcs = [0u64; MAX_WORLD];
+        for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
+            *src = if s == self.rank { own } else { sym.ptrs[s] + shard };
+        }
+        let p = args::Pull {
+            mode: RingMode::ReduceScatter,
+            op: kernel_op(op),
+            out: output,
+            n: count,
+            srcs,
+            check,
+        };
+        let tuning = self.config.tuning;
+        self.launch_pull(stream, dt, &p, &tuning)
+    }
+
+    /// Copy-engine reduce-scatter for an input in registered symmetric memory and an output
+    /// outside it (two ranks; more fall back to [`Self::reduce_scatter_pull`]): after a barrier
+    /// that checks the geometry, the copy engine pulls this rank's shard of the peer's input
+    /// straight into `output`, in chunks that shrink towards the end ([`ce_rs_chunks`]), on a side
+    /// stream; as each chunk lands the SMs reduce it in place with this rank's own shard
+    /// (`output = own + output`, fp32, rank order), overlapping the next copy; a closing barrier
+    /// (the peer reads this rank's input until then). No staging, no scratch. Bare copy-engine
+    /// reads run at ~370 GB/s per direction with both GPUs copying, against ~333 for SM reads,
+    /// but with the gaps between its chunked copies this path measured 417 us against the SM
+    /// pull's 409 at 256 MiB on 2 x H200 (docs/benchmarks.md), so `auto` does not take it.
+    /// `output` must not overlap `input` (in place: use the pull). Stream-ordered, allocates
+    /// nothing, graph-capturable.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce_scatter_ce(
+        &self,
+        stream: &CudaStream,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let Some((dt, g)) = self.reduce_scatter_geometry(stream, input, output, count, dtype)? else {
+            return Ok(());
+        };
+        if self.world != 2 {
+            return self.reduce_scatter_pull(stream, input, output, count, dtype, op);
+        }
+        let es = dtype.size();
+        let bytes = count * es;
+        if ranges_overlap(input, g.whole_bytes, output, bytes) {
+            return Err(Error::InvalidArgument(
+                "the copy-engine reduce-scatter lands the peer's shard in its output: the output must not \
+                 overlap the input (in place, use the pull)"
+                    .into(),
+            ));
+        }
+        let own = g.own;
+        let shard = own - input;
+        let sym = self.registered(input, g.whole_bytes, "the copy-engine reduce-scatter needs its input")?;
+        let peer = 1 - self.rank;
+        let hdr = &header(OpKind::ReduceScatter, dtype, count, Some(op), Mechanism::CopyEngine);
+        let check = checked(hdr, &[8, sym.offset as u64, sym.alloc_size as u64]);
+        let mask = self.full_mask();
+        self.launch_barrier(stream, mask, check)?;
+        self.ce_pull_reduce(
+            stream,
+            dt,
+            dtype,
+            op,
+            CePull {
+                own,
+                out: output,
+                remote: sym.ptrs[peer] + shard,
+                count,
+                push_to: None,
+            },
+        )?;
+        // The peer reads this rank's input until here.
+        self.launch_barrier(stream, mask, 0)
+    }
+
+    // ------------------------------------------------------------------ all-gather
+
+    /// All-gather: `input` holds `count` elements, `output` receives `count * world` (in place
+    /// when `input == output + rank * count` elements).
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_gather(
+        &self,
+        stream: &CudaStream,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        path: AllGatherPath,
+    ) -> Result<()> {
+        let tuning = self.config.tuning;
+        self.all_gather_tuned(stream, &tuning, input, output, count, dtype, path)
+    }
+
+    /// [`Self::all_gather`] with explicit launch tuning.
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_gather_tuned(
+        &self,
+        stream: &CudaStream,
+        tuning: &Tuning,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        path: AllGatherPath,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        // The all-gather moves bits; any 2- or 4-byte type runs as f16 / f32 lanes.
+        let dt = match dtype.size() {
+            4 => 0,
+            2 => 1,
+            _ => {
+                return Err(Error::UnsupportedDType {
+                    dtype: dtype.name().to_string(),
+                    op: "all_gather",
+                })
+            }
+        };
+        if count == 0 {
+            return Ok(());
+        }
+        tuning.validate()?;
+        shard_geometry(
+            "all_gather",
+            ("all_gather output", output),
+            ("all_gather input", input),
+            count,
+            dtype,
+            (self.rank, self.world),
+        )?;
+        let total = count * self.world;
+        let path = match path {
+            AllGatherPath::Auto => self.select_all_gather(count, dtype),
+            p => p,
+        };
+        // In place in a registered output, the copy-engine path pushes (it writes each peer's
+        // output slice, at the same offset on every rank); a registered input alone is pulled.
+        let mech = match path {
+            _ if self.world == 1 => Mechanism::Ring,
+            AllGatherPath::CopyEngine => Mechanism::CopyEngine,
+            AllGatherPath::Pull => Mechanism::Pull,
+            AllGatherPath::Lamport => Mechanism::Lamport,
+            _ => Mechanism::Ring,
+        };
+        let hdr = &header(OpKind::AllGather, dtype, count, None, mech);
+        match path {
+            AllGatherPath::CopyEngine if self.world > 1 => self.all_gather_ce(stream, input, output, count, dtype, hdr),
+            AllGatherPath::Pull if self.world > 1 => {
+                self.all_gather_pull(stream, dt, tuning, input, output, count, dtype, hdr)
+            }
+            AllGatherPath::Lamport if self.world > 1 => {
+                let dt = kernel_dtype(dtype, "the Lamport all-gather (f32, f16, bf16)")?;
+                self.lamport(
+                    stream,
+                    dt,
+                    RingMode::AllGather,
+                    ReduceOp::Sum,
+                    input,
+                    output,
+                    count,
+                    tuning,
+                    hdr,
+                )
+            }
+            _ => self.launch_ring(
+                stream,
+                dt,
+                ReduceOp::Sum,
+                RingMode::AllGather,
+                input,
+                output,
+                total,
+                count,
+                tuning,
+                false,
+                hdr,
+            ),
+        }
+    }
+
+    /// Zero-copy all-gather for an input in registered symmetric memory: one fused kernel copies
+    /// every peer's input straight into the output over NVLink between an opening barrier (with
+    /// a geometry check) and a closing one.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn all_gather_pull(
+        &self,
+        stream: &CudaStream,
+        dt: usize,
+        tuning: &Tuning,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        hdr: &OpHeader,
+    ) -> Result<()> {
+        let bytes = count * dtype.size();
+        let mut srcs = [0u64; MAX_WORLD];
+        let in_place = input == output + (self.rank * bytes) as u64;
+        let check = if let Some(sym) = in_place
+            .then(|| self.lookup_symmetric(output, bytes * self.world))
+            .flatten()
+        {
+            // In place in a registered output: rank s's input is slice s of its output, at the
+            // same offset on every rank.
+            for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
+                *src = sym.ptrs[s] + (s * bytes) as u64;
+            }
+            checked(hdr, &[6, sym.offset as u64, sym.alloc_size as u64])
+        } else {
+            let sym = self.registered(
+                input,
+                bytes,
+                "the zero-copy all-gather pull needs its input (or, in place, its output)",
+            )?;
+            for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
+                *src = if s == self.rank { input } else { sym.ptrs[s] };
+            }
+            checked(hdr, &[5, sym.offset as u64, sym.alloc_size as u64])
+        };
+        let p = args::Pull {
+            mode: RingMode::AllGather,
+            op: 0,
+            out: output,
+            n: count,
+            srcs,
+            check,
+        };
+        self.launch_pull(stream, dt, &p, tuning)
+    }
+
+    pub(super) fn all_gather_ce(
+        &self,
+        stream: &CudaStream,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        hdr: &OpHeader,
+    ) -> Result<()> {
+        let bytes = count * dtype.size();
+        let mask = self.full_mask();
+        let own = output + (self.rank * bytes) as u64;
+        let ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
+        let fork = |ce: &CeState| -> Result<()> {
+            ce.fork.record(stream).map_err(|e| from_driver(e, "cuEventRecord"))?;
+            ce.side(stream)
+                .wait(&ce.fork)
+                .map_err(|e| from_driver(e, "cuStreamWaitEvent"))
+        };
+        let join = |ce: &CeState| -> Result<()> {
+            ce.join
+                .record(ce.side(stream))
+                .map_err(|e| from_driver(e, "cuEventRecord"))?;
+            stream.wait(&ce.join).map_err(|e| from_driver(e, "cuStreamWaitEvent"))
+        };
+        // Zero-copy, as (check word, per rank s: (destination, source) of its copy).
+        let zero_copy = if let Some(o) = self.lookup_symmetric(output, bytes * self.world) {
+            // Push: the output is registered (in place or not), so this rank's copy engine writes
+            // its input into every peer's output slice between two barriers (the opening one:
+            // every peer's output is free; the closing one: every write into this rank's output
+            // has landed). Writes ran at ~389 GB/s per direction with both GPUs copying, reads at
+            // ~370 (docs/benchmarks.md, bandwidth probes).
+            let slice = (self.rank * bytes) as u64;
+            let check = checked(hdr, &[7, o.offset as u64, o.alloc_size as u64]);
+            Some((
+                check,
+                std::array::from_fn::<_, MAX_WORLD, _>(|s| (o.ptrs[s] + slice, input)),
+            ))
+        } else {
+            // Pull: peers' inputs are read in place between two barriers.
+            self.lookup_symmetric(input, bytes).map(|i| {
+                let check = checked(hdr, &[1, i.offset as u64, i.alloc_size as u64]);
+                (check, std::array::from_fn(|s| (output + (s * bytes) as u64, i.ptrs[s])))
+            })
+        };
+        if let Some((check, copies)) = zero_copy {
+            self.launch_barrier(stream, mask, check)?;
+            fork(&ce)?;
+            for s in (0..self.world).filter(|&s| s != self.rank) {
+                dtod_async(ce.side(stream), copies[s].0, copies[s].1, bytes)?;
+            }
+            if own != input {
+                dtod_async(stream, own, input, bytes)?;
+            }
+            join(&ce)?;
+        } else {
+            // Staged: rounds through the two halves of every rank's ring area. A round's barrier
+            // also means every peer finished pulling the round before (its join precedes its
+            // barrier), so the half written next is free.
+            let half = self.layout.ring_bytes() / 2 / 16 * 16;
+            if half == 0 {
+                return Err(Error::InvalidArgument(
+                    "staging area too small for the copy-engine path".into(),
+                ));
+            }
+            let check = checked(hdr, &[2]);
+            let ring_base = |rank: usize| self.mem.buffer_ptrs()[rank] + self.layout.ring_off as u64;
+            let rounds = bytes.div_ceil(half);
+            for r in 0..rounds {
+                let off = r * half;
+                let n = half.min(bytes - off);
+                let h = ((r % 2) * half) as u64;
+                dtod_async(stream, ring_base(self.rank) + h, input + off as u64, n)?;
+                self.launch_barrier(stream, mask, check)?;
+                fork(&ce)?;
+                for s in (0..self.world).filter(|&s| s != self.rank) {
+                    dtod_async(ce.side(stream), output + (s * bytes + off) as u64, ring_base(s) + h, n)?;
+                }
+                if own != input {
+                    dtod_async(stream, own + off as u64, input + off as u64, n)?;
+                }
+                join(&ce)?;
+            }
+        }
+        drop(ce);
+        self.launch_barrier(stream, mask, 0)
+    }
+}

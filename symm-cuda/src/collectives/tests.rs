@@ -1,0 +1,190 @@
+use super::*;
+
+#[test]
+fn overlap_math() {
+    assert!(ranges_overlap(100, 10, 105, 10));
+    assert!(!ranges_overlap(100, 10, 110, 10));
+    assert!(!ranges_overlap(100, 0, 100, 10));
+    assert!(ranges_overlap(100, 10, 90, 11));
+    assert!(!ranges_overlap(100, 10, 90, 10));
+}
+
+#[test]
+fn config_defaults() {
+    let c = CollectivesConfig::new(DEFAULT_STAGING_BYTES, Duration::from_secs(10));
+    assert_eq!(c.lamport_bytes_for(2), 16 << 20);
+    assert_eq!(c.lamport_bytes_for(8), (16 << 20) / 7);
+    assert!(check_ptr("x", 0, DType::F32).is_err());
+    assert!(check_ptr("x", 2, DType::F32).is_err());
+    assert!(check_ptr("x", 2, DType::BF16).is_ok());
+}
+
+/// The kernel file compiles with NVRTC (when present; SYMM_REQUIRE_NVRTC=1 makes its absence
+/// a failure) and holds every entry point the host side loads, with the protocol's
+/// instructions and no trap / multicast.
+#[test]
+fn collectives_kernels_compile_with_nvrtc() {
+    let src = kernels::source("collectives").unwrap();
+    if let Err(e) = kernels::nvrtc_available() {
+        assert!(!crate::knobs::require_nvrtc(), "SYMM_REQUIRE_NVRTC=1 but {e}");
+        println!("SKIP collectives_kernels_compile_with_nvrtc: {e}");
+        return;
+    }
+    let ptx = kernels::compile(src, "", "sm_90").unwrap_or_else(|e| panic!("collectives.cu: {e}"));
+    for dt in ["f32", "f16", "bf16"] {
+        for k in ["symm_lamport_", "symm_ring_", "symm_reduce_ptrs_"] {
+            assert!(ptx.contains(&format!(".entry {k}{dt}(")), "{k}{dt} missing");
+        }
+    }
+    for k in [
+        "symm_coll_init",
+        "symm_coll_barrier",
+        "symm_coll_reject",
+        "symm_coll_take_error",
+    ] {
+        assert!(ptx.contains(&format!(".entry {k}(")), "{k} missing");
+    }
+    // Every two-rank entry the host loads (COLL_TWO_RANK_ENTRIES), in `lamport2_index` order.
+    for kind in ["lamport2", "pull2"] {
+        for dt in ["f32", "f16", "bf16"] {
+            let names = two_rank_names(kind, dt);
+            assert_eq!(names.len(), 9);
+            for n in &names {
+                assert!(ptx.contains(&format!(".entry {n}(")), "{n} missing");
+            }
+            assert_eq!(
+                names[lamport2_index(RingMode::AllReduce, 2)],
+                format!("symm_{kind}_ar_max_{dt}")
+            );
+            assert_eq!(
+                names[lamport2_index(RingMode::ReduceScatter, 1)],
+                format!("symm_{kind}_rs_avg_{dt}")
+            );
+            assert_eq!(
+                names[lamport2_index(RingMode::AllGather, 0)],
+                format!("symm_{kind}_ag_{dt}")
+            );
+        }
+    }
+    for needle in [
+        "ld.acquire.sys",
+        "st.release.sys",
+        "ld.volatile.global.v4",
+        "%globaltimer",
+        "cvt.rn.bf16x2.f32",
+    ] {
+        assert!(ptx.contains(needle), "{needle} missing from the PTX");
+    }
+    assert!(!ptx.contains("trap;"));
+    assert!(!ptx.contains("multimem"));
+    // The Lamport and ring kernels keep their vectors in registers (no local-memory stack).
+    for k in [
+        "symm_lamport_bf16",
+        "symm_ring_bf16",
+        "symm_lamport_add_rms_bf16",
+        "symm_add_rms_bf16",
+    ] {
+        let start = ptx.find(&format!(".entry {k}(")).unwrap();
+        let body = &ptx[start..];
+        let end = body[1..].find(".entry").map_or(body.len(), |e| e + 1);
+        assert!(!body[..end].contains("__local_depot"), "{k} spills to local memory");
+    }
+    // NOTE [pdl]: every entry `launch_coll` may launch with PDL waits for the kernel ahead
+    // before its first memory access and then releases the next one.
+    let mut checked = 0;
+    for (name, body) in ptx_entries(&ptx) {
+        if matches!(name, "symm_coll_init" | "symm_coll_take_error") {
+            continue;
+        }
+        let wait = body
+            .find("griddepcontrol.wait")
+            .unwrap_or_else(|| panic!("{name}: no griddepcontrol.wait"));
+        assert!(
+            body.contains("griddepcontrol.launch_dependents"),
+            "{name}: no griddepcontrol.launch_dependents"
+        );
+        if let Some((at, ins)) = first_memory_access(body) {
+            assert!(wait < at, "{name}: `{ins}` before griddepcontrol.wait");
+        }
+        checked += 1;
+    }
+    // 3 x (generic Lamport, ring, reduce_ptrs, generic pull) + 2 x 27 two-rank + the barrier
+    // and the rejection + 3 x (fused Lamport epilogue, separate epilogue).
+    assert_eq!(checked, 12 + 54 + 2 + 6);
+    for dt in ["f32", "f16", "bf16"] {
+        for k in ["symm_lamport_add_rms", "symm_add_rms"] {
+            assert!(ptx.contains(&format!(".entry {k}_{dt}(")), "{k}_{dt} missing");
+        }
+    }
+}
+
+/// The `.entry` functions of a PTX text: (name, body up to the next entry).
+fn ptx_entries(ptx: &str) -> Vec<(&str, &str)> {
+    let starts: Vec<usize> = ptx.match_indices(".entry ").map(|(i, _)| i).collect();
+    starts
+        .iter()
+        .enumerate()
+        .map(|(k, &s)| {
+            let body = &ptx[s..starts.get(k + 1).copied().unwrap_or(ptx.len())];
+            let name = body[".entry ".len()..].split('(').next().unwrap_or("").trim();
+            (name, body)
+        })
+        .collect()
+}
+
+/// Byte offset and text of the first instruction of `body` that touches memory other than
+/// the kernel's parameters (loads, stores, atomics, reductions, async copies).
+fn first_memory_access(body: &str) -> Option<(usize, &str)> {
+    let mut off = 0;
+    for line in body.split_inclusive('\n') {
+        let t = line.trim_start();
+        // Skip a guard predicate (`@%p1 ld.global...`).
+        let ins = match t.strip_prefix('@') {
+            Some(rest) => rest.split_once(char::is_whitespace).map_or("", |(_, i)| i.trim_start()),
+            None => t,
+        };
+        let is_mem = ["ld.", "ldu.", "st.", "atom.", "red.", "cp."]
+            .iter()
+            .any(|p| ins.starts_with(p))
+            && !ins.starts_with("ld.param");
+        if is_mem {
+            return Some((off, ins.trim_end()));
+        }
+        off += line.len();
+    }
+    None
+}
+
+/// The `COLL_ST_*` / `COLL_OPS_*` defines of the kernel file match layout.rs.
+#[test]
+fn kernel_defines_match_layout() {
+    let src = kernels::source("collectives").unwrap().source;
+    let defs = [
+        ("COLL_ST_LAM_IDX", layout::ST_LAM_IDX),
+        ("COLL_ST_LAM_ARRIVE", layout::ST_LAM_ARRIVE),
+        ("COLL_ST_LAM_USED", layout::ST_LAM_USED),
+        ("COLL_ST_RING_SEQ", layout::ST_RING_SEQ),
+        ("COLL_ST_RING_ARRIVE", layout::ST_RING_ARRIVE),
+        ("COLL_ST_PULL_DONE", layout::ST_PULL_DONE),
+        ("COLL_ST_BAR_CNT", layout::ST_BAR_CNT),
+        ("COLL_OPS_BAR", layout::OPS_BAR),
+        ("COLL_OPS_CHECK", layout::OPS_CHECK),
+        ("COLL_OPS_PULL64", layout::OPS_PULL64),
+        ("COLL_MAXW", layout::MAX_WORLD),
+        ("COLL_MAX_THREADS", plan::MAX_THREADS as usize),
+        ("COLL_ST_MISMATCH", layout::ST_MISMATCH),
+        ("COLL_MISMATCH_HEADER", layout::MISMATCH_HEADER as usize),
+        ("COLL_MISMATCH_CHECK", layout::MISMATCH_CHECK as usize),
+        ("COLL_MISMATCH_REJECTED", layout::MISMATCH_REJECTED as usize),
+        ("COLL_MODE_AR", RingMode::AllReduce as usize),
+        ("COLL_MODE_RS", RingMode::ReduceScatter as usize),
+        ("COLL_MODE_AG", RingMode::AllGather as usize),
+    ];
+    for (name, value) in defs {
+        let line = format!("#define {name} {value}");
+        assert!(src.lines().any(|l| l.trim() == line), "kernel lacks `{line}`");
+    }
+    for (op, v) in ReduceOp::ALL.iter().zip(0u32..) {
+        assert_eq!(kernel_op(*op), v);
+    }
+}
