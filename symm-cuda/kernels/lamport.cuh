@@ -1,0 +1,335 @@
+// symm-cuda: The Lamport one-shot kernels (all-reduce, and reduce-scatter / all-gather through their
+// modes): data as flag, software-pipelined.
+// Included by collectives.cu (kernels.rs expands the include; NVRTC gets no include path),
+// after its primitives and dtype helpers, which this file uses.
+
+// ---------------------------------------------------------------- Lamport one-shot all-reduce
+
+// The workspace bases of ranks 0..7, passed by value (kernel parameters; no array, so no local
+// memory). coll_ws(i) selects one without dynamic indexing.
+struct CollWs8 {
+    unsigned long long w0, w1, w2, w3, w4, w5, w6, w7;
+};
+__device__ __forceinline__ unsigned long long coll_ws(const CollWs8& w, unsigned int i) {
+    return i < 4u ? (i < 2u ? (i == 0u ? w.w0 : w.w1) : (i == 2u ? w.w2 : w.w3))
+                  : (i < 6u ? (i == 4u ? w.w4 : w.w5) : (i == 6u ? w.w6 : w.w7));
+}
+
+// Lamport op header (NOTE [op-agreement]): the thread of vector 0 stores this op's header into
+// every peer's HDR[idx][jr] and clears its own HDR[(idx+2)%3][*] (the previous op's headers).
+__device__ __forceinline__ void coll_lam_push_header(const CollWs8& wsv, char* ws, unsigned int rank,
+                                                     unsigned int world, unsigned int idx,
+                                                     unsigned long long hdr_off, const uint4& hdr) {
+    const unsigned int w1 = world - 1u;
+    const uint4 sentinel = make_uint4(COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL);
+    for (unsigned int l = 0; l < w1; ++l) {
+        const unsigned int p = (rank + 1 + l) % world;
+        const unsigned int jr = world - 2 - l;
+        coll_st_v4(reinterpret_cast<char*>(coll_ws(wsv, p)) + hdr_off + ((unsigned long long)idx * w1 + jr) * 16ull,
+                   hdr);
+        coll_st_v4(ws + hdr_off + ((unsigned long long)((idx + 2u) % 3u) * w1 + l) * 16ull, sentinel);
+    }
+}
+
+// Polls vector v of the own Lamport buffer `mine` (slot l at l * slot_bytes) until no peer's
+// lanes are the sentinel, into pv[l]; vector 0 also waits for every peer's op header in
+// HDR[idx][*] (at `hdrs`) and compares it with `hdr` (a difference latches SYMM_ERR_OP_MISMATCH).
+// False when the wait gave up. NP: the peer slots the unrolled loop visits (>= world - 1).
+template <int DT, int NP>
+__device__ __forceinline__ bool coll_lam_poll(uint4 (&pv)[COLL_MAXW - 1], const char* mine,
+                                              unsigned long long slot_bytes, unsigned long long v, const char* hdrs,
+                                              unsigned int idx, const uint4& hdr, unsigned int rank,
+                                              unsigned int world, CollWait& w, unsigned int* st,
+                                              unsigned long long& deadline) {
+    const unsigned int w1 = world - 1u;
+    unsigned int pending = (1u << w1) - 1u;
+    if (v == 0ull) {
+        pending |= pending << 8;
+    }
+    unsigned int polls = 0;
+    while (pending != 0u) {
+#pragma unroll
+        for (int l = 0; l < NP; ++l) {
+            if (pending & (1u << l)) {
+                pv[l] = coll_ld_volatile_v4(mine + (unsigned long long)l * slot_bytes + v * 16);
+                if (!coll_pending<DT>(pv[l])) {
+                    pending &= ~(1u << l);
+                }
+            }
+            if (pending & (0x100u << l)) {
+                const uint4 h = coll_ld_volatile_v4(hdrs + ((unsigned long long)idx * w1 + l) * 16ull);
+                if (h.x != COLL_SENTINEL && h.y != COLL_SENTINEL && h.z != COLL_SENTINEL && h.w != COLL_SENTINEL) {
+                    if (!coll_v4_eq(h, hdr)) {
+                        coll_latch_disagreement(w, st, SYMM_ERR_OP_MISMATCH, COLL_MISMATCH_HEADER,
+                                                (rank + 1 + l) % world, h, hdr);
+                        return false;
+                    }
+                    pending &= ~(0x100u << l);
+                }
+            }
+        }
+        if (pending != 0u && (++polls % SYMM_CHECK_EVERY) == 0u) {
+            coll_start_deadline(deadline, w);
+            if (coll_poll_gives_up(polls, deadline, w)) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+// MODE >= 0 and W > 0 fix the mode and the world size at compile time (the specialised
+// two-rank entries: a fraction of the generic kernel's code, so a cold instruction cache costs
+// less at every launch); MODE < 0 / W == 0 take them from the arguments.
+template <int DT, int OP, int MODE, int W>
+__device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pad,
+                                             unsigned int rank, unsigned int world_arg, unsigned int mode_arg,
+                                             const char* input, char* output, unsigned long long count,
+                                             unsigned long long lam_off, unsigned long long slot_bytes,
+                                             unsigned long long state_off, unsigned long long timeout_ns,
+                                             const unsigned int* abort_host, unsigned long long hdr_off,
+                                             const uint4 hdr) {
+    symm_pdl_prologue();
+    // count: AR the message's elements; RS the elements of one shard (the output); AG the
+    // elements of one rank's input. Every slot holds nv = ceil(count / VE) vectors.
+    // Latency: the workspace bases and the own pad come as kernel arguments (no dependent global
+    // load), every thread reads the op state itself (no __syncthreads before the first remote
+    // store), and the first input vector is loaded before the state, so both loads are in flight
+    // together.
+    constexpr int VE = CollT<DT>::VE;
+    constexpr int ES = CollT<DT>::ES;
+    // Peer slots the unrolled loops visit.
+    constexpr int NP = W > 0 ? W - 1 : COLL_MAXW - 1;
+    const unsigned int world = W > 0 ? (unsigned int)W : world_arg;
+    const unsigned int mode = MODE >= 0 ? (unsigned int)MODE : (mode_arg & 0xFFu);
+    // COLL_LAM_ACQREL_ARRIVE in mode_arg: count blocks with atom.acq_rel.gpu instead of a
+    // relaxed atomic (measurement switch).
+    const bool acq_rel_arrive = (mode_arg & COLL_LAM_ACQREL_ARRIVE) != 0u;
+    // Pipeline lag in vectors per thread (bits 16-23 of mode_arg, COLL_LAM_LAG_SHIFT; 0: COLL_LAM_LAG; 255: receive
+    // only after every push, the order before round 5 -- a measurement switch).
+    const unsigned int lag_arg = (mode_arg >> COLL_LAM_LAG_SHIFT) & 0xFFu;
+    const unsigned int lag = lag_arg == 0u ? COLL_LAM_LAG : (lag_arg == 255u ? 0xFFFFFFFFu : lag_arg);
+    char* ws = reinterpret_cast<char*>(coll_ws(wsv, rank));
+    unsigned int* st = reinterpret_cast<unsigned int*>(ws + state_off);
+    const unsigned int w1 = world - 1;
+    const unsigned long long buf_bytes = (unsigned long long)w1 * slot_bytes;
+    const unsigned long long nv = (count + VE - 1) / VE;
+    const unsigned long long tid = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const unsigned long long nth = (unsigned long long)gridDim.x * blockDim.x;
+    const unsigned long long part_bytes = count * ES;  // RS: input shard stride; AG: output stride
+    // This rank's own contribution: AR the input; RS its shard of the input; AG the input.
+    const char* own_in = input + (mode == COLL_MODE_RS ? (unsigned long long)rank * part_bytes : 0ull);
+    const bool al_own = (reinterpret_cast<unsigned long long>(own_in) & 15ull) == 0;
+    const bool al_out = (reinterpret_cast<unsigned long long>(output) & 15ull) == 0;
+    const bool al_part = (part_bytes & 15ull) == 0;
+    const bool al_in = (reinterpret_cast<unsigned long long>(input) & 15ull) == 0;
+    // One pushed vector per step (AR, AG, and RS with one peer: the peer's shard) is loaded a
+    // step ahead (`xn` below), so the load's latency hides behind the step's stores and receive;
+    // RS with more peers loads one vector per peer inside the step.
+    const bool one_vec = mode != COLL_MODE_RS || w1 == 1u;
+    const char* const push_src =
+        input + (mode == COLL_MODE_RS ? (unsigned long long)((rank + 1u) % world) * part_bytes : 0ull);
+    const bool al_push = al_in && (mode != COLL_MODE_RS || al_part);
+    uint4 x0 = make_uint4(0u, 0u, 0u, 0u);
+    if (one_vec && tid < nv) {
+        x0 = coll_load<DT>(push_src + tid * 16, (long long)(count - tid * VE), al_push);
+    }
+    const unsigned int idx = symm_ld_volatile(st + COLL_ST_LAM_IDX) % 3u;
+    const unsigned int prev_used = symm_ld_volatile(st + COLL_ST_LAM_USED);
+    CollWait w;
+    w.pad = pad;
+    w.abort_host = abort_host;
+    w.timeout_ns = timeout_ns;
+
+    const unsigned long long prev = prev_used;
+    char* const cb = ws + lam_off + ((idx + 2u) % 3u) * buf_bytes;
+    const char* const mine = ws + lam_off + idx * buf_bytes;
+    const uint4 sentinel = make_uint4(COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL);
+    // hdr_off: the op headers HDR[3][w1] (NOTE [op-agreement] above; layout.rs
+    // lamport_headers_off).
+    unsigned long long deadline = 0;
+    bool failed = false;
+
+    // 1. push vector v (canonicalised: no lane ever equals the sentinel) into every peer's buffer
+    //    idx, slot jr, and clear vector v of the previous op's buffer (k+2)%3.
+    auto push = [&](unsigned long long v, uint4 xv) {
+        const long long nvalid = (long long)(count - v * VE);
+        if (v == 0ull) {
+            coll_lam_push_header(wsv, ws, rank, world, idx, hdr_off, hdr);
+        }
+        if (!one_vec) {
+            for (unsigned int l = 0; l < w1; ++l) {
+                const unsigned int p = (rank + 1 + l) % world;
+                const unsigned int jr = world - 2 - l;
+                const uint4 x = coll_canon<DT>(
+                    coll_load<DT>(input + (unsigned long long)p * part_bytes + v * 16, nvalid, al_in && al_part));
+                coll_st_v4(reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes +
+                               v * 16,
+                           x);
+            }
+        } else {
+            const uint4 x = coll_canon<DT>(xv);
+            for (unsigned int l = 0; l < w1; ++l) {
+                const unsigned int p = (rank + 1 + l) % world;
+                const unsigned int jr = world - 2 - l;
+                coll_st_v4(reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes +
+                               v * 16,
+                           x);
+            }
+        }
+        if (v < prev) {
+            for (unsigned int j = 0; j < w1; ++j) {
+                coll_st_v4(cb + j * slot_bytes + v * 16, sentinel);
+            }
+        }
+    };
+    // 3. poll vector v of the own buffer idx until no lane is the sentinel, then reduce (AR, RS)
+    //    or place (AG). False when the wait gave up.
+    auto recv = [&](unsigned long long v) -> bool {
+        const long long nvalid = (long long)(count - v * VE);
+        const uint4 own = coll_canon<DT>(coll_load<DT>(own_in + v * 16, nvalid, al_own));
+        uint4 pv[COLL_MAXW - 1];
+        if (!coll_lam_poll<DT, NP>(pv, mine, slot_bytes, v, ws + hdr_off, idx, hdr, rank, world, w, st, deadline)) {
+            return false;
+        }
+        if (mode == COLL_MODE_AG) {
+            const bool al = al_out && al_part;
+            coll_store<DT>(output + (unsigned long long)rank * part_bytes + v * 16, own, nvalid, al);
+#pragma unroll
+            for (int l = 0; l < NP; ++l) {
+                if (l < (int)w1) {
+                    const unsigned int t = (rank + 1 + l) % world;
+                    coll_store<DT>(output + (unsigned long long)t * part_bytes + v * 16, pv[l], nvalid, al);
+                }
+            }
+        } else {
+            const uint4 r = coll_reduce_ranks<DT, OP>(own, pv, (int)rank, (int)world);
+            coll_store<DT>(output + v * 16, r, nvalid, al_out);
+        }
+        return true;
+    };
+
+    // 2. Software pipeline over this thread's vectors v = tid, tid + nth, ...: push vector i, then
+    //    receive vector i - lag (pushed by the peers' same thread `lag` steps ago, so it is most
+    //    likely there), so the receiving side's local work (poll, reduce, store, clear) overlaps
+    //    the pushes instead of following them (bench-notes.md, round 5). Every wait is for a
+    //    vector the peers push at an earlier step than the one this thread is at, and all blocks
+    //    are resident (one wave), so it cannot deadlock. One vector per thread (small messages):
+    //    push, then receive, as before.
+    unsigned long long rv = tid;  // next vector to receive
+    {
+        unsigned int step = 0;
+        uint4 xn = x0;
+        for (unsigned long long v = tid; v < nv; v += nth) {
+            const uint4 xv = xn;
+            if (one_vec && v + nth < nv) {
+                xn = coll_load<DT>(push_src + (v + nth) * 16, (long long)(count - (v + nth) * VE), al_push);
+            }
+            push(v, xv);
+            if (++step > lag && !failed) {
+                failed = !recv(rv);
+                rv += nth;
+            }
+        }
+        // Clear what the previous op used beyond this op's vectors.
+        for (unsigned long long v = (nv > tid ? tid + ((nv - tid + nth - 1) / nth) * nth : tid); v < prev; v += nth) {
+            for (unsigned int j = 0; j < w1; ++j) {
+                coll_st_v4(cb + j * slot_bytes + v * 16, sentinel);
+            }
+        }
+    }
+    // Every thread of this block has read the op state. One block: it advances the state at its
+    // end (nothing to count). More: each block counts itself in, and the LAST one to arrive
+    // advances the state at once (every block has read it; the next kernel on the stream starts
+    // after this one ends) -- no block waits at the end.
+    __syncthreads();
+    if (threadIdx.x == 0 && gridDim.x > 1u) {
+        // Relaxed: the block's state loads are complete (their values addressed every store
+        // before the __syncthreads), and the acq_rel form measured 0.05-0.2 us slower.
+        const unsigned int before = acq_rel_arrive ? coll_atom_add_acq_rel_gpu(st + COLL_ST_LAM_ARRIVE, 1u)
+                                                   : atomicAdd(st + COLL_ST_LAM_ARRIVE, 1u);
+        if (before == gridDim.x - 1u) {
+            st[COLL_ST_LAM_ARRIVE] = 0u;
+            st[COLL_ST_LAM_USED] = (unsigned int)nv;
+            st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
+        }
+    }
+    // The vectors not received in the pipeline.
+    for (; rv < nv && !failed; rv += nth) {
+        failed = !recv(rv);
+    }
+
+    // 4. one block: advance the op state (its threads all read it before the __syncthreads
+    //    after the push)
+    if (gridDim.x == 1u && threadIdx.x == 0) {
+        st[COLL_ST_LAM_USED] = (unsigned int)nv;
+        st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
+    }
+}
+
+#define COLL_LAMPORT_ARGS                                                                                        \
+    unsigned long long ws0, unsigned long long ws1, unsigned long long ws2, unsigned long long ws3,                \
+        unsigned long long ws4, unsigned long long ws5, unsigned long long ws6, unsigned long long ws7,            \
+        unsigned long long pad_ptr, unsigned int rank, unsigned int world, unsigned int mode, unsigned int op,     \
+        const char *input, char *output, unsigned long long count, unsigned long long lam_off,                    \
+        unsigned long long slot_bytes, unsigned long long state_off, unsigned long long timeout_ns,               \
+        const unsigned int *abort_host, unsigned long long hdr_off, unsigned long long oph0, unsigned long long oph1
+// The op header: words 0-1 in oph0 (low half first), 2-3 in oph1.
+#define COLL_LAMPORT_PASS                                                                                  \
+    wsv, reinterpret_cast<unsigned int*>(pad_ptr), rank, world, mode, input, output, count, lam_off, slot_bytes, \
+        state_off, timeout_ns, abort_host, hdr_off,                                                             \
+        make_uint4((unsigned int)oph0, (unsigned int)(oph0 >> 32), (unsigned int)oph1, (unsigned int)(oph1 >> 32))
+
+// mode: COLL_MODE_AR / RS / AG (the op is ignored for AG).
+#define COLL_LAMPORT_ENTRY(NAME, DT)                                                          \
+    extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1) NAME(COLL_LAMPORT_ARGS) { \
+        const CollWs8 wsv = {ws0, ws1, ws2, ws3, ws4, ws5, ws6, ws7};                          \
+        if (mode == COLL_MODE_AG) {                                                            \
+            coll_lamport<DT, COLL_SUM, -1, 0>(COLL_LAMPORT_PASS);                              \
+            return;                                                                            \
+        }                                                                                      \
+        switch (op) {                                                                          \
+            case COLL_SUM:                                                                     \
+                coll_lamport<DT, COLL_SUM, -1, 0>(COLL_LAMPORT_PASS);                          \
+                break;                                                                         \
+            case COLL_AVG:                                                                     \
+                coll_lamport<DT, COLL_AVG, -1, 0>(COLL_LAMPORT_PASS);                          \
+                break;                                                                         \
+            case COLL_MAX:                                                                     \
+                coll_lamport<DT, COLL_MAX, -1, 0>(COLL_LAMPORT_PASS);                          \
+                break;                                                                         \
+            default:                                                                           \
+                coll_lamport<DT, COLL_MIN, -1, 0>(COLL_LAMPORT_PASS);                          \
+                break;                                                                         \
+        }                                                                                      \
+    }
+
+COLL_LAMPORT_ENTRY(symm_lamport_f32, COLL_F32)
+COLL_LAMPORT_ENTRY(symm_lamport_f16, COLL_F16)
+COLL_LAMPORT_ENTRY(symm_lamport_bf16, COLL_BF16)
+
+// Two ranks, one (mode, op) per entry: symm_lamport2_{ar,rs}_{sum,avg,max,min}_{dt} and
+// symm_lamport2_ag_{dt} (same arguments as the generic entry; `world`, `mode` and `op` are
+// ignored).
+#define COLL_LAMPORT2(NAME, DT, MODE, OP)                                                     \
+    extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1) NAME(COLL_LAMPORT_ARGS) { \
+        const CollWs8 wsv = {ws0, ws1, ws2, ws3, ws4, ws5, ws6, ws7};                          \
+        coll_lamport<DT, OP, MODE, 2>(COLL_LAMPORT_PASS);                                      \
+    }
+// The nine two-rank entries of one kernel KIND and dtype, named symm_KIND_{ar,rs}_{op}_SUFFIX and
+// symm_KIND_ag_SUFFIX; ENTRY(NAME, DT, MODE, OP) defines one. symm-cuda's `two_rank_names` lists
+// the same names in the same order.
+#define COLL_TWO_RANK_ENTRIES(ENTRY, KIND, SUFFIX, DT)                 \
+    ENTRY(symm_##KIND##_ar_sum_##SUFFIX, DT, COLL_MODE_AR, COLL_SUM)   \
+    ENTRY(symm_##KIND##_ar_avg_##SUFFIX, DT, COLL_MODE_AR, COLL_AVG)   \
+    ENTRY(symm_##KIND##_ar_max_##SUFFIX, DT, COLL_MODE_AR, COLL_MAX)   \
+    ENTRY(symm_##KIND##_ar_min_##SUFFIX, DT, COLL_MODE_AR, COLL_MIN)   \
+    ENTRY(symm_##KIND##_rs_sum_##SUFFIX, DT, COLL_MODE_RS, COLL_SUM)   \
+    ENTRY(symm_##KIND##_rs_avg_##SUFFIX, DT, COLL_MODE_RS, COLL_AVG)   \
+    ENTRY(symm_##KIND##_rs_max_##SUFFIX, DT, COLL_MODE_RS, COLL_MAX)   \
+    ENTRY(symm_##KIND##_rs_min_##SUFFIX, DT, COLL_MODE_RS, COLL_MIN)   \
+    ENTRY(symm_##KIND##_ag_##SUFFIX, DT, COLL_MODE_AG, COLL_SUM)
+
+COLL_TWO_RANK_ENTRIES(COLL_LAMPORT2, lamport2, f32, COLL_F32)
+COLL_TWO_RANK_ENTRIES(COLL_LAMPORT2, lamport2, f16, COLL_F16)
+COLL_TWO_RANK_ENTRIES(COLL_LAMPORT2, lamport2, bf16, COLL_BF16)
