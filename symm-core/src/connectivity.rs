@@ -103,6 +103,7 @@ pub fn get_connectivity(device_type: DeviceType, link_kind: &str) -> Result<Arc<
 
 /// Topologies the collectives distinguish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Topology {
     /// Every pair of devices has a direct link.
     FullyConnected,

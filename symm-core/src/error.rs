@@ -6,6 +6,7 @@ use crate::types::DeviceType;
 
 /// Everything that can go wrong in symmetric memory, named by what a caller can act on.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The store or fd exchange under a rendezvous failed.
     #[error(transparent)]

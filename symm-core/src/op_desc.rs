@@ -13,6 +13,7 @@ use crate::types::{DType, ReduceOp};
 /// The collective an op descriptor describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
+#[non_exhaustive]
 pub enum OpKind {
     AllReduce = 1,
     ReduceScatter = 2,

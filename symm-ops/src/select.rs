@@ -8,6 +8,7 @@ use std::fmt;
 
 /// The engine that runs a communicator's ops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum EngineKind {
     /// The generic engine: works over any backend's
     /// [`symm_core::SymmetricMemory`] with `read_bytes` / `write_bytes` and
@@ -31,6 +32,7 @@ impl fmt::Display for EngineKind {
 
 /// All-reduce algorithms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum AllReduceAlgo {
     /// Every rank reads every peer's input and reduces all of it.
     OneShot,
@@ -72,6 +74,7 @@ impl fmt::Display for AllReduceAlgo {
 
 /// Reduce-scatter algorithms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ReduceScatterAlgo {
     /// Each rank reads its segment from every peer and reduces it.
     Symm,
@@ -93,6 +96,7 @@ impl fmt::Display for ReduceScatterAlgo {
 
 /// All-gather algorithms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum AllGatherAlgo {
     /// SM-driven peer copies.
     Sm,
