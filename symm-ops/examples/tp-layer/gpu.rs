@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use symm_ops::cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
-use symm_ops::cudarc::driver::sys;
 use symm_ops::cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
@@ -76,13 +75,7 @@ impl Kernels {
     /// waits for a peer's spinning collective (NOTE [co-residency]).
     pub fn load(ctx: &Arc<CudaContext>) -> Res<Kernels> {
         let m = kernels::load(ctx, &SOURCE, "")?;
-        let f = |n: &str| -> Res<CudaFunction> {
-            let f = m.load_function(n)?;
-            // SAFETY: `f` is a live function of a module loaded in its context (kept alive by
-            // `f`); cuFuncLoad only loads it.
-            unsafe { sys::cuFuncLoad(f.cu_function()) }.result()?;
-            Ok(f)
-        };
+        let f = |n: &str| -> Res<CudaFunction> { Ok(symm_ops::symm_cuda::driver::load_function(&m, n)?) };
         Ok(Kernels {
             init: f("tp_init")?,
             add_rms_norm: f("tp_add_rms_norm")?,

@@ -212,8 +212,9 @@ impl Drop for AbandonOnDrop<'_> {
 const ABANDON_GRACE: Duration = Duration::from_secs(120);
 
 /// Ends the process when a rank failed and its peers have not stopped within
-/// [`ABANDON_GRACE`]: symm's ops time out by themselves, but a peer inside an NCCL all-reduce
-/// or a device synchronisation behind one waits for the failed rank forever.
+/// [`ABANDON_GRACE`]: symm's ops and the ranks' stream waits are bounded, but a peer's NCCL
+/// kernel waiting for the failed rank never ends, and tearing down that NCCL communicator can
+/// wait for it.
 fn watchdog(barrier: &RankBarrier, done: &AtomicBool) {
     let mut since: Option<Instant> = None;
     while !done.load(Ordering::Acquire) {

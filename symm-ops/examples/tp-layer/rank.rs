@@ -15,6 +15,17 @@ use crate::gpu::{self, linear, Kernels, CHUNK};
 use crate::group::RankBarrier;
 use crate::model::{Shape, Shard, Tensor, HEAD_DIM};
 use crate::Res;
+use symm_ops::symm_cuda::streams::wait_idle;
+
+/// Bound on every host wait for a rank's stream: longer than an op's own device timeout (60 s),
+/// so a stuck collective reports its own error first; NCCL's waits have no bound of their own.
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Waits until `stream` is idle, at most [`DRAIN_TIMEOUT`] (symm-cuda's `wait_idle`: polls, holds
+/// no driver lock, gives the failed operation's error).
+fn drain(stream: &CudaStream, what: &str) -> Res {
+    Ok(wait_idle(stream, DRAIN_TIMEOUT, what)?)
+}
 
 /// How the layer's two all-reduces and their residual + RMSNorm epilogues run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -109,8 +120,6 @@ pub struct Rank {
     blas: CudaBlas,
     k: Kernels,
     s: Shape,
-    tp: usize,
-    rank: usize,
     lmax: usize,
     seed: u64,
     w: Weights,
@@ -161,15 +170,13 @@ impl Rank {
             k_cache: make(Tensor::KCache)?,
             v_cache: make(Tensor::VCache)?,
         };
-        stream.synchronize()?;
+        drain(&stream, "weights")?;
         Ok(Rank {
             comm,
             stream,
             blas,
             k,
             s,
-            tp,
-            rank,
             lmax,
             seed,
             w,
@@ -177,9 +184,17 @@ impl Rank {
         })
     }
 
+    fn tp(&self) -> usize {
+        self.comm.world_size()
+    }
+
+    fn rank(&self) -> usize {
+        self.comm.rank().get()
+    }
+
     /// Activations for `tokens` tokens (every rank allocates them in the same order).
     pub fn acts(&self, tokens: usize) -> Res<Acts> {
-        let (s, l) = (&self.s, self.s.local(self.tp));
+        let (s, l) = (&self.s, self.s.local(self.tp()));
         let nchunk = self.lmax.div_ceil(CHUNK);
         let st = &self.stream;
         let th = tokens * s.hidden;
@@ -234,7 +249,7 @@ impl Rank {
         let (st, s) = (&self.stream, &self.s);
         let algo = self.epilogue_algo(mode, tokens * s.hidden * 2);
         if let (Some(_), Some(fence)) = (algo, &self.fence) {
-            st.synchronize()?;
+            drain(st, "before a collective")?;
             fence.wait()?;
         }
         match algo {
@@ -262,7 +277,7 @@ impl Rank {
     /// One decoder layer: reads `normed` (this layer's normed input) and `res[0]`; leaves the
     /// residual stream in `res[0]` and the next layer's normed input in `normed`.
     pub fn layer(&mut self, a: &mut Acts, mode: Mode, kv_len: usize) -> Res {
-        let (s, l, t) = (self.s, self.s.local(self.tp), a.tokens);
+        let (s, l, t) = (self.s, self.s.local(self.tp()), a.tokens);
         let st = self.stream.clone();
         let (q, kv) = (l.q_heads, l.kv_heads);
         linear(
@@ -324,7 +339,7 @@ impl Rank {
     /// launches for these shapes (cuBLAS picks and loads its GEMM kernels at first use).
     pub fn warm_up(&mut self, a: &mut Acts) -> Res {
         self.layer(a, Mode::None, 0)?;
-        Ok(self.stream.synchronize()?)
+        drain(&self.stream, "warm-up")
     }
 
     /// One checked step from the fixed input: a fresh cache, the input RMSNorm, one layer;
@@ -332,7 +347,7 @@ impl Rank {
     pub fn check(&mut self, a: &mut Acts, mode: Mode, kv_len: usize) -> Res<Outputs> {
         let (s, t, st) = (self.s, a.tokens, self.stream.clone());
         for tensor in [Tensor::KCache, Tensor::VCache] {
-            let shard = Shard::new(tensor, &s, self.tp, self.rank, t, self.lmax);
+            let shard = Shard::new(tensor, &s, self.tp(), self.rank(), t, self.lmax);
             let cache = if tensor == Tensor::KCache {
                 &mut self.w.k_cache
             } else {
@@ -340,7 +355,7 @@ impl Rank {
             };
             self.k.init(&st, cache, &shard, &s, self.seed)?;
         }
-        let input = Shard::new(Tensor::Input, &s, self.tp, self.rank, t, self.lmax);
+        let input = Shard::new(Tensor::Input, &s, self.tp(), self.rank(), t, self.lmax);
         self.k.init(&st, a.res[0].view_mut()?, &input, &s, self.seed)?;
         self.k.add_rms_norm(
             &st,
@@ -353,7 +368,7 @@ impl Rank {
             s.eps,
         )?;
         self.layer(a, mode, kv_len)?;
-        st.synchronize()?;
+        drain(&st, "checked step")?;
         let widen = |v: Vec<bf16>| v.into_iter().map(|x| x.to_f64()).collect();
         Ok(Outputs {
             residual: widen(st.clone_dtoh(a.res[0].view()?)?),
@@ -380,7 +395,7 @@ impl Rank {
         for _ in 0..2 {
             self.layer(a, mode, kv_len)?;
         }
-        st.synchronize()?;
+        drain(&st, "warm-up")?;
         match exec {
             Exec::Eager => {
                 for _ in 0..rounds {
@@ -389,7 +404,7 @@ impl Rank {
                         self.layer(a, mode, kv_len)?;
                     }
                     let e1 = event()?;
-                    e1.synchronize()?;
+                    drain(&st, "timed round")?;
                     out.push(e0.elapsed_ms(&e1)? as f64 * 1e3 / layers as f64);
                 }
             }
@@ -400,14 +415,14 @@ impl Rank {
                 captured?; // the capture ended before its error is returned
                 let graph = graph.ok_or("the capture recorded nothing")?;
                 graph.launch()?;
-                st.synchronize()?;
+                drain(&st, "graph warm-up")?;
                 for _ in 0..rounds {
                     let e0 = event()?;
                     for _ in 0..REPLAYS {
                         graph.launch()?;
                     }
                     let e1 = event()?;
-                    e1.synchronize()?;
+                    drain(&st, "timed round")?;
                     out.push(e0.elapsed_ms(&e1)? as f64 * 1e3 / (REPLAYS * layers) as f64);
                 }
             }
