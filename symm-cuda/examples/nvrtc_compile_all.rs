@@ -1,19 +1,37 @@
 //! NVRTC-compiles every CUDA kernel of symm-cuda for one architecture (no GPU
 //! needed): `cargo run -p symm-cuda --example nvrtc_compile_all -- sm_90`.
 //! `cargo xtask kernels` runs it with libnvrtc's folder on LD_LIBRARY_PATH.
+//! With `--cache` it compiles through the kernel disk cache instead (what a
+//! program's first launch on that architecture would compile, stored where
+//! `SYMM_KERNEL_CACHE` points): `cargo xtask gpu-bundle` fills the bundle's
+//! `kernel-cache/` this way.
 
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let arch = std::env::args().nth(1).unwrap_or_else(|| "sm_90".to_string());
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let cached = args.iter().any(|a| a == "--cache");
+    let arch = args
+        .iter()
+        .find(|a| !a.starts_with("--"))
+        .cloned()
+        .unwrap_or_else(|| "sm_90".to_string());
     if let Err(e) = symm_cuda::kernels::nvrtc_available() {
         eprintln!("error: NVRTC is not available: {e}");
         return ExitCode::FAILURE;
     }
     let total = symm_cuda::kernels::sources().len();
-    match symm_cuda::kernels::compile_all(&arch) {
+    let result = if cached {
+        symm_cuda::kernels::sources()
+            .iter()
+            .map(|src| symm_cuda::kernels::compile(src, "", &arch).map(|ptx| (src.name.to_string(), ptx.len())))
+            .collect()
+    } else {
+        symm_cuda::kernels::compile_all(&arch)
+    };
+    match result {
         Ok(built) => {
             for (name, len) in &built {
                 println!("  {name}.cu -> {len} bytes of PTX for {arch}");

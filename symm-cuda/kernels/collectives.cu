@@ -164,6 +164,9 @@
 #define COLL_ST_RING_ARRIVE 9
 #define COLL_ST_PULL_DONE 10
 #define COLL_ST_BAR_CNT 64
+// The fused epilogue's split-row counters: one word per row, COLL_EPI_SPLIT_MAX_ROWS of them.
+#define COLL_ST_EPI_ROWS 256
+#define COLL_EPI_SPLIT_MAX_ROWS 256
 
 // Pad OPS slots used here (must match layout.rs).
 #define COLL_OPS_BAR 0

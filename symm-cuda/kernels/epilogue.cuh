@@ -28,6 +28,16 @@
 //     receives a row, reduces it and runs the epilogue. Every wait is for a vector the peers push
 //     in their phase 1 and all blocks are resident (one wave), so it cannot deadlock. At world 1
 //     there is no exchange and no op state: a = x.
+//   Split rows (few rows, `parts` > 1; epilogue.rs `fused_geometry`): one block per row would
+//     leave most SMs idle and push and poll a whole row from one SM (bench-notes round 14), so
+//     each row is cut into `parts` blocks of one vector per thread. Each block pushes, receives
+//     and adds its part (residual_out), then counts itself in on the row's STATE counter
+//     (COLL_ST_EPI_ROWS + row; threadfence before, threadfence after: the CUDA threadfence-
+//     reduction pattern); the last one reads the row's residual sums back and runs the RMSNorm
+//     as a block of `big` threads would (epi_norm_split), so the bits equal epi_row's. No block
+//     waits for another block of its own grid; the counter is reset by the last block.
+//   symm_lamport2_add_rms_{dt}: the same kernel with the world fixed at 2 (the two-rank Lamport
+//     entries' reason: a fraction of the code, fewer instruction-cache misses per launch).
 // Aliasing: norm_out may be x and residual_out may be residual (each vector is read and then
 // written by one thread); no output may overlap anything else, the inputs (x, residual, weight)
 // may overlap each other but x and residual (checked on the host, symm_core::epilogue).
@@ -62,55 +72,131 @@ __device__ __forceinline__ float epi_block_sum(float v, float* red) {
     return t;
 }
 
+// s = T(f32(a) + f32(residual[j])), stored into res_out[j]; returns s.
+template <int DT>
+__device__ __forceinline__ uint4 epi_add_vec(uint4 av, const char* res, char* res_out, unsigned int j) {
+    constexpr int VE = CollT<DT>::VE;
+    float a[VE];
+    float r[VE];
+    coll_unpack<DT>(av, a);
+    coll_unpack<DT>(*reinterpret_cast<const uint4*>(res + (unsigned long long)j * 16ull), r);
+#pragma unroll
+    for (int i = 0; i < VE; ++i) {
+        a[i] = __fadd_rn(a[i], r[i]);
+    }
+    const uint4 s = coll_pack<DT>(a);
+    *reinterpret_cast<uint4*>(res_out + (unsigned long long)j * 16ull) = s;
+    return s;
+}
+
+// ssq + the squares of s's lanes, in lane order (fmaf).
+template <int DT>
+__device__ __forceinline__ float epi_ssq_vec(uint4 s, float ssq) {
+    constexpr int VE = CollT<DT>::VE;
+    float a[VE];
+    coll_unpack<DT>(s, a);
+#pragma unroll
+    for (int i = 0; i < VE; ++i) {
+        ssq = fmaf(a[i], a[i], ssq);
+    }
+    return ssq;
+}
+
+// norm_out[j] = T((f32(s) * rstd) * f32(weight[j])).
+template <int DT>
+__device__ __forceinline__ void epi_norm_vec(uint4 s, const char* weight, char* norm_out, unsigned int j, float rstd) {
+    constexpr int VE = CollT<DT>::VE;
+    float a[VE];
+    float g[VE];
+    coll_unpack<DT>(s, a);
+    coll_unpack<DT>(*reinterpret_cast<const uint4*>(weight + (unsigned long long)j * 16ull), g);
+#pragma unroll
+    for (int i = 0; i < VE; ++i) {
+        a[i] = __fmul_rn(__fmul_rn(a[i], rstd), g[i]);
+    }
+    *reinterpret_cast<uint4*>(norm_out + (unsigned long long)j * 16ull) = coll_pack<DT>(a);
+}
+
+// rsqrt(total / hidden + eps), hidden = vr * VE.
+template <int DT>
+__device__ __forceinline__ float epi_rstd(float total, unsigned int vr, float eps) {
+    return rsqrtf(__fadd_rn(__fdiv_rn(total, (float)(vr * (unsigned int)CollT<DT>::VE)), eps));
+}
+
 // One row's epilogue. s[m] holds the all-reduced vector t + m * blockDim.x (for m < k and inside
 // the row); it leaves with the residual sum. Every thread of the block calls it (barriers).
 template <int DT>
 __device__ __forceinline__ void epi_row(uint4 (&s)[EPI_MAXV], unsigned int k, unsigned int vr, const char* res,
                                         const char* weight, char* res_out, char* norm_out, float eps, bool norm,
                                         float* red) {
-    constexpr int VE = CollT<DT>::VE;
     float ssq = 0.0f;
 #pragma unroll
     for (int m = 0; m < EPI_MAXV; ++m) {
         const unsigned int j = threadIdx.x + (unsigned int)m * blockDim.x;
         if ((unsigned int)m < k && j < vr) {
-            float a[VE];
-            float r[VE];
-            coll_unpack<DT>(s[m], a);
-            coll_unpack<DT>(*reinterpret_cast<const uint4*>(res + (unsigned long long)j * 16ull), r);
-#pragma unroll
-            for (int i = 0; i < VE; ++i) {
-                a[i] = __fadd_rn(a[i], r[i]);
-            }
-            s[m] = coll_pack<DT>(a);
-            *reinterpret_cast<uint4*>(res_out + (unsigned long long)j * 16ull) = s[m];
+            s[m] = epi_add_vec<DT>(s[m], res, res_out, j);
             if (norm) {
-                coll_unpack<DT>(s[m], a);
-#pragma unroll
-                for (int i = 0; i < VE; ++i) {
-                    ssq = fmaf(a[i], a[i], ssq);
-                }
+                ssq = epi_ssq_vec<DT>(s[m], ssq);
             }
         }
     }
     if (!norm) {
         return;
     }
-    const float total = epi_block_sum(ssq, red);
-    const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(total, (float)(vr * (unsigned int)VE)), eps));
+    const float rstd = epi_rstd<DT>(epi_block_sum(ssq, red), vr, eps);
 #pragma unroll
     for (int m = 0; m < EPI_MAXV; ++m) {
         const unsigned int j = threadIdx.x + (unsigned int)m * blockDim.x;
         if ((unsigned int)m < k && j < vr) {
-            float a[VE];
-            float g[VE];
-            coll_unpack<DT>(s[m], a);
-            coll_unpack<DT>(*reinterpret_cast<const uint4*>(weight + (unsigned long long)j * 16ull), g);
-#pragma unroll
-            for (int i = 0; i < VE; ++i) {
-                a[i] = __fmul_rn(__fmul_rn(a[i], rstd), g[i]);
+            epi_norm_vec<DT>(s[m], weight, norm_out, j, rstd);
+        }
+    }
+}
+
+// The RMSNorm of one row whose residual sums are already in `sums` (the row's res_out, stored by
+// other blocks of this grid: read through L2), in the layout of a block of T = g * blockDim.x
+// threads: thread t stands for the threads t + i * blockDim.x (i < g) of that block, each with
+// the vectors (t + i * blockDim.x) + m * T, m < k. Sums, warp butterflies and the warps' sums
+// run in the same order as epi_row's with blockDim.x = T, so the bits are the same
+// (NOTE [fused-epilogue], "split rows").
+template <int DT>
+__device__ __forceinline__ void epi_norm_split(const char* sums, const char* weight, char* norm_out,
+                                               unsigned int vr, unsigned int k, unsigned int big, float eps,
+                                               float* red) {
+    const unsigned int g = big / blockDim.x;
+    const unsigned int lane = threadIdx.x & 31u;
+    __syncthreads();
+    for (unsigned int i = 0; i < g; ++i) {
+        const unsigned int t = threadIdx.x + i * blockDim.x;
+        float ssq = 0.0f;
+        for (unsigned int m = 0; m < k; ++m) {
+            const unsigned int j = t + m * big;
+            if (j < vr) {
+                ssq = epi_ssq_vec<DT>(coll_ld_cg_v4(sums + (unsigned long long)j * 16ull), ssq);
             }
-            *reinterpret_cast<uint4*>(norm_out + (unsigned long long)j * 16ull) = coll_pack<DT>(a);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            ssq += __shfl_xor_sync(0xffffffffu, ssq, o);
+        }
+        if (lane == 0u) {
+            red[t >> 5] = ssq;
+        }
+    }
+    __syncthreads();
+    float total = lane < (big >> 5) ? red[lane] : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        total += __shfl_xor_sync(0xffffffffu, total, o);
+    }
+    const float rstd = epi_rstd<DT>(total, vr, eps);
+    for (unsigned int i = 0; i < g; ++i) {
+        const unsigned int t = threadIdx.x + i * blockDim.x;
+        for (unsigned int m = 0; m < k; ++m) {
+            const unsigned int j = t + m * big;
+            if (j < vr) {
+                epi_norm_vec<DT>(coll_ld_cg_v4(sums + (unsigned long long)j * 16ull), weight, norm_out, j, rstd);
+            }
         }
     }
 }
@@ -150,16 +236,25 @@ EPI_ENTRY(symm_add_rms_f16, COLL_F16)
 EPI_ENTRY(symm_add_rms_bf16, COLL_BF16)
 
 // The Lamport one-shot all-reduce (sum) of `input` with the epilogue applied row by row.
-template <int DT>
+// parts == 1: blocks of `big` threads take whole rows (rows blockIdx.x, + gridDim.x, ...).
+// parts > 1 (rows <= COLL_EPI_SPLIT_MAX_ROWS, rows * parts <= gridDim.x): block u takes part
+// u % parts of row u / parts, one vector per thread per pass; the last of a row's blocks to count
+// itself in runs the row's RMSNorm in the layout of a `big`-thread block (epi_norm_split).
+// W: 2 for the two-rank entries (world fixed at compile time), 0 generic.
+template <int DT, int W>
 __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int* pad, unsigned int rank,
-                                                 unsigned int world, const char* input, unsigned long long rows,
-                                                 unsigned int vr, unsigned int k, unsigned long long lam_off,
+                                                 unsigned int world_arg, const char* input, unsigned long long rows,
+                                                 unsigned int vr, unsigned int k, unsigned int parts,
+                                                 unsigned int big, unsigned long long lam_off,
                                                  unsigned long long slot_bytes, unsigned long long timeout_ns,
                                                  const unsigned int* abort_host, unsigned long long hdr_off,
                                                  const uint4 hdr, const char* res, const char* weight, char* res_out,
                                                  char* norm_out, float eps, bool norm) {
+    constexpr int NP = W > 0 ? W - 1 : COLL_MAXW - 1;
+    const unsigned int world = W > 0 ? (unsigned int)W : world_arg;
     symm_pdl_prologue();
     __shared__ float red[32];
+    __shared__ unsigned int last_of_row;
     const unsigned long long row_bytes = (unsigned long long)vr * 16ull;
     if (world == 1u) {
         // Nothing to exchange: the sum is the input.
@@ -171,6 +266,10 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
     const unsigned int w1 = world - 1u;
     const unsigned long long buf_bytes = (unsigned long long)w1 * slot_bytes;
     const unsigned long long nv = rows * vr;
+    const bool split = parts > 1u;
+    // Units: (row, part) pairs; a part holds vectors [lo, hi) of its row.
+    const unsigned long long units = split ? rows * parts : rows;
+    const unsigned int part_vectors = split ? (vr + parts - 1u) / parts : vr;
     const unsigned int idx = symm_ld_volatile(st + COLL_ST_LAM_IDX) % 3u;
     const unsigned long long prev = symm_ld_volatile(st + COLL_ST_LAM_USED);
     char* const cb = ws + lam_off + ((idx + 2u) % 3u) * buf_bytes;
@@ -181,29 +280,55 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
     w.abort_host = abort_host;
     w.timeout_ns = timeout_ns;
 
-    // Phase 1: push every vector of this block's rows (vector 0 with the op header) and clear
-    // the previous op's vectors at the same places.
-    for (unsigned long long row = blockIdx.x; row < rows; row += gridDim.x) {
+    // Vector j of row `row` (j < vr): push it (vector 0 with the op header) into every peer's
+    // buffer and clear the previous op's vector at the same place.
+    auto push = [&](unsigned long long row, unsigned int j) {
+        const unsigned long long v = row * vr + j;
+        if (v == 0ull) {
+            coll_lam_push_header(wsv, ws, rank, world, idx, hdr_off, hdr);
+        }
+        const uint4 x = coll_canon<DT>(*reinterpret_cast<const uint4*>(input + v * 16ull));
+        for (unsigned int l = 0; l < w1; ++l) {
+            const unsigned int p = (rank + 1u + l) % world;
+            const unsigned int jr = world - 2u - l;
+            coll_st_v4(reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes + v * 16ull,
+                       x);
+        }
+        if (v < prev) {
+            for (unsigned int jj = 0; jj < w1; ++jj) {
+                coll_st_v4(cb + jj * slot_bytes + v * 16ull, sentinel);
+            }
+        }
+    };
+    // The all-reduced vector j of row `row` (this rank's own input where a wait gave up).
+    unsigned long long deadline = 0;
+    bool failed = false;
+    auto receive = [&](unsigned long long row, unsigned int j) -> uint4 {
+        const unsigned long long v = row * vr + j;
+        const uint4 own = coll_canon<DT>(*reinterpret_cast<const uint4*>(input + v * 16ull));
+        uint4 pv[COLL_MAXW - 1];
+        if (!failed) {
+            failed = !coll_lam_poll<DT, NP>(pv, mine, slot_bytes, v, ws + hdr_off, idx, hdr, rank, world, w, st,
+                                            deadline);
+        }
+        return failed ? own : coll_reduce_ranks<DT, COLL_SUM>(own, pv, (int)rank, (int)world);
+    };
+
+    // Phase 1: push every vector of this block's units.
+    for (unsigned long long u = blockIdx.x; u < units; u += gridDim.x) {
+        if (split) {
+            const unsigned long long row = u / parts;
+            const unsigned int lo = (unsigned int)(u % parts) * part_vectors;
+            const unsigned int hi = min(vr, lo + part_vectors);
+            for (unsigned int j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+                push(row, j);
+            }
+        } else {
 #pragma unroll
-        for (int m = 0; m < EPI_MAXV; ++m) {
-            const unsigned int j = threadIdx.x + (unsigned int)m * blockDim.x;
-            if ((unsigned int)m < k && j < vr) {
-                const unsigned long long v = row * vr + j;
-                if (v == 0ull) {
-                    coll_lam_push_header(wsv, ws, rank, world, idx, hdr_off, hdr);
-                }
-                const uint4 x = coll_canon<DT>(*reinterpret_cast<const uint4*>(input + v * 16ull));
-                for (unsigned int l = 0; l < w1; ++l) {
-                    const unsigned int p = (rank + 1u + l) % world;
-                    const unsigned int jr = world - 2u - l;
-                    coll_st_v4(reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes +
-                                   v * 16ull,
-                               x);
-                }
-                if (v < prev) {
-                    for (unsigned int jj = 0; jj < w1; ++jj) {
-                        coll_st_v4(cb + jj * slot_bytes + v * 16ull, sentinel);
-                    }
+            for (int m = 0; m < EPI_MAXV; ++m) {
+                const unsigned int j = threadIdx.x + (unsigned int)m * blockDim.x;
+                if ((unsigned int)m < k && j < vr) {
+                    push(u, j);
                 }
             }
         }
@@ -228,27 +353,48 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
         }
     }
 
-    // Phase 2: receive, reduce and finish one row at a time.
-    unsigned long long deadline = 0;
-    bool failed = false;
-    for (unsigned long long row = blockIdx.x; row < rows; row += gridDim.x) {
-        const unsigned long long o = row * row_bytes;
-        uint4 s[EPI_MAXV];
+    // Phase 2: receive and reduce; whole rows finish here, split rows in their last block.
+    for (unsigned long long u = blockIdx.x; u < units; u += gridDim.x) {
+        if (!split) {
+            uint4 s[EPI_MAXV];
 #pragma unroll
-        for (int m = 0; m < EPI_MAXV; ++m) {
-            const unsigned int j = threadIdx.x + (unsigned int)m * blockDim.x;
-            if ((unsigned int)m < k && j < vr) {
-                const unsigned long long v = row * vr + j;
-                const uint4 own = coll_canon<DT>(*reinterpret_cast<const uint4*>(input + v * 16ull));
-                uint4 pv[COLL_MAXW - 1];
-                if (!failed) {
-                    failed = !coll_lam_poll<DT, COLL_MAXW - 1>(pv, mine, slot_bytes, v, ws + hdr_off, idx, hdr, rank,
-                                                              world, w, st, deadline);
+            for (int m = 0; m < EPI_MAXV; ++m) {
+                const unsigned int j = threadIdx.x + (unsigned int)m * blockDim.x;
+                if ((unsigned int)m < k && j < vr) {
+                    s[m] = receive(u, j);
                 }
-                s[m] = failed ? own : coll_reduce_ranks<DT, COLL_SUM>(own, pv, (int)rank, (int)world);
+            }
+            const unsigned long long o = u * row_bytes;
+            epi_row<DT>(s, k, vr, res + o, weight, res_out + o, norm_out + o, eps, norm, red);
+            continue;
+        }
+        const unsigned long long row = u / parts;
+        const unsigned long long o = row * row_bytes;
+        const unsigned int lo = (unsigned int)(u % parts) * part_vectors;
+        const unsigned int hi = min(vr, lo + part_vectors);
+        for (unsigned int j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+            epi_add_vec<DT>(receive(row, j), res + o, res_out + o, j);
+        }
+        if (!norm) {
+            continue;
+        }
+        // The row's residual sums are stored by `parts` blocks: the last to count itself in
+        // (threadfence, then the counter; the counter, then threadfence) reads them all.
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            unsigned int* cnt = st + COLL_ST_EPI_ROWS + row;
+            const unsigned int before = atomicAdd(cnt, 1u);
+            last_of_row = before == parts - 1u ? 1u : 0u;
+            if (last_of_row != 0u) {
+                *cnt = 0u;
+                __threadfence();
             }
         }
-        epi_row<DT>(s, k, vr, res + o, weight, res_out + o, norm_out + o, eps, norm, red);
+        __syncthreads();
+        if (last_of_row != 0u) {
+            epi_norm_split<DT>(res_out + o, weight, norm_out + o, vr, k, big, eps, red);
+        }
     }
     if (gridDim.x == 1u && threadIdx.x == 0) {
         st[COLL_ST_LAM_USED] = (unsigned int)nv;
@@ -260,19 +406,25 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
     unsigned long long ws0, unsigned long long ws1, unsigned long long ws2, unsigned long long ws3,             \
         unsigned long long ws4, unsigned long long ws5, unsigned long long ws6, unsigned long long ws7,         \
         unsigned long long pad_ptr, unsigned int rank, unsigned int world, const char *input,                  \
-        unsigned long long rows, unsigned int vr, unsigned int k, unsigned long long lam_off,                   \
-        unsigned long long slot_bytes, unsigned long long timeout_ns, const unsigned int *abort_host,           \
-        unsigned long long hdr_off, unsigned long long oph0, unsigned long long oph1, const char *res,          \
-        const char *weight, char *res_out, char *norm_out, float eps, unsigned int flags
-#define COLL_LAMPORT_EPI_ENTRY(NAME, DT)                                                                         \
+        unsigned long long rows, unsigned int vr, unsigned int k, unsigned int parts, unsigned int big,         \
+        unsigned long long lam_off, unsigned long long slot_bytes, unsigned long long timeout_ns,               \
+        const unsigned int *abort_host, unsigned long long hdr_off, unsigned long long oph0,                   \
+        unsigned long long oph1, const char *res, const char *weight, char *res_out, char *norm_out, float eps, \
+        unsigned int flags
+// W: 0 for the generic entries symm_lamport_add_rms_{dt}, 2 for symm_lamport2_add_rms_{dt} (the
+// same arguments; `world` ignored).
+#define COLL_LAMPORT_EPI_ENTRY(NAME, DT, W)                                                                     \
     extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1) NAME(COLL_LAMPORT_EPI_ARGS) {               \
         const CollWs8 wsv = {ws0, ws1, ws2, ws3, ws4, ws5, ws6, ws7};                                             \
-        coll_lamport_epi<DT>(wsv, reinterpret_cast<unsigned int*>(pad_ptr), rank, world, input, rows, vr, k, lam_off, \
-                             slot_bytes, timeout_ns, abort_host, hdr_off,                                        \
-                             make_uint4((unsigned int)oph0, (unsigned int)(oph0 >> 32), (unsigned int)oph1,       \
-                                        (unsigned int)(oph1 >> 32)),                                             \
-                             res, weight, res_out, norm_out, eps, (flags & EPI_NORM) != 0u);                     \
+        coll_lamport_epi<DT, W>(wsv, reinterpret_cast<unsigned int*>(pad_ptr), rank, world, input, rows, vr, k,  \
+                                parts, big, lam_off, slot_bytes, timeout_ns, abort_host, hdr_off,                \
+                                make_uint4((unsigned int)oph0, (unsigned int)(oph0 >> 32), (unsigned int)oph1,    \
+                                           (unsigned int)(oph1 >> 32)),                                          \
+                                res, weight, res_out, norm_out, eps, (flags & EPI_NORM) != 0u);                  \
     }
-COLL_LAMPORT_EPI_ENTRY(symm_lamport_add_rms_f32, COLL_F32)
-COLL_LAMPORT_EPI_ENTRY(symm_lamport_add_rms_f16, COLL_F16)
-COLL_LAMPORT_EPI_ENTRY(symm_lamport_add_rms_bf16, COLL_BF16)
+COLL_LAMPORT_EPI_ENTRY(symm_lamport_add_rms_f32, COLL_F32, 0)
+COLL_LAMPORT_EPI_ENTRY(symm_lamport_add_rms_f16, COLL_F16, 0)
+COLL_LAMPORT_EPI_ENTRY(symm_lamport_add_rms_bf16, COLL_BF16, 0)
+COLL_LAMPORT_EPI_ENTRY(symm_lamport2_add_rms_f32, COLL_F32, 2)
+COLL_LAMPORT_EPI_ENTRY(symm_lamport2_add_rms_f16, COLL_F16, 2)
+COLL_LAMPORT_EPI_ENTRY(symm_lamport2_add_rms_bf16, COLL_BF16, 2)

@@ -125,6 +125,8 @@ struct Fns {
     pull2: [Vec<CudaFunction>; 3],
     /// The Lamport one-shot with the residual / RMSNorm epilogue, per dtype.
     lamport_epi: [CudaFunction; 3],
+    /// Its two-rank entries, per dtype.
+    lamport2_epi: [CudaFunction; 3],
     barrier: CudaFunction,
     reject: CudaFunction,
     take_error: CudaFunction,
@@ -377,6 +379,11 @@ impl CudaCollectives {
                 get("symm_lamport_add_rms_f32")?,
                 get("symm_lamport_add_rms_f16")?,
                 get("symm_lamport_add_rms_bf16")?,
+            ],
+            lamport2_epi: [
+                get("symm_lamport2_add_rms_f32")?,
+                get("symm_lamport2_add_rms_f16")?,
+                get("symm_lamport2_add_rms_bf16")?,
             ],
             barrier: get("symm_coll_barrier")?,
             reject: get("symm_coll_reject")?,

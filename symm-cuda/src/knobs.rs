@@ -26,6 +26,7 @@ pub const LAUNCH_VIA_CUDARC: &str = "SYMM_LAUNCH_VIA_CUDARC";
 pub const LAMPORT_LAG: &str = "SYMM_LAMPORT_LAG";
 pub const LAMPORT_ACQREL_ARRIVE: &str = "SYMM_LAMPORT_ACQREL_ARRIVE";
 pub const LAMPORT_GENERIC: &str = "SYMM_LAMPORT_GENERIC";
+pub const EPI_SPLIT: &str = "SYMM_EPI_SPLIT";
 
 /// The table: name, meaning, default, measurement switch or not.
 pub const KNOBS: &[Knob] = &[
@@ -85,6 +86,13 @@ pub const KNOBS: &[Knob] = &[
         name: LAMPORT_GENERIC,
         meaning: "`1`: two ranks run the generic Lamport and pull entries instead of the two-rank ones",
         default: "off",
+        measurement: true,
+    },
+    Knob {
+        name: EPI_SPLIT,
+        meaning: "`0`: the fused all-reduce epilogue kernel takes whole rows per block instead of splitting \
+                  few rows across blocks (NOTE [fused-epilogue], \"split rows\")",
+        default: "on",
         measurement: true,
     },
 ];
@@ -179,6 +187,12 @@ pub fn lamport_acq_rel_arrive() -> bool {
 pub fn lamport_generic() -> bool {
     static V: OnceLock<bool> = OnceLock::new();
     *V.get_or_init(|| flag(LAMPORT_GENERIC))
+}
+
+/// [`EPI_SPLIT`]: false when set to `0`.
+pub fn epi_split() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| var(EPI_SPLIT).is_none_or(|v| v != "0"))
 }
 
 #[cfg(test)]

@@ -271,6 +271,7 @@ pub fn gpu_bundle(args: &[String]) -> Result<()> {
     // The PyTorch side of the store interop check (`run.sh store-interop`).
     let interop = util::root().join("symm-store").join("tests").join("torch_interop.py");
     copy_file(&interop, &out.join("torch_interop.py"))?;
+    warm_kernel_cache(&out.join("kernel-cache"), tp_layer);
     let run_sh = out.join("run.sh");
     std::fs::write(&run_sh, RUN_SH).map_err(|e| format!("write {}: {e}", run_sh.display()))?;
     set_mode(&run_sh, 0o755)?;
@@ -310,6 +311,58 @@ pub fn gpu_bundle(args: &[String]) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The architecture the bundle's kernel cache is compiled for (H100 and H200).
+const CACHE_ARCH: &str = "sm_90";
+
+/// Fills `dir` with the PTX a first launch on a [`CACHE_ARCH`] GPU would compile (symm-cuda's
+/// kernels and the tensor-parallel layer's), through symm-cuda's disk cache with this machine's
+/// NVRTC; `run.sh` points `SYMM_KERNEL_CACHE` there. The cache key holds the NVRTC version, so a
+/// GPU machine with another NVRTC compiles anew, as without the cache. Best effort: without
+/// NVRTC here the bundle has no cache and says so.
+fn warm_kernel_cache(dir: &Path, tp_layer: bool) {
+    let _ = std::fs::remove_dir_all(dir);
+    let nvrtc = crate::kernels::find_nvrtc();
+    if nvrtc.is_empty() {
+        eprintln!("note: no libnvrtc here; the bundle has no kernel cache (the GPU machine compiles at first use)");
+        return;
+    }
+    let lib_path = util::prepend_path("LD_LIBRARY_PATH", &nvrtc);
+    let mut runs = vec![vec![
+        "run",
+        "--quiet",
+        "-p",
+        "symm-cuda",
+        "--example",
+        "nvrtc_compile_all",
+        "--",
+        CACHE_ARCH,
+        "--cache",
+    ]];
+    if tp_layer {
+        runs.push(vec![
+            "run",
+            "--quiet",
+            "-p",
+            crate::bench::TP_PACKAGE,
+            "--example",
+            crate::bench::TP_EXAMPLE,
+            "--",
+            "--compile-only",
+            "--arch",
+            CACHE_ARCH,
+        ]);
+    }
+    for args in runs {
+        let mut cmd = util::cargo();
+        cmd.args(&args)
+            .env("SYMM_KERNEL_CACHE", dir)
+            .env("LD_LIBRARY_PATH", &lib_path);
+        if let Err(e) = util::run(&mut cmd) {
+            eprintln!("note: the kernel cache is incomplete ({e}); the GPU machine compiles what is missing");
+        }
+    }
 }
 
 /// The bundle's run script (runs on a GPU machine with no cargo).

@@ -44,6 +44,9 @@ for sp in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>
 done
 export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=0
+# PTX compiled when the bundle was built (`cargo xtask gpu-bundle`, sm_90), so a fresh machine
+# skips NVRTC; a different NVRTC version misses the cache and compiles as usual.
+if [ -z "${SYMM_KERNEL_CACHE:-}" ] && [ -d "$HERE/kernel-cache" ]; then export SYMM_KERNEL_CACHE="$HERE/kernel-cache"; fi
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 # How many GPUs the tests must use: those needing more skip and say so.
 gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"

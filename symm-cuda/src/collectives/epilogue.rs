@@ -13,10 +13,13 @@ use symm_core::epilogue::{Buffers, Rows, Span, MAX_ROW_VECTORS};
 use symm_core::{Error, OpKind, ReduceOp, Result};
 
 use super::agree::{header, Mechanism};
+use super::args::{Bound, Common, Direct, OpHeader};
+use super::layout::WorkspaceLayout;
+use super::layout::EPI_SPLIT_MAX_ROWS;
 use super::{cfg, kernel_dtype, CudaCollectives};
 use crate::driver::launch::{launch_with, KernelArg, Launch};
 use crate::driver::{self, bind};
-use crate::kernels;
+use crate::{kernels, knobs};
 
 /// Most vectors of a row one thread holds (`EPI_MAXV` in epilogue.cuh).
 const MAX_VECTORS_PER_THREAD: usize = 8;
@@ -33,6 +36,66 @@ pub fn epilogue_threads(vectors_per_row: usize) -> (u32, u32) {
     let threads = vectors_per_row.div_ceil(32).max(1) * 32;
     let threads = threads.min(MAX_THREADS);
     (threads as u32, vectors_per_row.div_ceil(threads).max(1) as u32)
+}
+
+/// Threads of a block of the fused kernel's split rows (at most: a divisor of the row's block,
+/// [`fused_geometry`]).
+const SPLIT_THREADS: usize = 128;
+/// Most blocks one row is split into.
+const MAX_PARTS: usize = 16;
+
+/// How the fused kernel lays out `rows` rows of `vectors_per_row` vectors at `world` ranks with at
+/// most `blocks` blocks resident (NOTE [fused-epilogue], "split rows").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FusedGeometry {
+    /// Blocks per row: 1 (a block takes whole rows) or more (each takes a part of one row).
+    pub parts: u32,
+    /// Threads of a block.
+    pub threads: u32,
+    /// Blocks of the launch.
+    pub blocks: u32,
+    /// The row's block (`epilogue_threads`), whose reduction order the split rows keep.
+    pub big: u32,
+    /// Vectors per thread of that block.
+    pub k: u32,
+}
+
+/// The fused kernel's layout: rows are split while one wave of `rows x parts` blocks fits in
+/// `blocks` (and rows <= [`EPI_SPLIT_MAX_ROWS`], the STATE counters), into parts of about
+/// [`SPLIT_THREADS`] vectors; each split block has a multiple of 32 threads that divides the row's
+/// block (`big`), so the last block of a row can run its RMSNorm in `big`'s order. At world 1 (no
+/// exchange), with `split` off ([`crate::knobs::epi_split`]) or with too many rows, one block
+/// takes whole rows.
+pub fn fused_geometry(rows: usize, vectors_per_row: usize, world: usize, blocks: u32, split: bool) -> FusedGeometry {
+    let (big, k) = epilogue_threads(vectors_per_row);
+    let whole = FusedGeometry {
+        parts: 1,
+        threads: big,
+        blocks: rows.min(blocks as usize).max(1) as u32,
+        big,
+        k,
+    };
+    if !split || world < 2 || rows == 0 || rows > EPI_SPLIT_MAX_ROWS {
+        return whole;
+    }
+    // The largest multiple of 32 that divides `big` and is at most SPLIT_THREADS.
+    let warps = big as usize / 32;
+    let per = (1..=SPLIT_THREADS / 32).rev().find(|d| warps % d == 0).unwrap_or(1);
+    let threads = 32 * per;
+    let parts = vectors_per_row
+        .div_ceil(threads)
+        .min(MAX_PARTS)
+        .min(blocks as usize / rows);
+    if parts < 2 {
+        return whole;
+    }
+    FusedGeometry {
+        parts: parts as u32,
+        threads: threads as u32,
+        blocks: (rows * parts) as u32,
+        big,
+        k,
+    }
 }
 
 /// One epilogue op's buffers (device addresses) and parameters, checked once when built
@@ -125,6 +188,53 @@ impl Epilogue {
     fn grid(&self, blocks: u32) -> LaunchConfig {
         let (threads, _) = epilogue_threads(self.rows.vectors_per_row());
         cfg((self.rows.rows().min(blocks as usize)) as u32, threads)
+    }
+
+    /// `symm_lamport{,2}_add_rms_{dt}(COLL_LAMPORT_EPI_ARGS)` of this op laid out as `g`.
+    fn fused_args(
+        &self,
+        c: &Common,
+        d: &Direct,
+        g: &FusedGeometry,
+        layout: &WorkspaceLayout,
+        bound: &Bound,
+        hdr: &OpHeader,
+    ) -> [KernelArg; 30] {
+        let [h0, h1] = hdr.args();
+        let [res, w, ro, no, eps, flags] = self.tail();
+        let [w0, w1, w2, w3, w4, w5, w6, w7, pad] = d.lamport_head(c.rank);
+        [
+            w0,
+            w1,
+            w2,
+            w3,
+            w4,
+            w5,
+            w6,
+            w7,
+            pad,
+            KernelArg::U32(c.rank),
+            KernelArg::U32(c.world),
+            KernelArg::U64(self.x),
+            KernelArg::U64(self.rows.rows() as u64),
+            KernelArg::U32(self.rows.vectors_per_row() as u32),
+            KernelArg::U32(g.k),
+            KernelArg::U32(g.parts),
+            KernelArg::U32(g.big),
+            KernelArg::U64(layout.lamport_off as u64),
+            KernelArg::U64(layout.lamport_slot_bytes as u64),
+            KernelArg::U64(bound.timeout_ns),
+            KernelArg::U64(bound.abort_host),
+            KernelArg::U64(layout.lamport_headers_off() as u64),
+            h0,
+            h1,
+            res,
+            w,
+            ro,
+            no,
+            eps,
+            flags,
+        ]
     }
 
     fn geometry(&self) -> [KernelArg; 3] {
@@ -241,49 +351,106 @@ impl CudaCollectives {
             Some(ReduceOp::Sum),
             mech,
         );
-        let [h0, h1] = hdr.args();
-        let [rows, vr, k] = e.geometry();
-        let [res, w, ro, no, eps, flags] = e.tail();
-        let [w0, w1, w2, w3, w4, w5, w6, w7, pad] = self.direct.lamport_head(self.rank as u32);
-        let a = [
-            w0,
-            w1,
-            w2,
-            w3,
-            w4,
-            w5,
-            w6,
-            w7,
-            pad,
-            KernelArg::U32(self.rank as u32),
-            KernelArg::U32(self.world as u32),
-            KernelArg::U64(e.x),
-            rows,
-            vr,
-            k,
-            KernelArg::U64(self.layout.lamport_off as u64),
-            KernelArg::U64(self.layout.lamport_slot_bytes as u64),
-            KernelArg::U64(self.timeout_ns),
-            KernelArg::U64(self.abort_host),
-            KernelArg::U64(self.layout.lamport_headers_off() as u64),
-            h0,
-            h1,
-            res,
-            w,
-            ro,
-            no,
-            eps,
-            flags,
-        ];
-        // One block per row while the grid budget allows (all blocks resident: NOTE
-        // [co-residency]).
-        self.launch_coll(stream, &self.fns.lamport_epi[dt], e.grid(self.grid.blocks), &a)
+        let g = fused_geometry(
+            e.rows.rows(),
+            e.rows.vectors_per_row(),
+            self.world,
+            self.grid.blocks,
+            knobs::epi_split(),
+        );
+        let a = e.fused_args(&self.common(), &self.direct, &g, &self.layout, &self.bound(), &hdr);
+        // At most the grid budget's blocks (all blocks resident: NOTE [co-residency]).
+        let f = if self.world == 2 && !knobs::lamport_generic() {
+            &self.fns.lamport2_epi[dt]
+        } else {
+            &self.fns.lamport_epi[dt]
+        };
+        self.launch_coll(stream, f, cfg(g.blocks, g.threads), &a)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fused kernel's argument list has the arity and sizes of its parameters in the PTX
+    /// NVRTC produces, for the generic and the two-rank entries (when NVRTC is present).
+    #[test]
+    fn fused_arguments_match_the_kernels() {
+        use crate::collectives::args::{arg_bytes, ptx_param_sizes};
+        if let Err(e) = kernels::nvrtc_available() {
+            println!("SKIP fused_arguments_match_the_kernels: {e}");
+            return;
+        }
+        let src = kernels::source("collectives").unwrap();
+        let ptx = kernels::compile(src, "", "sm_90").unwrap();
+        let rows = Rows::new("t", 4 * 4096, 4096, symm_core::DType::BF16).unwrap();
+        let e = Epilogue::new(
+            "t",
+            0x1000,
+            rows,
+            0x10_0000,
+            0x20_0000,
+            Some((0x30_0000, 0x40_0000, 1e-5)),
+        )
+        .unwrap();
+        let layout = WorkspaceLayout::new(2, 10 << 20, 4 << 20, 64).unwrap();
+        let c = Common {
+            bufs_dev: 1,
+            pads_dev: 2,
+            rank: 0,
+            world: 2,
+        };
+        let bound = Bound {
+            timeout_ns: 1,
+            abort_host: 0,
+        };
+        let g = fused_geometry(4, 512, 2, 132, true);
+        let a = e.fused_args(&c, &Direct::default(), &g, &layout, &bound, &OpHeader::default());
+        let got: Vec<usize> = a.iter().map(arg_bytes).collect();
+        for dt in ["f32", "f16", "bf16"] {
+            for k in ["symm_lamport_add_rms", "symm_lamport2_add_rms"] {
+                let name = format!("{k}_{dt}");
+                let want = ptx_param_sizes(&ptx, &name).unwrap_or_else(|| panic!("{name} not in the PTX"));
+                assert_eq!(got, want, "{name}: host arguments vs kernel parameters");
+            }
+        }
+    }
+
+    #[test]
+    fn split_rows_keep_the_rows_block_order() {
+        // hidden 8192 bf16, one token, 132 SMs: 8 parts of 128 vectors, 128 threads each.
+        let g = fused_geometry(1, 1024, 2, 132, true);
+        assert_eq!((g.parts, g.threads, g.blocks, g.big, g.k), (8, 128, 8, 512, 2));
+        // hidden 4096 bf16, 7 tokens: 4 parts a row.
+        let g = fused_geometry(7, 512, 2, 132, true);
+        assert_eq!((g.parts, g.threads, g.blocks), (4, 128, 28));
+        // Too many rows for one wave of split blocks: whole rows, the budget's blocks.
+        let g = fused_geometry(128, 1024, 2, 132, true);
+        assert_eq!((g.parts, g.threads, g.blocks), (1, 512, 128));
+        // World 1 and the switch off: whole rows.
+        assert_eq!(fused_geometry(1, 1024, 1, 132, true).parts, 1);
+        assert_eq!(fused_geometry(1, 1024, 2, 132, false).parts, 1);
+        // A shared GPU's small budget still splits.
+        assert_eq!(fused_geometry(1, 1024, 8, 14, true).parts, 8);
+        assert_eq!(fused_geometry(7, 1024, 8, 14, true).parts, 2);
+        for vr in 1..=MAX_ROW_VECTORS {
+            for rows in [1usize, 2, 7, 33] {
+                for blocks in [14u32, 64, 132] {
+                    let g = fused_geometry(rows, vr, 2, blocks, true);
+                    assert_eq!(g.big % g.threads, 0, "{vr}: {g:?}");
+                    assert!(g.threads % 32 == 0 && g.threads as usize <= MAX_THREADS);
+                    assert!(g.blocks <= blocks && g.blocks >= 1, "{vr} {rows} {blocks}: {g:?}");
+                    if g.parts > 1 {
+                        assert_eq!(g.blocks as usize, rows * g.parts as usize);
+                        // Every part holds at least one vector.
+                        let per = vr.div_ceil(g.parts as usize);
+                        assert!(per * (g.parts as usize - 1) < vr, "{vr} {rows}: {g:?}");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn block_of_a_row() {

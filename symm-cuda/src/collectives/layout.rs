@@ -30,6 +30,11 @@ pub const ST_RING_ARRIVE: usize = 9;
 pub const ST_PULL_DONE: usize = 10;
 /// Word index of `bar_cnt[64]`: barriers shared with each rank.
 pub const ST_BAR_CNT: usize = 64;
+/// Word index of the fused epilogue's split-row counters, one per row (`COLL_ST_EPI_ROWS`;
+/// NOTE [fused-epilogue], "split rows").
+pub const ST_EPI_ROWS: usize = 256;
+/// Most rows the fused epilogue splits across blocks (`COLL_EPI_SPLIT_MAX_ROWS`).
+pub const EPI_SPLIT_MAX_ROWS: usize = 256;
 /// Word index of the error word copied out by `symm_coll_take_error`.
 pub const ST_ERR_OUT: usize = 200;
 /// Word index of what the kernel that latched a disagreement recorded (NOTE [op-agreement]):
@@ -69,6 +74,8 @@ pub const MIN_SLOT_BYTES: usize = 16 * 1024;
 const _: () = assert!(
     (ST_MISMATCH + MISMATCH_WORDS) * 4 <= STATE_BYTES && ST_BAR_CNT + symm_core::pad::MAX_WORLD_SIZE <= ST_ERR_OUT
 );
+const _: () =
+    assert!(ST_MISMATCH + MISMATCH_WORDS <= ST_EPI_ROWS && (ST_EPI_ROWS + EPI_SPLIT_MAX_ROWS) * 4 <= STATE_BYTES);
 const _: () = assert!(OPS_CHECK < symm_core::pad::OPS_SLOTS && OPS_PULL64 + 1 < symm_core::pad::OPS_SLOTS);
 // The 64-bit words start 8-byte aligned.
 const _: () = assert!((symm_core::pad::OPS_BASE + OPS_PULL64 * symm_core::pad::MAX_WORLD_SIZE) % 2 == 0);

@@ -82,6 +82,7 @@ fn collectives_kernels_compile_with_nvrtc() {
         "symm_lamport_bf16",
         "symm_ring_bf16",
         "symm_lamport_add_rms_bf16",
+        "symm_lamport2_add_rms_bf16",
         "symm_add_rms_bf16",
     ] {
         let start = ptx.find(&format!(".entry {k}(")).unwrap();
@@ -109,10 +110,10 @@ fn collectives_kernels_compile_with_nvrtc() {
         checked += 1;
     }
     // 3 x (generic Lamport, ring, reduce_ptrs, generic pull) + 2 x 27 two-rank + the barrier
-    // and the rejection + 3 x (fused Lamport epilogue, separate epilogue).
-    assert_eq!(checked, 12 + 54 + 2 + 6);
+    // and the rejection + 3 x (fused Lamport epilogue, its two-rank entry, separate epilogue).
+    assert_eq!(checked, 12 + 54 + 2 + 9);
     for dt in ["f32", "f16", "bf16"] {
-        for k in ["symm_lamport_add_rms", "symm_add_rms"] {
+        for k in ["symm_lamport_add_rms", "symm_lamport2_add_rms", "symm_add_rms"] {
             assert!(ptx.contains(&format!(".entry {k}_{dt}(")), "{k}_{dt} missing");
         }
     }
@@ -167,6 +168,8 @@ fn kernel_defines_match_layout() {
         ("COLL_ST_RING_ARRIVE", layout::ST_RING_ARRIVE),
         ("COLL_ST_PULL_DONE", layout::ST_PULL_DONE),
         ("COLL_ST_BAR_CNT", layout::ST_BAR_CNT),
+        ("COLL_ST_EPI_ROWS", layout::ST_EPI_ROWS),
+        ("COLL_EPI_SPLIT_MAX_ROWS", layout::EPI_SPLIT_MAX_ROWS),
         ("COLL_OPS_BAR", layout::OPS_BAR),
         ("COLL_OPS_CHECK", layout::OPS_CHECK),
         ("COLL_OPS_PULL64", layout::OPS_PULL64),
