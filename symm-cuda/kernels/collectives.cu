@@ -211,6 +211,14 @@ __device__ __forceinline__ uint4 coll_ld_volatile_v4(const void* p) {
     return v;
 }
 
+// Cache hints (no value, no ordering): bring the line of `p` into this SM's L1 / into L2.
+__device__ __forceinline__ void coll_prefetch_l1(const void* p) {
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+__device__ __forceinline__ void coll_prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 // Ring data: read once, L2 only (never a stale L1 line of the slot's previous chunk).
 __device__ __forceinline__ uint4 coll_ld_cg_v4(const void* p) {
     uint4 v;

@@ -314,6 +314,27 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
         return failed ? own : coll_reduce_ranks<DT, COLL_SUM>(own, pv, (int)rank, (int)world);
     };
 
+    // The epilogue's own inputs do not depend on the exchange: prefetch the block's first unit's
+    // residual (and weight) vectors into L1 now, so that after the polls they are cache hits
+    // instead of DRAM round trips behind the wait (a polling load's "memory" clobber keeps the
+    // compiler from hoisting them). Split rows: the row's weight into L2 for the last block.
+    if (blockIdx.x < units) {
+        const unsigned long long u = blockIdx.x;
+        const unsigned long long row = split ? u / parts : u;
+        const unsigned int lo = split ? (unsigned int)(u % parts) * part_vectors : 0u;
+        const unsigned int hi = split ? min(vr, lo + part_vectors) : vr;
+        for (unsigned int j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+            coll_prefetch_l1(res + row * row_bytes + (unsigned long long)j * 16ull);
+            if (norm) {
+                if (split) {
+                    coll_prefetch_l2(weight + (unsigned long long)j * 16ull);
+                } else {
+                    coll_prefetch_l1(weight + (unsigned long long)j * 16ull);
+                }
+            }
+        }
+    }
+
     // Phase 1: push every vector of this block's units.
     for (unsigned long long u = blockIdx.x; u < units; u += gridDim.x) {
         if (split) {

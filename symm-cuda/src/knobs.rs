@@ -90,9 +90,10 @@ pub const KNOBS: &[Knob] = &[
     },
     Knob {
         name: EPI_SPLIT,
-        meaning: "`0`: the fused all-reduce epilogue kernel takes whole rows per block instead of splitting \
-                  few rows across blocks (NOTE [fused-epilogue], \"split rows\")",
-        default: "on",
+        meaning: "`1`: the fused all-reduce epilogue kernel splits few rows across blocks instead of taking \
+                  whole rows per block (NOTE [fused-epilogue], \"split rows\"; slower on 2 x H200, bench-notes \
+                  round 14)",
+        default: "off",
         measurement: true,
     },
 ];
@@ -189,10 +190,10 @@ pub fn lamport_generic() -> bool {
     *V.get_or_init(|| flag(LAMPORT_GENERIC))
 }
 
-/// [`EPI_SPLIT`]: false when set to `0`.
+/// [`EPI_SPLIT`].
 pub fn epi_split() -> bool {
     static V: OnceLock<bool> = OnceLock::new();
-    *V.get_or_init(|| var(EPI_SPLIT).is_none_or(|v| v != "0"))
+    *V.get_or_init(|| flag(EPI_SPLIT))
 }
 
 #[cfg(test)]
