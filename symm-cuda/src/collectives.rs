@@ -85,8 +85,9 @@ pub struct CollectivesConfig {
     /// `kernels/common.cuh`): a kernel may be scheduled while the kernel ahead of it on the
     /// stream is still running, and waits on the device for it, which hides most of the launch
     /// latency of back-to-back kernels. Applies on compute capability 9.0 or newer only.
-    /// Default: `SYMM_PDL=1` in the environment ([`knobs::pdl`]); off otherwise until it is
-    /// measured on two GPUs (symm-ops/bench-notes.md, round 6).
+    /// Default: on, unless `SYMM_PDL=0` is in the environment ([`knobs::pdl`]); 2 x H200
+    /// passed every distinct-GPU suite with it and ran 0.84-0.99 of the time without it
+    /// (graph replay; symm-ops/bench-notes.md, round 14).
     pub pdl: bool,
 }
 

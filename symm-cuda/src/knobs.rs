@@ -39,9 +39,9 @@ pub const KNOBS: &[Knob] = &[
     },
     Knob {
         name: PDL,
-        meaning: "`1`: the collective kernels use programmatic dependent launch by default \
-                  (CollectivesConfig::pdl)",
-        default: "off",
+        meaning: "`0`: the collective kernels do not use programmatic dependent launch by default \
+                  (CollectivesConfig::pdl; on since the 2 x H200 measurements of bench-notes round 14)",
+        default: "on",
         measurement: false,
     },
     Knob {
@@ -119,10 +119,10 @@ pub fn hw_queues() -> u32 {
     })
 }
 
-/// [`PDL`].
+/// [`PDL`]: on unless set to `0`.
 pub fn pdl() -> bool {
     static V: OnceLock<bool> = OnceLock::new();
-    *V.get_or_init(|| flag(PDL))
+    *V.get_or_init(|| var(PDL).is_none_or(|v| v.trim() != "0"))
 }
 
 /// [`KERNEL_CACHE`]: the folder, `None` when disabled or when no home folder is known.

@@ -53,7 +53,7 @@ pub struct CommConfig {
     /// launch (CUDA, compute capability 9.0+: each op's kernel is
     /// scheduled while the kernel ahead of it on the stream still runs;
     /// `symm_cuda::collectives::CollectivesConfig::pdl`). `None`: the
-    /// `SYMM_PDL` environment variable (`1` turns it on; off otherwise).
+    /// default: on, unless the `SYMM_PDL` environment variable is `0`.
     /// Ranks may differ in it.
     pub pdl: Option<bool>,
     /// Largest all-reduce (and all-gather) message of the Lamport kernels, in bytes: each rank

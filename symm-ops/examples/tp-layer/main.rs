@@ -19,7 +19,7 @@
 //! to 32 and KV 1, 37 and 300, the real models at their smallest). A failed check stops the run
 //! and prints the worst element.
 //! TP sizes over the GPU count run with ranks sharing GPU 0: checked, not timed, no NCCL.
-//! `SYMM_PDL=1` runs symm's kernels with programmatic dependent launch (CommConfig::pdl).
+//! symm's kernels run with programmatic dependent launch unless `SYMM_PDL=0` (CommConfig::pdl).
 //!
 //! `cargo xtask bench --tp-layer [args]` runs it and plots the JSON; alone:
 //! `cargo run --release -p symm-ops --example tp-layer -- [args]` (`--help`).

@@ -169,7 +169,7 @@ pub fn run(args: Args, world: usize) -> BoxResult<()> {
         .as_ref()
         .and_then(|c| c.name().ok())
         .unwrap_or_else(|| "CUDA".into());
-    // The collective kernels ran with programmatic dependent launch: asked (SYMM_PDL=1) and
+    // The collective kernels ran with programmatic dependent launch: asked (the default; SYMM_PDL=0 turns it off) and
     // supported, the same test CudaCollectives makes.
     let pdl_ran = symm_ops::symm_cuda::knobs::pdl()
         && ctx0.is_some_and(|c| symm_ops::symm_cuda::driver::supports_pdl(c.cu_device()).unwrap_or(false));
