@@ -1001,7 +1001,9 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
         let mut first_bad = Vec::new();
         for i in 0..60 {
             let k = i % 3;
-            symm_cuda::driver::mem::dtod_async(&env.stream, sym_in, pl.in_ptrs[k], bytes)?;
+            // SAFETY: `sym_in` and the payloads are `bytes` long allocations of this rank's
+            // context, alive until the end of the test.
+            unsafe { symm_cuda::driver::mem::unchecked::dtod_async(&env.stream, sym_in, pl.in_ptrs[k], bytes)? };
             if i % 2 == 0 {
                 c.all_reduce(
                     &env.stream,
@@ -1026,7 +1028,8 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
                     },
                 )?;
             }
-            symm_cuda::driver::mem::dtod_async(&env.stream, sym_in, nan_ptr, bytes)?;
+            // SAFETY: as above; `nan` is `bytes` long.
+            unsafe { symm_cuda::driver::mem::unchecked::dtod_async(&env.stream, sym_in, nan_ptr, bytes)? };
             let host = env.stream.synced_clone_dtoh(&pl.outputs)?;
             let want = if i % 2 == 0 {
                 sum_ref(dtype, &pl.payloads[k])

@@ -223,19 +223,51 @@ impl HostOut<'_> {
 
 /// A raw device pointer to `len` contiguous elements of `dtype` on the
 /// communicator's device, for memory that is neither a cudarc slice nor a
-/// [`SymmTensor`] (e.g. a tensor of another framework). The caller keeps the
-/// memory alive and unused by others until the op's stream work completes;
-/// the pointer must be aligned to the element size.
+/// [`SymmTensor`] (e.g. a tensor of another framework). Nothing can check such
+/// an address, so only [`RawDevicePtr::new`], an `unsafe fn`, makes one; the ops
+/// check what they can (the engine, the element size's alignment, the length).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RawDevicePtr {
-    pub ptr: u64,
-    pub len: usize,
-    pub dtype: DType,
+    pub(crate) ptr: u64,
+    pub(crate) len: usize,
+    pub(crate) dtype: DType,
 }
 
 impl RawDevicePtr {
-    pub fn new(ptr: u64, len: usize, dtype: DType) -> Self {
+    /// `len` elements of `dtype` at device address `ptr`.
+    ///
+    /// # Safety
+    /// `ptr .. ptr + len * dtype.size()` is memory of the communicator's device (or memory
+    /// mapped for it) that stays allocated, and that nothing else writes (nor reads, where an
+    /// op writes it), until the stream work of every op given this pointer has completed.
+    #[allow(unsafe_code)] // declares the contract only; the body is safe
+    pub unsafe fn new(ptr: u64, len: usize, dtype: DType) -> Self {
         RawDevicePtr { ptr, len, dtype }
+    }
+
+    /// The engines' own addresses, already checked against the buffers they came from.
+    pub(crate) fn checked(ptr: u64, len: usize, dtype: DType) -> Self {
+        RawDevicePtr { ptr, len, dtype }
+    }
+
+    /// The device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// No elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
     }
 }
 
@@ -471,7 +503,7 @@ mod tests {
         let mut w = vec![0f32; 3];
         let m: BufMut<'_> = (&mut w).into();
         assert_eq!((m.len(), m.dtype()), (3, DType::F32));
-        let r: Buf<'_> = RawDevicePtr::new(256, 7, DType::BF16).into();
+        let r: Buf<'_> = RawDevicePtr::checked(256, 7, DType::BF16).into();
         assert_eq!((r.len(), r.dtype(), r.kind()), (7, DType::BF16, "Raw"));
         assert!(check_dtype(DType::I32, "all_reduce").is_err());
     }

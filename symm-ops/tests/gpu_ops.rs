@@ -887,7 +887,9 @@ fn gpu_bad_input_is_an_error(w: GpuWorld) {
             use symm_ops::cudarc::driver::DevicePtr;
             x.device_ptr(s)
         };
-        let r = comm.all_reduce(RawDevicePtr::new(p + 2, 8, DType::F32), ReduceOp::Sum);
+        // SAFETY: `p + 2 .. p + 34` lies inside `x` (alive until the end of the test); the op
+        // refuses the misaligned pointer before any access, which is what this checks.
+        let r = comm.all_reduce(unsafe { RawDevicePtr::new(p + 2, 8, DType::F32) }, ReduceOp::Sum);
         if !matches!(r, Err(Error::Misaligned { .. })) {
             failures.push("misaligned");
         }

@@ -77,7 +77,7 @@ pub struct Launch {
 /// small collectives is mostly this call). `SYMM_LAUNCH_MODE=params` passes
 /// one pointer per parameter instead, `cudarc` goes through cudarc's launch
 /// builder (diagnostics and comparisons: all three must behave the same).
-pub fn launch(stream: &CudaStream, f: &CudaFunction, cfg: LaunchConfig, args: &[KernelArg]) -> Result<()> {
+pub(crate) fn launch(stream: &CudaStream, f: &CudaFunction, cfg: LaunchConfig, args: &[KernelArg]) -> Result<()> {
     launch_with(stream, f, cfg, args, Launch::default())
 }
 
@@ -85,7 +85,7 @@ pub fn launch(stream: &CudaStream, f: &CudaFunction, cfg: LaunchConfig, args: &[
 /// programmatic-stream-serialization attribute (the arguments passed the same
 /// way; `SYMM_LAUNCH_MODE=cudarc` does not apply, cudarc's builder takes no
 /// attributes).
-pub fn launch_with(
+pub(crate) fn launch_with(
     stream: &CudaStream,
     f: &CudaFunction,
     cfg: LaunchConfig,

@@ -13,63 +13,115 @@ use symm_core::Result;
 
 use super::{bind, check, stream_synchronize};
 
-/// Copies `src` to device address `dst` on `stream` and waits for the copy.
-pub fn htod_sync(stream: &CudaStream, dst: u64, src: &[u8]) -> Result<()> {
+/// Copies `src` to device address `dst` on `stream` and waits for the copy. Crate-private: the
+/// callers pass addresses inside allocations they own and checked; outside the crate,
+/// [`unchecked::htod_sync`].
+pub(crate) fn htod_sync(stream: &CudaStream, dst: u64, src: &[u8]) -> Result<()> {
     if src.is_empty() {
         return Ok(());
     }
     bind(stream.context())?;
     check(
         // SAFETY: `src` is valid for `src.len()` bytes until the stream is
-        // synchronised below (before this function returns); the caller checked
-        // that `dst..dst+len` lies in memory mapped for this device.
+        // synchronised below (before this function returns); `dst..dst+len` lies in
+        // memory mapped for this device (the crate's callers pass ranges of allocations
+        // they own; `unchecked::htod_sync`'s callers promise it).
         unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast::<c_void>(), src.len(), stream.cu_stream()) },
         "cuMemcpyHtoDAsync",
     )?;
     stream_synchronize(stream)
 }
 
-/// Copies `dst.len()` bytes from device address `src` on `stream` and waits.
-pub fn dtoh_sync(stream: &CudaStream, dst: &mut [u8], src: u64) -> Result<()> {
+/// Copies `dst.len()` bytes from device address `src` on `stream` and waits (crate-private, as
+/// [`htod_sync`]).
+pub(crate) fn dtoh_sync(stream: &CudaStream, dst: &mut [u8], src: u64) -> Result<()> {
     if dst.is_empty() {
         return Ok(());
     }
     bind(stream.context())?;
     check(
         // SAFETY: `dst` is valid and exclusively borrowed until the stream is
-        // synchronised below; the caller checked the device range.
+        // synchronised below; the device range is mapped (crate callers: their own
+        // allocations; `unchecked` callers: their promise).
         unsafe { sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast::<c_void>(), src, dst.len(), stream.cu_stream()) },
         "cuMemcpyDtoHAsync",
     )?;
     stream_synchronize(stream)
 }
 
-/// Enqueues a device-to-device copy of `bytes` on `stream` (no wait).
-pub fn dtod_async(stream: &CudaStream, dst: u64, src: u64, bytes: usize) -> Result<()> {
+/// Enqueues a device-to-device copy of `bytes` on `stream` (no wait; crate-private, as
+/// [`htod_sync`]).
+pub(crate) fn dtod_async(stream: &CudaStream, dst: u64, src: u64, bytes: usize) -> Result<()> {
     if bytes == 0 {
         return Ok(());
     }
     bind(stream.context())?;
-    // SAFETY: the caller checked both device ranges; device memory outlives
-    // the enqueued copy (owners synchronise before unmapping).
+    // SAFETY: both device ranges are mapped (crate callers: their own allocations;
+    // `unchecked` callers: their promise); device memory outlives the enqueued copy
+    // (owners synchronise before unmapping).
     check(
         unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream.cu_stream()) },
         "cuMemcpyDtoDAsync",
     )
 }
 
-/// Enqueues `words` 32-bit stores of `value` at device address `dst`.
-pub fn memset_d32_async(stream: &CudaStream, dst: u64, value: u32, words: usize) -> Result<()> {
+/// Enqueues `words` 32-bit stores of `value` at device address `dst` (crate-private, as
+/// [`htod_sync`]).
+pub(crate) fn memset_d32_async(stream: &CudaStream, dst: u64, value: u32, words: usize) -> Result<()> {
     if words == 0 {
         return Ok(());
     }
     bind(stream.context())?;
-    // SAFETY: the caller checked that `words * 4` bytes at `dst` (4-aligned)
-    // are mapped for this device.
+    // SAFETY: `words * 4` bytes at `dst` (4-aligned) are mapped for this device
+    // (crate callers: their own allocations; `unchecked` callers: their promise).
     check(
         unsafe { sys::cuMemsetD32Async(dst, value, words, stream.cu_stream()) },
         "cuMemsetD32Async",
     )
+}
+
+/// The same copies and memset for code outside this crate that holds raw device addresses
+/// (benchmarks, tests): nothing here can check an address, so each is an `unsafe fn`.
+pub mod unchecked {
+    use cudarc::driver::CudaStream;
+    use symm_core::Result;
+
+    /// Copies `src` to device address `dst` on `stream` and waits for the copy.
+    ///
+    /// # Safety
+    /// `dst .. dst + src.len()` is device memory mapped in `stream`'s context, stays mapped until
+    /// this returns, and nothing else accesses it meanwhile.
+    pub unsafe fn htod_sync(stream: &CudaStream, dst: u64, src: &[u8]) -> Result<()> {
+        super::htod_sync(stream, dst, src)
+    }
+
+    /// Copies `dst.len()` bytes from device address `src` on `stream` and waits.
+    ///
+    /// # Safety
+    /// `src .. src + dst.len()` is device memory mapped in `stream`'s context and stays mapped
+    /// until this returns.
+    pub unsafe fn dtoh_sync(stream: &CudaStream, dst: &mut [u8], src: u64) -> Result<()> {
+        super::dtoh_sync(stream, dst, src)
+    }
+
+    /// Enqueues a device-to-device copy of `bytes` from `src` to `dst` on `stream`.
+    ///
+    /// # Safety
+    /// Both ranges of `bytes` are device memory mapped in `stream`'s context (or peer memory
+    /// mapped there) and stay mapped, and `dst` unused by others, until the copy has run on
+    /// the stream.
+    pub unsafe fn dtod_async(stream: &CudaStream, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        super::dtod_async(stream, dst, src, bytes)
+    }
+
+    /// Enqueues `words` 32-bit stores of `value` at `dst` on `stream`.
+    ///
+    /// # Safety
+    /// `dst` is 4-byte aligned and `dst .. dst + 4 * words` is device memory mapped in
+    /// `stream`'s context that stays mapped, and unused by others, until the memset has run.
+    pub unsafe fn memset_d32_async(stream: &CudaStream, dst: u64, value: u32, words: usize) -> Result<()> {
+        super::memset_d32_async(stream, dst, value, words)
+    }
 }
 
 /// One page of pinned, device-mapped host memory holding `u32` words the

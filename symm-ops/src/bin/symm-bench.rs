@@ -31,7 +31,8 @@
 //! output; reduce_scatter: the unreduced input). NCCL comes from libnccl.so.2 (pip
 //! `nvidia-nccl-cu13`) on LD_LIBRARY_PATH; without it NCCL rows are skipped with the reason.
 
-#![forbid(unsafe_code)]
+// No unsafe code outside gpu.rs (raw addresses of the benchmark arenas).
+#![deny(unsafe_code)]
 
 use std::fmt::Write as _;
 use std::io::Write as _;

@@ -84,8 +84,8 @@ impl CudaEngine {
                     SumAt::NormOut => n_ptr,
                     SumAt::ResidualOut => ro_ptr,
                 };
-                let input = (target != x_ptr).then(|| Buf::Raw(RawDevicePtr::new(x_ptr, count, dtype)));
-                let output = BufMut::Raw(RawDevicePtr::new(target, count, dtype));
+                let input = (target != x_ptr).then(|| Buf::Raw(RawDevicePtr::checked(x_ptr, count, dtype)));
+                let output = BufMut::Raw(RawDevicePtr::checked(target, count, dtype));
                 self.all_reduce_locked(s, ar, input, output, count, dtype, ReduceOp::Sum, fallback)?;
                 self.epilogue_kernels()?.launch(s, target, &e)
             }

@@ -1,3 +1,6 @@
+//! (This module holds raw device addresses of the benchmark's own arenas: its few `unsafe`
+//! blocks copy into them and hand them to the ops, each with its reason.)
+#![allow(unsafe_code)]
 use crate::epilogue;
 
 use super::*;
@@ -12,7 +15,7 @@ use symm_ops::symm_core::{get_allocator, DeviceType, Rank, SymmetricMemory};
 use symm_ops::symm_cuda::collectives::{
     AllGatherPath, AllReduceAlgo as KAlgo, CollectivesConfig, CudaCollectives, ReduceScatterAlgo, Tuning,
 };
-use symm_ops::symm_cuda::driver::mem::{dtod_async, dtoh_sync, htod_sync, memset_d32_async};
+use symm_ops::symm_cuda::driver::mem::unchecked::{dtod_async, dtoh_sync, htod_sync, memset_d32_async};
 use symm_ops::{CommConfig, Communicator, RawDevicePtr};
 
 /// Rotating inputs per point.
@@ -403,7 +406,9 @@ fn bandwidth_probes(sh: &Shared, st: &RankState) -> BoxResult<()> {
     let side = st.stream.fork()?;
     let s = &st.stream;
     // Source [0, max), destination [max, 2 max) on every rank.
-    symm_ops::symm_cuda::driver::mem::memset_d32_async(s, own, 0x3f80_3f80, max / 2)?;
+    // SAFETY: `own` is this rank's buffer of 2 * max bytes (alive until the end of this function,
+    // after the stream is synchronised); the memset covers its first half.
+    unsafe { memset_d32_async(s, own, 0x3f80_3f80, max / 2)? };
     s.synchronize()?;
     let iters = args.iters.unwrap_or(10);
     let mut table = String::new();
@@ -516,9 +521,12 @@ fn arena(st: &RankState, g: &Geometry, dtype: DType, need_staged: bool, group: &
     let output = base + (K * in_b) as u64;
     // Input 0 holds this rank's values; the other rotating inputs are copies.
     let data = encode(dtype, g.in_elems, |j| value(st.rank, j));
-    htod_sync(&st.stream, inputs[0], &data)?;
+    // SAFETY: the inputs are disjoint ranges of `in_b >= g.in_elems * es` bytes in this rank's
+    // arena `m`, which outlives every op of this size (the stream is synchronised before it goes).
+    unsafe { htod_sync(&st.stream, inputs[0], &data)? };
     for &p in &inputs[1..] {
-        dtod_async(&st.stream, p, inputs[0], g.in_elems * es)?;
+        // SAFETY: as above.
+        unsafe { dtod_async(&st.stream, p, inputs[0], g.in_elems * es)? };
     }
     let (staged_input, staged_ptr) = if need_staged {
         let s = st.stream.clone_htod(&data)?;
@@ -568,8 +576,14 @@ fn run_once(
         }
         (_, "auto") => {
             let c = st.comm.as_ref().ok_or_else(|| st.comm_err.clone())?;
-            let i = RawDevicePtr::new(input, g.in_elems, dtype);
-            let o = RawDevicePtr::new(out, g.out_elems, dtype);
+            // SAFETY: `input` and `out` are this size's ranges of the rank's arena (or its staged
+            // cudarc copy), alive until the stream is synchronised after the timing.
+            let (i, o) = unsafe {
+                (
+                    RawDevicePtr::new(input, g.in_elems, dtype),
+                    RawDevicePtr::new(out, g.out_elems, dtype),
+                )
+            };
             Ok(match op {
                 Op::AllReduce => c.all_reduce_out(i, o, redop),
                 Op::ReduceScatter => c.reduce_scatter_out(i, o, redop),
@@ -654,7 +668,8 @@ fn point(
         // ---- correctness first: poisoned output, one op, float64 reference.
         let key = sh.next_key(st.rank, "check");
         let checked: BoxResult<f64> = (|| {
-            memset_d32_async(&st.stream, ar.output, 0xFFFF_FFFF, g.out_elems * dtype.size() / 4)?;
+            // SAFETY: `ar.output` is the arena's output range of at least `g.out_elems` elements.
+            unsafe { memset_d32_async(&st.stream, ar.output, 0xFFFF_FFFF, g.out_elems * dtype.size() / 4)? };
             run_once(sh, st, op, spec, &tuning, &g, &ar, 0)?;
             st.stream.synchronize()?;
             st.coll.check_error()?;
@@ -662,7 +677,8 @@ fn point(
                 c.check_error()?;
             }
             let mut host = vec![0u8; g.out_elems * dtype.size()];
-            dtoh_sync(&st.stream, &mut host, ar.output)?;
+            // SAFETY: as above; `host` is `g.out_elems` elements long.
+            unsafe { dtoh_sync(&st.stream, &mut host, ar.output)? };
             Ok(max_error(op, args.redop, dtype, &g, st.rank, st.world, &host))
         })();
         // 0: ok; 1: wrong result or a host-side error; 2: a device wait timed out or aborted.
