@@ -118,6 +118,26 @@ fn to_outcome(r: Result<()>) -> Outcome {
     }
 }
 
+/// What an engine embedding symm-ops gets (#16, layering): with default features off and `cuda`
+/// on, symm-ops builds, and its normal dependencies hold neither the test kit nor its host
+/// backend.
+fn embedding_layers() -> Result<()> {
+    let features = ["-p", "symm-ops", "--no-default-features", "--features", "cuda"];
+    util::run(util::cargo().arg("build").args(features))?;
+    let tree = util::output(
+        util::cargo()
+            .args(["tree", "-e", "normal", "--prefix", "none"])
+            .args(features),
+    )?;
+    match tree.lines().find(|l| l.starts_with("symm-testkit")) {
+        Some(l) => Err(format!(
+            "symm-ops with `--no-default-features --features cuda` still depends on {l}: the host backend \
+             must stay behind the `host-backend` feature"
+        )),
+        None => Ok(()),
+    }
+}
+
 pub fn main(args: &[String]) -> Result<()> {
     if let Some(a) = args.first() {
         return Err(format!("ci: unknown argument {a:?} (usage: cargo xtask ci)"));
@@ -131,13 +151,10 @@ pub fn main(args: &[String]) -> Result<()> {
         (
             "build",
             Box::new(|| {
-                to_outcome(util::run(util::cargo().args([
-                    "build",
-                    "--workspace",
-                    "--exclude",
-                    "symm-rocm",
-                    "--all-targets",
-                ])))
+                to_outcome(
+                    util::run(util::cargo().args(["build", "--workspace", "--exclude", "symm-rocm", "--all-targets"]))
+                        .and_then(|()| embedding_layers()),
+                )
             }),
         ),
         (
