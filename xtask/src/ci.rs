@@ -118,24 +118,38 @@ fn to_outcome(r: Result<()>) -> Outcome {
     }
 }
 
-/// What an engine embedding symm-ops gets (#16, layering): with default features off and `cuda`
-/// on, symm-ops builds, and its normal dependencies hold neither the test kit nor its host
-/// backend.
+/// What an engine embedding symm-ops gets (#16, layering):
+/// - with default features off and `cuda` on, symm-ops' normal dependencies hold neither the test
+///   kit nor its host backend;
+/// - a program whose cudarc has another CUDA-version feature (xtask/embed-check: 12.8) builds
+///   with symm-ops (`default-features = false, features = ["cuda"]`) and runs.
 fn embedding_layers() -> Result<()> {
-    let features = ["-p", "symm-ops", "--no-default-features", "--features", "cuda"];
+    let features = [
+        "-p",
+        "symm-ops",
+        "--no-default-features",
+        "--features",
+        "cuda,cuda-13000",
+    ];
     util::run(util::cargo().arg("build").args(features))?;
     let tree = util::output(
         util::cargo()
             .args(["tree", "-e", "normal", "--prefix", "none"])
             .args(features),
     )?;
-    match tree.lines().find(|l| l.starts_with("symm-testkit")) {
-        Some(l) => Err(format!(
-            "symm-ops with `--no-default-features --features cuda` still depends on {l}: the host backend \
-             must stay behind the `host-backend` feature"
-        )),
-        None => Ok(()),
+    if let Some(l) = tree.lines().find(|l| l.starts_with("symm-testkit")) {
+        return Err(format!(
+            "symm-ops without its default features still depends on {l}: the host backend must stay \
+             behind the `host-backend` feature"
+        ));
     }
+    let check = util::root().join("xtask").join("embed-check");
+    util::run(
+        util::cargo()
+            .args(["run", "--locked", "--manifest-path"])
+            .arg(check.join("Cargo.toml"))
+            .env("CARGO_TARGET_DIR", util::target_dir().join("embed-check")),
+    )
 }
 
 pub fn main(args: &[String]) -> Result<()> {
