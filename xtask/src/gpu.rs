@@ -328,37 +328,7 @@ fn warm_kernel_cache(dir: &Path, tp_layer: bool) {
         eprintln!("note: no libnvrtc here; the bundle has no kernel cache (the GPU machine compiles at first use)");
         return;
     }
-    let lib_path = util::prepend_path("LD_LIBRARY_PATH", &nvrtc);
-    let mut runs = vec![vec![
-        "run",
-        "--quiet",
-        "-p",
-        "symm-cuda",
-        "--example",
-        "nvrtc_compile_all",
-        "--",
-        CACHE_ARCH,
-        "--cache",
-    ]];
-    if tp_layer {
-        runs.push(vec![
-            "run",
-            "--quiet",
-            "-p",
-            crate::bench::TP_PACKAGE,
-            "--example",
-            crate::bench::TP_EXAMPLE,
-            "--",
-            "--compile-only",
-            "--arch",
-            CACHE_ARCH,
-        ]);
-    }
-    for args in runs {
-        let mut cmd = util::cargo();
-        cmd.args(&args)
-            .env("SYMM_KERNEL_CACHE", dir)
-            .env("LD_LIBRARY_PATH", &lib_path);
+    for mut cmd in crate::kernels::compile_commands(CACHE_ARCH, Some(dir), &nvrtc, tp_layer) {
         if let Err(e) = util::run(&mut cmd) {
             eprintln!("note: the kernel cache is incomplete ({e}); the GPU machine compiles what is missing");
         }

@@ -9,7 +9,8 @@
 //! LD_LIBRARY_PATH. When none has it, it installs NVRTC from PyPI into
 //! `.nvrtc/` (`pip install --target`, nothing outside the repo changes).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use crate::util::{self, Result};
 
@@ -105,24 +106,47 @@ pub fn main(args: &[String]) -> Result<()> {
              symm_cuda::kernels::compile_all); no kernel was compiled"
         ));
     }
-    util::run(
-        util::cargo()
-            .args(["run", "--quiet", "-p", "symm-cuda", "--example", EXAMPLE, "--", &arch])
-            .env("LD_LIBRARY_PATH", util::prepend_path("LD_LIBRARY_PATH", &dirs)),
-    )?;
-    // The tensor-parallel layer's own kernels (symm-ops/examples/tp-layer/kernels.cu).
-    util::run(
-        util::cargo()
-            .args([
-                "run",
-                "--quiet",
-                "-p",
-                crate::bench::TP_PACKAGE,
-                "--example",
-                crate::bench::TP_EXAMPLE,
-            ])
-            .args(["--", "--compile-only", "--arch", &arch])
-            .env("SYMM_KERNEL_CACHE", "off")
-            .env("LD_LIBRARY_PATH", util::prepend_path("LD_LIBRARY_PATH", &dirs)),
-    )
+    for mut cmd in compile_commands(&arch, None, &dirs, true) {
+        util::run(&mut cmd)?;
+    }
+    Ok(())
+}
+
+/// The commands that NVRTC-compile every kernel for `arch`: symm-cuda's (its `nvrtc_compile_all`
+/// example) and, with `tp_layer`, the tensor-parallel layer's (symm-ops/examples/tp-layer). With
+/// `cache`, through symm-cuda's disk cache in that folder (what `gpu-bundle` ships); without,
+/// uncached (what CI checks). `nvrtc`: libnvrtc's folders.
+pub fn compile_commands(arch: &str, cache: Option<&Path>, nvrtc: &[PathBuf], tp_layer: bool) -> Vec<Command> {
+    let lib_path = util::prepend_path("LD_LIBRARY_PATH", nvrtc);
+    let mut symm = util::cargo();
+    symm.args(["run", "--quiet", "-p", "symm-cuda", "--example", EXAMPLE, "--", arch]);
+    let mut cmds = vec![symm];
+    if tp_layer {
+        let mut tp = util::cargo();
+        tp.args([
+            "run",
+            "--quiet",
+            "-p",
+            crate::bench::TP_PACKAGE,
+            "--example",
+            crate::bench::TP_EXAMPLE,
+        ])
+        .args(["--", "--compile-only", "--arch", arch]);
+        cmds.push(tp);
+    }
+    for c in &mut cmds {
+        c.env("LD_LIBRARY_PATH", &lib_path);
+        match cache {
+            Some(dir) => {
+                c.env("SYMM_KERNEL_CACHE", dir);
+            }
+            None => {
+                c.env("SYMM_KERNEL_CACHE", "off");
+            }
+        }
+    }
+    if cache.is_some() {
+        cmds[0].arg("--cache");
+    }
+    cmds
 }
