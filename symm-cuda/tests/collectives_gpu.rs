@@ -26,10 +26,183 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use symm_core::{get_allocator, DType, Device, DeviceType, Error, Rank, ReduceOp, SymmetricMemory};
-use symm_cuda::collectives::{AllGatherPath, AllReduceAlgo, CollectivesConfig, CudaCollectives, ReduceScatterAlgo};
+use symm_cuda::collectives::{
+    AllGatherPath, AllReduceAlgo, CollectivesConfig, CudaCollectives, ReduceScatterAlgo, Tuning,
+};
 use symm_cuda::streams::HostCopies;
 use symm_testkit::launch::{RankCtx, TestResult};
 use symm_testkit::GpuWorld;
+
+/// The kernels' raw-address entry points (`unsafe fn`s, NOTE [raw-addresses]) for this file,
+/// whose every address is one of its own buffers: the payloads, the symmetric inputs and
+/// outputs of `Env` and the registered arenas, each sized for the op that gets it and alive
+/// until the test ends; the bad-argument cases are refused before any access. One `unsafe`
+/// block per entry, here.
+trait Raw {
+    #[allow(clippy::too_many_arguments)]
+    fn all_reduce_t(
+        &self,
+        s: &CudaStream,
+        a: AllReduceAlgo,
+        i: u64,
+        o: u64,
+        n: usize,
+        d: DType,
+        op: ReduceOp,
+    ) -> symm_core::Result<()>;
+    #[allow(clippy::too_many_arguments)]
+    fn all_reduce_tuned_t(
+        &self,
+        s: &CudaStream,
+        a: AllReduceAlgo,
+        t: &Tuning,
+        i: u64,
+        o: u64,
+        n: usize,
+        d: DType,
+        op: ReduceOp,
+    ) -> symm_core::Result<()>;
+    fn all_reduce_ce_two_shot_t(
+        &self,
+        s: &CudaStream,
+        i: u64,
+        o: u64,
+        n: usize,
+        d: DType,
+        op: ReduceOp,
+    ) -> symm_core::Result<()>;
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_scatter_tuned_t(
+        &self,
+        s: &CudaStream,
+        a: ReduceScatterAlgo,
+        t: &Tuning,
+        i: u64,
+        o: u64,
+        n: usize,
+        d: DType,
+        op: ReduceOp,
+    ) -> symm_core::Result<()>;
+    fn reduce_scatter_pull_t(
+        &self,
+        s: &CudaStream,
+        i: u64,
+        o: u64,
+        n: usize,
+        d: DType,
+        op: ReduceOp,
+    ) -> symm_core::Result<()>;
+    fn reduce_scatter_ce_t(
+        &self,
+        s: &CudaStream,
+        i: u64,
+        o: u64,
+        n: usize,
+        d: DType,
+        op: ReduceOp,
+    ) -> symm_core::Result<()>;
+    fn all_gather_t(
+        &self,
+        s: &CudaStream,
+        i: u64,
+        o: u64,
+        n: usize,
+        d: DType,
+        p: AllGatherPath,
+    ) -> symm_core::Result<()>;
+}
+
+impl Raw for CudaCollectives {
+    fn all_reduce_t(
+        &self,
+        s: &CudaStream,
+        a: AllReduceAlgo,
+        i: u64,
+        o: u64,
+        n: usize,
+        d: DType,
+        op: ReduceOp,
+    ) -> symm_core::Result<()> {
+        // SAFETY: the test's own buffers (trait docs).
+        unsafe { self.all_reduce(s, a, i, o, n, d, op) }
+    }
+    fn all_reduce_tuned_t(
+        &self,
+        s: &CudaStream,
+        a: AllReduceAlgo,
+        t: &Tuning,
+        i: u64,
+        o: u64,
+        n: usize,
+        d: DType,
+        op: ReduceOp,
+    ) -> symm_core::Result<()> {
+        // SAFETY: the test's own buffers (trait docs).
+        unsafe { self.all_reduce_tuned(s, a, t, i, o, n, d, op) }
+    }
+    fn all_reduce_ce_two_shot_t(
+        &self,
+        s: &CudaStream,
+        i: u64,
+        o: u64,
+        n: usize,
+        d: DType,
+        op: ReduceOp,
+    ) -> symm_core::Result<()> {
+        // SAFETY: the test's own buffers (trait docs).
+        unsafe { self.all_reduce_ce_two_shot(s, i, o, n, d, op) }
+    }
+    fn reduce_scatter_tuned_t(
+        &self,
+        s: &CudaStream,
+        a: ReduceScatterAlgo,
+        t: &Tuning,
+        i: u64,
+        o: u64,
+        n: usize,
+        d: DType,
+        op: ReduceOp,
+    ) -> symm_core::Result<()> {
+        // SAFETY: the test's own buffers (trait docs).
+        unsafe { self.reduce_scatter_tuned(s, a, t, i, o, n, d, op) }
+    }
+    fn reduce_scatter_pull_t(
+        &self,
+        s: &CudaStream,
+        i: u64,
+        o: u64,
+        n: usize,
+        d: DType,
+        op: ReduceOp,
+    ) -> symm_core::Result<()> {
+        // SAFETY: the test's own buffers (trait docs).
+        unsafe { self.reduce_scatter_pull(s, i, o, n, d, op) }
+    }
+    fn reduce_scatter_ce_t(
+        &self,
+        s: &CudaStream,
+        i: u64,
+        o: u64,
+        n: usize,
+        d: DType,
+        op: ReduceOp,
+    ) -> symm_core::Result<()> {
+        // SAFETY: the test's own buffers (trait docs).
+        unsafe { self.reduce_scatter_ce(s, i, o, n, d, op) }
+    }
+    fn all_gather_t(
+        &self,
+        s: &CudaStream,
+        i: u64,
+        o: u64,
+        n: usize,
+        d: DType,
+        p: AllGatherPath,
+    ) -> symm_core::Result<()> {
+        // SAFETY: the test's own buffers (trait docs).
+        unsafe { self.all_gather(s, i, o, n, d, p) }
+    }
+}
 
 const T: Duration = Duration::from_secs(60);
 const GUARD: usize = 256;
@@ -374,7 +547,7 @@ fn run_all_reduce(
         if in_place { " in place" } else { "" }
     );
     env.ready()?;
-    let ran = c.all_reduce_tuned(&env.stream, algo, &tuning, input, out.at(off), count, dtype, op);
+    let ran = c.all_reduce_tuned_t(&env.stream, algo, &tuning, input, out.at(off), count, dtype, op);
     let synced = env.stream.synchronize();
     ran.and_then(|()| c.check_error())
         .map_err(|e| format!("rank {me}: {what}: {e}"))?;
@@ -473,7 +646,7 @@ fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
     if env.world() != 2 {
         // Two ranks only: anything else is refused before anything runs.
         let base = sym2.buffer_ptrs()[me];
-        let r = c.all_reduce_ce_two_shot(&env.stream, base, base + region as u64, 1000, DType::F32, ReduceOp::Sum);
+        let r = c.all_reduce_ce_two_shot_t(&env.stream, base, base + region as u64, 1000, DType::F32, ReduceOp::Sum);
         if !matches!(r, Err(Error::InvalidArgument(_))) {
             fails.push(format!("copy-engine two-shot at world {}: {r:?}", env.world()));
         }
@@ -506,7 +679,7 @@ fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
                     // No host barrier: the op's opening barrier orders the peers' reads and
                     // pushes after these (synchronous) writes.
                     env.ready()?;
-                    c.all_reduce_ce_two_shot(
+                    c.all_reduce_ce_two_shot_t(
                         &env.stream,
                         base + off as u64,
                         base + (region + off) as u64,
@@ -600,7 +773,7 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                             };
                             let tuning = obj.config().tuning;
                             env.ready()?;
-                            obj.reduce_scatter_tuned(&env.stream, algo, &tuning, i_ptr, o_ptr, count, dtype, op)?;
+                            obj.reduce_scatter_tuned_t(&env.stream, algo, &tuning, i_ptr, o_ptr, count, dtype, op)?;
                             env.stream.synchronize()?;
                             obj.check_error()?;
                             let what = format!(
@@ -653,9 +826,9 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                             };
                             env.ready()?;
                             if ce {
-                                obj.reduce_scatter_ce(&env.stream, base, o_ptr, count, dtype, op)?;
+                                obj.reduce_scatter_ce_t(&env.stream, base, o_ptr, count, dtype, op)?;
                             } else {
-                                obj.reduce_scatter_pull(&env.stream, base, o_ptr, count, dtype, op)?;
+                                obj.reduce_scatter_pull_t(&env.stream, base, o_ptr, count, dtype, op)?;
                             }
                             env.stream.synchronize()?;
                             obj.check_error()?;
@@ -738,7 +911,7 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                             out.at(off)
                         };
                         env.ready()?;
-                        obj.all_gather(&env.stream, input, output, count, dtype, path)?;
+                        obj.all_gather_t(&env.stream, input, output, count, dtype, path)?;
                         env.stream.synchronize()?;
                         obj.check_error()?;
                         let what = format!(
@@ -797,7 +970,7 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
             out.fill(&env.stream, off, &[])?;
             let base = bsym.buffer_ptrs()[me] + off as u64;
             env.ready()?;
-            c.reduce_scatter_ce(&env.stream, base, out.at(off), count, dtype, ReduceOp::Sum)?;
+            c.reduce_scatter_ce_t(&env.stream, base, out.at(off), count, dtype, ReduceOp::Sum)?;
             env.stream.synchronize()?;
             c.check_error()?;
             let got = out.read(&env.stream, off, count * es, false)?;
@@ -825,7 +998,7 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                     inp.at(off)
                 };
                 env.ready()?;
-                c.all_gather(&env.stream, input, output, n, dtype, AllGatherPath::CopyEngine)?;
+                c.all_gather_t(&env.stream, input, output, n, dtype, AllGatherPath::CopyEngine)?;
                 env.stream.synchronize()?;
                 c.check_error()?;
                 let mut g = vec![0u8; n * world * es];
@@ -951,7 +1124,7 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
         for round in 0..total_ops / Q {
             for j in 0..Q {
                 let i = round * Q + j;
-                c.all_reduce(
+                c.all_reduce_t(
                     &env.stream,
                     algo,
                     pl.in_ptrs[i % P],
@@ -1005,7 +1178,7 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
             // context, alive until the end of the test.
             unsafe { symm_cuda::driver::mem::unchecked::dtod_async(&env.stream, sym_in, pl.in_ptrs[k], bytes)? };
             if i % 2 == 0 {
-                c.all_reduce(
+                c.all_reduce_t(
                     &env.stream,
                     AllReduceAlgo::CopyEngine,
                     sym_in,
@@ -1015,7 +1188,7 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
                     ReduceOp::Sum,
                 )?;
             } else {
-                c.all_gather(
+                c.all_gather_t(
                     &env.stream,
                     sym_in,
                     pl.out_base,
@@ -1087,7 +1260,7 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
         env.ready()?;
         let issue = |stream: &Arc<CudaStream>| -> TestResult {
             for j in 0..OPS {
-                c.all_reduce(
+                c.all_reduce_t(
                     stream,
                     algos[j % algos.len()],
                     pl.in_ptrs[j % 5],
@@ -1144,7 +1317,7 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
             std::thread::sleep(Duration::from_millis(100));
         }
         for algo in [AllReduceAlgo::Lamport, AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot] {
-            c.all_reduce(
+            c.all_reduce_t(
                 &env.stream,
                 algo,
                 pl.in_ptrs[0],
@@ -1204,20 +1377,20 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     let c = env.collectives("coll-err", config(symm_cuda::collectives::DEFAULT_STAGING_BYTES))?;
     let s = &env.stream;
     let bad = [
-        c.all_reduce(s, AllReduceAlgo::OneShot, inp + 2, out, 10, dtype, ReduceOp::Sum),
-        c.all_reduce(s, AllReduceAlgo::OneShot, inp, inp + 8, 100, dtype, ReduceOp::Sum),
-        c.all_reduce(s, AllReduceAlgo::OneShot, inp, out, 10, DType::F64, ReduceOp::Sum),
+        c.all_reduce_t(s, AllReduceAlgo::OneShot, inp + 2, out, 10, dtype, ReduceOp::Sum),
+        c.all_reduce_t(s, AllReduceAlgo::OneShot, inp, inp + 8, 100, dtype, ReduceOp::Sum),
+        c.all_reduce_t(s, AllReduceAlgo::OneShot, inp, out, 10, DType::F64, ReduceOp::Sum),
         // In place (no overlap error first): one element past the 16 MiB Lamport buffers.
-        c.all_reduce(s, AllReduceAlgo::Lamport, out, out, (4 << 20) + 1, dtype, ReduceOp::Sum),
-        c.all_reduce(s, AllReduceAlgo::CopyEngine, inp, out, 10, dtype, ReduceOp::Sum),
-        c.all_reduce(s, AllReduceAlgo::Pull, inp, out, 10, dtype, ReduceOp::Sum),
-        c.all_gather(s, inp, out, 10, dtype, AllGatherPath::Pull),
-        c.all_gather(s, inp, inp + 4, 10, dtype, AllGatherPath::Sm),
+        c.all_reduce_t(s, AllReduceAlgo::Lamport, out, out, (4 << 20) + 1, dtype, ReduceOp::Sum),
+        c.all_reduce_t(s, AllReduceAlgo::CopyEngine, inp, out, 10, dtype, ReduceOp::Sum),
+        c.all_reduce_t(s, AllReduceAlgo::Pull, inp, out, 10, dtype, ReduceOp::Sum),
+        c.all_gather_t(s, inp, out, 10, dtype, AllGatherPath::Pull),
+        c.all_gather_t(s, inp, inp + 4, 10, dtype, AllGatherPath::Sm),
         c.barrier(s, &[Rank::new((me + 1) % env.world(), env.world())?]),
         // The copy-engine paths: unregistered buffers, and in place.
-        c.reduce_scatter_ce(s, inp, out, 10, dtype, ReduceOp::Sum),
-        c.all_reduce_ce_two_shot(s, inp, out, 10, dtype, ReduceOp::Sum),
-        c.all_reduce_ce_two_shot(s, out, out, 10, dtype, ReduceOp::Sum),
+        c.reduce_scatter_ce_t(s, inp, out, 10, dtype, ReduceOp::Sum),
+        c.all_reduce_ce_two_shot_t(s, inp, out, 10, dtype, ReduceOp::Sum),
+        c.all_reduce_ce_two_shot_t(s, out, out, 10, dtype, ReduceOp::Sum),
     ];
     for (i, r) in bad.iter().enumerate() {
         if r.is_ok() {
@@ -1233,8 +1406,8 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     env.ctx.barrier("timeout-start", T)?;
     if me == 0 {
         let t0 = Instant::now();
-        short.all_reduce(s, AllReduceAlgo::Lamport, inp, out, 1000, dtype, ReduceOp::Sum)?;
-        short.all_reduce(s, AllReduceAlgo::OneShot, inp, out, 1000, dtype, ReduceOp::Sum)?;
+        short.all_reduce_t(s, AllReduceAlgo::Lamport, inp, out, 1000, dtype, ReduceOp::Sum)?;
+        short.all_reduce_t(s, AllReduceAlgo::OneShot, inp, out, 1000, dtype, ReduceOp::Sum)?;
         let all = (0..env.world())
             .map(|r| Rank::new(r, env.world()))
             .collect::<Result<Vec<_>, _>>()?;
@@ -1256,7 +1429,7 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     env.ctx.barrier("abort-start", T)?;
     if me == 0 {
         ab.set_abort(true)?;
-        ab.all_reduce(s, AllReduceAlgo::OneShot, inp, out, 1000, dtype, ReduceOp::Sum)?;
+        ab.all_reduce_t(s, AllReduceAlgo::OneShot, inp, out, 1000, dtype, ReduceOp::Sum)?;
         s.synchronize()?;
         ab.set_abort(false)?;
         match ab.check_error() {
@@ -1268,7 +1441,7 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     // ---- zero-copy inputs at different offsets on the two ranks: a mismatch error.
     let sym = env.symmetric(&c, 1 << 20)?;
     let base = sym.buffer_ptrs()[me];
-    c.all_gather(s, base + (me as u64) * 4096, out, 100, dtype, AllGatherPath::CopyEngine)?;
+    c.all_gather_t(s, base + (me as u64) * 4096, out, 100, dtype, AllGatherPath::CopyEngine)?;
     s.synchronize()?;
     match c.check_error() {
         Err(Error::Mismatch { .. }) => {}
@@ -1276,7 +1449,7 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     }
     c.check_error()?;
     // The fused pull checks the geometry the same way, and its closing barrier still completes.
-    c.all_gather(s, base + (me as u64) * 4096, out, 100, dtype, AllGatherPath::Pull)?;
+    c.all_gather_t(s, base + (me as u64) * 4096, out, 100, dtype, AllGatherPath::Pull)?;
     s.synchronize()?;
     match c.check_error() {
         Err(Error::Mismatch { .. }) => {}
@@ -1284,7 +1457,7 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     }
     c.check_error()?;
     // The object still works afterwards (the barriers completed).
-    c.all_reduce(s, AllReduceAlgo::OneShot, inp, out, 4096, dtype, ReduceOp::Sum)?;
+    c.all_reduce_t(s, AllReduceAlgo::OneShot, inp, out, 4096, dtype, ReduceOp::Sum)?;
     s.synchronize()?;
     c.check_error()?;
     let got = s.synced_clone_dtoh(&pl.outputs)?;

@@ -7,8 +7,15 @@ impl CudaCollectives {
     // ------------------------------------------------------------------ all-reduce
 
     /// All-reduce of `count` elements from `input` into `output` (may be equal: in place).
+    ///
+    /// # Safety
+    /// NOTE [raw-addresses]: `input` and `output` each hold `count` elements of `dtype` in
+    /// device memory of this object's context (or mapped for it, registered symmetric memory
+    /// included), and stay allocated and untouched by anything but this op until its work on
+    /// `stream` has completed (for a captured op: until the graph's last launch has).
     #[allow(clippy::too_many_arguments)]
-    pub fn all_reduce(
+    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
+    pub unsafe fn all_reduce(
         &self,
         stream: &CudaStream,
         algo: AllReduceAlgo,
@@ -22,8 +29,15 @@ impl CudaCollectives {
     }
 
     /// [`Self::all_reduce`] with explicit launch tuning (every rank must pass the same).
+    ///
+    /// # Safety
+    /// NOTE [raw-addresses]: `input` and `output` each hold `count` elements of `dtype` in
+    /// device memory of this object's context (or mapped for it, registered symmetric memory
+    /// included), and stay allocated and untouched by anything but this op until its work on
+    /// `stream` has completed (for a captured op: until the graph's last launch has).
     #[allow(clippy::too_many_arguments)]
-    pub fn all_reduce_tuned(
+    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
+    pub unsafe fn all_reduce_tuned(
         &self,
         stream: &CudaStream,
         algo: AllReduceAlgo,
@@ -394,8 +408,15 @@ impl CudaCollectives {
     /// peer's pushes into this output have landed and the peer no longer reads this input.
     /// Other world sizes, or inputs / outputs outside registered memory, get an error naming
     /// the requirement. Stream-ordered, allocates nothing, graph-capturable.
+    ///
+    /// # Safety
+    /// NOTE [raw-addresses]: `input` and `output` each hold `count` elements of `dtype` in
+    /// device memory of this object's context (or mapped for it, registered symmetric memory
+    /// included), and stay allocated and untouched by anything but this op until its work on
+    /// `stream` has completed (for a captured op: until the graph's last launch has).
     #[allow(clippy::too_many_arguments)]
-    pub fn all_reduce_ce_two_shot(
+    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
+    pub unsafe fn all_reduce_ce_two_shot(
         &self,
         stream: &CudaStream,
         input: u64,

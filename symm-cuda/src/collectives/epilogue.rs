@@ -3,7 +3,7 @@
 //! ([`CudaCollectives::lamport_epilogue`]). NOTE [fused-epilogue] in `kernels/epilogue.cuh`
 //! holds the numerics and the aliasing rules; `symm_core::epilogue` the checks.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 use std::sync::Arc;
 
@@ -116,7 +116,14 @@ impl Epilogue {
     /// The epilogue of `rows` of partial sums at `x`: `residual_out = residual + sum`, and with
     /// `norm = Some((weight, norm_out, eps))` the RMSNorm of that into `norm_out`. Errors name
     /// `op`.
-    pub fn new(
+    ///
+    /// # Safety
+    /// NOTE [raw-addresses]: `x`, `residual`, `residual_out` and `norm_out` each hold
+    /// `rows.count()` elements of `rows.dtype()` and `weight` one row (`rows.hidden()`), in
+    /// device memory of the context the ops run in, allocated and untouched by anything but
+    /// those ops until the work of every op launched with this `Epilogue` has completed.
+    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
+    pub unsafe fn new(
         op: &'static str,
         x: u64,
         rows: Rows,
@@ -296,7 +303,11 @@ impl Epilogues {
 
     /// The epilogue over `sum` (the all-reduced rows; may be `x`, the norm output or the
     /// residual output, which are read before they are written), on `stream`.
-    pub fn launch(&self, stream: &CudaStream, sum: u64, e: &Epilogue) -> Result<()> {
+    ///
+    /// # Safety
+    /// `sum` holds `e.rows().count()` elements under [`Epilogue::new`]'s contract.
+    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
+    pub unsafe fn launch(&self, stream: &CudaStream, sum: u64, e: &Epilogue) -> Result<()> {
         let dt = kernel_dtype(e.rows.dtype(), "all-reduce epilogue")?;
         if sum % 16 != 0 {
             return Err(Error::Misaligned {
@@ -376,6 +387,7 @@ mod tests {
     /// The fused kernel's argument list has the arity and sizes of its parameters in the PTX
     /// NVRTC produces, for the generic and the two-rank entries (when NVRTC is present).
     #[test]
+    #[allow(unsafe_code)]
     fn fused_arguments_match_the_kernels() {
         use crate::collectives::args::{arg_bytes, ptx_param_sizes};
         if let Err(e) = kernels::nvrtc_available() {
@@ -385,14 +397,17 @@ mod tests {
         let src = kernels::source("collectives").unwrap();
         let ptx = kernels::compile(src, "", "sm_90").unwrap();
         let rows = Rows::new("t", 4 * 4096, 4096, symm_core::DType::BF16).unwrap();
-        let e = Epilogue::new(
-            "t",
-            0x1000,
-            rows,
-            0x10_0000,
-            0x20_0000,
-            Some((0x30_0000, 0x40_0000, 1e-5)),
-        )
+        // SAFETY: nothing dereferences these addresses: the test only builds the argument list.
+        let e = unsafe {
+            Epilogue::new(
+                "t",
+                0x1000,
+                rows,
+                0x10_0000,
+                0x20_0000,
+                Some((0x30_0000, 0x40_0000, 1e-5)),
+            )
+        }
         .unwrap();
         let layout = WorkspaceLayout::new(2, 10 << 20, 4 << 20, 64).unwrap();
         let c = Common {

@@ -8,8 +8,13 @@ impl CudaCollectives {
 
     /// Reduce-scatter: `input` holds `count * world` elements, `output` receives this rank's
     /// `count` (in place when `output == input + rank * count` elements).
+    ///
+    /// # Safety
+    /// NOTE [raw-addresses], with `input` holding `count * world` elements and `output`
+    /// `count`.
     #[allow(clippy::too_many_arguments)]
-    pub fn reduce_scatter(
+    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
+    pub unsafe fn reduce_scatter(
         &self,
         stream: &CudaStream,
         input: u64,
@@ -33,8 +38,13 @@ impl CudaCollectives {
 
     /// [`Self::reduce_scatter`] with an explicit algorithm and launch tuning (every rank must pass
     /// the same).
+    ///
+    /// # Safety
+    /// NOTE [raw-addresses], with `input` holding `count * world` elements and `output`
+    /// `count`.
     #[allow(clippy::too_many_arguments)]
-    pub fn reduce_scatter_tuned(
+    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
+    pub unsafe fn reduce_scatter_tuned(
         &self,
         stream: &CudaStream,
         algo: ReduceScatterAlgo,
@@ -121,8 +131,13 @@ impl CudaCollectives {
     /// rank's input until then, so the caller may overwrite it afterwards). `output` may be this
     /// rank's shard of `input` (in place: no peer reads that shard). Stream-ordered, allocates
     /// nothing, graph-capturable.
+    ///
+    /// # Safety
+    /// NOTE [raw-addresses], with `input` holding `count * world` elements and `output`
+    /// `count`.
     #[allow(clippy::too_many_arguments)]
-    pub fn reduce_scatter_pull(
+    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
+    pub unsafe fn reduce_scatter_pull(
         &self,
         stream: &CudaStream,
         input: u64,
@@ -167,8 +182,13 @@ impl CudaCollectives {
     /// pull's 409 at 256 MiB on 2 x H200 (docs/benchmarks.md), so `auto` does not take it.
     /// `output` must not overlap `input` (in place: use the pull). Stream-ordered, allocates
     /// nothing, graph-capturable.
+    ///
+    /// # Safety
+    /// NOTE [raw-addresses], with `input` holding `count * world` elements and `output`
+    /// `count`.
     #[allow(clippy::too_many_arguments)]
-    pub fn reduce_scatter_ce(
+    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
+    pub unsafe fn reduce_scatter_ce(
         &self,
         stream: &CudaStream,
         input: u64,
@@ -221,8 +241,13 @@ impl CudaCollectives {
 
     /// All-gather: `input` holds `count` elements, `output` receives `count * world` (in place
     /// when `input == output + rank * count` elements).
+    ///
+    /// # Safety
+    /// NOTE [raw-addresses], with `input` holding `count` elements and `output`
+    /// `count * world`.
     #[allow(clippy::too_many_arguments)]
-    pub fn all_gather(
+    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
+    pub unsafe fn all_gather(
         &self,
         stream: &CudaStream,
         input: u64,
@@ -236,8 +261,13 @@ impl CudaCollectives {
     }
 
     /// [`Self::all_gather`] with explicit launch tuning.
+    ///
+    /// # Safety
+    /// NOTE [raw-addresses], with `input` holding `count` elements and `output`
+    /// `count * world`.
     #[allow(clippy::too_many_arguments)]
-    pub fn all_gather_tuned(
+    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
+    pub unsafe fn all_gather_tuned(
         &self,
         stream: &CudaStream,
         tuning: &Tuning,

@@ -1,6 +1,15 @@
 //! Adapter over symm-cuda's collective kernels ([`CudaCollectives`]):
 //! maps symm-ops' algorithm names onto the kernels'; every op is enqueued on
 //! the stream it is given (the op's: the communicator's or `Communicator::on`'s).
+//!
+//! The unsafe boundary of the CUDA engine (NOTE [raw-addresses]): symm-cuda's entry points
+//! take raw device addresses, so they are `unsafe fn`s. Every address that reaches this module
+//! comes from `CudaEngine::src` / `dst` (cuda/mod.rs): a symmetric tensor of the communicator, a
+//! cudarc slice held (with its stream guard) for the op, the workspace's staging area, or a
+//! `RawDevicePtr` whose `unsafe` constructor carries the caller's promise; each was checked
+//! there against the op's element count and dtype and for alignment, and the op holds them
+//! until its work is enqueued (the stream keeps the memory's users ordered after it).
+#![allow(unsafe_code)]
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,18 +71,15 @@ impl Coll {
             AllReduceAlgo::TwoShot => KernelAlgo::TwoShot,
             AllReduceAlgo::Lamport => KernelAlgo::Lamport,
             AllReduceAlgo::Pull => KernelAlgo::Pull,
-            AllReduceAlgo::CopyEngine => {
-                return self
-                    .inner
-                    .all_reduce_ce_two_shot(stream, input, output, count, dtype, op)
-            }
+            AllReduceAlgo::CopyEngine => return self.all_reduce_ce_two_shot(stream, input, output, count, dtype, op),
             AllReduceAlgo::Nccl => {
                 return Err(Error::InvalidArgument(
                     "internal: nccl is not a kernel algorithm".into(),
                 ))
             }
         };
-        self.inner.all_reduce(stream, k, input, output, count, dtype, op)
+        // SAFETY: the addresses come from checked buffers (module docs).
+        unsafe { self.inner.all_reduce(stream, k, input, output, count, dtype, op) }
     }
 
     /// `count` = output elements.
@@ -86,7 +92,8 @@ impl Coll {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        self.inner.reduce_scatter(stream, input, output, count, dtype, op)
+        // SAFETY: the addresses come from checked buffers (module docs).
+        unsafe { self.inner.reduce_scatter(stream, input, output, count, dtype, op) }
     }
 
     /// Zero-copy reduce-scatter of a registered input; `count` = output elements.
@@ -99,7 +106,8 @@ impl Coll {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        self.inner.reduce_scatter_pull(stream, input, output, count, dtype, op)
+        // SAFETY: the addresses come from checked buffers (module docs).
+        unsafe { self.inner.reduce_scatter_pull(stream, input, output, count, dtype, op) }
     }
 
     /// Copy-engine two-shot all-reduce (two ranks, input and output registered, apart).
@@ -113,8 +121,11 @@ impl Coll {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        self.inner
-            .all_reduce_ce_two_shot(stream, input, output, count, dtype, op)
+        // SAFETY: the addresses come from checked buffers (module docs).
+        unsafe {
+            self.inner
+                .all_reduce_ce_two_shot(stream, input, output, count, dtype, op)
+        }
     }
 
     /// This rank.
@@ -143,7 +154,8 @@ impl Coll {
             AllGatherAlgo::Pull => AllGatherPath::Pull,
             AllGatherAlgo::Sm | AllGatherAlgo::Nccl => AllGatherPath::Auto,
         };
-        self.inner.all_gather(stream, input, output, count, dtype, path)
+        // SAFETY: the addresses come from checked buffers (module docs).
+        unsafe { self.inner.all_gather(stream, input, output, count, dtype, path) }
     }
 
     pub fn barrier(&self, stream: &CudaStream, ranks: &[Rank]) -> Result<()> {

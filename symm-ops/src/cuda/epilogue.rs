@@ -1,5 +1,6 @@
 //! The CUDA engine's all-reduce epilogues (NOTE [fused-epilogue]): the fused Lamport kernel, or
 //! an all-reduce (any, NCCL included) into the sum's place followed by the epilogue kernel.
+#![allow(unsafe_code)] // two calls into symm-cuda's raw-address entry points, each with its reason
 
 use cudarc::driver::CudaStream;
 use symm_core::epilogue::Rows;
@@ -74,7 +75,10 @@ impl CudaEngine {
             None => (x_ptr, None),
         };
         let norm = w_ptr.map(|w| (w, n_ptr, eps));
-        let e = Epilogue::new(op, x_ptr, rows, r_ptr, ro_ptr, norm)?;
+        // SAFETY: every address was resolved by `src` / `dst` from this op's buffers, checked
+        // there against `rows` and held (guards above) until the op is enqueued (cuda/coll.rs
+        // module docs, NOTE [raw-addresses]).
+        let e = unsafe { Epilogue::new(op, x_ptr, rows, r_ptr, ro_ptr, norm) }?;
         check_sum_place(op, sum_at, r_ptr, ro_ptr)?;
         match algo {
             EpilogueAlgo::Separate(ar) => {
@@ -87,7 +91,8 @@ impl CudaEngine {
                 let input = (target != x_ptr).then(|| Buf::Raw(RawDevicePtr::checked(x_ptr, count, dtype)));
                 let output = BufMut::Raw(RawDevicePtr::checked(target, count, dtype));
                 self.all_reduce_locked(s, ar, input, output, count, dtype, ReduceOp::Sum, fallback)?;
-                self.epilogue_kernels()?.launch(s, target, &e)
+                // SAFETY: `target` is one of the op's checked outputs (or `x`), `rows` long.
+                unsafe { self.epilogue_kernels()?.launch(s, target, &e) }
             }
             _ => self.coll()?.lamport_epilogue(s, &e),
         }

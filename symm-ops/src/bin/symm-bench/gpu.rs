@@ -565,65 +565,71 @@ fn run_once(
     let s = &st.stream;
     let input = ar.inputs[k % K];
     let out = ar.output;
-    match (op, spec.base.as_str()) {
-        (_, "nccl") => {
-            let c = st.nccl.as_ref().ok_or_else(|| st.nccl_err.clone())?;
-            match dtype {
-                DType::F32 => nccl_run::<f32>(c, op, redop, input, out, g, s),
-                DType::F16 => nccl_run::<half::f16>(c, op, redop, input, out, g, s),
-                _ => nccl_run::<half::bf16>(c, op, redop, input, out, g, s),
+    // SAFETY: the explicit kernels and the raw pointers below get `input`, `out` and
+    // `ar.staged_ptr`: ranges of this rank's arena (or its staged cudarc copy) sized for this
+    // geometry (`Arena::new`), alive until the stream is synchronised after the timing.
+    unsafe {
+        match (op, spec.base.as_str()) {
+            (_, "nccl") => {
+                let c = st.nccl.as_ref().ok_or_else(|| st.nccl_err.clone())?;
+                match dtype {
+                    DType::F32 => nccl_run::<f32>(c, op, redop, input, out, g, s),
+                    DType::F16 => nccl_run::<half::f16>(c, op, redop, input, out, g, s),
+                    _ => nccl_run::<half::bf16>(c, op, redop, input, out, g, s),
+                }
             }
-        }
-        (_, "auto") => {
-            let c = st.comm.as_ref().ok_or_else(|| st.comm_err.clone())?;
-            // SAFETY: `input` and `out` are this size's ranges of the rank's arena (or its staged
-            // cudarc copy), alive until the stream is synchronised after the timing.
-            let (i, o) = unsafe {
-                (
+            (_, "auto") => {
+                let c = st.comm.as_ref().ok_or_else(|| st.comm_err.clone())?;
+                // (Inside the block's contract above: the same ranges.)
+                let (i, o) = (
                     RawDevicePtr::new(input, g.in_elems, dtype),
                     RawDevicePtr::new(out, g.out_elems, dtype),
-                )
-            };
-            Ok(match op {
-                Op::AllReduce => c.all_reduce_out(i, o, redop),
-                Op::ReduceScatter => c.reduce_scatter_out(i, o, redop),
-                Op::AllGather => c.all_gather_out(i, o),
-            }?)
-        }
-        (Op::AllReduce, "ce_two_shot") => Ok(st.coll.all_reduce_ce_two_shot(s, input, out, g.count, dtype, redop)?),
-        (Op::AllReduce, base) => {
-            let algo = match base {
-                "lamport" => KAlgo::Lamport,
-                "one_shot" => KAlgo::OneShot,
-                "two_shot" => KAlgo::TwoShot,
-                "pull" => KAlgo::Pull,
-                _ => KAlgo::CopyEngine,
-            };
-            Ok(st
-                .coll
-                .all_reduce_tuned(s, algo, tuning, input, out, g.count, dtype, redop)?)
-        }
-        (Op::ReduceScatter, "pull") => Ok(st.coll.reduce_scatter_pull(s, input, out, g.count, dtype, redop)?),
-        (Op::ReduceScatter, "copy_engine") => Ok(st.coll.reduce_scatter_ce(s, input, out, g.count, dtype, redop)?),
-        (Op::ReduceScatter, base) => {
-            let algo = if base == "lamport" {
-                ReduceScatterAlgo::Lamport
-            } else {
-                ReduceScatterAlgo::Ring
-            };
-            Ok(st
-                .coll
-                .reduce_scatter_tuned(s, algo, tuning, input, out, g.count, dtype, redop)?)
-        }
-        (Op::AllGather, base) => {
-            let (path, inp) = match base {
-                "copy_engine" => (AllGatherPath::CopyEngine, input),
-                "pull" => (AllGatherPath::Pull, input),
-                "copy_engine_staged" => (AllGatherPath::CopyEngine, ar.staged_ptr),
-                "lamport" => (AllGatherPath::Lamport, input),
-                _ => (AllGatherPath::Sm, input),
-            };
-            Ok(st.coll.all_gather_tuned(s, tuning, inp, out, g.count, dtype, path)?)
+                );
+                Ok(match op {
+                    Op::AllReduce => c.all_reduce_out(i, o, redop),
+                    Op::ReduceScatter => c.reduce_scatter_out(i, o, redop),
+                    Op::AllGather => c.all_gather_out(i, o),
+                }?)
+            }
+            (Op::AllReduce, "ce_two_shot") => {
+                Ok(st.coll.all_reduce_ce_two_shot(s, input, out, g.count, dtype, redop)?)
+            }
+            (Op::AllReduce, base) => {
+                let algo = match base {
+                    "lamport" => KAlgo::Lamport,
+                    "one_shot" => KAlgo::OneShot,
+                    "two_shot" => KAlgo::TwoShot,
+                    "pull" => KAlgo::Pull,
+                    _ => KAlgo::CopyEngine,
+                };
+                Ok(st
+                    .coll
+                    .all_reduce_tuned(s, algo, tuning, input, out, g.count, dtype, redop)?)
+            }
+            (Op::ReduceScatter, "pull") => Ok(st.coll.reduce_scatter_pull(s, input, out, g.count, dtype, redop)?),
+            (Op::ReduceScatter, "copy_engine") => {
+                Ok(st.coll.reduce_scatter_ce(s, input, out, g.count, dtype, redop)?)
+            }
+            (Op::ReduceScatter, base) => {
+                let algo = if base == "lamport" {
+                    ReduceScatterAlgo::Lamport
+                } else {
+                    ReduceScatterAlgo::Ring
+                };
+                Ok(st
+                    .coll
+                    .reduce_scatter_tuned(s, algo, tuning, input, out, g.count, dtype, redop)?)
+            }
+            (Op::AllGather, base) => {
+                let (path, inp) = match base {
+                    "copy_engine" => (AllGatherPath::CopyEngine, input),
+                    "pull" => (AllGatherPath::Pull, input),
+                    "copy_engine_staged" => (AllGatherPath::CopyEngine, ar.staged_ptr),
+                    "lamport" => (AllGatherPath::Lamport, input),
+                    _ => (AllGatherPath::Sm, input),
+                };
+                Ok(st.coll.all_gather_tuned(s, tuning, inp, out, g.count, dtype, path)?)
+            }
         }
     }
 }
