@@ -14,8 +14,14 @@
 //!   launcher of symm-testkit does it for the faulted rank); reaching the point returns
 //!   [`Error::Aborted`] with a message starting with [`INJECTED_FAULT`], so
 //!   the rank stops and drops its resources as a dead process would.
+//!
+//! Both exist only with the `fault-injection` feature (symm-testkit turns it on): without it
+//! [`fault_point`] is `Ok(())`, nothing reads `SYMM_FAULT`, and a program cannot be killed
+//! through it.
 
+#[cfg(feature = "fault-injection")]
 use std::cell::RefCell;
+#[cfg(feature = "fault-injection")]
 use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
@@ -63,6 +69,7 @@ pub fn parse_faults(spec: &str) -> std::result::Result<Vec<Fault>, String> {
         .collect()
 }
 
+#[cfg(feature = "fault-injection")]
 fn env_faults() -> &'static [Fault] {
     static FAULTS: OnceLock<Vec<Fault>> = OnceLock::new();
     FAULTS.get_or_init(|| {
@@ -80,29 +87,42 @@ fn env_faults() -> &'static [Fault] {
     })
 }
 
+#[cfg(feature = "fault-injection")]
 fn env_rank() -> Option<usize> {
     static RANK: OnceLock<Option<usize>> = OnceLock::new();
     *RANK.get_or_init(|| std::env::var("RANK").ok().and_then(|r| r.parse().ok()))
 }
 
+#[cfg(feature = "fault-injection")]
 thread_local! {
     static THREAD_FAULT: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
 /// Arms (or with `None` disarms) a fault point for the calling thread.
+#[cfg(feature = "fault-injection")]
 pub fn set_thread_fault(point: Option<&str>) {
     THREAD_FAULT.with(|f| *f.borrow_mut() = point.map(str::to_string));
 }
 
 /// Ends the process at once with status 137 (what a SIGKILL'd process
 /// reports through a shell): no unwinding, no destructors of live objects.
+#[cfg(feature = "fault-injection")]
 fn die() -> ! {
     std::process::exit(137)
 }
 
 /// A named fault point. Returns an error in a thread armed for `point`, kills
 /// the process when `SYMM_FAULT` names this rank and `point`, and otherwise
+/// returns `Ok(())` (always, without the `fault-injection` feature).
+#[cfg(not(feature = "fault-injection"))]
+pub fn fault_point(_point: &str) -> Result<()> {
+    Ok(())
+}
+
+/// A named fault point. Returns an error in a thread armed for `point`, kills
+/// the process when `SYMM_FAULT` names this rank and `point`, and otherwise
 /// returns `Ok(())`.
+#[cfg(feature = "fault-injection")]
 pub fn fault_point(point: &str) -> Result<()> {
     let armed = THREAD_FAULT.with(|f| f.borrow().as_deref() == Some(point));
     if armed {

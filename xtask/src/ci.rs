@@ -120,7 +120,7 @@ fn to_outcome(r: Result<()>) -> Outcome {
 
 /// What an engine embedding symm-ops gets (#16, layering):
 /// - with default features off and `cuda` on, symm-ops' normal dependencies hold neither the test
-///   kit nor its host backend;
+///   kit nor its host backend, and symm-core's fault injection is compiled out;
 /// - a program whose cudarc has another CUDA-version feature (xtask/embed-check: 12.8) builds
 ///   with symm-ops (`default-features = false, features = ["cuda"]`) and runs.
 fn embedding_layers() -> Result<()> {
@@ -134,9 +134,18 @@ fn embedding_layers() -> Result<()> {
     util::run(util::cargo().arg("build").args(features))?;
     let tree = util::output(
         util::cargo()
-            .args(["tree", "-e", "normal", "--prefix", "none"])
+            .args(["tree", "-e", "normal", "--prefix", "none", "--format", "{p} {f}"])
             .args(features),
     )?;
+    if let Some(l) = tree
+        .lines()
+        .find(|l| l.starts_with("symm-core") && l.contains("fault-injection"))
+    {
+        return Err(format!(
+            "symm-ops without its default features builds symm-core with fault injection ({l}): only the \
+             test kit may turn it on"
+        ));
+    }
     if let Some(l) = tree.lines().find(|l| l.starts_with("symm-testkit")) {
         return Err(format!(
             "symm-ops without its default features still depends on {l}: the host backend must stay \
