@@ -27,7 +27,7 @@ use std::sync::OnceLock;
 use crate::error::{Error, Result};
 
 /// Environment variable arming faults in processes.
-pub const FAULT_ENV: &str = "SYMM_FAULT";
+pub const FAULT_ENV: &str = crate::knobs::FAULT;
 /// Prefix of the message of a fault injected into a thread.
 pub const INJECTED_FAULT: &str = "injected fault";
 
@@ -73,10 +73,10 @@ pub fn parse_faults(spec: &str) -> std::result::Result<Vec<Fault>, String> {
 fn env_faults() -> &'static [Fault] {
     static FAULTS: OnceLock<Vec<Fault>> = OnceLock::new();
     FAULTS.get_or_init(|| {
-        let Ok(spec) = std::env::var(FAULT_ENV) else {
+        let Some(spec) = crate::knobs::get(FAULT_ENV) else {
             return Vec::new();
         };
-        match parse_faults(&spec) {
+        match parse_faults(spec) {
             Ok(f) => f,
             Err(e) => {
                 // A malformed spec must not silently disable a fault test.
@@ -90,7 +90,7 @@ fn env_faults() -> &'static [Fault] {
 #[cfg(feature = "fault-injection")]
 fn env_rank() -> Option<usize> {
     static RANK: OnceLock<Option<usize>> = OnceLock::new();
-    *RANK.get_or_init(|| std::env::var("RANK").ok().and_then(|r| r.parse().ok()))
+    *RANK.get_or_init(|| crate::knobs::get(crate::knobs::RANK).and_then(|r| r.parse().ok()))
 }
 
 #[cfg(feature = "fault-injection")]

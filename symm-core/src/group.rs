@@ -31,11 +31,11 @@ use crate::types::Rank;
 
 /// Environment switch that turns [`GroupOptions::shared_devices`] on for groups built with
 /// [`Group::new`] (PyTorch's `TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES`).
-pub const ALLOW_OVERLAPPING_DEVICES_ENV: &str = "SYMM_ALLOW_OVERLAPPING_DEVICES";
+pub const ALLOW_OVERLAPPING_DEVICES_ENV: &str = crate::knobs::ALLOW_OVERLAPPING_DEVICES;
 
 /// Environment variables naming the job a group belongs to, first set wins:
 /// ours, then torchrun's run id ([`GroupOptions::from_env`]).
-pub const JOB_ID_ENVS: [&str; 2] = ["SYMM_JOB_ID", "TORCHELASTIC_RUN_ID"];
+pub const JOB_ID_ENVS: [&str; 2] = [crate::knobs::JOB_ID, crate::knobs::TORCHELASTIC_RUN_ID];
 
 /// A job's identity in store keys: a 64-bit FNV-1a hash of its text (so
 /// options stay `Copy` and keys stay short).
@@ -91,8 +91,8 @@ impl GroupOptions {
     /// `SYMM_ALLOW_OVERLAPPING_DEVICES=1`; the job from [`JOB_ID_ENVS`].
     pub fn from_env() -> GroupOptions {
         GroupOptions {
-            shared_devices: std::env::var(ALLOW_OVERLAPPING_DEVICES_ENV).is_ok_and(|v| v == "1"),
-            job: JobId::from_vars(|k| std::env::var(k).ok()),
+            shared_devices: crate::knobs::get(ALLOW_OVERLAPPING_DEVICES_ENV) == Some("1"),
+            job: JobId::from_vars(|k| crate::knobs::get(k).map(str::to_string)),
         }
     }
 }

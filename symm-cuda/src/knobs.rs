@@ -7,15 +7,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-/// One environment switch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Knob {
-    pub name: &'static str,
-    pub meaning: &'static str,
-    pub default: &'static str,
-    /// Only for measurements and comparisons (not for production use).
-    pub measurement: bool,
-}
+pub use symm_core::knobs::Knob;
 
 pub const HW_QUEUES: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
 pub const PDL: &str = "SYMM_PDL";
@@ -220,27 +212,7 @@ mod tests {
             );
             return;
         }
-        let mut stack = vec![src];
-        let mut offenders = Vec::new();
-        while let Some(dir) = stack.pop() {
-            for e in std::fs::read_dir(&dir).unwrap() {
-                let p = e.unwrap().path();
-                if p.is_dir() {
-                    stack.push(p);
-                } else if p.extension().is_some_and(|x| x == "rs") && !p.ends_with("knobs.rs") {
-                    let text = std::fs::read_to_string(&p).unwrap();
-                    for (n, line) in text.lines().enumerate() {
-                        let code = line.split("//").next().unwrap_or("");
-                        if ["env::var", "env::set_var", "env::remove_var"]
-                            .iter()
-                            .any(|w| code.contains(w))
-                        {
-                            offenders.push(format!("{}:{}", p.display(), n + 1));
-                        }
-                    }
-                }
-            }
-        }
+        let offenders = symm_core::knobs::files_reading_env(&src).unwrap();
         assert!(offenders.is_empty(), "environment read outside knobs.rs: {offenders:?}");
     }
 
