@@ -1,23 +1,13 @@
 //! Every environment variable symm-core reads, in one table ([`KNOBS`]), read once per process.
 //! Nothing else in the crate reads the environment, and nothing writes it (a test checks).
-//! [`Knob`] is the table row every crate's knobs module uses; [`files_reading_env`] is the scan
-//! their tests share.
+//! [`Knob`] and [`files_reading_env`] come from symm-store, the lowest crate.
 
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-/// One environment switch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Knob {
-    pub name: &'static str,
-    pub meaning: &'static str,
-    pub default: &'static str,
-    /// Only for measurements and comparisons (not for production use).
-    pub measurement: bool,
-}
+pub use symm_store::knobs::{files_reading_env, Knob};
 
 pub const ALLOW_OVERLAPPING_DEVICES: &str = "SYMM_ALLOW_OVERLAPPING_DEVICES";
 pub const JOB_ID: &str = "SYMM_JOB_ID";
@@ -75,38 +65,10 @@ pub(crate) fn get(name: &str) -> Option<&'static str> {
         .map(String::as_str)
 }
 
-/// The `.rs` files under `src` (recursively) other than `knobs.rs` whose code reads or writes
-/// the environment (`env::var`, `env::set_var`, `env::remove_var`; comments ignored), as
-/// `path:line`. The knobs modules' tests use it to keep the environment in one place per crate.
-#[doc(hidden)]
-pub fn files_reading_env(src: &Path) -> std::io::Result<Vec<String>> {
-    let mut stack: Vec<PathBuf> = vec![src.to_path_buf()];
-    let mut offenders = Vec::new();
-    while let Some(dir) = stack.pop() {
-        for e in std::fs::read_dir(&dir)? {
-            let p = e?.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "rs") && !p.ends_with("knobs.rs") {
-                let text = std::fs::read_to_string(&p)?;
-                for (n, line) in text.lines().enumerate() {
-                    let code = line.split("//").next().unwrap_or("");
-                    if ["env::var", "env::set_var", "env::remove_var"]
-                        .iter()
-                        .any(|w| code.contains(w))
-                    {
-                        offenders.push(format!("{}:{}", p.display(), n + 1));
-                    }
-                }
-            }
-        }
-    }
-    Ok(offenders)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn names_are_unique_and_described() {

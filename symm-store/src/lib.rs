@@ -46,6 +46,7 @@
 mod exchange;
 mod fd;
 mod hash;
+pub mod knobs;
 mod prefix;
 pub mod process;
 mod store;

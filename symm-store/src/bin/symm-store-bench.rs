@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
+use symm_store::knobs;
 
 use symm_store::{Store, TcpServer, TcpStore};
 
@@ -32,9 +33,10 @@ fn parse_args() -> Result<Args, String> {
         seconds: 2.0,
         clients: vec![1, 64],
         value_bytes: 64,
-        python: std::env::var("SYMM_STORE_PYTHON").unwrap_or_else(|_| "python3".into()),
-        script: std::env::var("SYMM_STORE_TORCH_BENCH")
-            .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/bench/torch_store_bench.py").into()),
+        python: knobs::get(knobs::BENCH_PYTHON).unwrap_or("python3").into(),
+        script: knobs::get(knobs::BENCH_TORCH_SCRIPT)
+            .unwrap_or(concat!(env!("CARGO_MANIFEST_DIR"), "/bench/torch_store_bench.py"))
+            .into(),
         torch: true,
     };
     let mut it = std::env::args().skip(1);

@@ -1,5 +1,6 @@
 //! The TCPStore client, following PyTorch's client-side conventions.
 
+use crate::knobs;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -322,7 +323,9 @@ fn resolve(host: &str, port: u16) -> Result<SocketAddr> {
 }
 
 fn env_var(name: &str) -> Result<String> {
-    std::env::var(name).map_err(|_| StoreError::InvalidArgument(format!("environment variable {name} is not set")))
+    crate::knobs::get(name)
+        .map(str::to_string)
+        .ok_or_else(|| StoreError::InvalidArgument(format!("environment variable {name} is not set")))
 }
 
 fn env_parse<T: std::str::FromStr>(name: &str) -> Result<T> {
@@ -399,23 +402,23 @@ impl TcpStore {
     /// WORLD_SIZE; rank 0 hosts the server (bound to MASTER_ADDR's address, or to
     /// SYMM_STORE_BIND if set) unless TORCHELASTIC_USE_AGENT_STORE=True.
     pub fn from_env(timeout: Duration) -> Result<Arc<TcpStore>> {
-        let host = env_var("MASTER_ADDR")?;
-        let port: u16 = env_parse("MASTER_PORT")?;
-        let rank: usize = env_parse("RANK")?;
-        let world: usize = env_parse("WORLD_SIZE")?;
+        let host = env_var(knobs::MASTER_ADDR)?;
+        let port: u16 = env_parse(knobs::MASTER_PORT)?;
+        let rank: usize = env_parse(knobs::RANK)?;
+        let world: usize = env_parse(knobs::WORLD_SIZE)?;
         if world == 0 || rank >= world {
             return Err(StoreError::InvalidArgument(format!(
                 "RANK={rank} is out of range for WORLD_SIZE={world}"
             )));
         }
-        let agent_store = std::env::var("TORCHELASTIC_USE_AGENT_STORE").is_ok_and(|v| v == "True");
-        let bind = match std::env::var("SYMM_STORE_BIND") {
-            Ok(b) => Some(
+        let agent_store = knobs::get(knobs::AGENT_STORE) == Some("True");
+        let bind = match knobs::get(knobs::BIND) {
+            Some(b) => Some(
                 b.parse::<SocketAddr>()
                     .or_else(|_| b.parse::<std::net::IpAddr>().map(|ip| SocketAddr::new(ip, port)))
                     .map_err(|_| StoreError::InvalidArgument(format!("SYMM_STORE_BIND={b:?} is not an address")))?,
             ),
-            Err(_) => None,
+            None => None,
         };
         TcpStore::with_options(TcpStoreOptions {
             host,

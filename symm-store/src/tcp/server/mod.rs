@@ -208,7 +208,7 @@ impl TcpServer {
             spare,
             sweep_every,
             next_sweep: Instant::now() + sweep_every,
-            debug: std::env::var_os("SYMM_STORE_DEBUG").is_some(),
+            debug: crate::knobs::get(crate::knobs::DEBUG).is_some(),
         };
         let thread = std::thread::Builder::new()
             .name(format!("symm-store-server:{}", local.port()))
