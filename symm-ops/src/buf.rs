@@ -246,6 +246,7 @@ impl RawDevicePtr {
     }
 
     /// The engines' own addresses, already checked against the buffers they came from.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn checked(ptr: u64, len: usize, dtype: DType) -> Self {
         RawDevicePtr { ptr, len, dtype }
     }

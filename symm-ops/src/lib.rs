@@ -35,6 +35,7 @@ mod cuda;
 mod device;
 mod epilogue;
 mod host;
+mod knobs;
 mod local;
 mod ops;
 mod pool;
