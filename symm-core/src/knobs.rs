@@ -4,10 +4,7 @@
 
 #![forbid(unsafe_code)]
 
-use std::collections::HashMap;
-use std::sync::OnceLock;
-
-pub use symm_store::knobs::{files_reading_env, Knob};
+pub use symm_store::knobs::{check_table, files_reading_env, Knob, Table};
 
 pub const ALLOW_OVERLAPPING_DEVICES: &str = "SYMM_ALLOW_OVERLAPPING_DEVICES";
 pub const JOB_ID: &str = "SYMM_JOB_ID";
@@ -50,63 +47,22 @@ pub const KNOBS: &[Knob] = &[
     },
 ];
 
-/// The value of knob `name` (one of [`KNOBS`]) as the process started with it: every knob is
-/// read once, together, at the first call. A name outside the table reads as unset.
+static TABLE: Table = Table::new(KNOBS);
+
+/// The value of knob `name` (one of [`KNOBS`]) as the process started with it, read once.
 pub(crate) fn get(name: &str) -> Option<&'static str> {
-    static VALUES: OnceLock<HashMap<&'static str, String>> = OnceLock::new();
-    VALUES
-        .get_or_init(|| {
-            KNOBS
-                .iter()
-                .filter_map(|k| std::env::var(k.name).ok().map(|v| (k.name, v)))
-                .collect()
-        })
-        .get(name)
-        .map(String::as_str)
+    TABLE.get(name)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
 
+    /// Names unique and described, no other file reads the environment, docs/architecture.md
+    /// lists all.
     #[test]
-    fn names_are_unique_and_described() {
-        for (i, k) in KNOBS.iter().enumerate() {
-            assert!(KNOBS[..i].iter().all(|o| o.name != k.name), "{} twice", k.name);
-            assert!(!k.meaning.is_empty() && !k.default.is_empty(), "{}", k.name);
-        }
-    }
-
-    /// Nothing outside this module reads (or writes) the environment.
-    #[test]
-    fn only_this_module_touches_the_environment() {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        if !src.is_dir() {
-            println!(
-                "SKIP only_this_module_touches_the_environment: no sources at {}",
-                src.display()
-            );
-            return;
-        }
-        let offenders = files_reading_env(&src).unwrap();
-        assert!(offenders.is_empty(), "environment read outside knobs.rs: {offenders:?}");
-    }
-
-    /// docs/architecture.md lists every knob of symm-core.
-    #[test]
-    fn the_docs_list_every_knob() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/architecture.md");
-        let Ok(doc) = std::fs::read_to_string(&path) else {
-            println!("SKIP the_docs_list_every_knob: no {}", path.display());
-            return;
-        };
-        for k in KNOBS {
-            assert!(
-                doc.contains(&format!("`{}`", k.name)),
-                "docs/architecture.md does not list {}",
-                k.name
-            );
-        }
+    fn the_table_is_the_only_reader_and_is_documented() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        check_table(KNOBS, dir, "../docs/architecture.md", false).unwrap();
     }
 }

@@ -192,44 +192,11 @@ pub fn epi_split() -> bool {
 mod tests {
     use super::*;
 
-    #[test]
-    fn names_are_unique_and_described() {
-        for (i, k) in KNOBS.iter().enumerate() {
-            assert!(KNOBS[..i].iter().all(|o| o.name != k.name), "{} twice", k.name);
-            assert!(!k.meaning.is_empty() && !k.default.is_empty(), "{}", k.name);
-        }
-    }
-
-    /// Nothing outside this module reads (or writes) the environment.
-    #[test]
-    fn only_this_module_touches_the_environment() {
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        if !src.is_dir() {
-            // A test binary moved to another machine (the GPU bundle) has no sources beside it.
-            println!(
-                "SKIP only_this_module_touches_the_environment: no sources at {}",
-                src.display()
-            );
-            return;
-        }
-        let offenders = symm_core::knobs::files_reading_env(&src).unwrap();
-        assert!(offenders.is_empty(), "environment read outside knobs.rs: {offenders:?}");
-    }
-
+    /// Names unique and described, nothing else in the crate reads or writes the environment,
     /// docs/cuda.md lists every knob.
     #[test]
-    fn the_docs_list_every_knob() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/cuda.md");
-        let Ok(doc) = std::fs::read_to_string(&path) else {
-            println!("SKIP the_docs_list_every_knob: no {}", path.display());
-            return;
-        };
-        for k in KNOBS {
-            assert!(
-                doc.contains(&format!("`{}`", k.name)),
-                "docs/cuda.md does not list {}",
-                k.name
-            );
-        }
+    fn the_table_is_the_only_reader_and_is_documented() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        symm_core::knobs::check_table(KNOBS, dir, "../docs/cuda.md", false).unwrap();
     }
 }
