@@ -90,8 +90,11 @@ pub const KNOBS: &[Knob] = &[
     },
 ];
 
+/// The knobs' values, read once, together (symm-store's `Table`, as every crate's knobs).
+static TABLE: symm_core::knobs::Table = symm_core::knobs::Table::new(KNOBS);
+
 fn var(name: &str) -> Option<String> {
-    std::env::var(name).ok()
+    TABLE.get(name).map(str::to_string)
 }
 
 fn flag(name: &str) -> bool {

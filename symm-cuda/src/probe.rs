@@ -11,7 +11,8 @@
 //! defines of `kernels/probe.cu` mirror it. Every rank runs the same sequence of probes, so the
 //! counters stay equal across ranks; [`LatencyProbe::counters`] reads them back.
 
-#![forbid(unsafe_code)]
+// No unsafe code: the copy probes only declare their raw-address contract (NOTE [raw-addresses]).
+#![deny(unsafe_code)]
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -220,9 +221,13 @@ impl BandwidthProbe {
         })
     }
 
-    /// Enqueues an SM copy of `bytes` (a multiple of 16) from `src` to `dst` on `stream`. Both
-    /// ranges must be mapped on this device (own or a peer's symmetric memory).
-    pub fn sm_copy(&self, stream: &CudaStream, dst: u64, src: u64, bytes: usize) -> Result<()> {
+    /// Enqueues an SM copy of `bytes` (a multiple of 16) from `src` to `dst` on `stream`.
+    ///
+    /// # Safety
+    /// NOTE [raw-addresses]: both ranges of `bytes` are mapped on this device (own or a peer's
+    /// symmetric memory) and stay mapped, `dst` unused by others, until the copy has run.
+    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
+    pub unsafe fn sm_copy(&self, stream: &CudaStream, dst: u64, src: u64, bytes: usize) -> Result<()> {
         if bytes % 16 != 0 || dst % 16 != 0 || src % 16 != 0 {
             return Err(Error::InvalidArgument(format!(
                 "the copy probe moves 16-byte vectors: dst {dst:#x}, src {src:#x}, {bytes} bytes"
@@ -238,7 +243,11 @@ impl BandwidthProbe {
     }
 
     /// Enqueues a copy-engine copy of `bytes` from `src` to `dst` on `stream`.
-    pub fn ce_copy(&self, stream: &CudaStream, dst: u64, src: u64, bytes: usize) -> Result<()> {
+    ///
+    /// # Safety
+    /// As [`Self::sm_copy`].
+    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
+    pub unsafe fn ce_copy(&self, stream: &CudaStream, dst: u64, src: u64, bytes: usize) -> Result<()> {
         crate::driver::mem::dtod_async(stream, dst, src, bytes)
     }
 }

@@ -429,14 +429,19 @@ fn bandwidth_probes(sh: &Shared, st: &RankState) -> BoxResult<()> {
                         if !active {
                             return Ok(());
                         }
-                        match engine {
-                            "sm" => p.sm_copy(s, dst, src, bytes)?,
-                            "ce" => p.ce_copy(s, dst, src, bytes)?,
-                            _ => {
-                                side.join(s)?;
-                                p.ce_copy(&side, dst + half as u64, src + half as u64, bytes - half)?;
-                                p.sm_copy(s, dst, src, half)?;
-                                s.join(&side)?;
+                        // SAFETY: `src` and `dst` are `bytes`-long halves of the rank's own or the
+                        // peer's 2 * max-byte probe buffer (`bytes <= max`), mapped until the
+                        // stream is synchronised at the end of this size.
+                        unsafe {
+                            match engine {
+                                "sm" => p.sm_copy(s, dst, src, bytes)?,
+                                "ce" => p.ce_copy(s, dst, src, bytes)?,
+                                _ => {
+                                    side.join(s)?;
+                                    p.ce_copy(&side, dst + half as u64, src + half as u64, bytes - half)?;
+                                    p.sm_copy(s, dst, src, half)?;
+                                    s.join(&side)?;
+                                }
                             }
                         }
                         Ok(())
