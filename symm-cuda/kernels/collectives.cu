@@ -144,6 +144,9 @@
 #define COLL_FLAG_INPLACE 1u
 // Lamport `mode` argument bit: count blocks with atom.acq_rel.gpu instead of a relaxed atomic.
 #define COLL_LAM_ACQREL_ARRIVE 0x100u
+// Bit of the Lamport kernel's mode argument: every polling thread reads the host abort word
+// (CollWait::host_every_thread; measurement switch, NOTE [host-abort-poll]).
+#define COLL_LAM_HOST_EVERY_THREAD 0x200u
 // Lamport software-pipeline lag (vectors per thread between a push and the receive of the same
 // step's vector; the mode argument's bits 16-23 override it).
 #define COLL_LAM_LAG 2u
@@ -239,7 +242,41 @@ struct CollWait {
     unsigned int* pad;             // own signal pad (ERROR / ABORT words)
     const unsigned int* abort_host; // pinned host abort word (may be null)
     unsigned long long timeout_ns;
+    unsigned int host_every_thread; // 1: every polling thread reads abort_host from its 1024th poll
+                                    // (the order before NOTE [host-abort-poll]; measurement switch)
 };
+
+// NOTE [host-abort-poll]: the host abort word lives in pinned host memory, so every read of it
+// crosses PCIe, and a collective can have 67,584 threads polling at once (132 blocks of 512).
+// Were each of them to read it every 1024 polls from the start of a wait, a wait that passes
+// ~1024 polls (a peer a few hundred microseconds late: a GEMM's skew in a model layer) would
+// queue tens of thousands of PCIe reads, and every one of those threads would then stand in
+// that queue, past the moment its data arrived (bench-notes round 15). So only the first active
+// lane of each warp reads it, and only once the wait has lasted SYMM_HOST_ABORT_AFTER polls
+// (milliseconds); the pad's ABORT word and the latched error (device memory) every thread
+// still checks at every periodic check. An abort stops a wait within a few milliseconds.
+#define SYMM_HOST_ABORT_AFTER 8192u
+
+__device__ __forceinline__ bool coll_first_active_lane() {
+    unsigned int lane;
+    asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+    return (__activemask() & ((1u << lane) - 1u)) == 0u;
+}
+
+// Whether the host or a peer asked this wait to stop (NOTE [host-abort-poll]); `polls` is a
+// multiple of SYMM_CHECK_EVERY.
+__device__ __forceinline__ bool coll_abort_requested(unsigned int polls, const CollWait& w) {
+    if (symm_ld_volatile(w.pad + SYMM_ABORT_WORD) != 0u) {
+        return true;
+    }
+    if (w.abort_host == nullptr || (polls % SYMM_ABORT_EVERY) != 0u) {
+        return false;
+    }
+    if (!w.host_every_thread && (polls < SYMM_HOST_ABORT_AFTER || !coll_first_active_lane())) {
+        return false;
+    }
+    return symm_ld_acquire_sys(w.abort_host) != 0u;
+}
 
 // True when a wait of this object already timed out, was aborted, or its ranks fell out of step
 // (op headers differ, a peer rejected an op): later waits give up at once (one dead peer costs
@@ -310,7 +347,7 @@ __device__ __noinline__ bool coll_poll_gives_up(unsigned int polls, unsigned lon
         coll_mirror_error(w.pad, w.abort_host);
         return true;
     }
-    if ((polls % SYMM_ABORT_EVERY) == 0u && symm_abort_requested(w.abort_host, w.pad)) {
+    if (coll_abort_requested(polls, w)) {
         symm_latch_error(w.pad, SYMM_ERR_ABORTED);
         coll_mirror_error(w.pad, w.abort_host);
         return true;
@@ -650,6 +687,7 @@ extern "C" __global__ void symm_coll_barrier(const unsigned long long* bufs, con
     w.pad = pad;
     w.abort_host = abort_host;
     w.timeout_ns = timeout_ns;
+    w.host_every_thread = 0u;
     if (!coll_wait_geq(symm_ops_slot(pad, COLL_OPS_BAR, t), e, w)) {
         return;
     }

@@ -279,6 +279,7 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
     w.pad = pad;
     w.abort_host = abort_host;
     w.timeout_ns = timeout_ns;
+    w.host_every_thread = 0u;
 
     // Vector j of row `row` (j < vr): push it (vector 0 with the op header) into every peer's
     // buffer and clear the previous op's vector at the same place.

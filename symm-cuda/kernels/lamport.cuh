@@ -140,6 +140,7 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
     w.pad = pad;
     w.abort_host = abort_host;
     w.timeout_ns = timeout_ns;
+    w.host_every_thread = (mode_arg & COLL_LAM_HOST_EVERY_THREAD) != 0u ? 1u : 0u;
 
     const unsigned long long prev = prev_used;
     char* const cb = ws + lam_off + ((idx + 2u) % 3u) * buf_bytes;

@@ -22,6 +22,15 @@ __device__ __forceinline__ bool probe_expired(unsigned long long deadline) {
 
 extern "C" __global__ void symm_probe_empty() { symm_pdl_prologue(); }
 
+// One thread spins for `ns` nanoseconds of %globaltimer: a rank made late on purpose before a
+// collective (`symm-bench --skew-us`, NOTE [host-abort-poll]).
+extern "C" __global__ void symm_probe_spin(unsigned long long ns) {
+    symm_pdl_prologue();
+    const unsigned long long end = symm_globaltimer() + ns;
+    while (symm_globaltimer() < end) {
+    }
+}
+
 // 1: thread 0 increments this probe's counter (local global memory).
 extern "C" __global__ void symm_probe_local(unsigned long long own) {
     symm_pdl_prologue();

@@ -110,6 +110,7 @@ __device__ __forceinline__ void coll_pull(const CollWs8 pads, const CollSrcs src
     w.pad = pad;
     w.abort_host = abort_host;
     w.timeout_ns = timeout_ns;
+    w.host_every_thread = 0u;
     const unsigned int t = threadIdx.x;
     const bool peer = t < world && t != rank;
     unsigned int base = 0;

@@ -26,17 +26,46 @@ __device__ __forceinline__ unsigned long long coll_shard_len(unsigned long long 
     return n < shard ? n : shard;
 }
 
+// NOTE [ring-unroll]: the ring's copies keep COLL_RING_UNROLL vectors in flight per thread, as
+// the bandwidth probe's copy kernel does. Every store here is an asm volatile with a "memory"
+// clobber, so the compiler cannot hoist the next vector's load above this one's store: one
+// vector per thread at a time left each sender SM waiting out a load's latency per 16 bytes
+// (bench-notes round 15).
+#define COLL_RING_UNROLL 4
+
+// Moves the n elements of a chunk by one block, COLL_RING_UNROLL vectors in flight per thread:
+// ld(v) loads vector v, st(v, x) stores it (each knows its addresses and the tail's length).
+template <int DT, typename Ld, typename St>
+__device__ __forceinline__ void coll_copy_vectors(long long n, Ld ld, St st) {
+    constexpr int VE = CollT<DT>::VE;
+    constexpr int U = COLL_RING_UNROLL;
+    const long long nvec = (n + VE - 1) / VE;
+    const long long bd = blockDim.x;
+    long long v = threadIdx.x;
+    for (; v + (U - 1) * bd < nvec; v += U * bd) {
+        uint4 x[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            x[u] = ld(v + u * bd);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            st(v + u * bd, x[u]);
+        }
+    }
+    for (; v < nvec; v += bd) {
+        st(v, ld(v));
+    }
+}
+
 // Copies n elements from src to dst (16-byte vectors where both are aligned) by one block.
 template <int DT>
 __device__ __forceinline__ void coll_block_copy(char* dst, const char* src, long long n) {
     constexpr int VE = CollT<DT>::VE;
     const bool al = ((reinterpret_cast<unsigned long long>(src) | reinterpret_cast<unsigned long long>(dst)) & 15ull) == 0;
-    const long long nvec = (n + VE - 1) / VE;
-    for (long long v = threadIdx.x; v < nvec; v += blockDim.x) {
-        long long nvalid = n - v * VE;
-        uint4 x = coll_load<DT>(src + v * 16, nvalid, al);
-        coll_store<DT>(dst + v * 16, x, nvalid, al);
-    }
+    coll_copy_vectors<DT>(
+        n, [&](long long v) { return coll_load<DT>(src + v * 16, n - v * VE, al); },
+        [&](long long v, const uint4& x) { coll_store<DT>(dst + v * 16, x, n - v * VE, al); });
 }
 
 template <int DT, int OP>
@@ -82,6 +111,7 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
     w.pad = pad;
     w.abort_host = abort_host;
     w.timeout_ns = timeout_ns;
+    w.host_every_thread = 0u;
     const unsigned long long my_len =
         (mode == COLL_MODE_AR) ? total : coll_shard_len(total, shard, rank);
     // With as many senders as receivers, even blocks send and odd blocks receive, so any prefix
@@ -120,27 +150,35 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
                     char* dst = reinterpret_cast<char*>(s_bufs[p]) + ring_off +
                                 ((unsigned long long)jr * slots + slot) * slot_bytes;
                     const bool al = (reinterpret_cast<unsigned long long>(src) & 15ull) == 0;
-                    const long long nvec = (n + VE - 1) / VE;
-                    for (long long v = threadIdx.x; v < nvec; v += blockDim.x) {
-                        coll_st_v4(dst + v * 16, coll_load<DT>(src + v * 16, n - v * VE, al));
-                    }
+                    coll_copy_vectors<DT>(
+                        n, [&](long long v) { return coll_load<DT>(src + v * 16, n - v * VE, al); },
+                        [&](long long v, const uint4& x) { coll_st_v4(dst + v * 16, x); });
                 }
             } else {
                 // AR: chunk c of the whole input; AG: chunk c of this rank's shard (= input).
                 const long long n = coll_chunk_len(my_len, ce, c);
                 const char* src = input + (unsigned long long)c * ce * ES;
                 const bool al = (reinterpret_cast<unsigned long long>(src) & 15ull) == 0;
-                const long long nvec = (n + VE - 1) / VE;
-                for (long long v = threadIdx.x; v < nvec; v += blockDim.x) {
-                    uint4 x = coll_load<DT>(src + v * 16, n - v * VE, al);
-                    for (unsigned int l = 0; l < w1; ++l) {
-                        const unsigned int p = (rank + 1 + l) % world;
-                        const unsigned int jr = world - 2 - l;
-                        char* dst = reinterpret_cast<char*>(s_bufs[p]) + ring_off +
-                                    ((unsigned long long)jr * slots + slot) * slot_bytes;
-                        coll_st_v4(dst + v * 16, x);
-                    }
+                // Indexed by unrolled constants only, so the array lives in registers.
+                char* dsts[COLL_MAXW - 1];
+#pragma unroll
+                for (unsigned int l = 0; l < COLL_MAXW - 1; ++l) {
+                    const unsigned int p = (rank + 1 + l) % world;
+                    const unsigned int jr = world - 2 - l;
+                    dsts[l] = l < w1 ? reinterpret_cast<char*>(s_bufs[p]) + ring_off +
+                                           ((unsigned long long)jr * slots + slot) * slot_bytes
+                                     : nullptr;
                 }
+                coll_copy_vectors<DT>(
+                    n, [&](long long v) { return coll_load<DT>(src + v * 16, n - v * VE, al); },
+                    [&](long long v, const uint4& x) {
+#pragma unroll
+                        for (unsigned int l = 0; l < COLL_MAXW - 1; ++l) {
+                            if (l < w1) {
+                                coll_st_v4(dsts[l] + v * 16, x);
+                            }
+                        }
+                    });
             }
             __syncthreads();
             if (threadIdx.x < w1) {
@@ -187,10 +225,9 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
                     char* dst = output + ((unsigned long long)t * shard + (unsigned long long)c * ce) * ES;
                     const char* src = ring + l * ring_stride;
                     const bool al = (reinterpret_cast<unsigned long long>(dst) & 15ull) == 0;
-                    const long long nvec = (n + VE - 1) / VE;
-                    for (long long v = threadIdx.x; v < nvec; v += blockDim.x) {
-                        coll_store<DT>(dst + v * 16, coll_ld_cg_v4(src + v * 16), n - v * VE, al);
-                    }
+                    coll_copy_vectors<DT>(
+                        n, [&](long long v) { return coll_ld_cg_v4(src + v * 16); },
+                        [&](long long v, const uint4& x) { coll_store<DT>(dst + v * 16, x, n - v * VE, al); });
                 }
                 char* own_dst = output + ((unsigned long long)rank * shard + (unsigned long long)c * ce) * ES;
                 const char* own_src = input + (unsigned long long)c * ce * ES;

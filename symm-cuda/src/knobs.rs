@@ -19,6 +19,7 @@ pub const LAMPORT_LAG: &str = "SYMM_LAMPORT_LAG";
 pub const LAMPORT_ACQREL_ARRIVE: &str = "SYMM_LAMPORT_ACQREL_ARRIVE";
 pub const LAMPORT_GENERIC: &str = "SYMM_LAMPORT_GENERIC";
 pub const EPI_SPLIT: &str = "SYMM_EPI_SPLIT";
+pub const HOST_ABORT_EVERY_THREAD: &str = "SYMM_HOST_ABORT_EVERY_THREAD";
 
 /// The table: name, meaning, default, measurement switch or not.
 pub const KNOBS: &[Knob] = &[
@@ -85,6 +86,14 @@ pub const KNOBS: &[Knob] = &[
         meaning: "`1`: the fused all-reduce epilogue kernel splits few rows across blocks instead of taking \
                   whole rows per block (NOTE [fused-epilogue], \"split rows\"; slower on 2 x H200, bench-notes \
                   round 14)",
+        default: "off",
+        measurement: true,
+    },
+    Knob {
+        name: HOST_ABORT_EVERY_THREAD,
+        meaning: "`1`: every polling thread of the Lamport kernel reads the pinned host abort word every 1024 \
+                  polls from the start of a wait, the order before NOTE [host-abort-poll] (one lane per warp, \
+                  after 8192 polls)",
         default: "off",
         measurement: true,
     },
@@ -183,6 +192,12 @@ pub fn lamport_acq_rel_arrive() -> bool {
 pub fn lamport_generic() -> bool {
     static V: OnceLock<bool> = OnceLock::new();
     *V.get_or_init(|| flag(LAMPORT_GENERIC))
+}
+
+/// [`HOST_ABORT_EVERY_THREAD`].
+pub fn host_abort_every_thread() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| flag(HOST_ABORT_EVERY_THREAD))
 }
 
 /// [`EPI_SPLIT`].

@@ -198,6 +198,34 @@ impl LatencyProbe {
     }
 }
 
+/// A one-thread kernel that keeps its stream busy for a given time: `symm-bench --skew-us` makes
+/// one rank late with it before every op, as a GEMM's skew does in a model layer (NOTE
+/// [host-abort-poll]).
+pub struct Delay {
+    spin: CudaFunction,
+}
+
+impl Delay {
+    /// Loads the spin kernel for `ctx`.
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+        let module = kernels::load(ctx, kernels::source("probe")?, "")?;
+        Ok(Delay {
+            spin: crate::driver::load_function(&module, "symm_probe_spin")?,
+        })
+    }
+
+    /// Enqueues a kernel on `stream` that runs for `d` (one thread polling the global timer).
+    pub fn launch(&self, stream: &CudaStream, d: Duration) -> Result<()> {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch(stream, &self.spin, cfg, &[KernelArg::U64(ns)])
+    }
+}
+
 /// Bandwidth probe: a plain 16-byte-vector copy kernel (`symm_probe_copy`, 4 vectors per thread
 /// in flight, one block per SM) whose source or destination is a peer's memory, and the copy
 /// engine (`cuMemcpyDtoDAsync`) for comparison. `symm-bench --probe-bw` times them with one or

@@ -1,5 +1,5 @@
 //! GPU tests of the CUDA collectives (`symm_cuda::collectives`), ranks as threads of one process
-//! (HashStore), at every world of `symm_testkit::GPU_WORLDS`: two ranks on two GPUs, and 2, 3, 4
+//! (HashStore), at every world of `symm_testkit::GPU_WORLDS`: 2, 4 and 8 ranks on as many GPUs, and 2, 3, 4
 //! and 8 ranks sharing GPU 0 (NOTE [shared-device]; tests `<name>::distinct_w2`,
 //! `<name>::shared_w8`...). Each skips (printing why) without the GPUs it needs and fails instead
 //! when `SYMM_REQUIRE_GPUS` says the machine has them; each prints `SUMMARY <test> ...` lines to

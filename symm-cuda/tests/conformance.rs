@@ -1,5 +1,6 @@
 //! The conformance suite of symm-testkit on the CUDA backend:
-//! - `cuda`: world sizes 1 and 2, one GPU per rank, ranks as threads (one
+//! - `cuda`: world sizes 1, 2, 4 and 8, one GPU per rank (a world needing more
+//!   GPUs than the machine has skips), ranks as threads (one
 //!   process, one thread per GPU) and as processes (one process per GPU, fds
 //!   over the FdChannel);
 //! - `cuda_shared`: world sizes 2, 3, 4 and 8, every rank a thread on GPU 0
@@ -97,5 +98,5 @@ fn cuda_shared_backend() -> Backend {
     }
 }
 
-symm_testkit::conformance_tests!(cuda, cuda_backend(), [1, 2]);
+symm_testkit::conformance_tests!(cuda, cuda_backend(), [1, 2, 4, 8]);
 symm_testkit::conformance_tests!(cuda_shared, cuda_shared_backend(), [2, 3, 4, 8]);

@@ -1,7 +1,7 @@
 //! The ops on CUDA GPUs, ranks as threads at every world of
-//! `symm_testkit::GPU_WORLDS` (two ranks on two GPUs; 2, 3, 4 and 8 ranks
-//! sharing GPU 0, NOTE [shared-device]; tests `<name>::distinct_w2`,
-//! `<name>::shared_w8`...) and two ranks as processes on two GPUs: the host
+//! `symm_testkit::GPU_WORLDS` (2, 4 and 8 ranks on as many GPUs; 2, 3, 4 and 8
+//! ranks sharing GPU 0, NOTE [shared-device]; tests `<name>::distinct_w2`,
+//! `<name>::shared_w8`...) and 2, 4 and 8 ranks as processes, one GPU each: the host
 //! suite's matrix (every dtype x op x algorithm against a float64
 //! reference, odd sizes and offsets, poisoned outputs, guards, bitwise
 //! equality across ranks, exact integer sums); 10,000 back-to-back ops with a
@@ -32,9 +32,6 @@ use symm_ops::symm_cuda::SymmView;
 use symm_ops::{AllReduceAlgo, CommConfig, Communicator, Element, EngineKind, RawDevicePtr};
 use symm_testkit::launch::{child_ctx, run_processes, RankCtx, TestResult};
 use symm_testkit::GpuWorld;
-
-/// Ranks of the process test (one GPU each).
-const PROCESS_WORLD: usize = 2;
 
 /// A view of `n` elements of this rank's part of a symmetric tensor.
 fn sym_view<T>(t: &SymmTensor, elem_off: usize, n: usize, stream: &Arc<CudaStream>) -> TestResult<SymmView<T>> {
@@ -319,9 +316,10 @@ fn gpu_matrix_threads(w: GpuWorld) {
 }
 symm_testkit::gpu_world_tests!(gpu_matrix_threads, gpu_matrix_threads);
 
-#[test]
-fn gpu_matrix_processes() {
-    if !gate("gpu_matrix_processes", GpuWorld::distinct(PROCESS_WORLD)) {
+/// The matrix with `world` ranks as processes, one GPU each (`name` is the test's own name: the
+/// children re-run it).
+fn gpu_matrix_processes(name: &str, world: usize) {
+    if !gate(name, GpuWorld::distinct(world)) {
         return;
     }
     if let Some(rc) = child_ctx().unwrap() {
@@ -335,11 +333,26 @@ fn gpu_matrix_processes() {
         return;
     }
     let t = Instant::now();
-    run_processes("gpu_matrix_processes", PROCESS_WORLD, LIMIT).unwrap();
+    run_processes(name, world, LIMIT).unwrap();
     println!(
-        "SUMMARY gpu_matrix_processes ok {PROCESS_WORLD} processes, bitwise equal across ranks, {:.1} s",
+        "SUMMARY {name} ok {world} processes, bitwise equal across ranks, {:.1} s",
         t.elapsed().as_secs_f64()
     );
+}
+
+#[test]
+fn gpu_matrix_processes_w2() {
+    gpu_matrix_processes("gpu_matrix_processes_w2", 2);
+}
+
+#[test]
+fn gpu_matrix_processes_w4() {
+    gpu_matrix_processes("gpu_matrix_processes_w4", 4);
+}
+
+#[test]
+fn gpu_matrix_processes_w8() {
+    gpu_matrix_processes("gpu_matrix_processes_w8", 8);
 }
 
 /// 64 MiB payloads: several trips through the 10 MiB staging ring.

@@ -1,7 +1,8 @@
 //! The worlds every multi-rank GPU suite runs at (NOTE [shared-device] in
-//! docs/architecture.md): ranks on distinct GPUs (world 2, the GPUs' own
-//! links) and rank threads sharing device 0 at worlds 2, 3, 4 and 8, so the
-//! whole multi-rank matrix runs on a machine with one GPU.
+//! docs/architecture.md): ranks on distinct GPUs (worlds 2, 4 and 8, the GPUs'
+//! own links; a world needing more GPUs than the machine has skips) and rank
+//! threads sharing device 0 at worlds 2, 3, 4 and 8, so the whole multi-rank
+//! matrix runs on a machine with one GPU.
 //!
 //! [`gpu_world_tests!`](crate::gpu_world_tests) turns a `fn(GpuWorld)` into
 //! one `#[test]` per world (`<name>::distinct_w2`, `<name>::shared_w8`...);
@@ -101,8 +102,10 @@ impl GpuWorld {
 }
 
 /// Every world of the GPU suites, in the order the generated tests run.
-pub const GPU_WORLDS: [GpuWorld; 5] = [
+pub const GPU_WORLDS: [GpuWorld; 7] = [
     GpuWorld::distinct(2),
+    GpuWorld::distinct(4),
+    GpuWorld::distinct(8),
     GpuWorld::shared(2),
     GpuWorld::shared(3),
     GpuWorld::shared(4),
@@ -131,6 +134,14 @@ macro_rules! gpu_world_tests {
                 super::$run($crate::gpu_world::GpuWorld::distinct(2))
             }
             #[test]
+            fn distinct_w4() {
+                super::$run($crate::gpu_world::GpuWorld::distinct(4))
+            }
+            #[test]
+            fn distinct_w8() {
+                super::$run($crate::gpu_world::GpuWorld::distinct(8))
+            }
+            #[test]
             fn shared_w2() {
                 super::$run($crate::gpu_world::GpuWorld::shared(2))
             }
@@ -157,6 +168,8 @@ mod tests {
     #[test]
     fn worlds_and_their_devices() {
         assert_eq!(GPU_WORLDS.iter().filter(|w| w.is_shared()).count(), 4);
+        assert_eq!(GPU_WORLDS.iter().filter(|w| !w.is_shared()).count(), 3);
+        assert_eq!(GpuWorld::distinct(8).min_devices(), 8);
         assert_eq!(GpuWorld::shared(8).min_devices(), 1);
         assert_eq!(GpuWorld::distinct(2).min_devices(), 2);
         assert!(GpuWorld::shared(3).thread_options(Duration::from_secs(1)).shared_device);

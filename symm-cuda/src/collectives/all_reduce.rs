@@ -169,6 +169,9 @@ impl CudaCollectives {
         if knobs::lamport_acq_rel_arrive() {
             bits |= args::LAMPORT_ACQREL_ARRIVE;
         }
+        if knobs::host_abort_every_thread() {
+            bits |= args::LAMPORT_HOST_EVERY_THREAD;
+        }
         bits |= knobs::lamport_lag() << args::LAMPORT_LAG_SHIFT;
         a[args::LAMPORT_MODE_ARG] = KernelArg::U32(bits);
         self.launch_coll(stream, f, cfg(p.blocks, p.threads), &a)

@@ -145,6 +145,9 @@ impl OpHeader {
 pub const LAMPORT_MODE_ARG: usize = 11;
 /// `COLL_LAM_ACQREL_ARRIVE`: a bit of the Lamport `mode` argument.
 pub const LAMPORT_ACQREL_ARRIVE: u32 = 0x100;
+/// `COLL_LAM_HOST_EVERY_THREAD`: a bit of the Lamport `mode` argument (every polling thread
+/// reads the host abort word, NOTE [host-abort-poll]; a measurement switch).
+pub const LAMPORT_HOST_EVERY_THREAD: u32 = 0x200;
 /// Bits 16-23 of the Lamport `mode` argument: the pipeline lag (0: the kernel's default;
 /// `COLL_LAM_LAG_SHIFT` in collectives.cu).
 pub const LAMPORT_LAG_SHIFT: u32 = 16;
@@ -379,6 +382,9 @@ mod tests {
         assert_eq!(a[8], KernelArg::U64(0x20_0000));
         let src = crate::kernels::source("collectives").unwrap().source;
         assert!(src.contains(&format!("#define COLL_LAM_ACQREL_ARRIVE {LAMPORT_ACQREL_ARRIVE:#x}u")));
+        assert!(src.contains(&format!(
+            "#define COLL_LAM_HOST_EVERY_THREAD {LAMPORT_HOST_EVERY_THREAD:#x}u"
+        )));
         assert!(src.contains(&format!("#define COLL_LAM_LAG_SHIFT {LAMPORT_LAG_SHIFT}\n")));
     }
 

@@ -277,7 +277,8 @@ pub fn ring_plan(
     }
     let blocks = tuning.blocks(sm_count).max(2);
     let world = layout.world;
-    // One block per SM at most; senders and receivers split the grid.
+    // One block per SM at most; senders and receivers split the grid. Each block's copies keep
+    // four vectors in flight per thread (NOTE [ring-unroll]).
     let pair = if world > 1 { blocks / 2 } else { blocks };
     let slot_elems = if world > 1 {
         layout.slot_bytes / es

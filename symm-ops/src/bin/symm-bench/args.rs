@@ -126,6 +126,9 @@ pub(crate) struct Args {
     pub(crate) probe: bool,
     /// Run the bandwidth probes (SM and copy-engine copies to and from the peer) instead.
     pub(crate) probe_bw: bool,
+    /// `--skew-us N`: rank 0 runs a kernel of N microseconds before every op (a late rank, as a
+    /// GEMM's skew makes one in a model layer; the times include it).
+    pub(crate) skew_us: u64,
     /// `--ops ar_rms_norm`: the all-reduce epilogue table (symm-bench/epilogue.rs).
     pub(crate) epilogue: bool,
     /// Its row lengths (`--hidden`) and row counts (`--tokens`).
@@ -135,7 +138,8 @@ pub(crate) struct Args {
 
 pub(crate) const USAGE: &str = "usage: symm-bench [--ops LIST] [--sizes LIST] [--dtype bf16|f16|f32] [--redop sum|avg|max|min] \
 [--iters N] [--rounds N] [--modes eager,graph] [--algos LIST] [--ranks N] [--staging BYTES] [--lamport-bytes BYTES] [--json PATH] \
-[--quick] [--full] [--no-nccl] [--no-setup] [--probe] [--probe-bw] [--hidden LIST] [--tokens LIST]
+[--quick] [--full] [--no-nccl] [--no-setup] [--probe] [--probe-bw] [--hidden LIST] [--tokens LIST] [--skew-us N]
+--skew-us N: rank 0 runs an N-microsecond kernel before every op (the times include it); CUDA only
 --ops ar_rms_norm (with or instead of the collectives): all-reduce + residual + RMSNorm, fused against unfused, \
 for every --hidden (default 4096,8192) and --tokens (default 1,8,32,128,512); CUDA only";
 
@@ -238,6 +242,7 @@ pub(crate) fn parse_args(argv: &[String]) -> Result<Args, String> {
         setup: true,
         probe: false,
         probe_bw: false,
+        skew_us: 0,
         epilogue: false,
         hiddens: vec![4096, 8192],
         tokens: vec![1, 8, 32, 128, 512],
@@ -313,6 +318,7 @@ pub(crate) fn parse_args(argv: &[String]) -> Result<Args, String> {
             "--no-setup" => a.setup = false,
             "--probe" => a.probe = true,
             "--probe-bw" => a.probe_bw = true,
+            "--skew-us" => a.skew_us = val("--skew-us")?.parse().map_err(|e| format!("--skew-us: {e}"))?,
             "-h" | "--help" => return Err(USAGE.to_string()),
             o => return Err(format!("unknown argument {o:?}\n{USAGE}")),
         }

@@ -16,6 +16,7 @@ use symm_ops::symm_cuda::collectives::{
     AllGatherPath, AllReduceAlgo as KAlgo, CollectivesConfig, CudaCollectives, ReduceScatterAlgo, Tuning,
 };
 use symm_ops::symm_cuda::driver::mem::unchecked::{dtod_async, dtoh_sync, htod_sync, memset_d32_async};
+use symm_ops::symm_cuda::probe::Delay;
 use symm_ops::{CommConfig, Communicator, RawDevicePtr};
 
 /// Rotating inputs per point.
@@ -148,6 +149,8 @@ pub(super) struct RankState {
     pub(super) nccl: Option<Comm>,
     pub(super) nccl_err: String,
     pub(super) all: Vec<Rank>,
+    /// `--skew-us`: rank 0's delay kernel and its length.
+    pub(super) delay: Option<(Delay, Duration)>,
     pub(super) start: CudaEvent,
     pub(super) end: CudaEvent,
 }
@@ -279,6 +282,11 @@ fn rank_body(rank: usize, sh: &Shared, nccl_ok: bool) -> BoxResult<(Vec<Row>, Ve
         (None, "nccl unavailable".to_string())
     };
     let all: Vec<Rank> = (0..world).map(|r| Rank::new(r, world)).collect::<Result<_, _>>()?;
+    let delay = if args.skew_us > 0 && rank == 0 {
+        Some((Delay::new(&ctx)?, Duration::from_micros(args.skew_us)))
+    } else {
+        None
+    };
     let st = RankState {
         rank,
         world,
@@ -292,6 +300,7 @@ fn rank_body(rank: usize, sh: &Shared, nccl_ok: bool) -> BoxResult<(Vec<Row>, Ve
         nccl,
         nccl_err,
         all,
+        delay,
     };
     let mut rows = Vec::new();
     if args.probe {
@@ -570,6 +579,9 @@ fn run_once(
     let s = &st.stream;
     let input = ar.inputs[k % K];
     let out = ar.output;
+    if let Some((d, t)) = &st.delay {
+        d.launch(s, *t)?;
+    }
     // SAFETY: the explicit kernels and the raw pointers below get `input`, `out` and
     // `ar.staged_ptr`: ranges of this rank's arena (or its staged cudarc copy) sized for this
     // geometry (`Arena::new`), alive until the stream is synchronised after the timing.

@@ -2,8 +2,10 @@ use super::*;
 use symm_ops::{AllGatherAlgo, AllReduceAlgo, CommConfig, Communicator};
 
 pub fn run(mut args: Args) -> BoxResult<()> {
-    if args.probe || args.probe_bw || args.epilogue {
-        return Err("--probe, --probe-bw and --ops ar_rms_norm measure GPU kernels: no CUDA device here".into());
+    if args.probe || args.probe_bw || args.epilogue || args.skew_us > 0 {
+        return Err(
+            "--probe, --probe-bw, --skew-us and --ops ar_rms_norm measure GPU kernels: no CUDA device here".into(),
+        );
     }
     symm_testkit::link();
     let world = args.ranks.unwrap_or(2).max(1);
