@@ -32,13 +32,15 @@ __device__ __forceinline__ unsigned long long coll_shard_len(unsigned long long 
 // vector per thread at a time left each sender SM waiting out a load's latency per 16 bytes
 // (bench-notes round 15).
 #define COLL_RING_UNROLL 4
+// Bit of the ring kernel's `flags`: one vector in flight per thread, the order before NOTE
+// [ring-unroll] (a measurement switch, SYMM_RING_UNROLL1).
+#define COLL_FLAG_UNROLL1 2u
 
-// Moves the n elements of a chunk by one block, COLL_RING_UNROLL vectors in flight per thread:
-// ld(v) loads vector v, st(v, x) stores it (each knows its addresses and the tail's length).
-template <int DT, typename Ld, typename St>
-__device__ __forceinline__ void coll_copy_vectors(long long n, Ld ld, St st) {
+// Moves the n elements of a chunk by one block, U vectors in flight per thread: ld(v) loads
+// vector v, st(v, x) stores it (each knows its addresses and the tail's length).
+template <int DT, int U, typename Ld, typename St>
+__device__ __forceinline__ void coll_copy_vectors_u(long long n, Ld ld, St st) {
     constexpr int VE = CollT<DT>::VE;
-    constexpr int U = COLL_RING_UNROLL;
     const long long nvec = (n + VE - 1) / VE;
     const long long bd = blockDim.x;
     long long v = threadIdx.x;
@@ -58,13 +60,23 @@ __device__ __forceinline__ void coll_copy_vectors(long long n, Ld ld, St st) {
     }
 }
 
+// coll_copy_vectors_u with COLL_RING_UNROLL vectors in flight, or one with COLL_FLAG_UNROLL1.
+template <int DT, typename Ld, typename St>
+__device__ __forceinline__ void coll_copy_vectors(unsigned int flags, long long n, Ld ld, St st) {
+    if (flags & COLL_FLAG_UNROLL1) {
+        coll_copy_vectors_u<DT, 1>(n, ld, st);
+    } else {
+        coll_copy_vectors_u<DT, COLL_RING_UNROLL>(n, ld, st);
+    }
+}
+
 // Copies n elements from src to dst (16-byte vectors where both are aligned) by one block.
 template <int DT>
-__device__ __forceinline__ void coll_block_copy(char* dst, const char* src, long long n) {
+__device__ __forceinline__ void coll_block_copy(unsigned int flags, char* dst, const char* src, long long n) {
     constexpr int VE = CollT<DT>::VE;
     const bool al = ((reinterpret_cast<unsigned long long>(src) | reinterpret_cast<unsigned long long>(dst)) & 15ull) == 0;
     coll_copy_vectors<DT>(
-        n, [&](long long v) { return coll_load<DT>(src + v * 16, n - v * VE, al); },
+        flags, n, [&](long long v) { return coll_load<DT>(src + v * 16, n - v * VE, al); },
         [&](long long v, const uint4& x) { coll_store<DT>(dst + v * 16, x, n - v * VE, al); });
 }
 
@@ -151,7 +163,7 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
                                 ((unsigned long long)jr * slots + slot) * slot_bytes;
                     const bool al = (reinterpret_cast<unsigned long long>(src) & 15ull) == 0;
                     coll_copy_vectors<DT>(
-                        n, [&](long long v) { return coll_load<DT>(src + v * 16, n - v * VE, al); },
+                        flags, n, [&](long long v) { return coll_load<DT>(src + v * 16, n - v * VE, al); },
                         [&](long long v, const uint4& x) { coll_st_v4(dst + v * 16, x); });
                 }
             } else {
@@ -170,7 +182,7 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
                                      : nullptr;
                 }
                 coll_copy_vectors<DT>(
-                    n, [&](long long v) { return coll_load<DT>(src + v * 16, n - v * VE, al); },
+                    flags, n, [&](long long v) { return coll_load<DT>(src + v * 16, n - v * VE, al); },
                     [&](long long v, const uint4& x) {
 #pragma unroll
                         for (unsigned int l = 0; l < COLL_MAXW - 1; ++l) {
@@ -226,13 +238,13 @@ __device__ __forceinline__ void coll_ring(const unsigned long long* bufs, const 
                     const char* src = ring + l * ring_stride;
                     const bool al = (reinterpret_cast<unsigned long long>(dst) & 15ull) == 0;
                     coll_copy_vectors<DT>(
-                        n, [&](long long v) { return coll_ld_cg_v4(src + v * 16); },
+                        flags, n, [&](long long v) { return coll_ld_cg_v4(src + v * 16); },
                         [&](long long v, const uint4& x) { coll_store<DT>(dst + v * 16, x, n - v * VE, al); });
                 }
                 char* own_dst = output + ((unsigned long long)rank * shard + (unsigned long long)c * ce) * ES;
                 const char* own_src = input + (unsigned long long)c * ce * ES;
                 if (own_dst != own_src) {
-                    coll_block_copy<DT>(own_dst, own_src, coll_chunk_len(my_len, ce, c));
+                    coll_block_copy<DT>(flags, own_dst, own_src, coll_chunk_len(my_len, ce, c));
                 }
             } else {
                 // AR: output chunk c of the whole vector; RS: chunk c of this rank's shard.

@@ -20,6 +20,7 @@ pub const LAMPORT_ACQREL_ARRIVE: &str = "SYMM_LAMPORT_ACQREL_ARRIVE";
 pub const LAMPORT_GENERIC: &str = "SYMM_LAMPORT_GENERIC";
 pub const EPI_SPLIT: &str = "SYMM_EPI_SPLIT";
 pub const HOST_ABORT_EVERY_THREAD: &str = "SYMM_HOST_ABORT_EVERY_THREAD";
+pub const RING_UNROLL1: &str = "SYMM_RING_UNROLL1";
 
 /// The table: name, meaning, default, measurement switch or not.
 pub const KNOBS: &[Knob] = &[
@@ -94,6 +95,13 @@ pub const KNOBS: &[Knob] = &[
         meaning: "`1`: every polling thread of the Lamport kernel reads the pinned host abort word every 1024 \
                   polls from the start of a wait, the order before NOTE [host-abort-poll] (one lane per warp, \
                   after 8192 polls)",
+        default: "off",
+        measurement: true,
+    },
+    Knob {
+        name: RING_UNROLL1,
+        meaning: "`1`: the ring kernel's copies keep one vector in flight per thread instead of four, the \
+                  order before NOTE [ring-unroll]",
         default: "off",
         measurement: true,
     },
@@ -198,6 +206,12 @@ pub fn lamport_generic() -> bool {
 pub fn host_abort_every_thread() -> bool {
     static V: OnceLock<bool> = OnceLock::new();
     *V.get_or_init(|| flag(HOST_ABORT_EVERY_THREAD))
+}
+
+/// [`RING_UNROLL1`].
+pub fn ring_unroll1() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| flag(RING_UNROLL1))
 }
 
 /// [`EPI_SPLIT`].

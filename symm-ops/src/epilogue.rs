@@ -20,9 +20,7 @@ use crate::select::AllReduceAlgo;
 #[non_exhaustive]
 pub enum EpilogueAlgo {
     /// The planner: the all-reduce table's pick for the message, then the epilogue kernel;
-    /// [`EpilogueAlgo::Fused`] at world 1; where the table picks Lamport for a message of at
-    /// least `SelectionThresholds::epilogue_no_lamport_min_bytes`, NCCL then the kernel (the
-    /// fused kernel without NCCL) (`Selector::epilogue`).
+    /// [`EpilogueAlgo::Fused`] at world 1 (`Selector::epilogue`).
     Auto,
     /// One kernel: the Lamport one-shot with the epilogue applied to each row as it arrives
     /// (CUDA; messages up to the Lamport buffers). The host engine runs its unfused sequence.

@@ -161,27 +161,10 @@ pub struct SelectionThresholds {
     /// ([`AllReduceAlgo::CopyEngine`]) when input and output both lie in registered symmetric
     /// memory, apart (else the pull when the input does). CUDA, two ranks only.
     pub all_reduce_ce_min_bytes: usize,
-    /// All-reduce epilogues (`all_reduce_residual[_rms_norm]`) from this size on, where the
-    /// all-reduce rows pick Lamport, do not run the Lamport all-reduce then the epilogue
-    /// kernel: NCCL's all-reduce then the kernel when NCCL is present, else the fused kernel
-    /// (one kernel). World 1 always runs the fused kernel. CUDA only.
-    pub epilogue_no_lamport_min_bytes: usize,
 }
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * 1024;
-
-/// [`SelectionThresholds::epilogue_no_lamport_min_bytes`] on CUDA above world 1. Measured on
-/// 2 x H200 in a tensor-parallel Llama layer (symm-ops/examples/tp-layer; bench-notes rounds 13
-/// and 14). Below 512 KiB the Lamport all-reduce then the epilogue kernel beat NCCL + the same
-/// kernel by 4-9% a layer at 1-32 tokens (0 stalls in 110 measurements over two sessions).
-/// From 512 KiB (70B at 32 tokens, 8B and 70B at 128) the Lamport-based ops stall inside the
-/// layer: Lamport then the kernel took 1.4-3.6 ms a layer in 26 of 48 measurements in session
-/// 12, and in session 13 the fused kernel stalled too (with `auto` on it, 70B at 128 tokens
-/// ran at 4.6x NCCL's time); NCCL + the kernel never did. The stall is not explained (symm-bench
-/// running the same kernels back to back never shows it), so from 512 KiB the epilogue takes
-/// NCCL where it is present. Three to eight ranks are unmeasured: the same bound.
-const EPILOGUE_NO_LAMPORT_MIN_BYTES: usize = 512 * KIB;
 
 impl SelectionThresholds {
     /// The defaults for an engine and world size.
@@ -206,7 +189,6 @@ impl SelectionThresholds {
                 all_reduce_pull_min_bytes: usize::MAX,
                 all_reduce_ce_min_bytes: usize::MAX,
                 reduce_scatter_pull_min_bytes: usize::MAX,
-                epilogue_no_lamport_min_bytes: usize::MAX,
             },
             EngineKind::Nccl => SelectionThresholds {
                 lamport_max_bytes: 0,
@@ -219,7 +201,6 @@ impl SelectionThresholds {
                 all_reduce_pull_min_bytes: usize::MAX,
                 all_reduce_ce_min_bytes: usize::MAX,
                 reduce_scatter_pull_min_bytes: usize::MAX,
-                epilogue_no_lamport_min_bytes: usize::MAX,
             },
             EngineKind::Cuda if world_size <= 2 => {
                 // Measured on 2 x H200 (NV18), graph replay, NCCL 2.28.9 in the same run
@@ -247,7 +228,6 @@ impl SelectionThresholds {
                     all_reduce_pull_min_bytes: lamport + 1,
                     all_reduce_ce_min_bytes: 128 * MIB + 1,
                     reduce_scatter_pull_min_bytes: 32 * MIB + 1,
-                    epilogue_no_lamport_min_bytes: EPILOGUE_NO_LAMPORT_MIN_BYTES,
                 }
             }
             EngineKind::Cuda => {
@@ -274,7 +254,6 @@ impl SelectionThresholds {
                     all_reduce_pull_min_bytes: usize::MAX,
                     all_reduce_ce_min_bytes: usize::MAX,
                     reduce_scatter_pull_min_bytes: if measured { 16 * MIB + 1 } else { usize::MAX },
-                    epilogue_no_lamport_min_bytes: EPILOGUE_NO_LAMPORT_MIN_BYTES,
                 }
             }
         }
@@ -339,19 +318,10 @@ impl Selector {
 
     /// How an all-reduce epilogue of `bytes` runs (NOTE [fused-epilogue]): the table's
     /// all-reduce then the epilogue kernel, except at world 1, where nothing is exchanged (the
-    /// fused kernel, one kernel), and where the table picks Lamport for a message of at least
-    /// [`SelectionThresholds::epilogue_no_lamport_min_bytes`]: NCCL then the kernel when NCCL is
-    /// present, else the fused kernel (see `EPILOGUE_NO_LAMPORT_MIN_BYTES` for the measurements).
+    /// fused kernel, one kernel).
     pub fn epilogue(&self, bytes: usize, world: usize) -> crate::EpilogueAlgo {
         match self.all_reduce(bytes) {
             _ if self.symm && self.engine == EngineKind::Cuda && world == 1 => crate::EpilogueAlgo::Fused,
-            AllReduceAlgo::Lamport if bytes >= self.thresholds.epilogue_no_lamport_min_bytes => {
-                if self.nccl {
-                    crate::EpilogueAlgo::Separate(AllReduceAlgo::Nccl)
-                } else {
-                    crate::EpilogueAlgo::Fused
-                }
-            }
             a => crate::EpilogueAlgo::Separate(a),
         }
     }
@@ -373,8 +343,7 @@ impl Selector {
     /// all-reduce rows' pick then the epilogue kernel, or the fused kernel ([`Self::epilogue`]).
     pub fn epilogue_table(&self, world: usize) -> String {
         let mut s = String::new();
-        let mut edges = self.all_reduce_bounds().to_vec();
-        edges.push(self.thresholds.epilogue_no_lamport_min_bytes.saturating_sub(1));
+        let edges = self.all_reduce_bounds();
         block(
             &mut s,
             "all_reduce_residual[_rms_norm] (bytes of x)",
@@ -535,35 +504,34 @@ mod tests {
         }
     }
 
-    /// The epilogue rule: the table's all-reduce then the kernel; fused at world 1; for
-    /// Lamport messages from `epilogue_no_lamport_min_bytes`, NCCL then the kernel where NCCL
-    /// is present, else fused; the table shows the boundary.
+    /// The epilogue rule: the table's all-reduce then the kernel at every size (Lamport up to
+    /// the table's bound, from 1 KiB to 16 MiB at two ranks), fused at world 1; the table shows
+    /// the all-reduce rows' picks.
     #[test]
-    fn epilogues_fuse_at_world_1_and_avoid_large_lamport_messages() {
+    fn epilogues_fuse_at_world_1_and_follow_the_all_reduce_table() {
         use crate::EpilogueAlgo::{Fused, Separate};
         for world in [2, 4, 8] {
-            let s = sel(EngineKind::Cuda, world, true);
-            let min = s.thresholds.epilogue_no_lamport_min_bytes;
-            assert_eq!(min, 512 * KIB);
-            assert_eq!(s.epilogue(8 * KIB, world), Separate(AllReduceAlgo::Lamport));
-            assert_eq!(s.epilogue(min - 16, world), Separate(AllReduceAlgo::Lamport));
-            assert_eq!(s.all_reduce(min), AllReduceAlgo::Lamport, "world {world}");
-            assert_eq!(s.epilogue(min, world), Separate(AllReduceAlgo::Nccl));
-            let above = s.thresholds.lamport_max_bytes + 16;
-            assert_eq!(
-                s.epilogue(above, world),
-                Separate(s.all_reduce(above)),
-                "beyond Lamport: the table's pick"
-            );
-            let table = s.epilogue_table(world);
-            assert!(
-                table.contains("< 512 KiB      lamport") && table.contains("nccl, then the epilogue"),
-                "{table}"
-            );
-            // Without NCCL the fused kernel takes the large Lamport messages.
-            let alone = sel(EngineKind::Cuda, world, false);
-            assert_eq!(alone.epilogue(min, world), Fused);
-            assert!(alone.epilogue_table(world).contains("fused (lamport"), "{world}");
+            for nccl in [true, false] {
+                let s = sel(EngineKind::Cuda, world, nccl);
+                for bytes in [8 * KIB, 512 * KIB, s.thresholds.lamport_max_bytes, 64 * MIB] {
+                    assert_eq!(
+                        s.epilogue(bytes, world),
+                        Separate(s.all_reduce(bytes)),
+                        "{world} {bytes}"
+                    );
+                }
+                assert_eq!(
+                    s.epilogue(512 * KIB, world),
+                    Separate(AllReduceAlgo::Lamport),
+                    "{world}"
+                );
+                let table = s.epilogue_table(world);
+                assert!(
+                    table.contains("lamport (one-shot, data as flag), then the epilogue"),
+                    "{table}"
+                );
+                assert!(!table.contains("fused"), "{table}");
+            }
         }
         let one = sel(EngineKind::Cuda, 1, true);
         assert_eq!(one.epilogue(8 * KIB, 1), Fused);

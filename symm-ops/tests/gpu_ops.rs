@@ -196,12 +196,13 @@ fn run_case<T: Gpu>(rig: &Rig, sym: &SymPair, c: &Case) -> TestResult<Option<u64
     };
     check_guards(&full).map_err(|e| format!("{c:?} {}: {e}", T::DTYPE))?;
     let out = &full[GUARD..GUARD + n_out];
+    let acc = Accum::of(c.kind == Kind::Algo(AllReduceAlgo::Nccl));
     let r = if c.kind.is_gather() {
         check_all_gather(c.values, c.seed, w, out)
     } else if c.kind.is_scatter() {
         check_reduce_scatter(c.values, c.seed, w, me, c.op, out)
     } else {
-        check_all_reduce(c.values, c.seed, w, c.op, out)
+        check_all_reduce_acc(c.values, c.seed, w, c.op, out, acc)
     };
     r.map_err(|e| format!("rank {me}/{w} {c:?} {}: {e}", T::DTYPE))?;
     Ok(if c.kind.is_scatter() { None } else { Some(hash(out)) })
@@ -812,7 +813,10 @@ fn graph_capture_case(rc: &RankCtx, pdl: bool) -> TestResult {
         match i % 6 {
             4 => check_reduce_scatter(Values::Random, seed, rc.world, me, ReduceOp::Sum, &o[..N])?,
             5 => check_all_gather(Values::Random, seed, rc.world, o)?,
-            _ => check_all_reduce(Values::Random, seed, rc.world, ReduceOp::Sum, o)?,
+            k => {
+                let acc = Accum::of(algos[k % algos.len()] == AllReduceAlgo::Nccl);
+                check_all_reduce_acc(Values::Random, seed, rc.world, ReduceOp::Sum, o, acc)?
+            }
         }
     }
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;

@@ -195,7 +195,10 @@ impl CudaCollectives {
     ) -> Result<()> {
         let dtype = [DType::F32, DType::F16, DType::BF16][dt];
         let p: RingPlan = ring_plan(mode, total, shard, dtype, &self.layout, tuning, self.grid.blocks)?;
-        let flags = u32::from(in_place && mode == RingMode::AllReduce && self.world > 1);
+        let mut flags = u32::from(in_place && mode == RingMode::AllReduce && self.world > 1);
+        if knobs::ring_unroll1() {
+            flags |= args::RING_UNROLL1;
+        }
         let a = args::ring(
             &self.common(),
             kernel_op(op),

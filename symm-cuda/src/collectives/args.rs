@@ -145,6 +145,9 @@ impl OpHeader {
 pub const LAMPORT_MODE_ARG: usize = 11;
 /// `COLL_LAM_ACQREL_ARRIVE`: a bit of the Lamport `mode` argument.
 pub const LAMPORT_ACQREL_ARRIVE: u32 = 0x100;
+/// `COLL_FLAG_UNROLL1`: a bit of the ring kernel's `flags` argument (one vector in flight per
+/// thread, the order before NOTE [ring-unroll]; a measurement switch).
+pub const RING_UNROLL1: u32 = 2;
 /// `COLL_LAM_HOST_EVERY_THREAD`: a bit of the Lamport `mode` argument (every polling thread
 /// reads the host abort word, NOTE [host-abort-poll]; a measurement switch).
 pub const LAMPORT_HOST_EVERY_THREAD: u32 = 0x200;
@@ -385,6 +388,7 @@ mod tests {
         assert!(src.contains(&format!(
             "#define COLL_LAM_HOST_EVERY_THREAD {LAMPORT_HOST_EVERY_THREAD:#x}u"
         )));
+        assert!(src.contains(&format!("#define COLL_FLAG_UNROLL1 {RING_UNROLL1}u")));
         assert!(src.contains(&format!("#define COLL_LAM_LAG_SHIFT {LAMPORT_LAG_SHIFT}\n")));
     }
 

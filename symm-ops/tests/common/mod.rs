@@ -117,9 +117,45 @@ fn rel(dtype: DType) -> f64 {
     dtype.unit_roundoff()
 }
 
+/// How an engine sums: in f32 with one rounding to the element type at the end
+/// (the symm kernels, the host engine), or in the element type itself, rounding
+/// after each of the `world - 1` additions (NCCL's reduction kernels). With two
+/// ranks both round once, so they agree bit for bit; from three ranks on NCCL's
+/// result may differ from the correctly rounded sum by up to `world - 1`
+/// roundings of the partial sums (bounded by the sum of magnitudes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accum {
+    F32,
+    Element,
+}
+
+impl Accum {
+    /// NCCL's accumulation where `nccl` ran the op, else the kernels'.
+    pub fn of(nccl: bool) -> Accum {
+        if nccl {
+            Accum::Element
+        } else {
+            Accum::F32
+        }
+    }
+}
+
 /// Checks one result element against its reference; exact for max/min and
 /// for integer sums.
 pub fn check_value<T: Element>(values: Values, op: ReduceOp, world: usize, got: T, want: f64, mag: f64) -> bool {
+    check_value_acc(values, op, world, got, want, mag, Accum::F32)
+}
+
+/// [`check_value`] for a result summed the way `acc` says.
+pub fn check_value_acc<T: Element>(
+    values: Values,
+    op: ReduceOp,
+    world: usize,
+    got: T,
+    want: f64,
+    mag: f64,
+    acc: Accum,
+) -> bool {
     let g = got.to_f32() as f64;
     if g.is_nan() {
         return false;
@@ -129,7 +165,12 @@ pub fn check_value<T: Element>(values: Values, op: ReduceOp, world: usize, got: 
         return g == want;
     }
     let floor = if T::DTYPE == DType::F16 { 2f64.powi(-24) } else { 1e-30 };
-    let tol = 2.0 * (world as f64 * 2f64.powi(-23) * mag + rel(T::DTYPE) * want.abs()) + floor;
+    // The additions' error: f32 roundings, or element-type roundings of the partial sums.
+    let sums = match acc {
+        Accum::F32 => world as f64 * 2f64.powi(-23) * mag,
+        Accum::Element => world.saturating_sub(1) as f64 * rel(T::DTYPE) * mag,
+    };
+    let tol = 2.0 * (sums + rel(T::DTYPE) * want.abs()) + floor;
     (g - want).abs() <= tol
 }
 
@@ -151,9 +192,21 @@ pub fn check_all_reduce<T: Element>(
     op: ReduceOp,
     out: &[T],
 ) -> Result<(), String> {
+    check_all_reduce_acc(values, seed, world, op, out, Accum::F32)
+}
+
+/// [`check_all_reduce`] for a result summed the way `acc` says.
+pub fn check_all_reduce_acc<T: Element>(
+    values: Values,
+    seed: u64,
+    world: usize,
+    op: ReduceOp,
+    out: &[T],
+    acc: Accum,
+) -> Result<(), String> {
     for (i, &g) in out.iter().enumerate() {
         let (want, mag) = reference::<T>(values, seed, world, op, i);
-        if !check_value(values, op, world, g, want, mag) {
+        if !check_value_acc(values, op, world, g, want, mag, acc) {
             return Err(format!(
                 "element {i} of {}: got {} want {want} ({} {op} {values:?})",
                 out.len(),
@@ -174,10 +227,23 @@ pub fn check_reduce_scatter<T: Element>(
     op: ReduceOp,
     out: &[T],
 ) -> Result<(), String> {
+    check_reduce_scatter_acc(values, seed, world, me, op, out, Accum::F32)
+}
+
+/// [`check_reduce_scatter`] for a result summed the way `acc` says.
+pub fn check_reduce_scatter_acc<T: Element>(
+    values: Values,
+    seed: u64,
+    world: usize,
+    me: usize,
+    op: ReduceOp,
+    out: &[T],
+    acc: Accum,
+) -> Result<(), String> {
     let n = out.len();
     for (i, &g) in out.iter().enumerate() {
         let (want, mag) = reference::<T>(values, seed, world, op, me * n + i);
-        if !check_value(values, op, world, g, want, mag) {
+        if !check_value_acc(values, op, world, g, want, mag, acc) {
             return Err(format!(
                 "segment {me} element {i}: got {} want {want} ({} {op})",
                 g.to_f32(),
