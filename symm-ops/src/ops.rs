@@ -275,8 +275,11 @@ impl<'c> OnStream<'c> {
             #[cfg(feature = "cuda")]
             Engine::Cuda(c) => {
                 let algo = self.comm.selector.reduce_scatter(input.len() * dtype.size());
-                self.comm
-                    .run(|| c.reduce_scatter(self.stream, algo, input, output, count, dtype, op))
+                self.comm.run(|| {
+                    c.reduce_scatter(self.stream, algo, input, output, count, dtype, op, |b| {
+                        self.comm.selector.fallback_reduce_scatter(b)
+                    })
+                })
             }
         }
     }
@@ -317,8 +320,11 @@ impl<'c> OnStream<'c> {
             #[cfg(feature = "cuda")]
             Engine::Cuda(c) => {
                 let algo = self.comm.selector.all_gather(want * dtype.size());
-                self.comm
-                    .run(|| c.all_gather(self.stream, algo, input, output, count, dtype))
+                self.comm.run(|| {
+                    c.all_gather(self.stream, algo, input, output, count, dtype, |b| {
+                        self.comm.selector.fallback_all_gather(b)
+                    })
+                })
             }
         }
     }

@@ -148,6 +148,9 @@ pub struct SelectionThresholds {
     /// ([`AllGatherAlgo::Pull`]) for inputs in registered symmetric memory; NCCL (else the SM
     /// path) otherwise. CUDA only.
     pub all_gather_pull_min_bytes: usize,
+    /// all_gather up to this size (from `all_gather_pull_min_bytes`): the zero-copy pull for
+    /// registered inputs; larger: the size's usual choice. CUDA only.
+    pub all_gather_pull_max_bytes: usize,
     /// reduce_scatter from this size on: the zero-copy pull
     /// ([`ReduceScatterAlgo::Pull`]) when the input lies in registered symmetric memory; NCCL
     /// (else the kernels) otherwise. CUDA only.
@@ -186,6 +189,7 @@ impl SelectionThresholds {
                 all_gather_max_bytes: usize::MAX,
                 all_gather_copy_engine_min_bytes: usize::MAX,
                 all_gather_pull_min_bytes: usize::MAX,
+                all_gather_pull_max_bytes: usize::MAX,
                 all_reduce_pull_min_bytes: usize::MAX,
                 all_reduce_ce_min_bytes: usize::MAX,
                 reduce_scatter_pull_min_bytes: usize::MAX,
@@ -198,6 +202,7 @@ impl SelectionThresholds {
                 all_gather_max_bytes: 0,
                 all_gather_copy_engine_min_bytes: usize::MAX,
                 all_gather_pull_min_bytes: usize::MAX,
+                all_gather_pull_max_bytes: usize::MAX,
                 all_reduce_pull_min_bytes: usize::MAX,
                 all_reduce_ce_min_bytes: usize::MAX,
                 reduce_scatter_pull_min_bytes: usize::MAX,
@@ -225,32 +230,45 @@ impl SelectionThresholds {
                     all_gather_max_bytes: 32 * MIB,
                     all_gather_copy_engine_min_bytes: 64 * MIB + 1,
                     all_gather_pull_min_bytes: 32 * MIB + 1,
+                    all_gather_pull_max_bytes: usize::MAX,
                     all_reduce_pull_min_bytes: lamport + 1,
                     all_reduce_ce_min_bytes: 128 * MIB + 1,
                     reduce_scatter_pull_min_bytes: 32 * MIB + 1,
                 }
             }
             EngineKind::Cuda => {
-                // Measured on 4 x H200 (NVLink, graph replay, NCCL 2.28.9 in the same run;
-                // docs/benchmarks.md): all-reduce Lamport up to 1 MiB (14.4 us against NCCL's
-                // 17.7), two-shot at 4 MiB (35.7 against 40.5), NCCL above (99 against two-shot
-                // 134 at 16 MiB; the pull reads three peers and loses everywhere); reduce-scatter
-                // and all-gather Lamport up to 16 MiB (50.6 / 44.7 against 59.2 / 58.5), then
-                // the reduce-scatter pull for registered inputs (166 / 629 against 189 / 673 at
-                // 64 / 256 MiB) and NCCL for all-gather (170 / 606 against the pull's 162 / 623:
-                // a wash). Five to eight ranks are unmeasured: the same all-reduce bound, half
-                // the reduce-scatter / all-gather one, and no pull.
+                // Measured on 4 x H200 (NV18 each pair, graph replay, NCCL 2.28.9 in the same
+                // run; session 14, docs/benchmarks.md, bench-notes round 15):
+                // - all-reduce: Lamport up to 1 MiB (13.9 us against NCCL's 17.5), the two-shot
+                //   ring at 4 MiB (36.3 against 40.2), NCCL above (8 MiB: 60.4 against the
+                //   two-shot's best, 70.4; 16 MiB: 96.6 against 109);
+                // - reduce-scatter: Lamport up to 16 MiB (50.4 against 58.8), then the ring (64
+                //   blocks, symm-cuda's RING_WIDE_BLOCKS) up to 64 MiB (99.5 / 182 against 101.5
+                //   / 188 at 32 / 64 MiB; 128 MiB: 350 against 347), NCCL above; for registered
+                //   inputs the zero-copy pull above 16 MiB (87 / 166 / 320 / 623 against 101.5 /
+                //   188 / 347 / 668 at 32-256 MiB);
+                // - all-gather: Lamport up to 16 MiB (44.8 against 58.2), the ring (64 blocks) up
+                //   to 32 MiB (93.3 against 97.0; 64 MiB 171 against 169.5), NCCL above; for
+                //   registered inputs the pull up to 64 MiB (85.3 / 161 against 97.0 / 169.5 at
+                //   32 / 64 MiB; 128 / 256 MiB 314 / 622 against 310 / 605 in graph replay).
+                // Five to eight ranks are unmeasured: the same all-reduce bounds, half the
+                // reduce-scatter / all-gather ones, and no pulls.
                 let (_, lamport, one_shot) = kernel_defaults();
                 let measured = world_size <= 4;
-                let rs_ag = if measured { 16 * MIB } else { 8 * MIB };
+                let (rs, ag) = if measured {
+                    (64 * MIB, 32 * MIB)
+                } else {
+                    (8 * MIB, 8 * MIB)
+                };
                 SelectionThresholds {
                     lamport_max_bytes: lamport,
                     one_shot_max_bytes: one_shot,
                     two_shot_max_bytes: 4 * MIB,
-                    reduce_scatter_max_bytes: rs_ag,
-                    all_gather_max_bytes: rs_ag,
+                    reduce_scatter_max_bytes: rs,
+                    all_gather_max_bytes: ag,
                     all_gather_copy_engine_min_bytes: usize::MAX,
-                    all_gather_pull_min_bytes: usize::MAX,
+                    all_gather_pull_min_bytes: if measured { 16 * MIB + 1 } else { usize::MAX },
+                    all_gather_pull_max_bytes: if measured { 64 * MIB } else { usize::MAX },
                     all_reduce_pull_min_bytes: usize::MAX,
                     all_reduce_ce_min_bytes: usize::MAX,
                     reduce_scatter_pull_min_bytes: if measured { 16 * MIB + 1 } else { usize::MAX },
@@ -360,15 +378,34 @@ impl Selector {
     /// What runs instead of [`AllReduceAlgo::Pull`] when the input cannot be read in
     /// place (not registered, or the output overlaps it): the table without the copy engine.
     pub fn fallback_all_reduce(&self, bytes: usize) -> AllReduceAlgo {
-        let no_ce = Selector {
+        self.without_zero_copy().all_reduce(bytes)
+    }
+
+    /// The table without its zero-copy rows (pulls, copy engine): what an op runs when its
+    /// buffers do not qualify for the zero-copy pick (not registered, or overlapping).
+    fn without_zero_copy(&self) -> Selector {
+        Selector {
             thresholds: SelectionThresholds {
                 all_reduce_pull_min_bytes: usize::MAX,
                 all_reduce_ce_min_bytes: usize::MAX,
+                reduce_scatter_pull_min_bytes: usize::MAX,
+                all_gather_pull_min_bytes: usize::MAX,
+                all_gather_copy_engine_min_bytes: usize::MAX,
                 ..self.thresholds
             },
             ..self.clone()
-        };
-        no_ce.all_reduce(bytes)
+        }
+    }
+
+    /// What runs instead of [`ReduceScatterAlgo::Pull`] when the input is not registered.
+    pub fn fallback_reduce_scatter(&self, bytes: usize) -> ReduceScatterAlgo {
+        self.without_zero_copy().reduce_scatter(bytes)
+    }
+
+    /// What runs instead of [`AllGatherAlgo::Pull`] / [`AllGatherAlgo::CopyEngine`] when neither
+    /// buffer qualifies.
+    pub fn fallback_all_gather(&self, bytes: usize) -> AllGatherAlgo {
+        self.without_zero_copy().all_gather(bytes)
     }
 
     /// Symmetric memory up to `reduce_scatter_max_bytes`, NCCL above; the zero-copy pull from
@@ -390,10 +427,9 @@ impl Selector {
         let t = &self.thresholds;
         let cuda = self.engine == EngineKind::Cuda;
         let ce = cuda && bytes >= t.all_gather_copy_engine_min_bytes;
-        let pull = cuda && !ce && bytes >= t.all_gather_pull_min_bytes;
+        let pull = cuda && !ce && bytes >= t.all_gather_pull_min_bytes && bytes <= t.all_gather_pull_max_bytes;
         // A zero-copy bound above the NCCL bound takes the sizes from it back from NCCL.
-        let zero_copy_over_nccl = (ce && t.all_gather_copy_engine_min_bytes > t.all_gather_max_bytes)
-            || (pull && t.all_gather_pull_min_bytes > t.all_gather_max_bytes);
+        let zero_copy_over_nccl = (ce && t.all_gather_copy_engine_min_bytes > t.all_gather_max_bytes) || pull;
         if !self.symm || (self.nccl && bytes > t.all_gather_max_bytes && !zero_copy_over_nccl) {
             AllGatherAlgo::Nccl
         } else if ce {
@@ -425,6 +461,7 @@ impl Selector {
         let ag = bounds(&[
             t.all_gather_max_bytes,
             t.all_gather_pull_min_bytes.saturating_sub(1),
+            t.all_gather_pull_max_bytes,
             t.all_gather_copy_engine_min_bytes.saturating_sub(1),
         ]);
         block(&mut s, "all_gather (bytes of the gathered output)", &ag, |b| {
@@ -604,16 +641,28 @@ mod tests {
         assert_eq!(s.all_reduce(lamport_multi), AllReduceAlgo::Lamport);
         assert_eq!(s.all_reduce(4 * MIB), AllReduceAlgo::TwoShot);
         assert_eq!(s.all_reduce(4 * MIB + 2), AllReduceAlgo::Nccl);
-        assert_eq!(s.reduce_scatter(16 * MIB), ReduceScatterAlgo::Symm);
-        assert_eq!(s.reduce_scatter(64 * MIB), ReduceScatterAlgo::Pull);
         assert_eq!(s.fallback_all_reduce(64 * MIB), AllReduceAlgo::Nccl);
+        // Reduce-scatter: the pull (registered inputs) above 16 MiB at every size, the kernels up
+        // to 64 MiB for other inputs (the fallback), NCCL above.
+        assert_eq!(s.reduce_scatter(16 * MIB), ReduceScatterAlgo::Symm);
+        assert_eq!(s.reduce_scatter(256 * MIB), ReduceScatterAlgo::Pull);
+        assert_eq!(s.fallback_reduce_scatter(64 * MIB), ReduceScatterAlgo::Symm);
+        assert_eq!(s.fallback_reduce_scatter(128 * MIB), ReduceScatterAlgo::Nccl);
+        // All-gather: the pull from 16 MiB to 64 MiB, the kernels up to 32 MiB, NCCL above.
         assert_eq!(s.all_gather(16 * MIB), AllGatherAlgo::Sm);
-        assert_eq!(s.all_gather(64 * MIB), AllGatherAlgo::Nccl);
+        assert_eq!(s.all_gather(32 * MIB), AllGatherAlgo::Pull);
+        assert_eq!(s.all_gather(64 * MIB), AllGatherAlgo::Pull);
+        assert_eq!(s.all_gather(128 * MIB), AllGatherAlgo::Nccl);
+        assert_eq!(s.fallback_all_gather(32 * MIB), AllGatherAlgo::Sm);
+        assert_eq!(s.fallback_all_gather(64 * MIB), AllGatherAlgo::Nccl);
+        let table = s.table("t");
+        assert!(table.contains("<= 64 MiB      zero-copy pull"), "{table}");
+        // Without NCCL the kernels take every size.
+        assert_eq!(sel(EngineKind::Cuda, 4, false).all_gather(256 * MIB), AllGatherAlgo::Sm);
         // Eight ranks (unmeasured): no pull.
-        assert_eq!(
-            sel(EngineKind::Cuda, 8, true).reduce_scatter(64 * MIB),
-            ReduceScatterAlgo::Nccl
-        );
+        let eight = sel(EngineKind::Cuda, 8, true);
+        assert_eq!(eight.reduce_scatter(64 * MIB), ReduceScatterAlgo::Nccl);
+        assert_eq!(eight.all_gather(32 * MIB), AllGatherAlgo::Nccl);
     }
 
     #[test]

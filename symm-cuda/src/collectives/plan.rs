@@ -255,6 +255,16 @@ impl RingPlan {
     }
 }
 
+/// Ring grids of 3+ ranks for messages from [`RING_WIDE_MIN_BYTES`] on (unless the tuning names
+/// a grid): at most this many blocks (32 senders, 32 receivers). Measured on 4 x H200 (graph,
+/// bench-notes round 15): the two-shot at 16 / 64 / 256 MiB 109 / 350 / 1302 us against the full
+/// grid's (132) 140 / 410 / 1529, 48 blocks 119 / 392 / 1472, 32 blocks 134 / 462 / 1695; the
+/// ring reduce-scatter 32 / 256 MiB 99.5 / 679 against 134 / 813, the all-gather 93.3 / 641
+/// against 134 / 729. At 4 MiB the full grid is faster (37.0 against 40.9), at 8 MiB equal.
+pub const RING_WIDE_BLOCKS: u32 = 64;
+/// See [`RING_WIDE_BLOCKS`]: the message bytes (AR the message, RS the input, AG the output).
+pub const RING_WIDE_MIN_BYTES: usize = 8 << 20;
+
 /// Plans a ring launch. `part` (elements) is what each rank sends to each peer in total: AR the
 /// message, RS/AG one shard.
 pub fn ring_plan(
@@ -275,8 +285,11 @@ pub fn ring_plan(
     if part == 0 {
         return Err(Error::InvalidArgument("empty ring launch".into()));
     }
-    let blocks = tuning.blocks(sm_count).max(2);
     let world = layout.world;
+    let mut blocks = tuning.blocks(sm_count).max(2);
+    if tuning.max_blocks.is_none() && world >= 3 && total.saturating_mul(es) >= RING_WIDE_MIN_BYTES {
+        blocks = blocks.min(RING_WIDE_BLOCKS);
+    }
     // One block per SM at most; senders and receivers split the grid. Each block's copies keep
     // four vectors in flight per thread (NOTE [ring-unroll]).
     let pair = if world > 1 { blocks / 2 } else { blocks };
@@ -697,6 +710,35 @@ mod tests {
         };
         let mid1 = ring_plan(RingMode::AllReduce, 2 << 20, 2 << 20, DType::BF16, &l, &one, 132).unwrap();
         assert_eq!(mid1.nchunks, 66);
+    }
+
+    #[test]
+    fn wide_rings_of_three_or_more_ranks_use_64_blocks_from_8_mib() {
+        let t = Tuning::default();
+        let l4 = WorkspaceLayout::new(4, 10 << 20, 1 << 20, 64).unwrap();
+        let blocks = |l: &WorkspaceLayout, t: &Tuning, mode: RingMode, total: usize, shard: usize| {
+            ring_plan(mode, total, shard, DType::BF16, l, t, 132).unwrap().blocks()
+        };
+        // bf16 elements: 4 Mi = 8 MiB.
+        assert_eq!(
+            blocks(&l4, &t, RingMode::ReduceScatter, 4 << 20, 1 << 20),
+            RING_WIDE_BLOCKS
+        );
+        assert_eq!(
+            blocks(&l4, &t, RingMode::AllGather, 64 << 20, 16 << 20),
+            RING_WIDE_BLOCKS
+        );
+        assert!(
+            blocks(&l4, &t, RingMode::ReduceScatter, 2 << 20, 512 << 10) > RING_WIDE_BLOCKS,
+            "4 MiB: the full grid"
+        );
+        // Two ranks keep the full grid; a tuning that names a grid gets it.
+        assert_eq!(blocks(&layout2(), &t, RingMode::AllReduce, 64 << 20, 64 << 20), 132);
+        let named = Tuning {
+            max_blocks: Some(96),
+            ..t
+        };
+        assert_eq!(blocks(&l4, &named, RingMode::ReduceScatter, 64 << 20, 16 << 20), 96);
     }
 
     #[test]

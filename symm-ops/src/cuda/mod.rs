@@ -436,9 +436,13 @@ impl CudaEngine {
         count: usize,
         dtype: DType,
         op: ReduceOp,
+        fallback: impl Fn(usize) -> ReduceScatterAlgo,
     ) -> Result<()> {
         let (_l, s) = self.begin(stream)?;
-        self.refused(s, self.reduce_scatter_locked(s, algo, input, output, count, dtype, op))
+        self.refused(
+            s,
+            self.reduce_scatter_locked(s, algo, input, output, count, dtype, op, fallback),
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -451,24 +455,20 @@ impl CudaEngine {
         count: usize,
         dtype: DType,
         op: ReduceOp,
+        fallback: impl Fn(usize) -> ReduceScatterAlgo,
     ) -> Result<()> {
         let (out_ptr, _g_out) = self.dst(s, &mut output)?;
         let (in_ptr, _g_in) = self.src(s, &input)?;
         // The pull reads the peers' inputs in place: it needs the input in registered symmetric
         // memory (the same offset on every rank, so every rank decides alike); otherwise NCCL
         // where it is available, else the kernels.
+        let whole = count * self.coll()?.world_size() * dtype.size();
         let algo = match algo {
-            ReduceScatterAlgo::Pull
-                if !self
-                    .coll()?
-                    .is_registered(in_ptr, count * self.coll()?.world_size() * dtype.size()) =>
-            {
-                if self.nccl.is_some() {
-                    ReduceScatterAlgo::Nccl
-                } else {
-                    ReduceScatterAlgo::Symm
-                }
-            }
+            ReduceScatterAlgo::Pull if !self.coll()?.is_registered(in_ptr, whole) => match fallback(whole) {
+                // Without NCCL the kernels run every size.
+                ReduceScatterAlgo::Nccl if self.nccl.is_none() => ReduceScatterAlgo::Symm,
+                a => a,
+            },
             a => a,
         };
         match algo {
@@ -479,6 +479,7 @@ impl CudaEngine {
     }
 
     /// `count` = input elements.
+    #[allow(clippy::too_many_arguments)]
     pub fn all_gather(
         &self,
         stream: OpStream<'_>,
@@ -487,11 +488,16 @@ impl CudaEngine {
         output: BufMut<'_>,
         count: usize,
         dtype: DType,
+        fallback: impl Fn(usize) -> AllGatherAlgo,
     ) -> Result<()> {
         let (_l, s) = self.begin(stream)?;
-        self.refused(s, self.all_gather_locked(s, algo, input, output, count, dtype))
+        self.refused(
+            s,
+            self.all_gather_locked(s, algo, input, output, count, dtype, fallback),
+        )
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn all_gather_locked(
         &self,
         s: &CudaStream,
@@ -500,6 +506,7 @@ impl CudaEngine {
         mut output: BufMut<'_>,
         count: usize,
         dtype: DType,
+        fallback: impl Fn(usize) -> AllGatherAlgo,
     ) -> Result<()> {
         let (out_ptr, _g_out) = self.dst(s, &mut output)?;
         let (in_ptr, _g_in) = self.src(s, &input)?;
@@ -519,13 +526,10 @@ impl CudaEngine {
             _ => true,
         };
         let algo = match algo {
-            AllGatherAlgo::CopyEngine | AllGatherAlgo::Pull if !zero_copy => {
-                if self.nccl.is_some() {
-                    AllGatherAlgo::Nccl
-                } else {
-                    AllGatherAlgo::Sm
-                }
-            }
+            AllGatherAlgo::CopyEngine | AllGatherAlgo::Pull if !zero_copy => match fallback(whole) {
+                AllGatherAlgo::Nccl if self.nccl.is_none() => AllGatherAlgo::Sm,
+                a => a,
+            },
             a => a,
         };
         match algo {
