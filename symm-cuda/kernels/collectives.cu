@@ -142,6 +142,9 @@
 #define COLL_MODE_AG 2
 
 #define COLL_FLAG_INPLACE 1u
+// Bit of the ring kernel's `flags`: one vector in flight per thread, the order before NOTE
+// [ring-unroll] in ring.cuh (a measurement switch, SYMM_RING_UNROLL1).
+#define COLL_FLAG_UNROLL1 2u
 // Lamport `mode` argument bit: count blocks with atom.acq_rel.gpu instead of a relaxed atomic.
 #define COLL_LAM_ACQREL_ARRIVE 0x100u
 // Bit of the Lamport kernel's mode argument: every polling thread reads the host abort word

@@ -32,9 +32,6 @@ __device__ __forceinline__ unsigned long long coll_shard_len(unsigned long long 
 // vector per thread at a time left each sender SM waiting out a load's latency per 16 bytes
 // (bench-notes round 15).
 #define COLL_RING_UNROLL 4
-// Bit of the ring kernel's `flags`: one vector in flight per thread, the order before NOTE
-// [ring-unroll] (a measurement switch, SYMM_RING_UNROLL1).
-#define COLL_FLAG_UNROLL1 2u
 
 // Moves the n elements of a chunk by one block, U vectors in flight per thread: ld(v) loads
 // vector v, st(v, x) stores it (each knows its addresses and the tail's length).
