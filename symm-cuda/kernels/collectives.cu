@@ -99,6 +99,14 @@
 // symm_coll_barrier's count; since the ranks issue the same sequence of ops, each kind's slot sees
 // increasing epochs only, and the two kinds interleave freely.
 //
+// Two-shot pull (COLL_MODE_AR2 of the fused pull; 3+ ranks, input and output both registered):
+// between the same two barriers, rank r reduces shard r of the message (two_shot_shard) from
+// every rank's input and stores the result into shard r of every rank's output. Shard r is read
+// and written by rank r alone, everywhere, so the op may run in place. Every thread fences
+// (fence.sc.sys) after its stores into peers' outputs, before its block counts itself in: the
+// closing signal, sent once every block has counted in, then tells a peer that its output holds
+// this rank's shard, and the peer returns only after every rank's closing signal.
+//
 // Op agreement (NOTE [op-agreement] in docs/architecture.md). Every Lamport and ring launch carries
 // the op's header (symm_core::OpDescriptor::header_words: kind, dtype, reduce op, count, variant;
 // no word is the sentinel) and sends it in band, where the peers already look:
@@ -140,6 +148,9 @@
 #define COLL_MODE_AR 0
 #define COLL_MODE_RS 1
 #define COLL_MODE_AG 2
+// The fused pull only: this rank's shard reduced from every rank's input and written into every
+// rank's output (NOTE [collectives-protocols], "Two-shot pull").
+#define COLL_MODE_AR2 3
 
 #define COLL_FLAG_INPLACE 1u
 // Bit of the ring kernel's `flags`: one vector in flight per thread, the order before NOTE

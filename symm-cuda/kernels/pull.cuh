@@ -56,8 +56,9 @@ __device__ __forceinline__ void coll_gather_ptrs(unsigned int rank, unsigned int
 // another being resident; every block waits for every peer's opening signal before it reads
 // peers. The last block to finish (PULL_DONE, acq_rel) sends the closing signal, waits for the
 // peers' and stores BAR_CNT = base + 2 (every block has read BAR_CNT before it counted itself in).
-// mode: COLL_MODE_AR / COLL_MODE_RS (reduce the sources into out, n elements) or COLL_MODE_AG
-// (gather: rank s's n elements to out + s * n).
+// mode: COLL_MODE_AR / COLL_MODE_RS (reduce the sources into out, n elements), COLL_MODE_AG
+// (gather: rank s's n elements to out + s * n) or COLL_MODE_AR2 (the two-shot pull: reduce the
+// sources, n elements, and store the result at every rank's destination d_s).
 // The fused pull's signal word from rank `src` in `pad` (OPS rows COLL_OPS_PULL64, +1).
 __device__ __forceinline__ unsigned long long* coll_pull_slot(unsigned int* pad, unsigned int src) {
     return reinterpret_cast<unsigned long long*>(pad + SYMM_OPS_BASE + COLL_OPS_PULL64 * SYMM_MAX_WORLD_SIZE) + src;
@@ -97,7 +98,8 @@ __device__ __noinline__ bool coll_wait_pull(const unsigned long long* p, unsigne
 // MODE >= 0 / W > 0: mode and world size fixed at compile time (two-rank entries), as for the
 // Lamport kernel.
 template <int DT, int OP, int MODE, int W>
-__device__ __forceinline__ void coll_pull(const CollWs8 pads, const CollSrcs src, unsigned int* st, unsigned int rank,
+__device__ __forceinline__ void coll_pull(const CollWs8 pads, const CollSrcs src, const CollDsts dst, unsigned int* st,
+                                          unsigned int rank,
                                           unsigned int world_arg, unsigned int mode_arg, char* out,
                                           unsigned long long n, unsigned int check, unsigned long long timeout_ns,
                                           const unsigned int* abort_host) {
@@ -136,6 +138,12 @@ __device__ __forceinline__ void coll_pull(const CollWs8 pads, const CollSrcs src
     if (__syncthreads_and(ok)) {
         if (mode == COLL_MODE_AG) {
             coll_gather_ptrs<DT>(rank, world, out, n, src);
+        } else if (mode == COLL_MODE_AR2) {
+            coll_reduce_push_ptrs<DT, OP>(rank, world, n, src, dst);
+            // This thread's stores into peers' outputs are visible system-wide before its block
+            // counts itself in, so the closing signal (sent after every block counted in) tells
+            // each peer that its output holds this rank's shard.
+            __threadfence_system();
         } else {
             coll_reduce_ptrs<DT, OP>(rank, world, out, n, src);
         }
@@ -168,32 +176,34 @@ __device__ __forceinline__ void coll_pull(const CollWs8 pads, const CollSrcs src
     unsigned long long p0, unsigned long long p1, unsigned long long p2, unsigned long long p3,             \
         unsigned long long p4, unsigned long long p5, unsigned long long p6, unsigned long long p7,         \
         const char *s0, const char *s1, const char *s2, const char *s3, const char *s4, const char *s5,    \
-        const char *s6, const char *s7, unsigned long long state, unsigned int rank, unsigned int world,    \
-        unsigned int mode, unsigned int op, char *out, unsigned long long n, unsigned int check,            \
-        unsigned long long timeout_ns, const unsigned int *abort_host
+        const char *s6, const char *s7, char *d0, char *d1, char *d2, char *d3, char *d4, char *d5, char *d6,  \
+        char *d7, unsigned long long state, unsigned int rank, unsigned int world, unsigned int mode,           \
+        unsigned int op, char *out, unsigned long long n, unsigned int check, unsigned long long timeout_ns,    \
+        const unsigned int *abort_host
 
 #define COLL_PULL_ENTRY(NAME, DT)                                                                                     \
     extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1)                                                 \
         NAME(COLL_PULL_ARGS) {                                                                                        \
         const CollWs8 pads = {p0, p1, p2, p3, p4, p5, p6, p7};                                                      \
         const CollSrcs src = {s0, s1, s2, s3, s4, s5, s6, s7};                                                      \
+        const CollDsts dst = {d0, d1, d2, d3, d4, d5, d6, d7};                                                      \
         unsigned int* st = reinterpret_cast<unsigned int*>(state);                                                  \
         if (mode == COLL_MODE_AG) {                                                                                 \
-            coll_pull<DT, COLL_SUM, -1, 0>(pads, src, st, rank, world, mode, out, n, check, timeout_ns, abort_host);       \
+            coll_pull<DT, COLL_SUM, -1, 0>(pads, src, dst, st, rank, world, mode, out, n, check, timeout_ns, abort_host);       \
             return;                                                                                                 \
         }                                                                                                           \
         switch (op) {                                                                                               \
             case COLL_SUM:                                                                                          \
-                coll_pull<DT, COLL_SUM, -1, 0>(pads, src, st, rank, world, mode, out, n, check, timeout_ns, abort_host);   \
+                coll_pull<DT, COLL_SUM, -1, 0>(pads, src, dst, st, rank, world, mode, out, n, check, timeout_ns, abort_host);   \
                 break;                                                                                              \
             case COLL_AVG:                                                                                          \
-                coll_pull<DT, COLL_AVG, -1, 0>(pads, src, st, rank, world, mode, out, n, check, timeout_ns, abort_host);   \
+                coll_pull<DT, COLL_AVG, -1, 0>(pads, src, dst, st, rank, world, mode, out, n, check, timeout_ns, abort_host);   \
                 break;                                                                                              \
             case COLL_MAX:                                                                                          \
-                coll_pull<DT, COLL_MAX, -1, 0>(pads, src, st, rank, world, mode, out, n, check, timeout_ns, abort_host);   \
+                coll_pull<DT, COLL_MAX, -1, 0>(pads, src, dst, st, rank, world, mode, out, n, check, timeout_ns, abort_host);   \
                 break;                                                                                              \
             default:                                                                                                \
-                coll_pull<DT, COLL_MIN, -1, 0>(pads, src, st, rank, world, mode, out, n, check, timeout_ns, abort_host);   \
+                coll_pull<DT, COLL_MIN, -1, 0>(pads, src, dst, st, rank, world, mode, out, n, check, timeout_ns, abort_host);   \
                 break;                                                                                              \
         }                                                                                                           \
     }
@@ -209,7 +219,8 @@ COLL_PULL_ENTRY(symm_pull_bf16, COLL_BF16)
         NAME(COLL_PULL_ARGS) {                                                                                        \
         const CollWs8 pads = {p0, p1, p2, p3, p4, p5, p6, p7};                                                      \
         const CollSrcs src = {s0, s1, s2, s3, s4, s5, s6, s7};                                                      \
-        coll_pull<DT, OP, MODE, 2>(pads, src, reinterpret_cast<unsigned int*>(state), rank, world, mode, out, n,   \
+        const CollDsts dst = {d0, d1, d2, d3, d4, d5, d6, d7};                                                      \
+        coll_pull<DT, OP, MODE, 2>(pads, src, dst, reinterpret_cast<unsigned int*>(state), rank, world, mode, out, n, \
                                    check, timeout_ns, abort_host);                                                  \
     }
 COLL_TWO_RANK_ENTRIES(COLL_PULL2, pull2, f32, COLL_F32)

@@ -118,6 +118,89 @@ __device__ __forceinline__ void coll_reduce_ptrs(unsigned int rank, unsigned int
     }
 }
 
+// Every rank's destination of the two-shot pull (index = rank; peers' are mapped addresses).
+struct CollDsts {
+    char* d0;
+    char* d1;
+    char* d2;
+    char* d3;
+    char* d4;
+    char* d5;
+    char* d6;
+    char* d7;
+};
+
+__device__ __forceinline__ char* coll_pick_dst(const CollDsts& p, int s) {
+    switch (s) {
+        case 0:
+            return p.d0;
+        case 1:
+            return p.d1;
+        case 2:
+            return p.d2;
+        case 3:
+            return p.d3;
+        case 4:
+            return p.d4;
+        case 5:
+            return p.d5;
+        case 6:
+            return p.d6;
+        default:
+            return p.d7;
+    }
+}
+
+// The two-shot pull's work (COLL_MODE_AR2): for its shard of n elements, each thread loads the
+// vector from every rank's input (peers' over NVLink), reduces them in rank order (the bits
+// every other all-reduce kernel gives) and stores the result into every rank's output, peers
+// first. Each element of the message is reduced by one rank only, which alone reads and writes
+// that range everywhere, so the op may run in place.
+template <int DT, int OP>
+__device__ __forceinline__ void coll_reduce_push_ptrs(unsigned int rank, unsigned int world, unsigned long long n,
+                                                      CollSrcs src, CollDsts dst) {
+    constexpr int VE = CollT<DT>::VE;
+    const char* own_src = coll_pick(src, (int)rank);
+    char* own_dst = coll_pick_dst(dst, (int)rank);
+    const char* peer_src[COLL_MAXW - 1];
+    char* peer_dst[COLL_MAXW - 1];
+    bool al = ((reinterpret_cast<unsigned long long>(own_dst) | reinterpret_cast<unsigned long long>(own_src)) & 15ull) == 0;
+#pragma unroll
+    for (int l = 0; l < COLL_MAXW - 1; ++l) {
+        peer_src[l] = nullptr;
+        peer_dst[l] = nullptr;
+        if (l < (int)world - 1) {
+            const int s = (int)((rank + 1 + l) % world);
+            peer_src[l] = coll_pick(src, s);
+            peer_dst[l] = coll_pick_dst(dst, s);
+            al = al && ((reinterpret_cast<unsigned long long>(peer_src[l]) |
+                         reinterpret_cast<unsigned long long>(peer_dst[l])) & 15ull) == 0;
+        }
+    }
+    const unsigned long long nv = (n + VE - 1) / VE;
+    const unsigned long long tid = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const unsigned long long nth = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long v = tid; v < nv; v += nth) {
+        const long long nvalid = (long long)(n - v * VE);
+        uint4 pv[COLL_MAXW - 1];
+#pragma unroll
+        for (int l = 0; l < COLL_MAXW - 1; ++l) {
+            if (l < (int)world - 1) {
+                pv[l] = coll_load<DT>(peer_src[l] + v * 16, nvalid, al);
+            }
+        }
+        const uint4 own = coll_load<DT>(own_src + v * 16, nvalid, al);
+        const uint4 r = coll_reduce_ranks<DT, OP>(own, pv, (int)rank, (int)world);
+#pragma unroll
+        for (int l = 0; l < COLL_MAXW - 1; ++l) {
+            if (l < (int)world - 1) {
+                coll_store<DT>(peer_dst[l] + v * 16, r, nvalid, al);
+            }
+        }
+        coll_store<DT>(own_dst + v * 16, r, nvalid, al);
+    }
+}
+
 #define COLL_REDUCE_PTRS_ENTRY(NAME, DT)                                                                              \
     extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1)                                                    \
         NAME(unsigned int rank, unsigned int world, unsigned int op, char* out, unsigned long long n, const char* s0, \

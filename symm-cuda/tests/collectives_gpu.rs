@@ -637,8 +637,9 @@ fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
             }
         }
     }
-    // ---- copy-engine two-shot: input and output in one registered buffer (odd sizes and
-    // offsets, several chunks at the largest size); the 64 bytes after the output stay poisoned.
+    // ---- copy-engine two-shot (two ranks) / two-shot pull (more): input and output in one
+    // registered buffer (odd sizes and offsets, several chunks at the largest size); the 64
+    // bytes after the output stay poisoned.
     let big = 5_000_003usize;
     let region = (big + 64) * 4;
     let sym2 = env.symmetric(&c, 2 * region)?;
@@ -651,7 +652,11 @@ fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
             fails.push(format!("copy-engine two-shot at world {}: {r:?}", env.world()));
         }
     }
-    for dtype in DTYPES.iter().copied().filter(|_| env.world() == 2) {
+    // The same buffers from three ranks on: the two-shot pull (`Pull` with the output registered
+    // too), out of place and in place.
+    let two_shot_pull = env.world() >= 3;
+    let placements: &[bool] = if two_shot_pull { &[false, true] } else { &[false] };
+    for dtype in DTYPES {
         for op in ReduceOp::ALL {
             for &count in AR_SIZES.iter().chain([big].iter()) {
                 if count > 100_000 && op != ReduceOp::Sum {
@@ -660,7 +665,10 @@ fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
                 if count == big && dtype == DType::F16 {
                     continue;
                 }
-                for offset in [0usize, 1] {
+                for (offset, &in_place) in [0usize, 1]
+                    .into_iter()
+                    .flat_map(|o| placements.iter().map(move |p| (o, p)))
+                {
                     seed += 1;
                     let es = dtype.size();
                     let (bytes, off) = (count * es, offset * es);
@@ -673,25 +681,33 @@ fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
                         .collect();
                     let want = decode(dtype, &encode(dtype, &want));
                     env.stream.synchronize()?;
+                    // In place: the input is written where the output goes.
+                    let out_at = if in_place { off } else { region + off };
+                    sym2.write_bytes(sym2.rank(), out_at, &vec![POISON; bytes + 64])?;
                     sym2.write_bytes(sym2.rank(), off, &encode(dtype, &inputs[me]))?;
-                    sym2.write_bytes(sym2.rank(), region + off, &vec![POISON; bytes + 64])?;
                     let base = sym2.buffer_ptrs()[me];
+                    let (input, output) = (base + off as u64, base + out_at as u64);
                     // No host barrier: the op's opening barrier orders the peers' reads and
                     // pushes after these (synchronous) writes.
                     env.ready()?;
-                    c.all_reduce_ce_two_shot_t(
-                        &env.stream,
-                        base + off as u64,
-                        base + (region + off) as u64,
-                        count,
-                        dtype,
-                        op,
-                    )?;
+                    if two_shot_pull {
+                        c.all_reduce_t(&env.stream, AllReduceAlgo::Pull, input, output, count, dtype, op)?;
+                    } else {
+                        c.all_reduce_ce_two_shot_t(&env.stream, input, output, count, dtype, op)?;
+                    }
                     env.stream.synchronize()?;
                     c.check_error()?;
-                    let what = format!("all_reduce copy-engine two-shot {dtype} {op} count {count} offset {offset}");
+                    let what = format!(
+                        "all_reduce {} {dtype} {op} count {count} offset {offset}{}",
+                        if two_shot_pull {
+                            "two-shot pull"
+                        } else {
+                            "copy-engine two-shot"
+                        },
+                        if in_place { " in place" } else { "" }
+                    );
                     let mut got = vec![0u8; bytes + 64];
-                    sym2.read_bytes(sym2.rank(), region + off, &mut got)?;
+                    sym2.read_bytes(sym2.rank(), out_at, &mut got)?;
                     if got[bytes..].iter().any(|&b| b != POISON) {
                         fails.push(format!("{what}: bytes after the output changed"));
                     }

@@ -160,6 +160,10 @@ pub struct SelectionThresholds {
     /// memory (same offset on every rank) and is not the output; otherwise the
     /// size's usual choice (NCCL where it takes over). CUDA only.
     pub all_reduce_pull_min_bytes: usize,
+    /// all_reduce up to this size (from `all_reduce_pull_min_bytes`): the pull; larger: the
+    /// size's usual choice. From three ranks on the pull is the two-shot pull, which needs the
+    /// output registered too (in place allowed). CUDA only.
+    pub all_reduce_pull_max_bytes: usize,
     /// all_reduce from this size on: the zero-copy copy-engine two-shot
     /// ([`AllReduceAlgo::CopyEngine`]) when input and output both lie in registered symmetric
     /// memory, apart (else the pull when the input does). CUDA, two ranks only.
@@ -191,6 +195,7 @@ impl SelectionThresholds {
                 all_gather_pull_min_bytes: usize::MAX,
                 all_gather_pull_max_bytes: usize::MAX,
                 all_reduce_pull_min_bytes: usize::MAX,
+                all_reduce_pull_max_bytes: usize::MAX,
                 all_reduce_ce_min_bytes: usize::MAX,
                 reduce_scatter_pull_min_bytes: usize::MAX,
             },
@@ -204,6 +209,7 @@ impl SelectionThresholds {
                 all_gather_pull_min_bytes: usize::MAX,
                 all_gather_pull_max_bytes: usize::MAX,
                 all_reduce_pull_min_bytes: usize::MAX,
+                all_reduce_pull_max_bytes: usize::MAX,
                 all_reduce_ce_min_bytes: usize::MAX,
                 reduce_scatter_pull_min_bytes: usize::MAX,
             },
@@ -232,6 +238,7 @@ impl SelectionThresholds {
                     all_gather_pull_min_bytes: 32 * MIB + 1,
                     all_gather_pull_max_bytes: usize::MAX,
                     all_reduce_pull_min_bytes: lamport + 1,
+                    all_reduce_pull_max_bytes: usize::MAX,
                     all_reduce_ce_min_bytes: 128 * MIB + 1,
                     reduce_scatter_pull_min_bytes: 32 * MIB + 1,
                 }
@@ -270,6 +277,7 @@ impl SelectionThresholds {
                     all_gather_pull_min_bytes: if measured { 16 * MIB + 1 } else { usize::MAX },
                     all_gather_pull_max_bytes: if measured { 64 * MIB } else { usize::MAX },
                     all_reduce_pull_min_bytes: usize::MAX,
+                    all_reduce_pull_max_bytes: usize::MAX,
                     all_reduce_ce_min_bytes: usize::MAX,
                     reduce_scatter_pull_min_bytes: if measured { 16 * MIB + 1 } else { usize::MAX },
                 }
@@ -322,7 +330,7 @@ impl Selector {
             // The engine runs the pull (or the size's usual choice) when the buffers do not
             // qualify.
             AllReduceAlgo::CopyEngine
-        } else if bytes >= t.all_reduce_pull_min_bytes {
+        } else if bytes >= t.all_reduce_pull_min_bytes && bytes <= t.all_reduce_pull_max_bytes {
             // The engine runs the size's usual choice when the input is not registered.
             AllReduceAlgo::Pull
         } else if self.nccl && bytes > t.two_shot_max_bytes {
@@ -346,13 +354,14 @@ impl Selector {
 
     /// The sizes at which the all-reduce table may change its pick (the last byte of each
     /// range; `usize::MAX`-like values for thresholds that are off).
-    fn all_reduce_bounds(&self) -> [usize; 5] {
+    fn all_reduce_bounds(&self) -> [usize; 6] {
         let t = &self.thresholds;
         [
             t.lamport_max_bytes,
             t.one_shot_max_bytes,
             t.two_shot_max_bytes,
             t.all_reduce_pull_min_bytes.saturating_sub(1),
+            t.all_reduce_pull_max_bytes,
             t.all_reduce_ce_min_bytes.saturating_sub(1),
         ]
     }

@@ -116,6 +116,10 @@ impl CudaCollectives {
                     hdr,
                 )
             }
+            // Three or more ranks with the output registered too: the two-shot pull.
+            AllReduceAlgo::Pull if self.world >= 3 && self.is_registered(output, count * dtype.size()) => {
+                self.all_reduce_pull_two_shot(stream, dt, dtype, op, input, output, count, tuning, hdr)
+            }
             AllReduceAlgo::CopyEngine | AllReduceAlgo::Pull => {
                 let tuning = if algo == AllReduceAlgo::Pull {
                     Tuning {
@@ -254,12 +258,67 @@ impl CudaCollectives {
             .clamp(1, tuning.blocks(self.grid.blocks) as usize) as u32;
         // The state words are at the start of the workspace.
         let a = args::pull(&self.common(), &self.direct, self.ws, p, &self.bound());
-        let f = if self.world == 2 && !knobs::lamport_generic() {
+        let f = if self.world == 2 && !knobs::lamport_generic() && p.dsts.is_none() {
             &self.fns.pull2[dt][lamport2_index(p.mode, p.op)]
         } else {
             &self.fns.pull[dt]
         };
         self.launch_coll(stream, f, cfg(blocks, threads.max(64)), &a)
+    }
+
+    /// The two-shot pull (3+ ranks; input and output both in registered symmetric memory, equal
+    /// or apart; NOTE [collectives-protocols], "Two-shot pull"): one fused kernel whose opening
+    /// barrier checks the geometry; then each rank reduces its shard of the message
+    /// ([`two_shot_shard`]) from every rank's input, read in place, and writes the result into
+    /// every rank's output; the closing barrier says every peer's shard has landed here and no
+    /// peer reads this input any more. Each rank reads 1 - 1/world of the message over NVLink
+    /// and writes as much, like NCCL's ring, in one launch and without staging.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn all_reduce_pull_two_shot(
+        &self,
+        stream: &CudaStream,
+        dt: usize,
+        dtype: DType,
+        op: ReduceOp,
+        input: u64,
+        output: u64,
+        count: usize,
+        tuning: &Tuning,
+        hdr: &OpHeader,
+    ) -> Result<()> {
+        let es = dtype.size();
+        let bytes = count * es;
+        let sym_in = self.registered(input, bytes, "the two-shot pull needs its input")?;
+        let sym_out = self.registered(output, bytes, "the two-shot pull needs its output")?;
+        let q = two_shot_shard(count, self.world, dtype);
+        let start = (self.rank * q).min(count);
+        let n = q.min(count - start);
+        let off = (start * es) as u64;
+        let check = checked(
+            hdr,
+            &[5, sym_in.offset as u64, sym_in.alloc_size as u64, sym_out.offset as u64],
+        );
+        let mut srcs = [0u64; MAX_WORLD];
+        let mut dsts = [0u64; MAX_WORLD];
+        for s in 0..self.world {
+            let (i, o) = if s == self.rank {
+                (input, output)
+            } else {
+                (sym_in.ptrs[s], sym_out.ptrs[s])
+            };
+            srcs[s] = i + off;
+            dsts[s] = o + off;
+        }
+        let p = args::Pull {
+            mode: RingMode::AllReduce,
+            op: kernel_op(op),
+            out: output + off,
+            n,
+            srcs,
+            dsts: Some(dsts),
+            check,
+        };
+        self.launch_pull(stream, dt, &p, tuning)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -298,6 +357,7 @@ impl CudaCollectives {
                 out: output,
                 n: count,
                 srcs,
+                dsts: None,
                 check,
             };
             return self.launch_pull(stream, dt, &p, tuning);

@@ -86,16 +86,28 @@ pub struct Pull {
     pub n: usize,
     /// Every rank's source (index = rank; unused entries 0).
     pub srcs: [u64; MAX_WORLD],
+    /// The two-shot pull (`COLL_MODE_AR2`, with `mode` = `AllReduce`): every rank's destination
+    /// of the reduced sources (index = rank); `out` is unused then.
+    pub dsts: Option<[u64; MAX_WORLD]>,
     /// Barrier check word every rank must pass alike (0: none).
     pub check: u32,
 }
 
-/// `symm_pull_{dt}(p0..p7, s0..s7, state, rank, world, mode, op, out, n, check, timeout_ns,
-/// abort_host)`.
-pub fn pull(c: &Common, d: &Direct, state: u64, p: &Pull, bound: &Bound) -> [KernelArg; 26] {
-    const _: () = assert!(MAX_WORLD == 8, "the pull kernel takes eight pads and eight sources");
+/// `COLL_MODE_AR2` in collectives.cu: the fused pull's two-shot mode.
+pub const PULL_MODE_AR2: u32 = 3;
+
+/// `symm_pull_{dt}(p0..p7, s0..s7, d0..d7, state, rank, world, mode, op, out, n, check,
+/// timeout_ns, abort_host)`.
+pub fn pull(c: &Common, d: &Direct, state: u64, p: &Pull, bound: &Bound) -> [KernelArg; 34] {
+    const _: () = assert!(
+        MAX_WORLD == 8,
+        "the pull kernel takes eight pads, sources and destinations"
+    );
     let pad = |i: usize| KernelArg::U64(d.pads[i]);
     let src = |i: usize| KernelArg::U64(p.srcs[i]);
+    let dsts = p.dsts.unwrap_or([0; MAX_WORLD]);
+    let dst = |i: usize| KernelArg::U64(dsts[i]);
+    let mode = if p.dsts.is_some() { PULL_MODE_AR2 } else { p.mode as u32 };
     [
         pad(0),
         pad(1),
@@ -113,10 +125,18 @@ pub fn pull(c: &Common, d: &Direct, state: u64, p: &Pull, bound: &Bound) -> [Ker
         src(5),
         src(6),
         src(7),
+        dst(0),
+        dst(1),
+        dst(2),
+        dst(3),
+        dst(4),
+        dst(5),
+        dst(6),
+        dst(7),
         KernelArg::U64(state),
         KernelArg::U32(c.rank),
         KernelArg::U32(c.world),
-        KernelArg::U32(p.mode as u32),
+        KernelArg::U32(mode),
         KernelArg::U32(p.op),
         KernelArg::U64(p.out),
         KernelArg::U64(p.n as u64),
@@ -389,6 +409,7 @@ mod tests {
             "#define COLL_LAM_HOST_EVERY_THREAD {LAMPORT_HOST_EVERY_THREAD:#x}u"
         )));
         assert!(src.contains(&format!("#define COLL_FLAG_UNROLL1 {RING_UNROLL1}u")));
+        assert!(src.contains(&format!("#define COLL_MODE_AR2 {PULL_MODE_AR2}\n")));
         assert!(src.contains(&format!("#define COLL_LAM_LAG_SHIFT {LAMPORT_LAG_SHIFT}\n")));
     }
 
@@ -459,6 +480,7 @@ mod tests {
                         out: 0,
                         n: 10,
                         srcs: [0; MAX_WORLD],
+                        dsts: None,
                         check: 0,
                     },
                     &bound,

@@ -164,6 +164,7 @@ impl CudaCollectives {
             out: output,
             n: count,
             srcs,
+            dsts: None,
             check,
         };
         let tuning = self.config.tuning;
@@ -396,6 +397,7 @@ impl CudaCollectives {
             out: output,
             n: count,
             srcs,
+            dsts: None,
             check,
         };
         self.launch_pull(stream, dt, &p, tuning)

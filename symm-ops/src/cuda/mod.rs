@@ -392,7 +392,8 @@ impl CudaEngine {
         };
         // The zero-copy pull reads the peers' inputs in place: it needs the input in registered
         // symmetric memory (the same offset on every rank, so every rank decides alike) and apart
-        // from the output; otherwise `fallback` runs (the table without it: NCCL where it takes
+        // from the output (from three ranks on, the two-shot pull: the output registered too, in
+        // place allowed); otherwise `fallback` runs (the table without it: NCCL where it takes
         // over).
         // The copy-engine two-shot also writes the peer's output: it needs both registered (and
         // two ranks); otherwise the pull when the input qualifies.
@@ -401,7 +402,15 @@ impl CudaEngine {
         let algo = match algo {
             AllReduceAlgo::CopyEngine | AllReduceAlgo::Pull => {
                 let coll = self.coll()?;
-                let input_ok = apart && coll.is_registered(in_ptr, bytes);
+                // From three ranks on the pull is the two-shot pull: it writes every rank's
+                // output too, and may run in place.
+                let input_ok = if coll.world_size() >= 3 {
+                    (apart || in_ptr == out_ptr)
+                        && coll.is_registered(in_ptr, bytes)
+                        && coll.is_registered(out_ptr, bytes)
+                } else {
+                    apart && coll.is_registered(in_ptr, bytes)
+                };
                 if algo == AllReduceAlgo::CopyEngine
                     && input_ok
                     && coll.world_size() == 2
