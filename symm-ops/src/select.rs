@@ -258,6 +258,10 @@ impl SelectionThresholds {
                 //   to 32 MiB (93.3 against 97.0; 64 MiB 171 against 169.5), NCCL above; for
                 //   registered inputs the pull up to 64 MiB (85.3 / 161 against 97.0 / 169.5 at
                 //   32 / 64 MiB; 128 / 256 MiB 314 / 622 against 310 / 605 in graph replay).
+                // - all-reduce of registered buffers (input and output, in place allowed): the
+                //   two-shot pull above the Lamport bound up to 16 MiB (2 / 4 / 8 / 16 MiB: 18.8 /
+                //   28.0 / 48.2 / 89.2 against NCCL's 26.2 / 40.0 / 61.0 / 98.2; 32 MiB 170.3
+                //   against 170.2, 256 MiB 1272 against 1179).
                 // Five to eight ranks are unmeasured: the same all-reduce bounds, half the
                 // reduce-scatter / all-gather ones, and no pulls.
                 let (_, lamport, one_shot) = kernel_defaults();
@@ -276,8 +280,8 @@ impl SelectionThresholds {
                     all_gather_copy_engine_min_bytes: usize::MAX,
                     all_gather_pull_min_bytes: if measured { 16 * MIB + 1 } else { usize::MAX },
                     all_gather_pull_max_bytes: if measured { 64 * MIB } else { usize::MAX },
-                    all_reduce_pull_min_bytes: usize::MAX,
-                    all_reduce_pull_max_bytes: usize::MAX,
+                    all_reduce_pull_min_bytes: if measured { lamport + 1 } else { usize::MAX },
+                    all_reduce_pull_max_bytes: if measured { 16 * MIB } else { usize::MAX },
                     all_reduce_ce_min_bytes: usize::MAX,
                     reduce_scatter_pull_min_bytes: if measured { 16 * MIB + 1 } else { usize::MAX },
                 }
@@ -648,9 +652,15 @@ mod tests {
         let s = sel(EngineKind::Cuda, 4, true);
         let (_, lamport_multi, _) = kernel_defaults();
         assert_eq!(s.all_reduce(lamport_multi), AllReduceAlgo::Lamport);
-        assert_eq!(s.all_reduce(4 * MIB), AllReduceAlgo::TwoShot);
-        assert_eq!(s.all_reduce(4 * MIB + 2), AllReduceAlgo::Nccl);
+        // Other buffers: the two-shot ring to 4 MiB, NCCL above.
+        assert_eq!(s.fallback_all_reduce(4 * MIB), AllReduceAlgo::TwoShot);
+        assert_eq!(s.fallback_all_reduce(4 * MIB + 2), AllReduceAlgo::Nccl);
         assert_eq!(s.fallback_all_reduce(64 * MIB), AllReduceAlgo::Nccl);
+        // All-reduce of registered buffers: the two-shot pull from the Lamport bound to 16 MiB.
+        assert_eq!(s.all_reduce(lamport_multi + 2), AllReduceAlgo::Pull);
+        assert_eq!(s.all_reduce(16 * MIB), AllReduceAlgo::Pull);
+        assert_eq!(s.all_reduce(16 * MIB + 2), AllReduceAlgo::Nccl);
+        assert_eq!(s.fallback_all_reduce(2 * MIB), AllReduceAlgo::TwoShot);
         // Reduce-scatter: the pull (registered inputs) above 16 MiB at every size, the kernels up
         // to 64 MiB for other inputs (the fallback), NCCL above.
         assert_eq!(s.reduce_scatter(16 * MIB), ReduceScatterAlgo::Symm);
