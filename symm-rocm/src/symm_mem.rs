@@ -8,7 +8,9 @@
 //! without a limit). A device timeout is latched in the pad's ERROR word and
 //! returned as [`Error::Timeout`].
 
-#![forbid(unsafe_code)]
+// No unsafe code: `one_shot_all_reduce` takes a raw device address, so it only declares its
+// contract (`unsafe fn`, NOTE [raw-addresses]); the driver layer does the rest.
+#![deny(unsafe_code)]
 
 use std::any::Any;
 use std::sync::{Arc, Mutex};
@@ -199,8 +201,17 @@ impl RocmSymmetricMemory {
 
     /// One-shot all-reduce of `count` elements at byte `in_offset` of every
     /// rank's buffer into `out` (a device address on this rank's GPU holding
-    /// `count` elements). Collective; f32, f16 and bf16.
-    pub fn one_shot_all_reduce(
+    /// `count` elements). Collective; f32, f16 and bf16. The input range is checked against
+    /// the buffer; `out` cannot be checked, hence `unsafe`.
+    ///
+    /// # Safety
+    /// NOTE [raw-addresses]: `out .. out + count * dtype.size()` is device memory this rank's
+    /// GPU can write (a `hipMalloc` allocation or a mapping made accessible to it), aligned to
+    /// the element size, and stays allocated and untouched by anything but this op until the
+    /// call returns; should it return an error after launching (a timeout the device did not
+    /// honour), until the device has gone idle, as the kernel may still be writing it.
+    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
+    pub unsafe fn one_shot_all_reduce(
         &self,
         in_offset: usize,
         out: u64,

@@ -149,21 +149,25 @@ fn gpu_one_shot_all_reduce_matches_f64_reference() {
         let bytes: Vec<u8> = input.iter().flat_map(|v| v.to_ne_bytes()).collect();
         mem.write_bytes(mem.rank(), offset, &bytes).unwrap();
         let rocm = mem.as_any().downcast_ref::<symm_rocm::RocmSymmetricMemory>().unwrap();
-        let out = symm_rocm::driver::runtime::DeviceBuffer::new(count * 4).unwrap();
+        let mut out = symm_rocm::driver::runtime::DeviceBuffer::new(count * 4).unwrap();
         // poison the output
-        symm_rocm::driver::runtime::copy_to_device(out.ptr(), &vec![0xffu8; count * 4]).unwrap();
+        out.write(&vec![0xffu8; count * 4]).unwrap();
         mem.barrier(Channel::new(0).unwrap(), Duration::from_secs(10)).unwrap();
-        rocm.one_shot_all_reduce(
-            offset,
-            out.ptr(),
-            count,
-            DType::F32,
-            ReduceOp::Sum,
-            Duration::from_secs(10),
-        )
+        // SAFETY: `out` is a hipMalloc buffer of `count` f32 on this rank's device, owned here
+        // and used by nothing else until the op returns (and dropped only after that).
+        unsafe {
+            rocm.one_shot_all_reduce(
+                offset,
+                out.ptr(),
+                count,
+                DType::F32,
+                ReduceOp::Sum,
+                Duration::from_secs(10),
+            )
+        }
         .unwrap();
         let mut raw = vec![0u8; count * 4];
-        symm_rocm::driver::runtime::copy_from_device(&mut raw, out.ptr()).unwrap();
+        out.read(&mut raw).unwrap();
         raw.chunks_exact(4)
             .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
             .collect::<Vec<f32>>()

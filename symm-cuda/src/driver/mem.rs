@@ -214,8 +214,10 @@ impl PinnedWords {
     pub fn store(&self, i: usize, v: u32) {
         self.word(i).store(v, Ordering::SeqCst)
     }
-    /// The device address of word `i` (clamped to the page).
-    pub fn device_ptr(&self, i: usize) -> u64 {
+    /// The device address of word `i` (clamped to the page). Crate-private: only this crate's
+    /// kernels are handed it (NOTE [raw-addresses]; `CudaSymmetricMemory::abort_word_ptr` is the
+    /// one address of the page that leaves the crate, as a value its users pass to kernels).
+    pub(crate) fn device_ptr(&self, i: usize) -> u64 {
         self.dev + 4 * i.min(Self::LEN - 1) as u64
     }
 }

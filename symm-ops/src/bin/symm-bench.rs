@@ -787,6 +787,11 @@ mod epilogue;
 #[path = "symm-bench/gpu.rs"]
 mod gpu;
 
+// `--probe` / `--probe-bw`: the latency and bandwidth probes, with `gpu`'s rig.
+#[cfg(feature = "cuda")]
+#[path = "symm-bench/probe.rs"]
+mod probe;
+
 #[cfg(test)]
 #[path = "symm-bench/tests.rs"]
 mod tests;

@@ -1,6 +1,9 @@
 //! The only place symm-rocm touches the HIP runtime, hiprtc and rocm-smi:
 //! raw calls wrapped in small RAII types. Every `unsafe` block says why it is
-//! sound; everything above this module is safe code.
+//! sound; everything above this module is safe code. No safe public function
+//! here takes a raw device address (NOTE [raw-addresses]): the stream copies,
+//! the memset and kernel launches are crate-private, and [`runtime::DeviceBuffer`]'s
+//! copies check their range against the buffer they own.
 //!
 //! - [`ffi`]: the HIP runtime functions (NOTE [hip-ffi]).
 //! - [`vmm`]: hipMemCreate with POSIX-fd handles, export / import, address

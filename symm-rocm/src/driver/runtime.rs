@@ -4,7 +4,7 @@ use std::ffi::{c_int, c_void, CString};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use symm_core::Error;
+use symm_core::{check_range, Error};
 
 use super::ffi;
 use super::{check, to_error};
@@ -97,7 +97,8 @@ pub fn mem_info() -> Result<(usize, usize), Error> {
     Ok((free, total))
 }
 
-/// A `hipMalloc` buffer, freed on drop.
+/// A `hipMalloc` buffer, freed on drop. Its host copies are safe functions: the buffer owns
+/// `ptr .. ptr + len`, and each copy checks its range against `len` first.
 #[derive(Debug)]
 pub struct DeviceBuffer {
     ptr: u64,
@@ -107,15 +108,56 @@ pub struct DeviceBuffer {
 impl DeviceBuffer {
     pub fn new(len: usize) -> Result<Self, Error> {
         let mut p: *mut c_void = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; len > 0 is checked by the runtime.
+        // SAFETY: valid out-pointer; at least one byte is asked for, so the pointer is a fresh
+        // allocation owned by the returned buffer.
         check(unsafe { ffi::hipMalloc(&mut p, len.max(1)) }, "hipMalloc")?;
         Ok(DeviceBuffer { ptr: p as u64, len })
     }
     /// A device buffer holding `words`.
     pub fn from_u64s(words: &[u64]) -> Result<Self, Error> {
-        let b = DeviceBuffer::new(std::mem::size_of_val(words))?;
-        copy_to_device(b.ptr, bytes_of_u64(words))?;
+        let mut b = DeviceBuffer::new(std::mem::size_of_val(words))?;
+        b.write(bytes_of_u64(words))?;
         Ok(b)
+    }
+    /// Copies `src` to the start of the buffer (synchronous: `hipMemcpy`); `OutOfRange` when it
+    /// does not fit.
+    pub fn write(&mut self, src: &[u8]) -> Result<(), Error> {
+        check_range("device buffer write", 0, src.len(), self.len)?;
+        check(
+            // SAFETY: `self.ptr .. self.ptr + src.len()` lies in this buffer's own hipMalloc
+            // allocation (range checked above; `&mut self`: no other host copy of ours
+            // meanwhile), which lives as long as `self`; `src` is a valid host slice for the
+            // whole call, which returns once the copy is done.
+            unsafe {
+                ffi::hipMemcpy(
+                    self.ptr as *mut c_void,
+                    src.as_ptr().cast(),
+                    src.len(),
+                    ffi::HIP_MEMCPY_DEFAULT,
+                )
+            },
+            "hipMemcpy (to device)",
+        )
+    }
+    /// Copies the buffer's first `dst.len()` bytes into `dst` (synchronous: `hipMemcpy`);
+    /// `OutOfRange` when the buffer is shorter.
+    pub fn read(&self, dst: &mut [u8]) -> Result<(), Error> {
+        check_range("device buffer read", 0, dst.len(), self.len)?;
+        check(
+            // SAFETY: `self.ptr .. self.ptr + dst.len()` lies in this buffer's own hipMalloc
+            // allocation (range checked above), alive while `self` is borrowed; `dst` is a valid,
+            // exclusively borrowed host slice for the whole call, which returns once the copy
+            // is done.
+            unsafe {
+                ffi::hipMemcpy(
+                    dst.as_mut_ptr().cast(),
+                    self.ptr as *const c_void,
+                    dst.len(),
+                    ffi::HIP_MEMCPY_DEFAULT,
+                )
+            },
+            "hipMemcpy (to host)",
+        )
     }
     pub fn ptr(&self) -> u64 {
         self.ptr
@@ -142,40 +184,6 @@ fn bytes_of_u64(w: &[u64]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(w.as_ptr().cast::<u8>(), std::mem::size_of_val(w)) }
 }
 
-/// Synchronous copy host -> device address (any device address the current
-/// device can reach, including peer mappings).
-pub fn copy_to_device(dst: u64, src: &[u8]) -> Result<(), Error> {
-    // SAFETY: src is a valid host slice; dst validity is the caller's range
-    // check against a live mapping; hipMemcpyDefault infers the direction.
-    check(
-        unsafe {
-            ffi::hipMemcpy(
-                dst as *mut c_void,
-                src.as_ptr().cast(),
-                src.len(),
-                ffi::HIP_MEMCPY_DEFAULT,
-            )
-        },
-        "hipMemcpy (to device)",
-    )
-}
-
-/// Synchronous copy device address -> host.
-pub fn copy_from_device(dst: &mut [u8], src: u64) -> Result<(), Error> {
-    // SAFETY: dst is a valid host slice; src is a live mapping (caller checks range).
-    check(
-        unsafe {
-            ffi::hipMemcpy(
-                dst.as_mut_ptr().cast(),
-                src as *const c_void,
-                dst.len(),
-                ffi::HIP_MEMCPY_DEFAULT,
-            )
-        },
-        "hipMemcpy (to host)",
-    )
-}
-
 /// A non-blocking stream, destroyed on drop.
 #[derive(Debug)]
 pub struct Stream(ffi::hipStream_t);
@@ -199,44 +207,76 @@ impl Stream {
         self.0
     }
     /// Async host -> device copy of `src` into `dst`, then waits for it.
-    pub fn copy_to_device_sync(&self, dst: u64, src: &[u8], limit: Duration) -> Result<(), Error> {
+    ///
+    /// Crate-private: it takes a raw device address (NOTE [raw-addresses]), and every caller
+    /// in this crate passes a range it checked against a mapping it holds (`symm_mem.rs`:
+    /// `check_range` against the buffer or the pad of a mapping the object keeps alive).
+    /// The copy reads an owned staging copy of `src`, leaked if the wait fails
+    /// ([`Stream::wait_or_leak`]), so a copy still queued after a timeout never reads freed
+    /// host memory.
+    pub(crate) fn copy_to_device_sync(&self, dst: u64, src: &[u8], limit: Duration) -> Result<(), Error> {
+        let staged = src.to_vec();
         check(
-            // SAFETY: src lives until the stream is synchronised below; dst is a live mapping.
+            // SAFETY: `dst .. dst + src.len()` lies in a mapping the crate-private caller holds
+            // and checked the range against (see the doc), and the mappings outlive the
+            // streams that copy into them (`RocmSymmetricMemory` drops its mappings last);
+            // `staged` holds `src.len()` bytes until the copy is done, or forever if the wait
+            // below gives up.
             unsafe {
                 ffi::hipMemcpyAsync(
                     dst as *mut c_void,
-                    src.as_ptr().cast(),
-                    src.len(),
+                    staged.as_ptr().cast(),
+                    staged.len(),
                     ffi::HIP_MEMCPY_DEFAULT,
                     self.0,
                 )
             },
             "hipMemcpyAsync",
         )?;
-        self.wait(limit, "copy")
+        self.wait_or_leak(staged, limit, "copy").map(drop)
     }
-    /// Async device -> host copy of `dst.len()` bytes from `src`, then waits for it.
-    pub fn copy_from_device_sync(&self, dst: &mut [u8], src: u64, limit: Duration) -> Result<(), Error> {
+    /// Async device -> host copy of `dst.len()` bytes from `src`, then waits for it
+    /// (crate-private, as [`Stream::copy_to_device_sync`]; the copy lands in a staging buffer
+    /// that is leaked if the wait fails, and is copied into `dst` once it is done).
+    pub(crate) fn copy_from_device_sync(&self, dst: &mut [u8], src: u64, limit: Duration) -> Result<(), Error> {
+        let mut staged = vec![0u8; dst.len()];
         check(
-            // SAFETY: dst lives (mutably borrowed) until the stream is synchronised
-            // below; src is a live mapping (caller checks the range).
+            // SAFETY: `src .. src + dst.len()` lies in a mapping the crate-private caller holds
+            // and checked the range against; `staged` is an owned host buffer of that length,
+            // alive until the copy is done, or forever if the wait below gives up.
             unsafe {
                 ffi::hipMemcpyAsync(
-                    dst.as_mut_ptr().cast(),
+                    staged.as_mut_ptr().cast(),
                     src as *const c_void,
-                    dst.len(),
+                    staged.len(),
                     ffi::HIP_MEMCPY_DEFAULT,
                     self.0,
                 )
             },
             "hipMemcpyAsync",
         )?;
-        self.wait(limit, "copy")
+        let staged = self.wait_or_leak(staged, limit, "copy")?;
+        dst.copy_from_slice(&staged);
+        Ok(())
     }
-    /// Async memset of `len` bytes at `dst`, then waits.
-    pub fn memset_sync(&self, dst: u64, value: u8, len: usize, limit: Duration) -> Result<(), Error> {
+    /// Waits for the stream ([`Stream::wait`]) and gives `buf` back; if the wait fails, the
+    /// copy that uses `buf` may still be queued, so `buf` is leaked instead of freed.
+    fn wait_or_leak(&self, buf: Vec<u8>, limit: Duration, what: &str) -> Result<Vec<u8>, Error> {
+        match self.wait(limit, what) {
+            Ok(()) => Ok(buf),
+            Err(e) => {
+                std::mem::forget(buf);
+                Err(e)
+            }
+        }
+    }
+    /// Async memset of `len` bytes at `dst`, then waits (crate-private, as
+    /// [`Stream::copy_to_device_sync`]; the caller is the allocator zeroing the pad of the
+    /// mapping it just made).
+    pub(crate) fn memset_sync(&self, dst: u64, value: u8, len: usize, limit: Duration) -> Result<(), Error> {
         check(
-            // SAFETY: dst..dst+len is a live mapping (caller).
+            // SAFETY: `dst .. dst + len` lies in a mapping the crate-private caller holds (the
+            // allocator's own, with the pad inside the layout it sized the allocation for).
             unsafe { ffi::hipMemsetAsync(dst as *mut c_void, c_int::from(value), len, self.0) },
             "hipMemsetAsync",
         )?;
@@ -330,7 +370,13 @@ pub enum Arg {
 
 impl Function {
     /// Launches `grid` x `block` threads (1-D) on `stream` with `args`.
-    pub fn launch(&self, stream: &Stream, grid: u32, block: u32, args: &[Arg]) -> Result<(), Error> {
+    ///
+    /// Crate-private: the kernel dereferences the device addresses among `args` (NOTE
+    /// [raw-addresses]), and `args` must match the kernel's parameter list. Every caller in
+    /// this crate passes its own device arrays and pad addresses (alive as long as the object
+    /// that launches, which waits for the stream before it returns) or an address its own
+    /// caller vouched for (`RocmSymmetricMemory::one_shot_all_reduce`, an `unsafe fn`).
+    pub(crate) fn launch(&self, stream: &Stream, grid: u32, block: u32, args: &[Arg]) -> Result<(), Error> {
         let mut vals: Vec<[u8; 8]> = args
             .iter()
             .map(|a| {
@@ -346,8 +392,10 @@ impl Function {
         let mut ptrs: Vec<*mut c_void> = vals.iter_mut().map(|v| v.as_mut_ptr().cast()).collect();
         // SAFETY: `ptrs` holds one pointer per kernel parameter, each to 8
         // bytes whose prefix is the parameter's value (the kernels' signatures
-        // match `args`: u64 / int / unsigned); HIP copies the values at launch,
-        // while `vals` is alive.
+        // match `args`: u64 / int / unsigned, the crate-private callers' duty);
+        // HIP copies the values at launch, while `vals` is alive. The device
+        // addresses among them are valid for the kernel by the callers' duty
+        // (see the doc).
         check(
             unsafe {
                 ffi::hipModuleLaunchKernel(
