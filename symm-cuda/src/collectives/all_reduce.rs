@@ -298,24 +298,13 @@ impl CudaCollectives {
             hdr,
             &[5, sym_in.offset as u64, sym_in.alloc_size as u64, sym_out.offset as u64],
         );
-        let mut srcs = [0u64; MAX_WORLD];
-        let mut dsts = [0u64; MAX_WORLD];
-        for s in 0..self.world {
-            let (i, o) = if s == self.rank {
-                (input, output)
-            } else {
-                (sym_in.ptrs[s], sym_out.ptrs[s])
-            };
-            srcs[s] = i + off;
-            dsts[s] = o + off;
-        }
         let p = args::Pull {
             mode: RingMode::AllReduce,
             op: kernel_op(op),
             out: output + off,
             n,
-            srcs,
-            dsts: Some(dsts),
+            srcs: args::per_rank(self.rank, self.world, input + off, &sym_in.ptrs, off),
+            dsts: Some(args::per_rank(self.rank, self.world, output + off, &sym_out.ptrs, off)),
             check,
         };
         self.launch_pull(stream, dt, &p, tuning)
@@ -347,10 +336,7 @@ impl CudaCollectives {
         let check = checked(hdr, &[3, sym.offset as u64, sym.alloc_size as u64]);
         if ce_elems == 0 {
             // Pure SM pull: one fused kernel.
-            let mut srcs = [0u64; MAX_WORLD];
-            for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
-                *src = if s == self.rank { input } else { sym.ptrs[s] };
-            }
+            let srcs = args::per_rank(self.rank, self.world, input, &sym.ptrs, 0);
             let p = args::Pull {
                 mode: RingMode::AllReduce,
                 op: kernel_op(op),
@@ -374,10 +360,7 @@ impl CudaCollectives {
         // The part the SMs pull directly runs while the copy engine copies the rest.
         if ce_elems < count {
             let off = (ce_elems * es) as u64;
-            let mut srcs = [0u64; MAX_WORLD];
-            for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
-                *src = if s == self.rank { input + off } else { sym.ptrs[s] + off };
-            }
+            let srcs = args::per_rank(self.rank, self.world, input + off, &sym.ptrs, off);
             self.launch_reduce_ptrs(
                 stream,
                 dt,

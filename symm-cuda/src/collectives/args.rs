@@ -93,6 +93,17 @@ pub struct Pull {
     pub check: u32,
 }
 
+/// Every rank's address of one range of registered symmetric memory, indexed by rank: `own` (this
+/// rank's own address of the range, as its caller passed it) at `rank`, a peer's mapping
+/// `peers[s] + off` at every other `s < world`, 0 past `world`.
+pub fn per_rank(rank: usize, world: usize, own: u64, peers: &[u64; MAX_WORLD], off: u64) -> [u64; MAX_WORLD] {
+    let mut v = [0u64; MAX_WORLD];
+    for (s, a) in v.iter_mut().enumerate().take(world) {
+        *a = if s == rank { own } else { peers[s] + off };
+    }
+    v
+}
+
 /// `COLL_MODE_AR2` in collectives.cu: the fused pull's two-shot mode.
 pub const PULL_MODE_AR2: u32 = 3;
 
@@ -422,6 +433,16 @@ mod tests {
 
     /// Every argument list has the arity and sizes of its kernel's parameters in the PTX NVRTC
     /// produces (when NVRTC is present).
+    #[test]
+    fn per_rank_addresses() {
+        let mut peers = [0u64; MAX_WORLD];
+        for (s, p) in peers.iter_mut().enumerate() {
+            *p = 0x1000 * (s as u64 + 1);
+        }
+        let v = per_rank(1, 3, 0xABC0, &peers, 0x40);
+        assert_eq!(v[..4], [0x1040, 0xABC0, 0x3040, 0]);
+    }
+
     #[test]
     fn argument_lists_match_the_kernels() {
         let (layout, c, bound) = fixture();

@@ -154,10 +154,7 @@ impl CudaCollectives {
         let sym = self.registered(input, g.whole_bytes, "the zero-copy reduce-scatter needs its input")?;
         let hdr = &header(OpKind::ReduceScatter, dtype, count, Some(op), Mechanism::Pull);
         let check = checked(hdr, &[4, sym.offset as u64, sym.alloc_size as u64]);
-        let mut srcs = [0u64; MAX_WORLD];
-        for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
-            *src = if s == self.rank { own } else { sym.ptrs[s] + shard };
-        }
+        let srcs = args::per_rank(self.rank, self.world, own, &sym.ptrs, shard);
         let p = args::Pull {
             mode: RingMode::ReduceScatter,
             op: kernel_op(op),
@@ -386,9 +383,7 @@ impl CudaCollectives {
                 bytes,
                 "the zero-copy all-gather pull needs its input (or, in place, its output)",
             )?;
-            for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
-                *src = if s == self.rank { input } else { sym.ptrs[s] };
-            }
+            srcs = args::per_rank(self.rank, self.world, input, &sym.ptrs, 0);
             checked(hdr, &[5, sym.offset as u64, sym.alloc_size as u64])
         };
         let p = args::Pull {
