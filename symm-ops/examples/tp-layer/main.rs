@@ -172,7 +172,7 @@ fn main() -> ExitCode {
     if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
         std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
     }
-    // Never NVLink SHARP / multicast (DESIGN.md); NCCL reads it at its first init.
+    // Never NVLink SHARP / multicast (docs/architecture.md); NCCL reads it at its first init.
     if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
         std::env::set_var("NCCL_NVLS_ENABLE", "0");
     }

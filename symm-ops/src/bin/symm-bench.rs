@@ -654,7 +654,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    // Never NVLink SHARP / multicast (DESIGN.md); set before any NCCL init.
+    // Never NVLink SHARP / multicast (docs/architecture.md); set before any NCCL init.
     std::env::set_var("NCCL_NVLS_ENABLE", "0");
     match run(args) {
         Ok(()) => {}

@@ -110,7 +110,7 @@ pub(crate) fn agree_available(group: &Arc<Group>, timeout: Duration) -> Result<s
 /// The variable that keeps NCCL off NVLink multicast (NVLS).
 const NVLS_ENV: &str = crate::knobs::NCCL_NVLS_ENABLE;
 
-/// NVLink multicast is out (DESIGN.md), and library code never writes the process environment:
+/// NVLink multicast is out (docs/architecture.md, "No NVLink multicast"), and library code never writes the process environment:
 /// NCCL runs only where the program or its launcher set `NCCL_NVLS_ENABLE=0` before starting
 /// (symmrun, the bundle's run.sh and xtask do); elsewhere it is [`Error::Unavailable`] saying so,
 /// and the kernels run without the fallback.
