@@ -86,6 +86,34 @@ pub const ERR_PEER_REJECTED: u32 = 5;
 
 const _: () = assert!(USED_WORDS * 4 <= SIGNAL_PAD_SIZE);
 
+/// The error an `ERROR`-word `code` stands for (`None` for [`ERR_NONE`]), written once for every
+/// backend: `what` names the wait (and the rank), `timeout` is the one it ran under, `backend`
+/// names the backend in an unknown code's error. The mismatch codes give a generic
+/// [`crate::Error::Mismatch`]; a backend that keeps a record of the mismatch (symm-cuda's
+/// collectives, NOTE [op-agreement]) decodes that first.
+pub fn code_error(
+    code: u32,
+    backend: &'static str,
+    what: String,
+    timeout: std::time::Duration,
+) -> Option<crate::Error> {
+    use crate::Error;
+    Some(match code {
+        ERR_NONE => return None,
+        ERR_TIMEOUT => Error::Timeout { what, timeout },
+        ERR_ABORTED => Error::Aborted(what),
+        ERR_MISMATCH | ERR_OP_MISMATCH | ERR_PEER_REJECTED => Error::Mismatch {
+            what: "a device wait",
+            detail: format!("{what}: the ranks passed different ops or geometries (code {code})"),
+        },
+        other => Error::Backend {
+            backend,
+            call: what,
+            detail: format!("unknown error code {other:#x} from the device"),
+        },
+    })
+}
+
 /// Word index of `BARRIER[channel][src]`.
 pub const fn barrier_slot(channel: usize, src: usize) -> usize {
     BARRIER_BASE + channel * MAX_WORLD_SIZE + src
@@ -140,6 +168,20 @@ pub fn c_defines() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_codes_decode_once() {
+        use crate::Error;
+        let t = std::time::Duration::from_secs(3);
+        let e = |c| code_error(c, "test", "wait 1 (rank 0)".into(), t);
+        assert!(e(ERR_NONE).is_none());
+        assert!(matches!(e(ERR_TIMEOUT), Some(Error::Timeout { timeout, .. }) if timeout == t));
+        assert!(matches!(e(ERR_ABORTED), Some(Error::Aborted(w)) if w.contains("rank 0")));
+        for c in [ERR_MISMATCH, ERR_OP_MISMATCH, ERR_PEER_REJECTED] {
+            assert!(matches!(e(c), Some(Error::Mismatch { .. })), "{c}");
+        }
+        assert!(matches!(e(77), Some(Error::Backend { backend: "test", .. })));
+    }
 
     #[test]
     fn regions_do_not_overlap() {

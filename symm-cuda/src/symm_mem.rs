@@ -262,15 +262,11 @@ impl CudaSymmetricMemory {
 
     fn code_error(&self, code: u32, what: &str, timeout: Duration) -> Error {
         let what = format!("{what} (rank {})", self.inner.rank);
-        match code {
-            pad::ERR_TIMEOUT => Error::Timeout { what, timeout },
-            pad::ERR_ABORTED => Error::Aborted(what),
-            other => Error::Backend {
-                backend: driver::BACKEND,
-                call: what,
-                detail: format!("unknown error code {other:#x} from the device"),
-            },
-        }
+        pad::code_error(code, driver::BACKEND, what.clone(), timeout).unwrap_or_else(|| Error::Backend {
+            backend: driver::BACKEND,
+            call: what,
+            detail: "a failed wait reported no error code".into(),
+        })
     }
 
     fn fns(&self) -> Result<Arc<SyncFns>> {

@@ -48,19 +48,7 @@ fn wall_clock_hz() -> u64 {
 
 /// The error an ERROR-word code stands for (`None` for no error).
 pub fn pad_error(code: u32, what: &str, timeout: Duration) -> Option<Error> {
-    match code {
-        pad::ERR_NONE => None,
-        pad::ERR_TIMEOUT => Some(Error::Timeout {
-            what: what.to_string(),
-            timeout,
-        }),
-        pad::ERR_ABORTED => Some(Error::Aborted(what.to_string())),
-        other => Some(Error::Backend {
-            backend: "rocm",
-            call: what.to_string(),
-            detail: format!("unknown device error code {other}"),
-        }),
-    }
+    pad::code_error(code, "rocm", what.to_string(), timeout)
 }
 
 /// The mappings a symmetric memory keeps alive.
