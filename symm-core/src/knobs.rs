@@ -11,6 +11,8 @@ pub const JOB_ID: &str = "SYMM_JOB_ID";
 pub const TORCHELASTIC_RUN_ID: &str = "TORCHELASTIC_RUN_ID";
 pub const FAULT: &str = "SYMM_FAULT";
 pub const RANK: &str = "RANK";
+pub const KERNEL_CACHE: &str = "SYMM_KERNEL_CACHE";
+pub const HOME: &str = "HOME";
 
 /// The table: name, meaning, default, measurement switch or not.
 pub const KNOBS: &[Knob] = &[
@@ -43,6 +45,19 @@ pub const KNOBS: &[Knob] = &[
         name: RANK,
         meaning: "this process's rank, as torchrun sets it (which `SYMM_FAULT` entries apply)",
         default: "none",
+        measurement: false,
+    },
+    Knob {
+        name: KERNEL_CACHE,
+        meaning: "folder of the compiled-kernel disk cache of every backend (`kernel_cache`); `off`, `0` or \
+                  empty disables it",
+        default: "`$HOME/.cache/symm/kernels`",
+        measurement: false,
+    },
+    Knob {
+        name: HOME,
+        meaning: "the user's home, where the kernel cache goes by default",
+        default: "none (no disk cache)",
         measurement: false,
     },
 ];

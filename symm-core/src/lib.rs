@@ -34,6 +34,7 @@ pub mod epilogue;
 pub mod error;
 pub mod fault;
 pub mod group;
+pub mod kernel_cache;
 pub mod knobs;
 mod liveness;
 pub mod memory;

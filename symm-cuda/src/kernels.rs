@@ -3,16 +3,19 @@
 //! Every `.cu` file in `symm-cuda/kernels` is embedded ([`sources`]) and
 //! compiled at first use for the device's architecture (`sm_{major}{minor}`)
 //! as `common_header() + defines + source`. Compiled PTX is cached:
-//! - on disk under `$SYMM_KERNEL_CACHE` (or `~/.cache/symm/kernels`), one
-//!   file per (full source text, defines, arch, NVRTC version, options),
-//!   named by a 128-bit FNV-1a hash of all of them and written atomically
-//!   (temp file + rename); set `SYMM_KERNEL_CACHE=off` to disable it;
+//! - on disk through `symm_core::kernel_cache` (the one cache of every
+//!   backend: `$SYMM_KERNEL_CACHE` or `~/.cache/symm/kernels`), one file per
+//!   (full source text, defines, arch, NVRTC version, options), named by a
+//!   128-bit FNV-1a hash of all of them and written atomically; set
+//!   `SYMM_KERNEL_CACHE=off` to disable it;
 //! - in memory per (context, key), as loaded modules.
 //!
 //! [`compile_all`] compiles every file without any cache; `cargo xtask
 //! kernels` runs it on CPU-only CI (NVRTC from the `nvidia-cuda-nvrtc` wheel).
 
 #![forbid(unsafe_code)]
+
+use symm_core::kernel_cache;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -111,26 +114,11 @@ pub fn arch_of(ctx: &CudaContext) -> Result<String> {
     Ok(format!("sm_{major}{minor}"))
 }
 
-/// 128-bit FNV-1a (stable across Rust versions, unlike `DefaultHasher`).
-fn fnv1a128(parts: &[&[u8]]) -> u128 {
-    const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
-    const PRIME: u128 = 0x0000000001000000000000000000013b;
-    let mut h = OFFSET;
-    for part in parts {
-        // Length-prefix every part so ("ab","c") and ("a","bc") differ.
-        for b in (part.len() as u64).to_le_bytes().iter().chain(part.iter()) {
-            h ^= u128::from(*b);
-            h = h.wrapping_mul(PRIME);
-        }
-    }
-    h
-}
-
 fn cache_key(full: &str, arch: &str) -> Result<u128> {
     let (maj, min) = driver::nvrtc::version()?;
     let version = format!("nvrtc {maj}.{min}");
     let opts = EXTRA_OPTIONS.join(" ");
-    Ok(fnv1a128(&[
+    Ok(kernel_cache::key(&[
         b"symm-kernels-v1",
         full.as_bytes(),
         arch.as_bytes(),
@@ -139,40 +127,10 @@ fn cache_key(full: &str, arch: &str) -> Result<u128> {
     ]))
 }
 
-/// The disk cache folder: `$SYMM_KERNEL_CACHE`, else `~/.cache/symm/kernels`;
-/// `None` when disabled (`SYMM_KERNEL_CACHE=off`) or no home is known.
+/// The disk cache folder (`symm_core::kernel_cache`: `$SYMM_KERNEL_CACHE`, else
+/// `~/.cache/symm/kernels`); `None` when disabled (`SYMM_KERNEL_CACHE=off`) or no home is known.
 pub fn cache_dir() -> Option<PathBuf> {
-    crate::knobs::kernel_cache()
-}
-
-fn cache_path(dir: &std::path::Path, name: &str, arch: &str, key: u128) -> PathBuf {
-    dir.join(format!("{name}-{arch}-{key:032x}.ptx"))
-}
-
-fn key_line(key: u128) -> String {
-    format!("// symm-kernel-cache {key:032x}\n")
-}
-
-fn read_cached(path: &std::path::Path, key: u128) -> Option<String> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let body = text.strip_prefix(&key_line(key))?;
-    (!body.is_empty()).then(|| body.to_string())
-}
-
-fn write_cached(dir: &std::path::Path, path: &std::path::Path, key: u128, ptx: &str) {
-    // Best effort: a cache that cannot be written only costs a recompile.
-    if std::fs::create_dir_all(dir).is_err() {
-        return;
-    }
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let tmp = dir.join(format!(".tmp-{}-{nanos}-{key:032x}", std::process::id()));
-    let text = format!("{}{ptx}", key_line(key));
-    if std::fs::write(&tmp, text).is_ok() && std::fs::rename(&tmp, path).is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
+    kernel_cache::dir()
 }
 
 fn ptx_memory_cache() -> &'static Mutex<HashMap<u128, Arc<str>>> {
@@ -190,14 +148,15 @@ fn compile_keyed(src: &KernelSource, defines: &str, arch: &str) -> Result<(u128,
     let dir = cache_dir();
     let cached = dir
         .as_ref()
-        .and_then(|d| read_cached(&cache_path(d, src.name, arch, key), key));
+        .and_then(|d| kernel_cache::read(&kernel_cache::path(d, src.name, arch, key, "ptx"), key))
+        .and_then(|b| String::from_utf8(b).ok());
     let ptx: Arc<str> = match cached {
         Some(p) => p.into(),
         None => {
             let extra: Vec<String> = EXTRA_OPTIONS.iter().map(|s| s.to_string()).collect();
             let p = driver::nvrtc::compile(src.name, &full, arch, &extra)?;
             if let Some(d) = &dir {
-                write_cached(d, &cache_path(d, src.name, arch, key), key, &p);
+                kernel_cache::write(d, &kernel_cache::path(d, src.name, arch, key, "ptx"), key, p.as_bytes());
             }
             p.into()
         }
@@ -317,24 +276,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn hash_is_stable_and_length_prefixed() {
-        assert_eq!(fnv1a128(&[b"ab", b"c"]), fnv1a128(&[b"ab", b"c"]));
-        assert_ne!(fnv1a128(&[b"ab", b"c"]), fnv1a128(&[b"a", b"bc"]));
-        // Pinned value: a change of the hash invalidates every disk cache.
-        assert_eq!(fnv1a128(&[]), 0x6c62272e07bb014262b821756295c58d);
-    }
-
-    #[test]
-    fn cache_files_round_trip() {
-        let dir = std::env::temp_dir().join(format!("symm-kcache-test-{}", std::process::id()));
-        let path = cache_path(&dir, "sync", "sm_90", 42);
-        write_cached(&dir, &path, 42, ".version 9.0\n");
-        assert_eq!(read_cached(&path, 42).as_deref(), Some(".version 9.0\n"));
-        assert_eq!(read_cached(&path, 43), None, "wrong key must miss");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
     /// Compiles every kernel file when NVRTC is present; skips (printing why)
     /// otherwise, and fails then if SYMM_REQUIRE_NVRTC=1.
     #[test]
@@ -395,9 +336,9 @@ mod tests {
         assert_eq!(a, b);
         if let Some(dir) = cache_dir() {
             let key = cache_key(&full_source(src, &defines), "sm_90").unwrap();
-            let path = cache_path(&dir, "sync", "sm_90", key);
-            if let Some(cached) = read_cached(&path, key) {
-                assert_eq!(cached, a);
+            let path = kernel_cache::path(&dir, "sync", "sm_90", key, "ptx");
+            if let Some(cached) = kernel_cache::read(&path, key) {
+                assert_eq!(cached, a.as_bytes());
                 let _ = std::fs::remove_file(&path);
             } else {
                 println!("note: kernel disk cache {} not writable here", dir.display());

@@ -4,14 +4,12 @@
 
 #![forbid(unsafe_code)]
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 pub use symm_core::knobs::Knob;
 
 pub const HW_QUEUES: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
 pub const PDL: &str = "SYMM_PDL";
-pub const KERNEL_CACHE: &str = "SYMM_KERNEL_CACHE";
 pub const REQUIRE_NVRTC: &str = "SYMM_REQUIRE_NVRTC";
 pub const LAUNCH_MODE: &str = "SYMM_LAUNCH_MODE";
 pub const LAUNCH_VIA_CUDARC: &str = "SYMM_LAUNCH_VIA_CUDARC";
@@ -36,12 +34,6 @@ pub const KNOBS: &[Knob] = &[
         meaning: "`0`: the collective kernels do not use programmatic dependent launch by default \
                   (CollectivesConfig::pdl; on since the 2 x H200 measurements of bench-notes round 14)",
         default: "on",
-        measurement: false,
-    },
-    Knob {
-        name: KERNEL_CACHE,
-        meaning: "folder of the compiled-kernel disk cache; `off`, `0` or empty disables it",
-        default: "~/.cache/symm/kernels",
         measurement: false,
     },
     Knob {
@@ -135,17 +127,6 @@ pub fn hw_queues() -> u32 {
 pub fn pdl() -> bool {
     static V: OnceLock<bool> = OnceLock::new();
     *V.get_or_init(|| var(PDL).is_none_or(|v| v.trim() != "0"))
-}
-
-/// [`KERNEL_CACHE`]: the folder, `None` when disabled or when no home folder is known.
-pub fn kernel_cache() -> Option<PathBuf> {
-    static V: OnceLock<Option<PathBuf>> = OnceLock::new();
-    V.get_or_init(|| match std::env::var_os(KERNEL_CACHE) {
-        Some(v) if v == "off" || v == "0" || v.is_empty() => None,
-        Some(v) => Some(PathBuf::from(v)),
-        None => std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/symm/kernels")),
-    })
-    .clone()
 }
 
 /// [`REQUIRE_NVRTC`].

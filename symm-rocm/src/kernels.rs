@@ -1,7 +1,8 @@
 //! HIP kernels: sources embedded from `symm-rocm/kernels/`, compiled with
 //! hiprtc for the device's gfx architecture at first use, cached in memory and
-//! on disk (`$SYMM_KERNEL_CACHE`, else `~/.cache/symm/kernels`), keyed by
-//! (source, defines, options, architecture, hiprtc version).
+//! on disk through `symm_core::kernel_cache` (the one cache of every backend:
+//! `$SYMM_KERNEL_CACHE`, else `~/.cache/symm/kernels`), keyed by (source,
+//! defines, options, architecture, hiprtc version).
 //!
 //! Every source is compiled as `pad::c_defines() + common.hip.h + defines +
 //! source`, so the kernels and [`symm_core::pad`] cannot drift.
@@ -12,7 +13,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use symm_core::{pad, Error, Result};
+use symm_core::{kernel_cache, pad, Error, Result};
 
 use crate::driver::hiprtc;
 use crate::driver::runtime::Module;
@@ -85,27 +86,10 @@ pub fn hiprtc_available() -> Result<()> {
     hiprtc::get().map(|_| ())
 }
 
-/// FNV-1a 64, stable across Rust versions (unlike `DefaultHasher`).
-pub fn fnv1a(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for &b in *p {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        // separator, so ("ab","c") != ("a","bc")
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
-/// The on-disk cache folder, if one can be named.
+/// The disk cache folder (`symm_core::kernel_cache`, shared with symm-cuda: `$SYMM_KERNEL_CACHE`,
+/// else `~/.cache/symm/kernels`; `None` when disabled or no home is known).
 pub fn cache_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("SYMM_KERNEL_CACHE").filter(|d| !d.is_empty()) {
-        return Some(PathBuf::from(d).join("rocm"));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/symm/kernels/rocm"))
+    kernel_cache::dir()
 }
 
 fn validate_arch(arch: &str) -> Result<()> {
@@ -117,7 +101,7 @@ fn validate_arch(arch: &str) -> Result<()> {
     }
 }
 
-type CodeCache = Mutex<HashMap<u64, Arc<Vec<u8>>>>;
+type CodeCache = Mutex<HashMap<u128, Arc<Vec<u8>>>>;
 
 /// Compiles `src` (+ `defines`) for `arch` ("gfx90a"); returns the code object.
 pub fn compile(src: &KernelSource, defines: &str, arch: &str) -> Result<Arc<Vec<u8>>> {
@@ -127,7 +111,8 @@ pub fn compile(src: &KernelSource, defines: &str, arch: &str) -> Result<Arc<Vec<
     let opts = options(arch);
     let (maj, min) = rtc.version();
     let version = format!("{maj}.{min} {}", rtc.library);
-    let key = fnv1a(&[
+    let key = kernel_cache::key(&[
+        b"symm-rocm-kernels-v1",
         text.as_bytes(),
         opts.join(" ").as_bytes(),
         arch.as_bytes(),
@@ -139,17 +124,15 @@ pub fn compile(src: &KernelSource, defines: &str, arch: &str) -> Result<Arc<Vec<
     if let Some(c) = mem.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(c.clone());
     }
-    let file = cache_dir().map(|d| d.join(arch).join(format!("{}-{key:016x}.co", src.name)));
-    let cached = file
-        .as_ref()
-        .and_then(|f| std::fs::read(f).ok())
-        .filter(|c| !c.is_empty());
+    let dir = cache_dir();
+    let file = dir.as_ref().map(|d| kernel_cache::path(d, src.name, arch, key, "co"));
+    let cached = file.as_ref().and_then(|f| kernel_cache::read(f, key));
     let code = match cached {
         Some(c) => c,
         None => {
             let c = rtc.compile(&format!("{}.hip", src.name), &text, &opts)?;
-            if let Some(f) = &file {
-                store(f, &c);
+            if let (Some(d), Some(f)) = (&dir, &file) {
+                kernel_cache::write(d, f, key, &c);
             }
             c
         }
@@ -157,20 +140,6 @@ pub fn compile(src: &KernelSource, defines: &str, arch: &str) -> Result<Arc<Vec<
     let code = Arc::new(code);
     mem.lock().unwrap_or_else(|e| e.into_inner()).insert(key, code.clone());
     Ok(code)
-}
-
-/// Best-effort atomic write of a cache entry (a cache that cannot be written
-/// only costs a recompile).
-fn store(file: &std::path::Path, code: &[u8]) {
-    if let Some(dir) = file.parent() {
-        if std::fs::create_dir_all(dir).is_err() {
-            return;
-        }
-        let tmp = dir.join(format!(".tmp-{}-{:?}", std::process::id(), std::thread::current().id()));
-        if std::fs::write(&tmp, code).is_ok() && std::fs::rename(&tmp, file).is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-    }
 }
 
 /// Compiles every source for `arch`; returns (source name, code bytes).
@@ -181,7 +150,7 @@ pub fn compile_all(arch: &str) -> Result<Vec<(&'static str, usize)>> {
         .collect()
 }
 
-type ModuleCache = Mutex<HashMap<(u32, u64), Arc<Module>>>;
+type ModuleCache = Mutex<HashMap<(u32, u128), Arc<Module>>>;
 
 /// Compiles `src` for `device`'s architecture and loads it there (cached per
 /// device). The device must be current on this thread.
@@ -189,7 +158,7 @@ pub fn load(device: u32, src: &KernelSource, defines: &str) -> Result<Arc<Module
     static MODS: OnceLock<ModuleCache> = OnceLock::new();
     let key = (
         device,
-        fnv1a(&[src.name.as_bytes(), src.source.as_bytes(), defines.as_bytes()]),
+        kernel_cache::key(&[src.name.as_bytes(), src.source.as_bytes(), defines.as_bytes()]),
     );
     let mods = MODS.get_or_init(Default::default);
     if let Some(m) = mods.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
@@ -214,13 +183,5 @@ mod tests {
         assert!(validate_arch("sm_90").is_err());
         assert!(validate_arch("gfx90a --evil").is_err());
         assert!(options("gfx90a").contains(&"--offload-arch=gfx90a".to_string()));
-    }
-
-    #[test]
-    fn hash_is_stable_and_separates_parts() {
-        assert_eq!(fnv1a(&[b"abc"]), fnv1a(&[b"abc"]));
-        assert_ne!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"a", b"bc"]));
-        // pinned: the on-disk cache depends on this value not changing
-        assert_eq!(fnv1a(&[b""]), 0xaf64_724c_8602_eb6e);
     }
 }
