@@ -26,6 +26,7 @@ pub mod connectivity;
 #[allow(unsafe_code)]
 pub mod driver;
 pub mod kernels;
+pub mod knobs;
 pub mod symm_mem;
 
 use std::sync::Arc;

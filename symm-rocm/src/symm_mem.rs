@@ -39,8 +39,7 @@ pub fn timeout_ticks(timeout: Duration, hz: u64) -> u64 {
 }
 
 fn wall_clock_hz() -> u64 {
-    std::env::var("SYMM_ROCM_WALL_CLOCK_HZ")
-        .ok()
+    crate::knobs::get(crate::knobs::WALL_CLOCK_HZ)
         .and_then(|v| v.parse().ok())
         .filter(|&v: &u64| v > 0)
         .unwrap_or(DEFAULT_WALL_CLOCK_HZ)

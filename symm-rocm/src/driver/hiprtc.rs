@@ -55,7 +55,7 @@ impl std::fmt::Debug for Hiprtc {
 
 fn load() -> Result<Hiprtc, String> {
     let mut names: Vec<String> = Vec::new();
-    if let Ok(root) = std::env::var("ROCM_PATH") {
+    if let Some(root) = crate::knobs::get(crate::knobs::ROCM_PATH) {
         names.push(format!("{root}/lib/libhiprtc.so"));
         names.push(format!("{root}/lib/libamdhip64.so"));
     }

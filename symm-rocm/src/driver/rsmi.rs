@@ -37,7 +37,7 @@ type P2pFn = unsafe extern "C" fn(u32, u32, *mut bool) -> c_int;
 /// Queries rocm-smi. `Unavailable` when the library or devices are missing.
 pub fn query() -> Result<SmiTopology, Error> {
     let mut names: Vec<String> = Vec::new();
-    if let Ok(root) = std::env::var("ROCM_PATH") {
+    if let Some(root) = crate::knobs::get(crate::knobs::ROCM_PATH) {
         names.push(format!("{root}/lib/librocm_smi64.so"));
     }
     names.extend(
