@@ -15,7 +15,7 @@ use symm_core::{get_allocator, DeviceType};
 
 /// Environment variable that turns a skip into a failure (its value: how many
 /// GPUs the run requires tests to use).
-pub const REQUIRE_GPUS_ENV: &str = "SYMM_REQUIRE_GPUS";
+pub const REQUIRE_GPUS_ENV: &str = crate::knobs::REQUIRE_GPUS;
 
 /// Why a test was skipped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,8 +30,7 @@ impl std::fmt::Display for SkipReason {
 /// How many GPUs `SYMM_REQUIRE_GPUS` requires tests to use (0 when unset or
 /// not a number: every gated test may skip).
 pub fn gpus_required() -> usize {
-    std::env::var(REQUIRE_GPUS_ENV)
-        .ok()
+    crate::knobs::get(REQUIRE_GPUS_ENV)
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0)
 }

@@ -29,6 +29,7 @@ pub mod fault;
 pub mod gate;
 pub mod gpu_world;
 pub mod host;
+pub mod knobs;
 pub mod launch;
 mod store_host;
 

@@ -42,13 +42,13 @@ use symm_core::{Group, GroupOptions};
 use crate::fault::{set_thread_fault, Fault, FAULT_ENV};
 
 /// Marks a child started by [`run_processes`]; its value is the test name.
-pub const CHILD_ENV: &str = "SYMM_TESTKIT_CHILD";
+pub const CHILD_ENV: &str = crate::knobs::CHILD;
 /// Marks the single child started by [`run_isolated`]; its value is the test name.
-pub const ISOLATED_ENV: &str = "SYMM_TESTKIT_ISOLATED";
+pub const ISOLATED_ENV: &str = crate::knobs::ISOLATED;
 /// The launch id of children ([`RankCtx::launch_id`]).
-pub const LAUNCH_ID_ENV: &str = "SYMM_TESTKIT_LAUNCH_ID";
+pub const LAUNCH_ID_ENV: &str = crate::knobs::LAUNCH_ID;
 /// Store timeout of children, in milliseconds (default 60 s).
-pub const STORE_TIMEOUT_ENV: &str = "SYMM_TESTKIT_STORE_TIMEOUT_MS";
+pub const STORE_TIMEOUT_ENV: &str = crate::knobs::STORE_TIMEOUT_MS;
 /// Key a child sets when it starts running the test.
 const STARTED_KEY: &str = "symm-testkit/started";
 /// Bytes of a child's output kept for error reports.

@@ -370,7 +370,7 @@ pub fn run_processes(test_name: &str, world: usize, limit: Duration) -> Result<(
 
 /// True in a child started by [`run_processes`].
 pub fn is_child() -> bool {
-    std::env::var_os(CHILD_ENV).is_some()
+    crate::knobs::get(CHILD_ENV).is_some()
 }
 
 /// This child's rank (None outside a child).
@@ -378,11 +378,11 @@ pub fn child_rank() -> Option<usize> {
     if !is_child() {
         return None;
     }
-    std::env::var("RANK").ok().and_then(|r| r.parse().ok())
+    crate::knobs::get(crate::knobs::RANK).and_then(|r| r.parse().ok())
 }
 
 fn env_usize(name: &str) -> Result<usize, LaunchError> {
-    let v = std::env::var(name).map_err(|_| LaunchError::Env(format!("{name} is not set")))?;
+    let v = crate::knobs::get(name).ok_or_else(|| LaunchError::Env(format!("{name} is not set")))?;
     v.parse()
         .map_err(|_| LaunchError::Env(format!("{name}={v:?} is not a number")))
 }
@@ -402,22 +402,21 @@ pub fn child_ctx() -> Result<Option<RankCtx>, LaunchError> {
         return Ok(None);
     }
     die_with_parent();
-    let rank = env_usize("RANK")?;
-    let world = env_usize("WORLD_SIZE")?;
-    let local_rank = env_usize("LOCAL_RANK").unwrap_or(rank);
-    let addr = std::env::var("MASTER_ADDR").map_err(|_| LaunchError::Env("MASTER_ADDR is not set".into()))?;
-    let port = u16::try_from(env_usize("MASTER_PORT")?)
+    use crate::knobs::{LOCAL_RANK, MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE};
+    let rank = env_usize(RANK)?;
+    let world = env_usize(WORLD_SIZE)?;
+    let local_rank = env_usize(LOCAL_RANK).unwrap_or(rank);
+    let addr = crate::knobs::get(MASTER_ADDR).ok_or_else(|| LaunchError::Env("MASTER_ADDR is not set".into()))?;
+    let port = u16::try_from(env_usize(MASTER_PORT)?)
         .map_err(|_| LaunchError::Env("MASTER_PORT is not a port number".into()))?;
-    let timeout = std::env::var(STORE_TIMEOUT_ENV)
-        .ok()
+    let timeout = crate::knobs::get(STORE_TIMEOUT_ENV)
         .and_then(|v| v.parse::<u64>().ok())
         .map(Duration::from_millis)
         .unwrap_or(DEFAULT_STORE_TIMEOUT);
-    let launch_id = std::env::var(LAUNCH_ID_ENV)
-        .ok()
+    let launch_id = crate::knobs::get(LAUNCH_ID_ENV)
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    let store = crate::store_host::connect(&addr, port, timeout)?;
+    let store = crate::store_host::connect(addr, port, timeout)?;
     store.set(&format!("{STARTED_KEY}/{rank}"), b"")?;
     Ok(Some(RankCtx {
         rank,
@@ -432,7 +431,7 @@ pub fn child_ctx() -> Result<Option<RankCtx>, LaunchError> {
 
 /// True in the child started by [`run_isolated`].
 pub fn is_isolated_child() -> bool {
-    std::env::var_os(ISOLATED_ENV).is_some()
+    crate::knobs::get(ISOLATED_ENV).is_some()
 }
 
 /// Re-executes the current test binary once, running only `test_name`, in a
