@@ -1,7 +1,30 @@
 //! A cudarc NCCL communicator that may move between threads (symm-ops' NCCL fallback keeps one
-//! per `Communicator`, which engines build on one thread and use on another).
+//! per `Communicator`, which engines build on one thread and use on another), and the check that
+//! libnccl can be loaded before anything calls cudarc's NCCL (its loader panics otherwise, and a
+//! panic cannot be caught in a build with `panic = "abort"`).
+
+use std::sync::OnceLock;
 
 use cudarc::nccl::Comm;
+use symm_core::{Error, Result};
+
+/// `Ok(())` if libnccl can be loaded (the candidate names cudarc tries), else
+/// [`Error::Unavailable`]. Checked once per process.
+pub fn available() -> Result<()> {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: only tries to dlopen cudarc's candidate names (running their initialisers, as any
+    // library load does); calls nothing in the library.
+    let present = *PRESENT.get_or_init(|| unsafe { cudarc::nccl::sys::is_culib_present() });
+    if present {
+        Ok(())
+    } else {
+        Err(Error::Unavailable(
+            "NCCL (libnccl.so) was not found; put its folder on LD_LIBRARY_PATH (e.g. site-packages/nvidia/nccl/lib \
+             from the nvidia-nccl wheel; cudarc looks for libnccl.so)"
+                .into(),
+        ))
+    }
+}
 
 /// Owns a [`Comm`] and may be sent to another thread; it is not `Sync`, so one thread at a time
 /// uses it.

@@ -71,8 +71,9 @@ pub fn compile(name: &str, source: &str, arch: &str, extra_options: &[String]) -
         name: Some(format!("{name}.cu")),
         ..Default::default()
     };
-    // cudarc unwraps a few NVRTC results internally; a panic there must not
-    // take the caller down.
+    // cudarc unwraps a few NVRTC results internally; where panics unwind, one must not take the
+    // caller down (a missing libnvrtc never gets here: `available` checked it, which also holds
+    // under `panic = "abort"`, where this catches nothing).
     let out = std::panic::catch_unwind(|| compile_ptx_with_opts(source, opts).map(|p| p.to_src())).map_err(|_| {
         Error::Backend {
             backend: "nvrtc",

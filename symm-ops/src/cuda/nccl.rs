@@ -62,8 +62,11 @@ fn nccl_err(call: &str, e: cudarc::nccl::result::NcclError) -> Error {
     }
 }
 
-/// Runs `f`, turning a panic of cudarc's dynamic loader (library missing)
-/// into [`Error::Unavailable`].
+/// Runs `f`, turning a panic of cudarc's (a library call it unwraps) into
+/// [`Error::Unavailable`] where panics unwind. A missing libnccl never gets
+/// this far: [`nccl_version`] checks for the library first
+/// (`symm_cuda::driver::nccl::available`), which also holds under
+/// `panic = "abort"`, where this catches nothing.
 pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
@@ -80,6 +83,7 @@ pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T>
 
 /// Whether libnccl can be loaded (cudarc panics on first use otherwise).
 pub(crate) fn nccl_version() -> Result<i32> {
+    symm_cuda::driver::nccl::available()?;
     guarded("libnccl", || {
         cudarc::nccl::result::get_nccl_version().map_err(|e| nccl_err("ncclGetVersion", e))
     })
