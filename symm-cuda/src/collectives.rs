@@ -30,6 +30,7 @@ mod epilogue;
 pub mod layout;
 pub mod plan;
 mod scatter_gather;
+pub mod select;
 
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -47,7 +48,8 @@ use crate::{kernels, knobs};
 
 pub use epilogue::{epilogue_threads, Epilogue, Epilogues};
 pub use layout::WorkspaceLayout;
-pub use plan::{AllGatherPath, AllReduceAlgo, GridBudget, ReduceScatterAlgo, RingMode, Selection, Tuning};
+pub use plan::{GridBudget, RingMode, Tuning};
+pub use select::{AllGatherPath, AllReduceAlgo, ReduceScatterAlgo, Selection};
 
 use agree::{checked, header, Mechanism};
 use args::OpHeader;
@@ -520,37 +522,6 @@ impl CudaCollectives {
             usize::MAX
         } else {
             self.layout.lamport_max_bytes()
-        }
-    }
-
-    /// The algorithm [`AllReduceAlgo::Auto`] runs for `count` elements of `dtype`.
-    pub fn select_all_reduce(&self, count: usize, dtype: DType) -> AllReduceAlgo {
-        plan::select_all_reduce(
-            count.saturating_mul(dtype.size()),
-            self.world,
-            &self.layout,
-            &self.config.selection,
-        )
-    }
-
-    /// The path [`AllGatherPath::Auto`] takes for `count` input elements per rank.
-    pub fn select_all_gather(&self, count: usize, dtype: DType) -> AllGatherPath {
-        let part = count.saturating_mul(dtype.size());
-        if dtype.is_reducible_float() && plan::rs_ag_use_lamport(part, self.world, &self.layout, &self.config.selection)
-        {
-            AllGatherPath::Lamport
-        } else {
-            AllGatherPath::Sm
-        }
-    }
-
-    /// The algorithm [`ReduceScatterAlgo::Auto`] runs for `count` output elements per rank.
-    pub fn select_reduce_scatter(&self, count: usize, dtype: DType) -> ReduceScatterAlgo {
-        let part = count.saturating_mul(dtype.size());
-        if plan::rs_ag_use_lamport(part, self.world, &self.layout, &self.config.selection) {
-            ReduceScatterAlgo::Lamport
-        } else {
-            ReduceScatterAlgo::Ring
         }
     }
 
