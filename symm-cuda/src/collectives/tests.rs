@@ -1,4 +1,8 @@
+use std::time::Duration;
+
+use super::setup::two_rank_names;
 use super::*;
+use crate::kernels;
 
 #[test]
 fn overlap_math() {
