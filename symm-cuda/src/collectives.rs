@@ -52,8 +52,10 @@ pub use setup::{CollectivesConfig, DEFAULT_LAMPORT_BYTES, DEFAULT_RING_SLOTS, DE
 use agree::{checked, header, Mechanism};
 use args::OpHeader;
 use layout::{peer_index, MAX_WORLD, MISMATCH_WORDS, ST_ERR_OUT, ST_MISMATCH};
-use plan::{ce_rs_chunks, ce_split, kernel_dtype, kernel_op, lamport_plan, ring_plan, two_shot_shard, RingPlan};
-use setup::{lamport2_index, CeState, Fns, CE_EVENTS};
+use plan::{
+    ce_rs_chunks, ce_split, kernel_dtype, kernel_op, lamport_plan, ring_plan, two_shot_shard, KernelDtype, RingPlan,
+};
+use setup::{CeState, KernelTable, CE_EVENTS};
 use symm_core::pad::{ERR_MISMATCH, ERR_OP_MISMATCH, ERR_PEER_REJECTED};
 
 /// One copy-engine pull-and-reduce ([`CudaCollectives::ce_pull_reduce`]), device addresses.
@@ -100,7 +102,7 @@ pub struct CudaCollectives {
     /// How the collective kernels are launched ([`CollectivesConfig::pdl`] where the device
     /// supports it).
     how: Launch,
-    fns: Fns,
+    kernels: KernelTable,
     ws: u64,
     /// Every rank's workspace base and pad, passed to the Lamport and pull kernels by value.
     direct: args::Direct,
@@ -403,7 +405,7 @@ impl CudaCollectives {
     pub fn reject(&self, stream: &CudaStream) -> Result<()> {
         self.check_stream(stream)?;
         let a = args::reject(&self.common());
-        self.launch_coll(stream, &self.fns.reject, cfg(1, 64), &a)
+        self.launch_coll(stream, &self.kernels.reject, cfg(1, 64), &a)
     }
 
     /// The error code this object's kernels latched and copied into pinned host memory (NOTE
@@ -425,7 +427,7 @@ impl CudaCollectives {
         let out = self.ws + (ST_ERR_OUT * 4) as u64;
         launch(
             &self.control,
-            &self.fns.take_error,
+            &self.kernels.take_error,
             cfg(1, 32),
             &args::take_error(self.err_word, out),
         )?;
@@ -486,14 +488,13 @@ impl CudaCollectives {
 
 impl Drop for CudaCollectives {
     fn drop(&mut self) {
-        // Ops in flight are bounded by their deadlines; let the side stream finish before the
+        // Ops in flight are bounded by their deadlines; let the side streams finish before the
         // workspace goes away (the caller's streams are the caller's to synchronise).
         if let Ok(CeState {
-            sides: Some((side, side2)),
-            ..
+            streams: Some(streams), ..
         }) = self.ce.get_mut()
         {
-            for s in [side, side2] {
+            for s in [&streams.copies, &streams.reduced_pushes] {
                 if let Err(e) = crate::streams::wait_idle(s, crate::streams::HOST_COPY_TIMEOUT, "dropping collectives")
                 {
                     eprintln!("symm-cuda collectives: dropping: {e}");

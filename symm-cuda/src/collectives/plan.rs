@@ -165,12 +165,70 @@ pub fn vec_elems(dtype: DType) -> usize {
     VEC_BYTES / dtype.size()
 }
 
-/// The kernels' dtype suffix (`f32`, `f16`, `bf16`), or an error for others.
-pub fn kernel_dtype(dtype: DType, op: &'static str) -> Result<usize> {
+/// The element type a collective kernel entry is compiled for: the suffix of its name
+/// (`symm_ring_bf16`). Every per-dtype kernel table ([`PerDtype`]) is indexed by it, in the
+/// order of [`KernelDtype::ALL`] ([`KernelDtype::index`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KernelDtype {
+    F32 = 0,
+    F16 = 1,
+    Bf16 = 2,
+}
+
+impl KernelDtype {
+    /// Every kernel element type, in table order.
+    pub const ALL: [KernelDtype; 3] = [KernelDtype::F32, KernelDtype::F16, KernelDtype::Bf16];
+
+    /// The suffix of the entries' names.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            KernelDtype::F32 => "f32",
+            KernelDtype::F16 => "f16",
+            KernelDtype::Bf16 => "bf16",
+        }
+    }
+
+    /// The element type the entries read and write.
+    pub fn dtype(self) -> DType {
+        match self {
+            KernelDtype::F32 => DType::F32,
+            KernelDtype::F16 => DType::F16,
+            KernelDtype::Bf16 => DType::BF16,
+        }
+    }
+
+    /// Its position in [`KernelDtype::ALL`] and in every [`PerDtype`] table.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One value (a kernel entry, or a table of them) per [`KernelDtype`], indexed by it.
+#[derive(Debug, Clone)]
+pub struct PerDtype<T>([T; 3]);
+
+impl<T> PerDtype<T> {
+    /// The table of `load(d)` for every `d` of [`KernelDtype::ALL`], or the first error.
+    pub fn try_new(mut load: impl FnMut(KernelDtype) -> Result<T>) -> Result<Self> {
+        let [a, b, c] = KernelDtype::ALL;
+        Ok(PerDtype([load(a)?, load(b)?, load(c)?]))
+    }
+}
+
+impl<T> std::ops::Index<KernelDtype> for PerDtype<T> {
+    type Output = T;
+    fn index(&self, dtype: KernelDtype) -> &T {
+        &self.0[dtype.index()]
+    }
+}
+
+/// The kernels' element type for `dtype` (f32, f16, bf16), or an error for others.
+pub fn kernel_dtype(dtype: DType, op: &'static str) -> Result<KernelDtype> {
     match dtype {
-        DType::F32 => Ok(0),
-        DType::F16 => Ok(1),
-        DType::BF16 => Ok(2),
+        DType::F32 => Ok(KernelDtype::F32),
+        DType::F16 => Ok(KernelDtype::F16),
+        DType::BF16 => Ok(KernelDtype::Bf16),
         other => Err(Error::UnsupportedDType {
             dtype: other.name().to_string(),
             op,
@@ -662,6 +720,11 @@ mod tests {
         assert_ne!(check_word(&[1, 2]), check_word(&[2, 1]));
         assert_eq!(check_word(&[]) & 1, 1);
         assert!(kernel_dtype(DType::F64, "x").is_err());
-        assert_eq!(kernel_dtype(DType::BF16, "x").unwrap(), 2);
+        assert_eq!(kernel_dtype(DType::BF16, "x").unwrap(), KernelDtype::Bf16);
+        for (i, d) in KernelDtype::ALL.into_iter().enumerate() {
+            assert_eq!(d.index(), i);
+            assert_eq!(kernel_dtype(d.dtype(), "x").unwrap(), d);
+            assert_eq!(d.suffix(), d.dtype().name());
+        }
     }
 }

@@ -13,6 +13,7 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream};
 use symm_core::{get_allocator, Device, DeviceType, Error, Group, Result};
 
 use super::layout::MAX_WORLD;
+use super::plan::PerDtype;
 use super::{args, cfg, CudaCollectives, Epilogues, GridBudget, RingMode, Selection, Tuning, WorkspaceLayout};
 use crate::driver::launch::{launch, Launch};
 use crate::driver::{self, bind, from_driver};
@@ -78,51 +79,89 @@ impl CollectivesConfig {
     }
 }
 
-/// The kernels, loaded once per object (the module is cached per context by `kernels::load`).
-pub(super) struct Fns {
-    pub(super) lamport: [CudaFunction; 3],
-    /// Two-rank Lamport entries per dtype: all-reduce sum/avg/max/min, reduce-scatter
-    /// sum/avg/max/min, all-gather (`lamport2_index`).
-    pub(super) lamport2: [Vec<CudaFunction>; 3],
-    pub(super) ring: [CudaFunction; 3],
-    pub(super) reduce_ptrs: [CudaFunction; 3],
-    pub(super) pull: [CudaFunction; 3],
-    /// Two-rank pull entries per dtype, in `lamport2_index` order.
-    pub(super) pull2: [Vec<CudaFunction>; 3],
-    /// The Lamport one-shot with the residual / RMSNorm epilogue, per dtype.
-    pub(super) lamport_epi: [CudaFunction; 3],
-    /// Its two-rank entries, per dtype.
-    pub(super) lamport2_epi: [CudaFunction; 3],
+/// The collective kernels of one object, loaded at setup (the module is cached per context by
+/// `kernels::load`; every function is loaded here, NOTE [co-residency]). Entries
+/// compiled per element type are [`PerDtype`] tables, indexed by [`KernelDtype`] (from
+/// [`super::plan::kernel_dtype`]); the two-rank specialisations are in turn indexed by (mode,
+/// op) ([`TwoRankEntries`]).
+pub(super) struct KernelTable {
+    /// `symm_lamport_{dt}`: the Lamport one-shot (data as flag), any world, mode and op.
+    pub(super) lamport: PerDtype<CudaFunction>,
+    /// `symm_lamport2_{mode}_{op}_{dt}`: the Lamport entries specialised for two ranks and one
+    /// (mode, op), which avoid the generic kernel's instruction-cache misses.
+    pub(super) lamport_two_rank: PerDtype<TwoRankEntries>,
+    /// `symm_ring_{dt}`: the chunked ring (one-shot, two-shot, ring reduce-scatter, SM
+    /// all-gather).
+    pub(super) ring: PerDtype<CudaFunction>,
+    /// `symm_reduce_ptrs_{dt}`: reduces a list of sources into an output (the copy-engine paths).
+    pub(super) reduce_ptrs: PerDtype<CudaFunction>,
+    /// `symm_pull_{dt}`: the fused zero-copy pull, any world, mode and op.
+    pub(super) pull: PerDtype<CudaFunction>,
+    /// `symm_pull2_{mode}_{op}_{dt}`: the pull entries specialised for two ranks and one (mode,
+    /// op).
+    pub(super) pull_two_rank: PerDtype<TwoRankEntries>,
+    /// `symm_lamport_add_rms_{dt}`: the Lamport one-shot with the residual / RMSNorm epilogue
+    /// (NOTE [fused-epilogue]).
+    pub(super) lamport_epilogue: PerDtype<CudaFunction>,
+    /// `symm_lamport2_add_rms_{dt}`: its entry specialised for two ranks.
+    pub(super) lamport_epilogue_two_rank: PerDtype<CudaFunction>,
+    /// `symm_coll_barrier`: the (subset) barrier, with an optional check word.
     pub(super) barrier: CudaFunction,
+    /// `symm_coll_reject`: tells every peer this rank rejected its op (NOTE [op-agreement]).
     pub(super) reject: CudaFunction,
+    /// `symm_coll_take_error`: reads and clears the latched error.
     pub(super) take_error: CudaFunction,
 }
 
-/// The side stream and events of the copy-engine paths.
+/// The copy-engine paths' side streams and events.
 pub(super) struct CeState {
-    /// The copy streams: the second one pushes while the first pulls (the copy-engine two-shot
-    /// all-reduce). `None` on a device shared by ranks: the copies run on the op's own stream
-    /// there (NOTE [stream-budget]).
-    pub(super) sides: Option<(Arc<CudaStream>, Arc<CudaStream>)>,
+    /// `None` on a device shared by ranks: the copies run on the op's own stream there (NOTE
+    /// [stream-budget]).
+    pub(super) streams: Option<CeStreams>,
     pub(super) fork: CudaEvent,
     pub(super) join: CudaEvent,
     pub(super) copied: Vec<CudaEvent>,
     pub(super) reduced: Vec<CudaEvent>,
 }
 
+/// The two side streams of the copy-engine paths.
+pub(super) struct CeStreams {
+    /// Every copy-engine path's copies: the all-gather's pushes into the peers' outputs (or its
+    /// pulls, or its staged rounds), the copy-engine all-reduce's pulls into scratch, and the
+    /// pulls of the pipelined copy-engine reduce-scatter and two-shot.
+    pub(super) copies: Arc<CudaStream>,
+    /// The copy-engine two-shot's pushes of each reduced chunk into the peer's output, while
+    /// [`Self::copies`] pulls the chunks after it.
+    pub(super) reduced_pushes: Arc<CudaStream>,
+}
+
 impl CeState {
-    /// The stream the copies of an op on `op` run on.
-    pub(super) fn side<'a>(&'a self, op: &'a CudaStream) -> &'a CudaStream {
-        self.sides.as_ref().map_or(op, |s| &*s.0)
+    /// The stream the copies of an op on `op` run on ([`CeStreams::copies`]).
+    pub(super) fn copy_stream<'a>(&'a self, op: &'a CudaStream) -> &'a CudaStream {
+        self.streams.as_ref().map_or(op, |s| &*s.copies)
     }
-    /// The stream the pushes of an op on `op` run on.
-    pub(super) fn side2<'a>(&'a self, op: &'a CudaStream) -> &'a CudaStream {
-        self.sides.as_ref().map_or(op, |s| &*s.1)
+    /// The stream the copy-engine two-shot pushes its reduced chunks on, for an op on `op`
+    /// ([`CeStreams::reduced_pushes`]).
+    pub(super) fn reduced_push_stream<'a>(&'a self, op: &'a CudaStream) -> &'a CudaStream {
+        self.streams.as_ref().map_or(op, |s| &*s.reduced_pushes)
     }
 }
 
-/// The two-rank entries `symm_{kind}_...` (`lamport2`, `pull2`) of dtype suffix `dt`, in
-/// `lamport2_index` order.
+/// Two-rank entries of one kernel kind and element type, one per (mode, reduce op) in
+/// [`two_rank_index`] order: all-reduce sum / avg / max / min, reduce-scatter sum / avg / max /
+/// min, all-gather (`COLL_TWO_RANK_ENTRIES` in the kernels).
+pub(super) struct TwoRankEntries(Vec<CudaFunction>);
+
+impl TwoRankEntries {
+    /// The entry for `mode` and kernel op `op` ([`super::plan::kernel_op`]; the all-gather has
+    /// one entry whatever `op`).
+    pub(super) fn get(&self, mode: RingMode, op: u32) -> &CudaFunction {
+        &self.0[two_rank_index(mode, op)]
+    }
+}
+
+/// The names of the two-rank entries `symm_{kind}_...` (`lamport2`, `pull2`) of dtype suffix
+/// `dt`, in [`two_rank_index`] order.
 pub(super) fn two_rank_names(kind: &str, dt: &str) -> Vec<String> {
     let mut v = Vec::with_capacity(9);
     for mode in ["ar", "rs"] {
@@ -134,8 +173,8 @@ pub(super) fn two_rank_names(kind: &str, dt: &str) -> Vec<String> {
     v
 }
 
-/// Index of the two-rank Lamport / pull entry for (mode, kernel op).
-pub(super) fn lamport2_index(mode: RingMode, op: u32) -> usize {
+/// Index of the two-rank Lamport / pull entry for (mode, kernel op) in a [`TwoRankEntries`].
+pub(super) fn two_rank_index(mode: RingMode, op: u32) -> usize {
     match mode {
         RingMode::AllReduce => op as usize,
         RingMode::ReduceScatter => 4 + op as usize,
@@ -180,41 +219,25 @@ impl CudaCollectives {
 
         let module = kernels::load(ctx, kernels::source("collectives")?, "")?;
         let get = |name: &str| driver::load_function(&module, name);
-        let dts = ["f32", "f16", "bf16"];
-        let two_rank = |kind: &str| -> Result<[Vec<CudaFunction>; 3]> {
-            let load = |dt: &str| {
-                two_rank_names(kind, dt)
+        let per_dtype = |kind: &str| PerDtype::try_new(|d| get(&format!("symm_{kind}_{}", d.suffix())));
+        let two_rank = |kind: &str| {
+            PerDtype::try_new(|d| {
+                two_rank_names(kind, d.suffix())
                     .iter()
                     .map(|n| get(n))
                     .collect::<Result<Vec<_>>>()
-            };
-            Ok([load(dts[0])?, load(dts[1])?, load(dts[2])?])
+                    .map(TwoRankEntries)
+            })
         };
-        let fns = Fns {
-            lamport: [
-                get(&format!("symm_lamport_{}", dts[0]))?,
-                get(&format!("symm_lamport_{}", dts[1]))?,
-                get(&format!("symm_lamport_{}", dts[2]))?,
-            ],
-            lamport2: two_rank("lamport2")?,
-            ring: [get("symm_ring_f32")?, get("symm_ring_f16")?, get("symm_ring_bf16")?],
-            reduce_ptrs: [
-                get("symm_reduce_ptrs_f32")?,
-                get("symm_reduce_ptrs_f16")?,
-                get("symm_reduce_ptrs_bf16")?,
-            ],
-            pull: [get("symm_pull_f32")?, get("symm_pull_f16")?, get("symm_pull_bf16")?],
-            pull2: two_rank("pull2")?,
-            lamport_epi: [
-                get("symm_lamport_add_rms_f32")?,
-                get("symm_lamport_add_rms_f16")?,
-                get("symm_lamport_add_rms_bf16")?,
-            ],
-            lamport2_epi: [
-                get("symm_lamport2_add_rms_f32")?,
-                get("symm_lamport2_add_rms_f16")?,
-                get("symm_lamport2_add_rms_bf16")?,
-            ],
+        let kernels = KernelTable {
+            lamport: per_dtype("lamport")?,
+            lamport_two_rank: two_rank("lamport2")?,
+            ring: per_dtype("ring")?,
+            reduce_ptrs: per_dtype("reduce_ptrs")?,
+            pull: per_dtype("pull")?,
+            pull_two_rank: two_rank("pull2")?,
+            lamport_epilogue: per_dtype("lamport_add_rms")?,
+            lamport_epilogue_two_rank: per_dtype("lamport2_add_rms")?,
             barrier: get("symm_coll_barrier")?,
             reject: get("symm_coll_reject")?,
             take_error: get("symm_coll_take_error")?,
@@ -257,11 +280,14 @@ impl CudaCollectives {
                 .map_err(|e| from_driver(e, "cuEventCreate"))
         };
         let ce = CeState {
-            sides: if cuda.device_sharers() > 1 {
+            streams: if cuda.device_sharers() > 1 {
                 None
             } else {
                 let new_stream = || ctx.new_stream().map_err(|e| from_driver(e, "cuStreamCreate"));
-                Some((new_stream()?, new_stream()?))
+                Some(CeStreams {
+                    copies: new_stream()?,
+                    reduced_pushes: new_stream()?,
+                })
             },
             fork: new_event()?,
             join: new_event()?,
@@ -293,7 +319,7 @@ impl CudaCollectives {
             sm_count,
             grid,
             how,
-            fns,
+            kernels,
             ws,
             abort_host,
             err_word,
