@@ -21,6 +21,7 @@ pub const MAX_THREADS: u32 = 512;
 
 /// Ring kernel modes (`COLL_MODE_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RingMode {
     AllReduce = 0,
     ReduceScatter = 1,
@@ -29,7 +30,11 @@ pub enum RingMode {
 
 /// Knobs of the kernels' launch shapes. Every rank must use the same values (they decide chunk
 /// counts); the defaults suit H100/H200.
+///
+/// Start from [`Tuning::default`] and set fields (the struct is `#[non_exhaustive]`: fields may
+/// be added).
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct Tuning {
     /// Most blocks of a grid (`None`: the device's SM count). Ring grids are at most this.
     pub max_blocks: Option<u32>,
@@ -206,11 +211,11 @@ impl KernelDtype {
 
 /// One value (a kernel entry, or a table of them) per [`KernelDtype`], indexed by it.
 #[derive(Debug, Clone)]
-pub struct PerDtype<T>([T; 3]);
+pub(crate) struct PerDtype<T>([T; 3]);
 
 impl<T> PerDtype<T> {
     /// The table of `load(d)` for every `d` of [`KernelDtype::ALL`], or the first error.
-    pub fn try_new(mut load: impl FnMut(KernelDtype) -> Result<T>) -> Result<Self> {
+    pub(crate) fn try_new(mut load: impl FnMut(KernelDtype) -> Result<T>) -> Result<Self> {
         let [a, b, c] = KernelDtype::ALL;
         Ok(PerDtype([load(a)?, load(b)?, load(c)?]))
     }

@@ -12,6 +12,7 @@ use super::CudaCollectives;
 
 /// All-reduce algorithms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum AllReduceAlgo {
     /// Picked by size and world size ([`Selection`]); never the copy-engine path.
     Auto,
@@ -59,6 +60,7 @@ impl AllReduceAlgo {
 
 /// All-gather data paths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum AllGatherPath {
     /// [`Selection`]: Lamport for small messages, else the SM ring.
     Auto,
@@ -102,6 +104,7 @@ impl AllGatherPath {
 
 /// Reduce-scatter algorithms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ReduceScatterAlgo {
     /// [`Selection`]: Lamport for small messages, else the ring.
     Auto,
@@ -130,7 +133,11 @@ impl ReduceScatterAlgo {
 }
 
 /// Size thresholds of the `Auto` choices (bytes).
+///
+/// Start from [`Selection::default`] and set fields (the struct is `#[non_exhaustive]`: fields
+/// may be added).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Selection {
     /// All-reduce, two ranks: Lamport up to this message size (capped by the Lamport buffers).
     /// 2 x H200, pipelined Lamport kernel (bench-notes.md, round 5): 15.8 us at 4 MiB, 28.4 at 8,

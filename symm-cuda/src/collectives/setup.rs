@@ -32,7 +32,12 @@ pub const DEFAULT_RING_SLOTS: usize = 64;
 pub(super) const CE_EVENTS: usize = 16;
 
 /// Setup parameters of a [`CudaCollectives`]; every rank must pass equal values.
+///
+/// Built with [`CollectivesConfig::new`] and field assignment (the struct is
+/// `#[non_exhaustive]`: fields may be added). No `Default`: the bound of the device waits has no
+/// value that suits every caller (symm-ops passes the group's timeout).
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct CollectivesConfig {
     /// Bytes of the ring / staging area (split over the peers).
     pub staging_bytes: usize,
@@ -58,6 +63,9 @@ pub struct CollectivesConfig {
 }
 
 impl CollectivesConfig {
+    /// `staging_bytes` of staging, device waits bounded by `timeout`, everything else the
+    /// defaults: the Lamport buffers by world size, [`DEFAULT_RING_SLOTS`], [`Tuning::default`],
+    /// [`Selection::default`], and programmatic dependent launch unless `SYMM_PDL=0`.
     pub fn new(staging_bytes: usize, timeout: Duration) -> Self {
         CollectivesConfig {
             staging_bytes,
