@@ -30,133 +30,33 @@ mod epilogue;
 pub mod layout;
 pub mod plan;
 mod scatter_gather;
+pub mod select;
+mod setup;
 
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
 
-use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
-use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig};
-use symm_core::{
-    get_allocator, Allocation, DType, Device, DeviceType, Error, Group, OpKind, Rank, ReduceOp, Result, SymmetricMemory,
-};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
+use symm_core::{Allocation, DType, Device, DeviceType, Error, Group, OpKind, Rank, ReduceOp, Result, SymmetricMemory};
 
 use crate::driver::launch::{launch, launch_with, KernelArg, Launch};
 use crate::driver::mem::{dtod_async, dtoh_sync, memset_d32_async};
 use crate::driver::{self, bind, from_driver};
-use crate::{kernels, knobs};
+use crate::knobs;
 
 pub use epilogue::{epilogue_threads, Epilogue, Epilogues};
 pub use layout::WorkspaceLayout;
-pub use plan::{AllGatherPath, AllReduceAlgo, GridBudget, ReduceScatterAlgo, RingMode, Selection, Tuning};
+pub use plan::{GridBudget, RingMode, Tuning};
+pub use select::{AllGatherPath, AllReduceAlgo, ReduceScatterAlgo, Selection};
+pub use setup::{CollectivesConfig, DEFAULT_LAMPORT_BYTES, DEFAULT_RING_SLOTS, DEFAULT_STAGING_BYTES};
 
 use agree::{checked, header, Mechanism};
 use args::OpHeader;
 use layout::{peer_index, MAX_WORLD, MISMATCH_WORDS, ST_ERR_OUT, ST_MISMATCH};
-use plan::{ce_rs_chunks, ce_split, kernel_dtype, kernel_op, lamport_plan, ring_plan, two_shot_shard, RingPlan};
+use plan::{
+    ce_rs_chunks, ce_split, kernel_dtype, kernel_op, lamport_plan, ring_plan, two_shot_shard, KernelDtype, RingPlan,
+};
+use setup::{CeState, KernelTable, CE_EVENTS};
 use symm_core::pad::{ERR_MISMATCH, ERR_OP_MISMATCH, ERR_PEER_REJECTED};
-
-/// Default staging (ring) bytes.
-pub const DEFAULT_STAGING_BYTES: usize = 10 << 20;
-/// Default largest Lamport message for two ranks (smaller for more ranks: 16 MiB / (world-1)).
-/// The workspace holds three such buffers (48 MiB per rank for two ranks): 2 x H200 measured the
-/// pipelined Lamport kernel ahead of the zero-copy pull up to 16 MiB all-reduce and 32 MiB
-/// reduce-scatter / all-gather (bench-notes.md, round 5).
-pub const DEFAULT_LAMPORT_BYTES: usize = 16 << 20;
-/// Default ring slots per peer.
-pub const DEFAULT_RING_SLOTS: usize = 64;
-/// Copy-engine all-reduce scratch slots (events per kind).
-const CE_EVENTS: usize = 16;
-
-/// Setup parameters of a [`CudaCollectives`]; every rank must pass equal values.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CollectivesConfig {
-    /// Bytes of the ring / staging area (split over the peers).
-    pub staging_bytes: usize,
-    /// Largest Lamport message in bytes (`None`: [`DEFAULT_LAMPORT_BYTES`] for two ranks,
-    /// 16 MiB / (world - 1) above; `Some(0)` disables Lamport).
-    pub lamport_bytes: Option<usize>,
-    /// Ring slots per peer (a power of two).
-    pub ring_slots: usize,
-    /// Bound of every device wait.
-    pub timeout: Duration,
-    /// Launch shapes (defaults for H100/H200).
-    pub tuning: Tuning,
-    /// Thresholds of [`AllReduceAlgo::Auto`].
-    pub selection: Selection,
-    /// Launch the collective kernels with programmatic dependent launch (NOTE [pdl] in
-    /// `kernels/common.cuh`): a kernel may be scheduled while the kernel ahead of it on the
-    /// stream is still running, and waits on the device for it, which hides most of the launch
-    /// latency of back-to-back kernels. Applies on compute capability 9.0 or newer only.
-    /// Default: on, unless `SYMM_PDL=0` is in the environment ([`knobs::pdl`]); 2 x H200
-    /// passed every distinct-GPU suite with it and ran 0.84-0.99 of the time without it
-    /// (graph replay; symm-ops/bench-notes.md, round 14).
-    pub pdl: bool,
-}
-
-impl CollectivesConfig {
-    pub fn new(staging_bytes: usize, timeout: Duration) -> Self {
-        CollectivesConfig {
-            staging_bytes,
-            lamport_bytes: None,
-            ring_slots: DEFAULT_RING_SLOTS,
-            timeout,
-            tuning: Tuning::default(),
-            selection: Selection::default(),
-            pdl: knobs::pdl(),
-        }
-    }
-
-    fn lamport_bytes_for(&self, world: usize) -> usize {
-        match self.lamport_bytes {
-            Some(b) => b,
-            None if world <= 2 => DEFAULT_LAMPORT_BYTES,
-            None => (16 << 20) / (world - 1),
-        }
-    }
-}
-
-/// The kernels, loaded once per object (the module is cached per context by `kernels::load`).
-struct Fns {
-    lamport: [CudaFunction; 3],
-    /// Two-rank Lamport entries per dtype: all-reduce sum/avg/max/min, reduce-scatter
-    /// sum/avg/max/min, all-gather (`lamport2_index`).
-    lamport2: [Vec<CudaFunction>; 3],
-    ring: [CudaFunction; 3],
-    reduce_ptrs: [CudaFunction; 3],
-    pull: [CudaFunction; 3],
-    /// Two-rank pull entries per dtype, in `lamport2_index` order.
-    pull2: [Vec<CudaFunction>; 3],
-    /// The Lamport one-shot with the residual / RMSNorm epilogue, per dtype.
-    lamport_epi: [CudaFunction; 3],
-    /// Its two-rank entries, per dtype.
-    lamport2_epi: [CudaFunction; 3],
-    barrier: CudaFunction,
-    reject: CudaFunction,
-    take_error: CudaFunction,
-}
-
-/// The side stream and events of the copy-engine paths.
-struct CeState {
-    /// The copy streams: the second one pushes while the first pulls (the copy-engine two-shot
-    /// all-reduce). `None` on a device shared by ranks: the copies run on the op's own stream
-    /// there (NOTE [stream-budget]).
-    sides: Option<(Arc<CudaStream>, Arc<CudaStream>)>,
-    fork: CudaEvent,
-    join: CudaEvent,
-    copied: Vec<CudaEvent>,
-    reduced: Vec<CudaEvent>,
-}
-
-impl CeState {
-    /// The stream the copies of an op on `op` run on.
-    fn side<'a>(&'a self, op: &'a CudaStream) -> &'a CudaStream {
-        self.sides.as_ref().map_or(op, |s| &*s.0)
-    }
-    /// The stream the pushes of an op on `op` run on.
-    fn side2<'a>(&'a self, op: &'a CudaStream) -> &'a CudaStream {
-        self.sides.as_ref().map_or(op, |s| &*s.1)
-    }
-}
 
 /// One copy-engine pull-and-reduce ([`CudaCollectives::ce_pull_reduce`]), device addresses.
 struct CePull {
@@ -202,7 +102,7 @@ pub struct CudaCollectives {
     /// How the collective kernels are launched ([`CollectivesConfig::pdl`] where the device
     /// supports it).
     how: Launch,
-    fns: Fns,
+    kernels: KernelTable,
     ws: u64,
     /// Every rank's workspace base and pad, passed to the Lamport and pull kernels by value.
     direct: args::Direct,
@@ -286,28 +186,6 @@ fn check_ptr(what: &'static str, ptr: u64, dtype: DType) -> Result<()> {
     Ok(())
 }
 
-/// The two-rank entries `symm_{kind}_...` (`lamport2`, `pull2`) of dtype suffix `dt`, in
-/// `lamport2_index` order.
-fn two_rank_names(kind: &str, dt: &str) -> Vec<String> {
-    let mut v = Vec::with_capacity(9);
-    for mode in ["ar", "rs"] {
-        for op in ["sum", "avg", "max", "min"] {
-            v.push(format!("symm_{kind}_{mode}_{op}_{dt}"));
-        }
-    }
-    v.push(format!("symm_{kind}_ag_{dt}"));
-    v
-}
-
-/// Index of the two-rank Lamport / pull entry for (mode, kernel op).
-fn lamport2_index(mode: RingMode, op: u32) -> usize {
-    match mode {
-        RingMode::AllReduce => op as usize,
-        RingMode::ReduceScatter => 4 + op as usize,
-        RingMode::AllGather => 8,
-    }
-}
-
 fn cfg(blocks: u32, threads: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (blocks.max(1), 1, 1),
@@ -317,167 +195,6 @@ fn cfg(blocks: u32, threads: u32) -> LaunchConfig {
 }
 
 impl CudaCollectives {
-    /// Collective setup with the default configuration and `staging_bytes` of staging.
-    pub fn new(group: &Arc<Group>, ctx: &Arc<CudaContext>, staging_bytes: usize, timeout: Duration) -> Result<Self> {
-        Self::with_config(group, ctx, CollectivesConfig::new(staging_bytes, timeout))
-    }
-
-    /// Collective setup: lays out, allocates, fills and rendezvouses the workspace, loads the
-    /// kernels. Every rank of `group` calls it with equal `config`.
-    pub fn with_config(group: &Arc<Group>, ctx: &Arc<CudaContext>, config: CollectivesConfig) -> Result<Self> {
-        let world = group.world_size();
-        let rank = group.rank().get();
-        if world > MAX_WORLD {
-            return Err(Error::OutOfRange {
-                what: "world size for the CUDA collectives",
-                value: world as u64,
-                limit: MAX_WORLD as u64,
-            });
-        }
-        config.tuning.validate()?;
-        let layout = WorkspaceLayout::new(
-            world,
-            config.staging_bytes,
-            config.lamport_bytes_for(world),
-            config.ring_slots,
-        )?;
-        bind(ctx)?;
-        let sm_count = driver::attribute(
-            ctx.cu_device(),
-            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-        )?;
-        let sm_count = u32::try_from(sm_count).unwrap_or(1).max(1);
-        let how = Launch {
-            pdl: config.pdl && driver::supports_pdl(ctx.cu_device())?,
-        };
-
-        let module = kernels::load(ctx, kernels::source("collectives")?, "")?;
-        let get = |name: &str| driver::load_function(&module, name);
-        let dts = ["f32", "f16", "bf16"];
-        let two_rank = |kind: &str| -> Result<[Vec<CudaFunction>; 3]> {
-            let load = |dt: &str| {
-                two_rank_names(kind, dt)
-                    .iter()
-                    .map(|n| get(n))
-                    .collect::<Result<Vec<_>>>()
-            };
-            Ok([load(dts[0])?, load(dts[1])?, load(dts[2])?])
-        };
-        let fns = Fns {
-            lamport: [
-                get(&format!("symm_lamport_{}", dts[0]))?,
-                get(&format!("symm_lamport_{}", dts[1]))?,
-                get(&format!("symm_lamport_{}", dts[2]))?,
-            ],
-            lamport2: two_rank("lamport2")?,
-            ring: [get("symm_ring_f32")?, get("symm_ring_f16")?, get("symm_ring_bf16")?],
-            reduce_ptrs: [
-                get("symm_reduce_ptrs_f32")?,
-                get("symm_reduce_ptrs_f16")?,
-                get("symm_reduce_ptrs_bf16")?,
-            ],
-            pull: [get("symm_pull_f32")?, get("symm_pull_f16")?, get("symm_pull_bf16")?],
-            pull2: two_rank("pull2")?,
-            lamport_epi: [
-                get("symm_lamport_add_rms_f32")?,
-                get("symm_lamport_add_rms_f16")?,
-                get("symm_lamport_add_rms_bf16")?,
-            ],
-            lamport2_epi: [
-                get("symm_lamport2_add_rms_f32")?,
-                get("symm_lamport2_add_rms_f16")?,
-                get("symm_lamport2_add_rms_bf16")?,
-            ],
-            barrier: get("symm_coll_barrier")?,
-            reject: get("symm_coll_reject")?,
-            take_error: get("symm_coll_take_error")?,
-        };
-        let init = get("symm_coll_init")?;
-
-        let device = Device::new(DeviceType::Cuda, ctx.ordinal() as u32);
-        let alloc = get_allocator(DeviceType::Cuda)?.alloc(layout.total, device, group)?;
-        if alloc.size() < layout.total {
-            return Err(Error::Mismatch {
-                what: "workspace size",
-                detail: format!("asked {} bytes, got {}", layout.total, alloc.size()),
-            });
-        }
-        let control = crate::streams::control(ctx)?;
-        // Fill STATE/FLAGS with zeros and the Lamport buffers with the sentinel, and wait for it,
-        // before this rank publishes its handle in the rendezvous: no peer can write here earlier.
-        let ws_local = alloc.ptr();
-        launch(&control, &init, cfg(sm_count, 256), &args::init(ws_local, &layout))?;
-        crate::streams::wait_idle(
-            &control,
-            crate::streams::HOST_COPY_TIMEOUT,
-            "initialising the workspace",
-        )?;
-        let mem = alloc.rendezvous(config.timeout)?;
-        let cuda = crate::as_cuda(mem.as_ref())
-            .ok_or_else(|| Error::InvalidArgument("the CUDA allocator returned a non-CUDA symmetric memory".into()))?;
-        let abort_host = cuda.abort_word_ptr();
-        let err_word = cuda.error_word_ptr();
-        let grid = GridBudget::new(sm_count, cuda.device_sharers(), how.pdl)?;
-        let ws = mem.buffer_ptrs()[rank];
-        if ws != ws_local {
-            return Err(Error::Mismatch {
-                what: "workspace address",
-                detail: format!("{ws:#x} after rendezvous, {ws_local:#x} before"),
-            });
-        }
-        let new_event = || {
-            ctx.new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                .map_err(|e| from_driver(e, "cuEventCreate"))
-        };
-        let ce = CeState {
-            sides: if cuda.device_sharers() > 1 {
-                None
-            } else {
-                let new_stream = || ctx.new_stream().map_err(|e| from_driver(e, "cuStreamCreate"));
-                Some((new_stream()?, new_stream()?))
-            },
-            fork: new_event()?,
-            join: new_event()?,
-            copied: (0..CE_EVENTS).map(|_| new_event()).collect::<Result<_>>()?,
-            reduced: (0..CE_EVENTS).map(|_| new_event()).collect::<Result<_>>()?,
-        };
-        let timeout_ns = u64::try_from(config.timeout.as_nanos()).unwrap_or(u64::MAX);
-        let mut direct = args::Direct::default();
-        for (d, &b) in direct.ws.iter_mut().zip(mem.buffer_ptrs()) {
-            *d = b;
-        }
-        for (d, &p) in direct.pads.iter_mut().zip(mem.signal_pad_ptrs()) {
-            *d = p;
-        }
-        // The separate epilogue kernel waits on no peer: held to the grid budget on a shared GPU.
-        let epilogues = Epilogues::load(ctx, config.pdl)?.with_max_blocks(grid.blocks);
-        Ok(CudaCollectives {
-            direct,
-            group: group.clone(),
-            ctx: ctx.clone(),
-            bufs_dev: mem.buffer_ptrs_dev(),
-            pads_dev: mem.signal_pad_ptrs_dev(),
-            mem,
-            _alloc: alloc,
-            layout,
-            config,
-            rank,
-            world,
-            sm_count,
-            grid,
-            how,
-            fns,
-            ws,
-            abort_host,
-            err_word,
-            timeout_ns,
-            control,
-            ce: Mutex::new(ce),
-            registered: RwLock::new(Vec::new()),
-            epilogues,
-        })
-    }
-
     pub fn group(&self) -> &Arc<Group> {
         &self.group
     }
@@ -520,37 +237,6 @@ impl CudaCollectives {
             usize::MAX
         } else {
             self.layout.lamport_max_bytes()
-        }
-    }
-
-    /// The algorithm [`AllReduceAlgo::Auto`] runs for `count` elements of `dtype`.
-    pub fn select_all_reduce(&self, count: usize, dtype: DType) -> AllReduceAlgo {
-        plan::select_all_reduce(
-            count.saturating_mul(dtype.size()),
-            self.world,
-            &self.layout,
-            &self.config.selection,
-        )
-    }
-
-    /// The path [`AllGatherPath::Auto`] takes for `count` input elements per rank.
-    pub fn select_all_gather(&self, count: usize, dtype: DType) -> AllGatherPath {
-        let part = count.saturating_mul(dtype.size());
-        if dtype.is_reducible_float() && plan::rs_ag_use_lamport(part, self.world, &self.layout, &self.config.selection)
-        {
-            AllGatherPath::Lamport
-        } else {
-            AllGatherPath::Sm
-        }
-    }
-
-    /// The algorithm [`ReduceScatterAlgo::Auto`] runs for `count` output elements per rank.
-    pub fn select_reduce_scatter(&self, count: usize, dtype: DType) -> ReduceScatterAlgo {
-        let part = count.saturating_mul(dtype.size());
-        if plan::rs_ag_use_lamport(part, self.world, &self.layout, &self.config.selection) {
-            ReduceScatterAlgo::Lamport
-        } else {
-            ReduceScatterAlgo::Ring
         }
     }
 
@@ -719,7 +405,7 @@ impl CudaCollectives {
     pub fn reject(&self, stream: &CudaStream) -> Result<()> {
         self.check_stream(stream)?;
         let a = args::reject(&self.common());
-        self.launch_coll(stream, &self.fns.reject, cfg(1, 64), &a)
+        self.launch_coll(stream, &self.kernels.reject, cfg(1, 64), &a)
     }
 
     /// The error code this object's kernels latched and copied into pinned host memory (NOTE
@@ -741,7 +427,7 @@ impl CudaCollectives {
         let out = self.ws + (ST_ERR_OUT * 4) as u64;
         launch(
             &self.control,
-            &self.fns.take_error,
+            &self.kernels.take_error,
             cfg(1, 32),
             &args::take_error(self.err_word, out),
         )?;
@@ -802,14 +488,13 @@ impl CudaCollectives {
 
 impl Drop for CudaCollectives {
     fn drop(&mut self) {
-        // Ops in flight are bounded by their deadlines; let the side stream finish before the
+        // Ops in flight are bounded by their deadlines; let the side streams finish before the
         // workspace goes away (the caller's streams are the caller's to synchronise).
         if let Ok(CeState {
-            sides: Some((side, side2)),
-            ..
+            streams: Some(streams), ..
         }) = self.ce.get_mut()
         {
-            for s in [side, side2] {
+            for s in [&streams.copies, &streams.reduced_pushes] {
                 if let Err(e) = crate::streams::wait_idle(s, crate::streams::HOST_COPY_TIMEOUT, "dropping collectives")
                 {
                     eprintln!("symm-cuda collectives: dropping: {e}");

@@ -26,6 +26,7 @@ use crate::kernels;
 
 /// The probes, in the order of their STATE counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Probe {
     /// An empty kernel.
     Empty,

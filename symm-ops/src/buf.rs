@@ -102,6 +102,7 @@ impl Element for bf16 {
 /// A host slice an op reads (the host engine stages it through the
 /// communicator's symmetric buffer).
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub enum HostIn<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
@@ -110,6 +111,7 @@ pub enum HostIn<'a> {
 
 /// A host slice an op writes.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum HostOut<'a> {
     F32(&'a mut [f32]),
     F16(&'a mut [f16]),
@@ -272,7 +274,9 @@ impl RawDevicePtr {
     }
 }
 
-/// Something an op reads.
+/// Something an op reads (`#[non_exhaustive]`: kinds may be added, and `Device` exists only
+/// with the `cuda` feature).
+#[non_exhaustive]
 pub enum Buf<'a> {
     /// A tensor in symmetric memory of the communicator's group: zero-copy.
     Symm(&'a SymmTensor),
@@ -285,7 +289,9 @@ pub enum Buf<'a> {
     Raw(RawDevicePtr),
 }
 
-/// Something an op writes (or, for in-place ops, reads and writes).
+/// Something an op writes (or, for in-place ops, reads and writes; `#[non_exhaustive]` as
+/// [`Buf`]).
+#[non_exhaustive]
 pub enum BufMut<'a> {
     /// A tensor in symmetric memory (written locally; zero-copy as an in-place input).
     Symm(&'a SymmTensor),

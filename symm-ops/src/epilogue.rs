@@ -30,7 +30,9 @@ pub enum EpilogueAlgo {
 }
 
 /// The RMSNorm half of an epilogue: `weight` (`hidden` elements, the row length) and `eps`.
+/// Built with [`RmsNorm::new`] (the struct is `#[non_exhaustive]`: fields may be added).
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct RmsNorm<'a> {
     pub weight: Buf<'a>,
     pub eps: f32,

@@ -127,7 +127,10 @@ impl fmt::Display for AllGatherAlgo {
 /// disables the algorithm below it; `usize::MAX` means "no limit".
 ///
 /// Start from [`SelectionThresholds::defaults`] and set fields (the struct is
-/// `#[non_exhaustive]`: fields may be added).
+/// `#[non_exhaustive]`: fields may be added). There is no `Default`: the
+/// thresholds depend on the engine and the world size, and no one table is
+/// right for all of them (`CommConfig::selection: None` takes the defaults for
+/// the communicator's own engine and world).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct SelectionThresholds {

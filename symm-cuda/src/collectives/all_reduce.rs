@@ -140,7 +140,7 @@ impl CudaCollectives {
     pub(super) fn lamport(
         &self,
         stream: &CudaStream,
-        dt: usize,
+        dt: KernelDtype,
         mode: RingMode,
         op: ReduceOp,
         input: u64,
@@ -149,13 +149,13 @@ impl CudaCollectives {
         tuning: &Tuning,
         hdr: &OpHeader,
     ) -> Result<()> {
-        let dtype = [DType::F32, DType::F16, DType::BF16][dt];
+        let dtype = dt.dtype();
         let p = lamport_plan(count, dtype, &self.layout, tuning, self.grid.blocks)?;
         // Two ranks: the entry specialised for this (mode, op) (NOTE in collectives.cu).
         let f = if self.world == 2 && !knobs::lamport_generic() {
-            &self.fns.lamport2[dt][lamport2_index(mode, kernel_op(op))]
+            self.kernels.lamport_two_rank[dt].get(mode, kernel_op(op))
         } else {
-            &self.fns.lamport[dt]
+            &self.kernels.lamport[dt]
         };
         let mut a = args::lamport(
             &self.common(),
@@ -186,7 +186,7 @@ impl CudaCollectives {
     pub(super) fn launch_ring(
         &self,
         stream: &CudaStream,
-        dt: usize,
+        dt: KernelDtype,
         op: ReduceOp,
         mode: RingMode,
         input: u64,
@@ -197,7 +197,7 @@ impl CudaCollectives {
         in_place: bool,
         hdr: &OpHeader,
     ) -> Result<()> {
-        let dtype = [DType::F32, DType::F16, DType::BF16][dt];
+        let dtype = dt.dtype();
         let p: RingPlan = ring_plan(mode, total, shard, dtype, &self.layout, tuning, self.grid.blocks)?;
         let mut flags = u32::from(in_place && mode == RingMode::AllReduce && self.world > 1);
         if knobs::ring_unroll1() {
@@ -214,7 +214,7 @@ impl CudaCollectives {
             flags,
             hdr,
         );
-        self.launch_coll(stream, &self.fns.ring[dt], cfg(p.blocks(), p.threads), &a)
+        self.launch_coll(stream, &self.kernels.ring[dt], cfg(p.blocks(), p.threads), &a)
     }
 
     /// `out[0..n] = reduce over ranks of srcs[r][0..n]` on `stream`.
@@ -222,7 +222,7 @@ impl CudaCollectives {
     pub(super) fn launch_reduce_ptrs(
         &self,
         stream: &CudaStream,
-        dt: usize,
+        dt: KernelDtype,
         op: ReduceOp,
         out: u64,
         n: usize,
@@ -232,25 +232,31 @@ impl CudaCollectives {
         if n == 0 {
             return Ok(());
         }
-        let dtype = [DType::F32, DType::F16, DType::BF16][dt];
+        let dtype = dt.dtype();
         let vectors = n.div_ceil(plan::vec_elems(dtype));
         let threads = tuning.threads;
         let blocks = vectors
             .div_ceil(threads as usize)
             .clamp(1, self.grid.independent(tuning.blocks(self.grid.blocks), 4) as usize) as u32;
         let a = args::reduce_ptrs(self.rank as u32, self.world as u32, kernel_op(op), out, n, srcs);
-        self.launch_coll(stream, &self.fns.reduce_ptrs[dt], cfg(blocks, threads), &a)
+        self.launch_coll(stream, &self.kernels.reduce_ptrs[dt], cfg(blocks, threads), &a)
     }
 
     pub(super) fn launch_barrier(&self, stream: &CudaStream, mask: u64, check: u32) -> Result<()> {
         let a = args::barrier(&self.common(), mask, &self.bound(), check);
-        self.launch_coll(stream, &self.fns.barrier, cfg(1, 64), &a)
+        self.launch_coll(stream, &self.kernels.barrier, cfg(1, 64), &a)
     }
 
     /// One fused zero-copy pull (opening barrier, pull, closing barrier in one kernel; NOTE
     /// [collectives-protocols], "Fused pull"). One wave: at most one block per SM.
-    pub(super) fn launch_pull(&self, stream: &CudaStream, dt: usize, p: &args::Pull, tuning: &Tuning) -> Result<()> {
-        let dtype = [DType::F32, DType::F16, DType::BF16][dt];
+    pub(super) fn launch_pull(
+        &self,
+        stream: &CudaStream,
+        dt: KernelDtype,
+        p: &args::Pull,
+        tuning: &Tuning,
+    ) -> Result<()> {
+        let dtype = dt.dtype();
         let vectors = p.n.div_ceil(plan::vec_elems(dtype)).max(1);
         let threads = tuning.threads;
         let blocks = vectors
@@ -259,9 +265,9 @@ impl CudaCollectives {
         // The state words are at the start of the workspace.
         let a = args::pull(&self.common(), &self.direct, self.ws, p, &self.bound());
         let f = if self.world == 2 && !knobs::lamport_generic() && p.dsts.is_none() {
-            &self.fns.pull2[dt][lamport2_index(p.mode, p.op)]
+            self.kernels.pull_two_rank[dt].get(p.mode, p.op)
         } else {
-            &self.fns.pull[dt]
+            &self.kernels.pull[dt]
         };
         self.launch_coll(stream, f, cfg(blocks, threads.max(64)), &a)
     }
@@ -277,7 +283,7 @@ impl CudaCollectives {
     pub(super) fn all_reduce_pull_two_shot(
         &self,
         stream: &CudaStream,
-        dt: usize,
+        dt: KernelDtype,
         dtype: DType,
         op: ReduceOp,
         input: u64,
@@ -314,7 +320,7 @@ impl CudaCollectives {
     pub(super) fn all_reduce_ce(
         &self,
         stream: &CudaStream,
-        dt: usize,
+        dt: KernelDtype,
         dtype: DType,
         op: ReduceOp,
         input: u64,
@@ -353,7 +359,7 @@ impl CudaCollectives {
         let ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
         if ce_elems > 0 {
             ce.fork.record(stream).map_err(|e| from_driver(e, "cuEventRecord"))?;
-            ce.side(stream)
+            ce.copy_stream(stream)
                 .wait(&ce.fork)
                 .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
         }
@@ -378,7 +384,7 @@ impl CudaCollectives {
             let start = c * chunk;
             let n = chunk.min(ce_elems - start);
             if c >= slots.min(CE_EVENTS) {
-                ce.side(stream)
+                ce.copy_stream(stream)
                     .wait(&ce.reduced[k])
                     .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
             }
@@ -390,11 +396,16 @@ impl CudaCollectives {
                 }
                 let l = peer_index(self.rank, s, self.world);
                 let scratch = self.ws + (self.layout.ring_off + (k * w1 + l) * chunk_bytes) as u64;
-                dtod_async(ce.side(stream), scratch, sym.ptrs[s] + (start * es) as u64, n * es)?;
+                dtod_async(
+                    ce.copy_stream(stream),
+                    scratch,
+                    sym.ptrs[s] + (start * es) as u64,
+                    n * es,
+                )?;
                 *src = scratch;
             }
             ce.copied[k]
-                .record(ce.side(stream))
+                .record(ce.copy_stream(stream))
                 .map_err(|e| from_driver(e, "cuEventRecord"))?;
             stream
                 .wait(&ce.copied[k])
@@ -427,7 +438,7 @@ impl CudaCollectives {
         output: u64,
         count: usize,
         dtype: DType,
-    ) -> Result<Option<(usize, usize)>> {
+    ) -> Result<Option<(KernelDtype, usize)>> {
         self.check_stream(stream)?;
         let dt = kernel_dtype(dtype, "all_reduce")?;
         if count == 0 {
@@ -504,7 +515,7 @@ impl CudaCollectives {
                 sout.offset as u64,
                 sout.alloc_size as u64,
                 count as u64,
-                dt as u64,
+                dt.index() as u64,
             ],
         );
         let mask = self.full_mask();
@@ -537,7 +548,7 @@ impl CudaCollectives {
     pub(super) fn ce_pull_reduce(
         &self,
         stream: &CudaStream,
-        dt: usize,
+        dt: KernelDtype,
         dtype: DType,
         op: ReduceOp,
         p: CePull,
@@ -547,16 +558,16 @@ impl CudaCollectives {
         let tuning = self.config.tuning;
         let ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
         ce.fork.record(stream).map_err(|e| from_driver(e, "cuEventRecord"))?;
-        ce.side(stream)
+        ce.copy_stream(stream)
             .wait(&ce.fork)
             .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
         let mut at = 0usize;
         let (chunks, nchunks) = ce_rs_chunks(p.count, dtype, CE_EVENTS);
         for (k, &m) in chunks[..nchunks].iter().enumerate() {
             let off = (at * es) as u64;
-            dtod_async(ce.side(stream), p.out + off, p.remote + off, m * es)?;
+            dtod_async(ce.copy_stream(stream), p.out + off, p.remote + off, m * es)?;
             ce.copied[k]
-                .record(ce.side(stream))
+                .record(ce.copy_stream(stream))
                 .map_err(|e| from_driver(e, "cuEventRecord"))?;
             stream
                 .wait(&ce.copied[k])
@@ -569,16 +580,16 @@ impl CudaCollectives {
                 ce.reduced[k]
                     .record(stream)
                     .map_err(|e| from_driver(e, "cuEventRecord"))?;
-                ce.side2(stream)
+                ce.reduced_push_stream(stream)
                     .wait(&ce.reduced[k])
                     .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
-                dtod_async(ce.side2(stream), dst + off, p.out + off, m * es)?;
+                dtod_async(ce.reduced_push_stream(stream), dst + off, p.out + off, m * es)?;
             }
             at += m;
         }
         if p.push_to.is_some() {
             ce.join
-                .record(ce.side2(stream))
+                .record(ce.reduced_push_stream(stream))
                 .map_err(|e| from_driver(e, "cuEventRecord"))?;
             stream.wait(&ce.join).map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
         }

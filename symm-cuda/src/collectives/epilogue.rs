@@ -16,6 +16,7 @@ use super::agree::{header, Mechanism};
 use super::args::{Bound, Common, Direct, OpHeader};
 use super::layout::WorkspaceLayout;
 use super::layout::EPI_SPLIT_MAX_ROWS;
+use super::plan::PerDtype;
 use super::{cfg, kernel_dtype, CudaCollectives};
 use crate::driver::launch::{launch_with, KernelArg, Launch};
 use crate::driver::{self, bind};
@@ -259,7 +260,8 @@ impl Epilogue {
 /// all-reduce that is not the fused Lamport one (another symm algorithm, NCCL, the host's copy).
 /// Needs no workspace, so an NCCL-only communicator has one too.
 pub struct Epilogues {
-    fns: [CudaFunction; 3],
+    /// `symm_add_rms_{dt}`, per element type.
+    add_rms: PerDtype<CudaFunction>,
     how: Launch,
     /// Most blocks of one launch: the SM count, or the collectives' grid budget on a GPU shared
     /// by ranks (NOTE [co-residency]: with programmatic dependent launch this kernel's blocks may
@@ -287,7 +289,7 @@ impl Epilogues {
             CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         )?;
         Ok(Epilogues {
-            fns: [get("f32")?, get("f16")?, get("bf16")?],
+            add_rms: PerDtype::try_new(|d| get(d.suffix()))?,
             how: Launch {
                 pdl: pdl && driver::supports_pdl(ctx.cu_device())?,
             },
@@ -322,7 +324,7 @@ impl Epilogues {
         let [rows, vr, k] = e.geometry();
         let [res, w, ro, no, eps, flags] = e.tail();
         let a = [KernelArg::U64(sum), res, w, ro, no, rows, vr, k, eps, flags];
-        launch_with(stream, &self.fns[dt], e.grid(self.blocks), &a, self.how)
+        launch_with(stream, &self.add_rms[dt], e.grid(self.blocks), &a, self.how)
     }
 }
 
@@ -372,9 +374,9 @@ impl CudaCollectives {
         let a = e.fused_args(&self.common(), &self.direct, &g, &self.layout, &self.bound(), &hdr);
         // At most the grid budget's blocks (all blocks resident: NOTE [co-residency]).
         let f = if self.world == 2 && !knobs::lamport_generic() {
-            &self.fns.lamport2_epi[dt]
+            &self.kernels.lamport_epilogue_two_rank[dt]
         } else {
-            &self.fns.lamport_epi[dt]
+            &self.kernels.lamport_epilogue[dt]
         };
         self.launch_coll(stream, f, cfg(g.blocks, g.threads), &a)
     }

@@ -1,12 +1,18 @@
-//! Launch planning for the collective kernels: grid shapes, chunking, sharding and the `Auto`
-//! algorithm choice. Pure functions of collectively agreed values (count, dtype, world, layout,
-//! tuning), never of local pointers, so every rank plans the same number of chunks.
+//! Launch planning for the collective kernels: grid shapes, chunking and sharding (the `Auto`
+//! algorithm choice is [`super::select`]). Pure functions of collectively agreed values (count,
+//! dtype, world, layout, tuning), never of local pointers, so every rank plans the same number of
+//! chunks.
 
 #![forbid(unsafe_code)]
 
 use symm_core::{DType, Error, ReduceOp, Result};
 
 use super::layout::WorkspaceLayout;
+
+// The selection lived here before `select.rs`; its public paths under `plan` still work.
+pub use super::select::{
+    rs_ag_use_lamport, select_all_reduce, AllGatherPath, AllReduceAlgo, ReduceScatterAlgo, Selection,
+};
 
 /// Bytes of one vector access in the kernels.
 pub const VEC_BYTES: usize = 16;
@@ -15,6 +21,7 @@ pub const MAX_THREADS: u32 = 512;
 
 /// Ring kernel modes (`COLL_MODE_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RingMode {
     AllReduce = 0,
     ReduceScatter = 1,
@@ -23,7 +30,11 @@ pub enum RingMode {
 
 /// Knobs of the kernels' launch shapes. Every rank must use the same values (they decide chunk
 /// counts); the defaults suit H100/H200.
+///
+/// Start from [`Tuning::default`] and set fields (the struct is `#[non_exhaustive]`: fields may
+/// be added).
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct Tuning {
     /// Most blocks of a grid (`None`: the device's SM count). Ring grids are at most this.
     pub max_blocks: Option<u32>,
@@ -159,12 +170,70 @@ pub fn vec_elems(dtype: DType) -> usize {
     VEC_BYTES / dtype.size()
 }
 
-/// The kernels' dtype suffix (`f32`, `f16`, `bf16`), or an error for others.
-pub fn kernel_dtype(dtype: DType, op: &'static str) -> Result<usize> {
+/// The element type a collective kernel entry is compiled for: the suffix of its name
+/// (`symm_ring_bf16`). Every per-dtype kernel table ([`PerDtype`]) is indexed by it, in the
+/// order of [`KernelDtype::ALL`] ([`KernelDtype::index`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KernelDtype {
+    F32 = 0,
+    F16 = 1,
+    Bf16 = 2,
+}
+
+impl KernelDtype {
+    /// Every kernel element type, in table order.
+    pub const ALL: [KernelDtype; 3] = [KernelDtype::F32, KernelDtype::F16, KernelDtype::Bf16];
+
+    /// The suffix of the entries' names.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            KernelDtype::F32 => "f32",
+            KernelDtype::F16 => "f16",
+            KernelDtype::Bf16 => "bf16",
+        }
+    }
+
+    /// The element type the entries read and write.
+    pub fn dtype(self) -> DType {
+        match self {
+            KernelDtype::F32 => DType::F32,
+            KernelDtype::F16 => DType::F16,
+            KernelDtype::Bf16 => DType::BF16,
+        }
+    }
+
+    /// Its position in [`KernelDtype::ALL`] and in every [`PerDtype`] table.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One value (a kernel entry, or a table of them) per [`KernelDtype`], indexed by it.
+#[derive(Debug, Clone)]
+pub(crate) struct PerDtype<T>([T; 3]);
+
+impl<T> PerDtype<T> {
+    /// The table of `load(d)` for every `d` of [`KernelDtype::ALL`], or the first error.
+    pub(crate) fn try_new(mut load: impl FnMut(KernelDtype) -> Result<T>) -> Result<Self> {
+        let [a, b, c] = KernelDtype::ALL;
+        Ok(PerDtype([load(a)?, load(b)?, load(c)?]))
+    }
+}
+
+impl<T> std::ops::Index<KernelDtype> for PerDtype<T> {
+    type Output = T;
+    fn index(&self, dtype: KernelDtype) -> &T {
+        &self.0[dtype.index()]
+    }
+}
+
+/// The kernels' element type for `dtype` (f32, f16, bf16), or an error for others.
+pub fn kernel_dtype(dtype: DType, op: &'static str) -> Result<KernelDtype> {
     match dtype {
-        DType::F32 => Ok(0),
-        DType::F16 => Ok(1),
-        DType::BF16 => Ok(2),
+        DType::F32 => Ok(KernelDtype::F32),
+        DType::F16 => Ok(KernelDtype::F16),
+        DType::BF16 => Ok(KernelDtype::Bf16),
         other => Err(Error::UnsupportedDType {
             dtype: other.name().to_string(),
             op,
@@ -341,181 +410,6 @@ pub fn two_shot_shard(count: usize, world: usize, dtype: DType) -> usize {
 /// Elements of shard `t` when `total` elements are cut in shards of `shard`.
 pub fn shard_len(total: usize, shard: usize, t: usize) -> usize {
     total.saturating_sub(t.saturating_mul(shard)).min(shard)
-}
-
-/// All-reduce algorithms.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AllReduceAlgo {
-    /// Picked by size and world size ([`Selection`]); never the copy-engine path.
-    Auto,
-    /// One-shot push, data as flag (no barrier); messages up to the Lamport buffer size.
-    Lamport,
-    /// One-shot push through the ring: every rank pushes its input to every peer, a release flag
-    /// per chunk, and reduces what it received; any size (chunked with flow control).
-    OneShot,
-    /// Reduce-scatter then all-gather through the ring (in place works).
-    TwoShot,
-    /// Zero-copy pull: the input must lie in symmetric memory registered with the object, at the
-    /// same offset on every rank; the copy engine copies the peers' inputs (a fraction of them,
-    /// [`Tuning::ce_fraction`]) while the reduction kernel reads the rest directly. Barriers
-    /// before and after. With a fraction of 0 (the default) it is [`AllReduceAlgo::Pull`].
-    CopyEngine,
-    /// Zero-copy SM pull in one kernel (opening barrier, every rank reads every peer's input over
-    /// NVLink and reduces, closing barrier): the input must lie in registered symmetric memory,
-    /// at the same offset on every rank, and the op runs out of place.
-    Pull,
-}
-
-impl AllReduceAlgo {
-    pub const ALL: [AllReduceAlgo; 6] = [
-        AllReduceAlgo::Auto,
-        AllReduceAlgo::Lamport,
-        AllReduceAlgo::OneShot,
-        AllReduceAlgo::TwoShot,
-        AllReduceAlgo::CopyEngine,
-        AllReduceAlgo::Pull,
-    ];
-    pub fn name(self) -> &'static str {
-        match self {
-            AllReduceAlgo::Auto => "auto",
-            AllReduceAlgo::Lamport => "lamport",
-            AllReduceAlgo::OneShot => "one_shot",
-            AllReduceAlgo::TwoShot => "two_shot",
-            AllReduceAlgo::CopyEngine => "copy_engine",
-            AllReduceAlgo::Pull => "pull",
-        }
-    }
-    pub fn from_name(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|a| a.name() == s)
-    }
-}
-
-/// All-gather data paths.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AllGatherPath {
-    /// [`Selection`]: Lamport for small messages, else the SM ring.
-    Auto,
-    /// Data as flag through the Lamport buffers (f32 / f16 / bf16 only; an input lane holding the
-    /// all-ones NaN arrives as another NaN).
-    Lamport,
-    /// Push through the ring by SMs.
-    Sm,
-    /// Copy engine (`cuMemcpyDtoDAsync` on a side stream), barriers around: a zero-copy push
-    /// into every peer's output when the output lies in registered symmetric memory (in place
-    /// or not; the same offset on every rank), else a zero-copy pull from the peers' inputs when
-    /// the input does, else staged through the workspace in rounds.
-    CopyEngine,
-    /// Zero-copy SM pull in one kernel (opening barrier, every rank copies every peer's input
-    /// over NVLink, closing barrier): the input must lie in registered symmetric memory, at the
-    /// same offset on every rank.
-    Pull,
-}
-
-impl AllGatherPath {
-    pub const ALL: [AllGatherPath; 5] = [
-        AllGatherPath::Auto,
-        AllGatherPath::Lamport,
-        AllGatherPath::Sm,
-        AllGatherPath::CopyEngine,
-        AllGatherPath::Pull,
-    ];
-    pub fn name(self) -> &'static str {
-        match self {
-            AllGatherPath::Auto => "auto",
-            AllGatherPath::Lamport => "lamport",
-            AllGatherPath::Sm => "sm",
-            AllGatherPath::CopyEngine => "copy_engine",
-            AllGatherPath::Pull => "pull",
-        }
-    }
-    pub fn from_name(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|a| a.name() == s)
-    }
-}
-
-/// Reduce-scatter algorithms.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ReduceScatterAlgo {
-    /// [`Selection`]: Lamport for small messages, else the ring.
-    Auto,
-    /// Data as flag through the Lamport buffers.
-    Lamport,
-    /// Chunked push through the ring.
-    Ring,
-}
-
-impl ReduceScatterAlgo {
-    pub const ALL: [ReduceScatterAlgo; 3] = [
-        ReduceScatterAlgo::Auto,
-        ReduceScatterAlgo::Lamport,
-        ReduceScatterAlgo::Ring,
-    ];
-    pub fn name(self) -> &'static str {
-        match self {
-            ReduceScatterAlgo::Auto => "auto",
-            ReduceScatterAlgo::Lamport => "lamport",
-            ReduceScatterAlgo::Ring => "ring",
-        }
-    }
-    pub fn from_name(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|a| a.name() == s)
-    }
-}
-
-/// Size thresholds of the `Auto` choices (bytes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Selection {
-    /// All-reduce, two ranks: Lamport up to this message size (capped by the Lamport buffers).
-    /// 2 x H200, pipelined Lamport kernel (bench-notes.md, round 5): 15.8 us at 4 MiB, 28.4 at 8,
-    /// 53.1 at 16 against the zero-copy pull's 19.2 / 32.1 / 57.3 and NCCL's 32.5 / 44.9 / 71.9.
-    pub lamport_max: usize,
-    /// All-reduce, more than two ranks: Lamport up to this size (every rank pushes the whole
-    /// message to every peer; unmeasured, kept at the PyTorch / vLLM one-shot bound).
-    pub lamport_max_multi: usize,
-    /// All-reduce, more than two ranks: one-shot up to this size, two-shot above.
-    pub one_shot_max: usize,
-    /// Reduce-scatter / all-gather: Lamport up to this size of the whole tensor (the unreduced
-    /// input / the gathered output, as nccl-tests counts), if one rank's part fits a Lamport slot.
-    /// 2 x H200 at 16 / 32 MiB: Lamport RS 30.1 / 54.7 us, AG 28.5 / 53.4, against the pulls'
-    /// 32.6 / 57.9 and 32.2 / 58.1 (bench-notes.md, round 5).
-    pub rs_ag_lamport_max: usize,
-}
-
-impl Default for Selection {
-    fn default() -> Self {
-        Selection {
-            lamport_max: 16 << 20,
-            lamport_max_multi: 1 << 20,
-            one_shot_max: 256 << 10,
-            rs_ag_lamport_max: 32 << 20,
-        }
-    }
-}
-
-/// Whether `Auto` runs a reduce-scatter / all-gather through the Lamport buffers: `part` bytes
-/// per rank, `world` ranks.
-pub fn rs_ag_use_lamport(part: usize, world: usize, layout: &WorkspaceLayout, sel: &Selection) -> bool {
-    world > 1 && part <= layout.lamport_max_bytes() && part.saturating_mul(world) <= sel.rs_ag_lamport_max
-}
-
-/// The algorithm `Auto` runs. With two ranks one-shot and two-shot move the same bytes over
-/// NVLink and one-shot has one phase less, so two-shot is only chosen for more ranks.
-pub fn select_all_reduce(bytes: usize, world: usize, layout: &WorkspaceLayout, sel: &Selection) -> AllReduceAlgo {
-    if world == 1 {
-        return AllReduceAlgo::OneShot;
-    }
-    let lamport_max = if world == 2 {
-        sel.lamport_max
-    } else {
-        sel.lamport_max_multi
-    };
-    if bytes <= lamport_max.min(layout.lamport_max_bytes()) {
-        AllReduceAlgo::Lamport
-    } else if world == 2 || bytes <= sel.one_shot_max {
-        AllReduceAlgo::OneShot
-    } else {
-        AllReduceAlgo::TwoShot
-    }
 }
 
 /// Copy-engine all-reduce split: `(ce_elems, chunk_elems, nchunks, scratch_slots)`: elements
@@ -776,41 +670,6 @@ mod tests {
     }
 
     #[test]
-    fn auto_selection() {
-        let l = layout2();
-        let s = Selection::default();
-        assert_eq!(select_all_reduce(1024, 2, &l, &s), AllReduceAlgo::Lamport);
-        assert_eq!(select_all_reduce(1 << 20, 2, &l, &s), AllReduceAlgo::Lamport);
-        assert_eq!(select_all_reduce(4 << 20, 2, &l, &s), AllReduceAlgo::Lamport);
-        assert_eq!(select_all_reduce((4 << 20) + 2, 2, &l, &s), AllReduceAlgo::OneShot);
-        assert_eq!(select_all_reduce(256 << 20, 2, &l, &s), AllReduceAlgo::OneShot);
-        let l4 = WorkspaceLayout::new(4, 10 << 20, 256 << 10, 64).unwrap();
-        assert_eq!(select_all_reduce(512 << 10, 4, &l4, &s), AllReduceAlgo::TwoShot);
-        assert_eq!(select_all_reduce(200 << 10, 4, &l4, &s), AllReduceAlgo::Lamport);
-        assert_eq!(select_all_reduce(1024, 1, &l4, &s), AllReduceAlgo::OneShot);
-        for a in AllReduceAlgo::ALL {
-            assert_eq!(AllReduceAlgo::from_name(a.name()), Some(a));
-        }
-        for a in AllGatherPath::ALL {
-            assert_eq!(AllGatherPath::from_name(a.name()), Some(a));
-        }
-        for a in ReduceScatterAlgo::ALL {
-            assert_eq!(ReduceScatterAlgo::from_name(a.name()), Some(a));
-        }
-        assert!(rs_ag_use_lamport(2048, 2, &l, &s));
-        // 4 MiB Lamport buffers: a rank's part up to 4 MiB.
-        assert!(rs_ag_use_lamport(4 << 20, 2, &l, &s));
-        assert!(!rs_ag_use_lamport((4 << 20) + 2, 2, &l, &s));
-        // The default 16 MiB buffers: up to 32 MiB of whole tensor (the selection bound).
-        let l16 = WorkspaceLayout::new(2, 10 << 20, 16 << 20, 64).unwrap();
-        assert!(rs_ag_use_lamport(16 << 20, 2, &l16, &s));
-        assert!(!rs_ag_use_lamport((16 << 20) + 2, 2, &l16, &s));
-        assert_eq!(select_all_reduce(16 << 20, 2, &l16, &s), AllReduceAlgo::Lamport);
-        assert_eq!(select_all_reduce((16 << 20) + 2, 2, &l16, &s), AllReduceAlgo::OneShot);
-        assert!(!rs_ag_use_lamport(2048, 1, &l, &s));
-    }
-
-    #[test]
     fn ce_split_covers() {
         let l = layout2();
         let mut t = Tuning::default();
@@ -866,6 +725,11 @@ mod tests {
         assert_ne!(check_word(&[1, 2]), check_word(&[2, 1]));
         assert_eq!(check_word(&[]) & 1, 1);
         assert!(kernel_dtype(DType::F64, "x").is_err());
-        assert_eq!(kernel_dtype(DType::BF16, "x").unwrap(), 2);
+        assert_eq!(kernel_dtype(DType::BF16, "x").unwrap(), KernelDtype::Bf16);
+        for (i, d) in KernelDtype::ALL.into_iter().enumerate() {
+            assert_eq!(d.index(), i);
+            assert_eq!(kernel_dtype(d.dtype(), "x").unwrap(), d);
+            assert_eq!(d.suffix(), d.dtype().name());
+        }
     }
 }

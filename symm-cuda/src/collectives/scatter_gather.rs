@@ -106,7 +106,7 @@ impl CudaCollectives {
         output: u64,
         count: usize,
         dtype: DType,
-    ) -> Result<Option<(usize, ShardGeometry)>> {
+    ) -> Result<Option<(KernelDtype, ShardGeometry)>> {
         self.check_stream(stream)?;
         let dt = kernel_dtype(dtype, "reduce_scatter")?;
         if count == 0 {
@@ -278,8 +278,8 @@ impl CudaCollectives {
         self.check_stream(stream)?;
         // The all-gather moves bits; any 2- or 4-byte type runs as f16 / f32 lanes.
         let dt = match dtype.size() {
-            4 => 0,
-            2 => 1,
+            4 => KernelDtype::F32,
+            2 => KernelDtype::F16,
             _ => {
                 return Err(Error::UnsupportedDType {
                     dtype: dtype.name().to_string(),
@@ -356,7 +356,7 @@ impl CudaCollectives {
     pub(super) fn all_gather_pull(
         &self,
         stream: &CudaStream,
-        dt: usize,
+        dt: KernelDtype,
         tuning: &Tuning,
         input: u64,
         output: u64,
@@ -413,13 +413,13 @@ impl CudaCollectives {
         let ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
         let fork = |ce: &CeState| -> Result<()> {
             ce.fork.record(stream).map_err(|e| from_driver(e, "cuEventRecord"))?;
-            ce.side(stream)
+            ce.copy_stream(stream)
                 .wait(&ce.fork)
                 .map_err(|e| from_driver(e, "cuStreamWaitEvent"))
         };
         let join = |ce: &CeState| -> Result<()> {
             ce.join
-                .record(ce.side(stream))
+                .record(ce.copy_stream(stream))
                 .map_err(|e| from_driver(e, "cuEventRecord"))?;
             stream.wait(&ce.join).map_err(|e| from_driver(e, "cuStreamWaitEvent"))
         };
@@ -447,7 +447,7 @@ impl CudaCollectives {
             self.launch_barrier(stream, mask, check)?;
             fork(&ce)?;
             for s in (0..self.world).filter(|&s| s != self.rank) {
-                dtod_async(ce.side(stream), copies[s].0, copies[s].1, bytes)?;
+                dtod_async(ce.copy_stream(stream), copies[s].0, copies[s].1, bytes)?;
             }
             if own != input {
                 dtod_async(stream, own, input, bytes)?;
@@ -474,7 +474,12 @@ impl CudaCollectives {
                 self.launch_barrier(stream, mask, check)?;
                 fork(&ce)?;
                 for s in (0..self.world).filter(|&s| s != self.rank) {
-                    dtod_async(ce.side(stream), output + (s * bytes + off) as u64, ring_base(s) + h, n)?;
+                    dtod_async(
+                        ce.copy_stream(stream),
+                        output + (s * bytes + off) as u64,
+                        ring_base(s) + h,
+                        n,
+                    )?;
                 }
                 if own != input {
                     dtod_async(stream, own + off as u64, input + off as u64, n)?;

@@ -1,4 +1,8 @@
+use std::time::Duration;
+
+use super::setup::{two_rank_index, two_rank_names};
 use super::*;
+use crate::kernels;
 
 #[test]
 fn overlap_math() {
@@ -44,7 +48,7 @@ fn collectives_kernels_compile_with_nvrtc() {
     ] {
         assert!(ptx.contains(&format!(".entry {k}(")), "{k} missing");
     }
-    // Every two-rank entry the host loads (COLL_TWO_RANK_ENTRIES), in `lamport2_index` order.
+    // Every two-rank entry the host loads (COLL_TWO_RANK_ENTRIES), in `two_rank_index` order.
     for kind in ["lamport2", "pull2"] {
         for dt in ["f32", "f16", "bf16"] {
             let names = two_rank_names(kind, dt);
@@ -53,15 +57,15 @@ fn collectives_kernels_compile_with_nvrtc() {
                 assert!(ptx.contains(&format!(".entry {n}(")), "{n} missing");
             }
             assert_eq!(
-                names[lamport2_index(RingMode::AllReduce, 2)],
+                names[two_rank_index(RingMode::AllReduce, 2)],
                 format!("symm_{kind}_ar_max_{dt}")
             );
             assert_eq!(
-                names[lamport2_index(RingMode::ReduceScatter, 1)],
+                names[two_rank_index(RingMode::ReduceScatter, 1)],
                 format!("symm_{kind}_rs_avg_{dt}")
             );
             assert_eq!(
-                names[lamport2_index(RingMode::AllGather, 0)],
+                names[two_rank_index(RingMode::AllGather, 0)],
                 format!("symm_{kind}_ag_{dt}")
             );
         }

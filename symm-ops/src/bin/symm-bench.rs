@@ -22,8 +22,10 @@
 //! (4M; why: there) and says so in one line; `--full` runs it to 256M there too, and `--sizes`
 //! runs exactly the sizes given. The progress line on stderr counts the rows left and estimates
 //! the time left from the time per byte measured so far.
-//! Algorithms (each may carry tuning, e.g. `one_shot:chunk=64K:minchunk=8K:cpb=2:blocks=64:threads=256`,
-//! `copy_engine:frac=0.5:cechunk=8M`; see `symm_cuda::collectives::Tuning`): all_reduce `auto lamport one_shot two_shot pull
+//! Algorithms (each may carry tuning, e.g.
+//! `one_shot:chunk=64K:minchunk=8K:chunks_per_block=2:blocks=64:threads=256`,
+//! `copy_engine:ce_fraction=0.5:ce_chunk=8M`; `args::TUNING_KEYS` lists the keys, see
+//! `symm_cuda::collectives::Tuning`): all_reduce `auto lamport one_shot two_shot pull
 //! copy_engine ce_two_shot nccl`; reduce_scatter `auto lamport ring pull copy_engine nccl`; all_gather `auto lamport sm pull
 //! copy_engine nccl` (`pull`: the fused zero-copy pull, inputs in the registered arena; all_gather `copy_engine`
 //! pushes into the peers' registered outputs; `copy_engine_staged`, on request, copies from an unregistered

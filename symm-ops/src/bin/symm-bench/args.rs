@@ -64,6 +64,20 @@ impl Mode {
     }
 }
 
+/// The tuning parameters an algorithm may carry (`one_shot:chunks_per_block=2`), each setting one
+/// field of `symm_cuda::collectives::Tuning`: `chunk` the largest ring chunk (`max_chunk_bytes`),
+/// `minchunk` the smallest (`min_chunk_bytes`), `chunks_per_block`, `blocks` (`max_blocks`),
+/// `threads`, `ce_fraction` and `ce_chunk` (`ce_chunk_bytes`). Sizes take suffixes (`64K`).
+pub(crate) const TUNING_KEYS: [&str; 7] = [
+    "chunk",
+    "minchunk",
+    "chunks_per_block",
+    "blocks",
+    "threads",
+    "ce_fraction",
+    "ce_chunk",
+];
+
 /// An algorithm as given on the command line: base name plus tuning parameters.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct AlgoSpec {
@@ -84,8 +98,11 @@ impl AlgoSpec {
             let (k, v) = p
                 .split_once('=')
                 .ok_or_else(|| format!("algorithm parameter {p:?} is not key=value"))?;
-            if !["chunk", "minchunk", "cpb", "blocks", "threads", "frac", "cechunk"].contains(&k) {
-                return Err(format!("unknown algorithm parameter {k:?} in {s:?}"));
+            if !TUNING_KEYS.contains(&k) {
+                return Err(format!(
+                    "unknown algorithm parameter {k:?} in {s:?} (the parameters: {})",
+                    TUNING_KEYS.join(", ")
+                ));
             }
             params.push((k.to_string(), v.to_string()));
         }

@@ -119,18 +119,18 @@ fn parse_bytes(v: &str) -> BoxResult<usize> {
     Ok(parse_size(v)?)
 }
 
-/// Tuning from an algorithm spec's parameters.
+/// Tuning from an algorithm spec's parameters (the keys of `args::TUNING_KEYS`).
 fn tuning_of(spec: &AlgoSpec, base: &Tuning) -> BoxResult<Tuning> {
     let mut t = *base;
     for (k, v) in &spec.params {
         match k.as_str() {
             "chunk" => t.max_chunk_bytes = parse_bytes(v)?,
             "minchunk" => t.min_chunk_bytes = parse_bytes(v)?,
-            "cpb" => t.chunks_per_block = v.parse()?,
+            "chunks_per_block" => t.chunks_per_block = v.parse()?,
             "blocks" => t.max_blocks = Some(v.parse()?),
             "threads" => t.threads = v.parse()?,
-            "frac" => t.ce_fraction = v.parse()?,
-            "cechunk" => t.ce_chunk_bytes = parse_bytes(v)?,
+            "ce_fraction" => t.ce_fraction = v.parse()?,
+            "ce_chunk" => t.ce_chunk_bytes = parse_bytes(v)?,
             _ => return Err(format!("unknown parameter {k}").into()),
         }
     }
@@ -710,4 +710,31 @@ pub(super) fn time_rounds(
     }
     let _ = &st.ctx;
     Ok(times)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every key the parser accepts sets its own field of the tuning.
+    #[test]
+    fn every_tuning_key_sets_a_field() {
+        let base = Tuning::default();
+        let value = |k: &str| match k {
+            "ce_fraction" => "0.5",
+            "threads" => "256",
+            "blocks" | "chunks_per_block" => "3",
+            _ => "64K",
+        };
+        let mut changed = Vec::new();
+        for k in TUNING_KEYS {
+            let spec = AlgoSpec::parse(&format!("one_shot:{k}={}", value(k))).unwrap();
+            let t = tuning_of(&spec, &base).unwrap();
+            assert_ne!(t, base, "{k} changed nothing");
+            changed.push(t);
+        }
+        for (i, a) in changed.iter().enumerate() {
+            assert!(changed[i + 1..].iter().all(|b| b != a), "two keys set the same field");
+        }
+    }
 }

@@ -30,6 +30,24 @@ fn sizes_and_args() {
     assert_eq!(a.iters_for(256 * MIB), 8);
 }
 
+#[test]
+fn tuning_parameters_are_named_in_full() {
+    let spec = "one_shot:chunk=64K:minchunk=8K:chunks_per_block=2:blocks=64:threads=256:ce_fraction=0.5:ce_chunk=8M";
+    let a = AlgoSpec::parse(spec).unwrap();
+    assert_eq!(
+        a.params.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        TUNING_KEYS
+    );
+    // The old abbreviations are unknown keys, and the error names the valid ones.
+    for old in ["cpb=2", "frac=0.5", "cechunk=8M"] {
+        let e = AlgoSpec::parse(&format!("copy_engine:{old}")).unwrap_err();
+        assert!(e.contains("unknown algorithm parameter"), "{e}");
+        for k in TUNING_KEYS {
+            assert!(e.contains(k), "{e} misses {k}");
+        }
+    }
+}
+
 fn argv(a: &[&str]) -> Vec<String> {
     a.iter().map(|s| s.to_string()).collect()
 }

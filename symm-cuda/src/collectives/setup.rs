@@ -1,0 +1,341 @@
+//! Setting a [`CudaCollectives`] up: its configuration ([`CollectivesConfig`] and the default
+//! sizes), the tables of kernels it loads, the copy-engine paths' side streams and events, and
+//! [`CudaCollectives::new`] / [`CudaCollectives::with_config`], which lay out, allocate, fill and
+//! rendezvous the workspace and load the kernels.
+
+#![forbid(unsafe_code)]
+
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream};
+use symm_core::{get_allocator, Device, DeviceType, Error, Group, Result};
+
+use super::layout::MAX_WORLD;
+use super::plan::PerDtype;
+use super::{args, cfg, CudaCollectives, Epilogues, GridBudget, RingMode, Selection, Tuning, WorkspaceLayout};
+use crate::driver::launch::{launch, Launch};
+use crate::driver::{self, bind, from_driver};
+use crate::{kernels, knobs};
+
+/// Default staging (ring) bytes.
+pub const DEFAULT_STAGING_BYTES: usize = 10 << 20;
+/// Default largest Lamport message for two ranks (smaller for more ranks: 16 MiB / (world-1)).
+/// The workspace holds three such buffers (48 MiB per rank for two ranks): 2 x H200 measured the
+/// pipelined Lamport kernel ahead of the zero-copy pull up to 16 MiB all-reduce and 32 MiB
+/// reduce-scatter / all-gather (bench-notes.md, round 5).
+pub const DEFAULT_LAMPORT_BYTES: usize = 16 << 20;
+/// Default ring slots per peer.
+pub const DEFAULT_RING_SLOTS: usize = 64;
+/// Copy-engine all-reduce scratch slots (events per kind).
+pub(super) const CE_EVENTS: usize = 16;
+
+/// Setup parameters of a [`CudaCollectives`]; every rank must pass equal values.
+///
+/// Built with [`CollectivesConfig::new`] and field assignment (the struct is
+/// `#[non_exhaustive]`: fields may be added). No `Default`: the bound of the device waits has no
+/// value that suits every caller (symm-ops passes the group's timeout).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct CollectivesConfig {
+    /// Bytes of the ring / staging area (split over the peers).
+    pub staging_bytes: usize,
+    /// Largest Lamport message in bytes (`None`: [`DEFAULT_LAMPORT_BYTES`] for two ranks,
+    /// 16 MiB / (world - 1) above; `Some(0)` disables Lamport).
+    pub lamport_bytes: Option<usize>,
+    /// Ring slots per peer (a power of two).
+    pub ring_slots: usize,
+    /// Bound of every device wait.
+    pub timeout: Duration,
+    /// Launch shapes (defaults for H100/H200).
+    pub tuning: Tuning,
+    /// Thresholds of [`AllReduceAlgo::Auto`].
+    pub selection: Selection,
+    /// Launch the collective kernels with programmatic dependent launch (NOTE [pdl] in
+    /// `kernels/common.cuh`): a kernel may be scheduled while the kernel ahead of it on the
+    /// stream is still running, and waits on the device for it, which hides most of the launch
+    /// latency of back-to-back kernels. Applies on compute capability 9.0 or newer only.
+    /// Default: on, unless `SYMM_PDL=0` is in the environment ([`knobs::pdl`]); 2 x H200
+    /// passed every distinct-GPU suite with it and ran 0.84-0.99 of the time without it
+    /// (graph replay; symm-ops/bench-notes.md, round 14).
+    pub pdl: bool,
+}
+
+impl CollectivesConfig {
+    /// `staging_bytes` of staging, device waits bounded by `timeout`, everything else the
+    /// defaults: the Lamport buffers by world size, [`DEFAULT_RING_SLOTS`], [`Tuning::default`],
+    /// [`Selection::default`], and programmatic dependent launch unless `SYMM_PDL=0`.
+    pub fn new(staging_bytes: usize, timeout: Duration) -> Self {
+        CollectivesConfig {
+            staging_bytes,
+            lamport_bytes: None,
+            ring_slots: DEFAULT_RING_SLOTS,
+            timeout,
+            tuning: Tuning::default(),
+            selection: Selection::default(),
+            pdl: knobs::pdl(),
+        }
+    }
+
+    pub(super) fn lamport_bytes_for(&self, world: usize) -> usize {
+        match self.lamport_bytes {
+            Some(b) => b,
+            None if world <= 2 => DEFAULT_LAMPORT_BYTES,
+            None => (16 << 20) / (world - 1),
+        }
+    }
+}
+
+/// The collective kernels of one object, loaded at setup (the module is cached per context by
+/// `kernels::load`; every function is loaded here, NOTE [co-residency]). Entries
+/// compiled per element type are [`PerDtype`] tables, indexed by [`KernelDtype`] (from
+/// [`super::plan::kernel_dtype`]); the two-rank specialisations are in turn indexed by (mode,
+/// op) ([`TwoRankEntries`]).
+pub(super) struct KernelTable {
+    /// `symm_lamport_{dt}`: the Lamport one-shot (data as flag), any world, mode and op.
+    pub(super) lamport: PerDtype<CudaFunction>,
+    /// `symm_lamport2_{mode}_{op}_{dt}`: the Lamport entries specialised for two ranks and one
+    /// (mode, op), which avoid the generic kernel's instruction-cache misses.
+    pub(super) lamport_two_rank: PerDtype<TwoRankEntries>,
+    /// `symm_ring_{dt}`: the chunked ring (one-shot, two-shot, ring reduce-scatter, SM
+    /// all-gather).
+    pub(super) ring: PerDtype<CudaFunction>,
+    /// `symm_reduce_ptrs_{dt}`: reduces a list of sources into an output (the copy-engine paths).
+    pub(super) reduce_ptrs: PerDtype<CudaFunction>,
+    /// `symm_pull_{dt}`: the fused zero-copy pull, any world, mode and op.
+    pub(super) pull: PerDtype<CudaFunction>,
+    /// `symm_pull2_{mode}_{op}_{dt}`: the pull entries specialised for two ranks and one (mode,
+    /// op).
+    pub(super) pull_two_rank: PerDtype<TwoRankEntries>,
+    /// `symm_lamport_add_rms_{dt}`: the Lamport one-shot with the residual / RMSNorm epilogue
+    /// (NOTE [fused-epilogue]).
+    pub(super) lamport_epilogue: PerDtype<CudaFunction>,
+    /// `symm_lamport2_add_rms_{dt}`: its entry specialised for two ranks.
+    pub(super) lamport_epilogue_two_rank: PerDtype<CudaFunction>,
+    /// `symm_coll_barrier`: the (subset) barrier, with an optional check word.
+    pub(super) barrier: CudaFunction,
+    /// `symm_coll_reject`: tells every peer this rank rejected its op (NOTE [op-agreement]).
+    pub(super) reject: CudaFunction,
+    /// `symm_coll_take_error`: reads and clears the latched error.
+    pub(super) take_error: CudaFunction,
+}
+
+/// The copy-engine paths' side streams and events.
+pub(super) struct CeState {
+    /// `None` on a device shared by ranks: the copies run on the op's own stream there (NOTE
+    /// [stream-budget]).
+    pub(super) streams: Option<CeStreams>,
+    pub(super) fork: CudaEvent,
+    pub(super) join: CudaEvent,
+    pub(super) copied: Vec<CudaEvent>,
+    pub(super) reduced: Vec<CudaEvent>,
+}
+
+/// The two side streams of the copy-engine paths.
+pub(super) struct CeStreams {
+    /// Every copy-engine path's copies: the all-gather's pushes into the peers' outputs (or its
+    /// pulls, or its staged rounds), the copy-engine all-reduce's pulls into scratch, and the
+    /// pulls of the pipelined copy-engine reduce-scatter and two-shot.
+    pub(super) copies: Arc<CudaStream>,
+    /// The copy-engine two-shot's pushes of each reduced chunk into the peer's output, while
+    /// [`Self::copies`] pulls the chunks after it.
+    pub(super) reduced_pushes: Arc<CudaStream>,
+}
+
+impl CeState {
+    /// The stream the copies of an op on `op` run on ([`CeStreams::copies`]).
+    pub(super) fn copy_stream<'a>(&'a self, op: &'a CudaStream) -> &'a CudaStream {
+        self.streams.as_ref().map_or(op, |s| &*s.copies)
+    }
+    /// The stream the copy-engine two-shot pushes its reduced chunks on, for an op on `op`
+    /// ([`CeStreams::reduced_pushes`]).
+    pub(super) fn reduced_push_stream<'a>(&'a self, op: &'a CudaStream) -> &'a CudaStream {
+        self.streams.as_ref().map_or(op, |s| &*s.reduced_pushes)
+    }
+}
+
+/// Two-rank entries of one kernel kind and element type, one per (mode, reduce op) in
+/// [`two_rank_index`] order: all-reduce sum / avg / max / min, reduce-scatter sum / avg / max /
+/// min, all-gather (`COLL_TWO_RANK_ENTRIES` in the kernels).
+pub(super) struct TwoRankEntries(Vec<CudaFunction>);
+
+impl TwoRankEntries {
+    /// The entry for `mode` and kernel op `op` ([`super::plan::kernel_op`]; the all-gather has
+    /// one entry whatever `op`).
+    pub(super) fn get(&self, mode: RingMode, op: u32) -> &CudaFunction {
+        &self.0[two_rank_index(mode, op)]
+    }
+}
+
+/// The names of the two-rank entries `symm_{kind}_...` (`lamport2`, `pull2`) of dtype suffix
+/// `dt`, in [`two_rank_index`] order.
+pub(super) fn two_rank_names(kind: &str, dt: &str) -> Vec<String> {
+    let mut v = Vec::with_capacity(9);
+    for mode in ["ar", "rs"] {
+        for op in ["sum", "avg", "max", "min"] {
+            v.push(format!("symm_{kind}_{mode}_{op}_{dt}"));
+        }
+    }
+    v.push(format!("symm_{kind}_ag_{dt}"));
+    v
+}
+
+/// Index of the two-rank Lamport / pull entry for (mode, kernel op) in a [`TwoRankEntries`].
+pub(super) fn two_rank_index(mode: RingMode, op: u32) -> usize {
+    match mode {
+        RingMode::AllReduce => op as usize,
+        RingMode::ReduceScatter => 4 + op as usize,
+        RingMode::AllGather => 8,
+    }
+}
+
+impl CudaCollectives {
+    /// Collective setup with the default configuration and `staging_bytes` of staging.
+    pub fn new(group: &Arc<Group>, ctx: &Arc<CudaContext>, staging_bytes: usize, timeout: Duration) -> Result<Self> {
+        Self::with_config(group, ctx, CollectivesConfig::new(staging_bytes, timeout))
+    }
+
+    /// Collective setup: lays out, allocates, fills and rendezvouses the workspace, loads the
+    /// kernels. Every rank of `group` calls it with equal `config`.
+    pub fn with_config(group: &Arc<Group>, ctx: &Arc<CudaContext>, config: CollectivesConfig) -> Result<Self> {
+        let world = group.world_size();
+        let rank = group.rank().get();
+        if world > MAX_WORLD {
+            return Err(Error::OutOfRange {
+                what: "world size for the CUDA collectives",
+                value: world as u64,
+                limit: MAX_WORLD as u64,
+            });
+        }
+        config.tuning.validate()?;
+        let layout = WorkspaceLayout::new(
+            world,
+            config.staging_bytes,
+            config.lamport_bytes_for(world),
+            config.ring_slots,
+        )?;
+        bind(ctx)?;
+        let sm_count = driver::attribute(
+            ctx.cu_device(),
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )?;
+        let sm_count = u32::try_from(sm_count).unwrap_or(1).max(1);
+        let how = Launch {
+            pdl: config.pdl && driver::supports_pdl(ctx.cu_device())?,
+        };
+
+        let module = kernels::load(ctx, kernels::source("collectives")?, "")?;
+        let get = |name: &str| driver::load_function(&module, name);
+        let per_dtype = |kind: &str| PerDtype::try_new(|d| get(&format!("symm_{kind}_{}", d.suffix())));
+        let two_rank = |kind: &str| {
+            PerDtype::try_new(|d| {
+                two_rank_names(kind, d.suffix())
+                    .iter()
+                    .map(|n| get(n))
+                    .collect::<Result<Vec<_>>>()
+                    .map(TwoRankEntries)
+            })
+        };
+        let kernels = KernelTable {
+            lamport: per_dtype("lamport")?,
+            lamport_two_rank: two_rank("lamport2")?,
+            ring: per_dtype("ring")?,
+            reduce_ptrs: per_dtype("reduce_ptrs")?,
+            pull: per_dtype("pull")?,
+            pull_two_rank: two_rank("pull2")?,
+            lamport_epilogue: per_dtype("lamport_add_rms")?,
+            lamport_epilogue_two_rank: per_dtype("lamport2_add_rms")?,
+            barrier: get("symm_coll_barrier")?,
+            reject: get("symm_coll_reject")?,
+            take_error: get("symm_coll_take_error")?,
+        };
+        let init = get("symm_coll_init")?;
+
+        let device = Device::new(DeviceType::Cuda, ctx.ordinal() as u32);
+        let alloc = get_allocator(DeviceType::Cuda)?.alloc(layout.total, device, group)?;
+        if alloc.size() < layout.total {
+            return Err(Error::Mismatch {
+                what: "workspace size",
+                detail: format!("asked {} bytes, got {}", layout.total, alloc.size()),
+            });
+        }
+        let control = crate::streams::control(ctx)?;
+        // Fill STATE/FLAGS with zeros and the Lamport buffers with the sentinel, and wait for it,
+        // before this rank publishes its handle in the rendezvous: no peer can write here earlier.
+        let ws_local = alloc.ptr();
+        launch(&control, &init, cfg(sm_count, 256), &args::init(ws_local, &layout))?;
+        crate::streams::wait_idle(
+            &control,
+            crate::streams::HOST_COPY_TIMEOUT,
+            "initialising the workspace",
+        )?;
+        let mem = alloc.rendezvous(config.timeout)?;
+        let cuda = crate::as_cuda(mem.as_ref())
+            .ok_or_else(|| Error::InvalidArgument("the CUDA allocator returned a non-CUDA symmetric memory".into()))?;
+        let abort_host = cuda.abort_word_ptr();
+        let err_word = cuda.error_word_ptr();
+        let grid = GridBudget::new(sm_count, cuda.device_sharers(), how.pdl)?;
+        let ws = mem.buffer_ptrs()[rank];
+        if ws != ws_local {
+            return Err(Error::Mismatch {
+                what: "workspace address",
+                detail: format!("{ws:#x} after rendezvous, {ws_local:#x} before"),
+            });
+        }
+        let new_event = || {
+            ctx.new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .map_err(|e| from_driver(e, "cuEventCreate"))
+        };
+        let ce = CeState {
+            streams: if cuda.device_sharers() > 1 {
+                None
+            } else {
+                let new_stream = || ctx.new_stream().map_err(|e| from_driver(e, "cuStreamCreate"));
+                Some(CeStreams {
+                    copies: new_stream()?,
+                    reduced_pushes: new_stream()?,
+                })
+            },
+            fork: new_event()?,
+            join: new_event()?,
+            copied: (0..CE_EVENTS).map(|_| new_event()).collect::<Result<_>>()?,
+            reduced: (0..CE_EVENTS).map(|_| new_event()).collect::<Result<_>>()?,
+        };
+        let timeout_ns = u64::try_from(config.timeout.as_nanos()).unwrap_or(u64::MAX);
+        let mut direct = args::Direct::default();
+        for (d, &b) in direct.ws.iter_mut().zip(mem.buffer_ptrs()) {
+            *d = b;
+        }
+        for (d, &p) in direct.pads.iter_mut().zip(mem.signal_pad_ptrs()) {
+            *d = p;
+        }
+        // The separate epilogue kernel waits on no peer: held to the grid budget on a shared GPU.
+        let epilogues = Epilogues::load(ctx, config.pdl)?.with_max_blocks(grid.blocks);
+        Ok(CudaCollectives {
+            direct,
+            group: group.clone(),
+            ctx: ctx.clone(),
+            bufs_dev: mem.buffer_ptrs_dev(),
+            pads_dev: mem.signal_pad_ptrs_dev(),
+            mem,
+            _alloc: alloc,
+            layout,
+            config,
+            rank,
+            world,
+            sm_count,
+            grid,
+            how,
+            kernels,
+            ws,
+            abort_host,
+            err_word,
+            timeout_ns,
+            control,
+            ce: Mutex::new(ce),
+            registered: RwLock::new(Vec::new()),
+            epilogues,
+        })
+    }
+}
