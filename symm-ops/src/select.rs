@@ -41,12 +41,14 @@ pub enum AllReduceAlgo {
     /// One-shot with data as flag (push into peers' sentinel-filled slots, no
     /// barrier); CUDA only. The host engine runs it as one-shot.
     Lamport,
-    /// Zero-copy SM pull in one kernel (CUDA): every rank reads every peer's
-    /// input in place over NVLink and reduces it, between an opening and a
-    /// closing barrier. The input must lie in registered symmetric memory (a
-    /// tensor from [`crate::Communicator::persistent_buffer`]) apart from the
-    /// output; other inputs run the size's usual choice. The host engine runs
-    /// it as one-shot.
+    /// Zero-copy SM pull in one kernel (CUDA), between an opening and a
+    /// closing barrier. Two ranks: every rank reads the peer's input in place
+    /// over NVLink and reduces it; the input must lie in registered symmetric
+    /// memory (a tensor from [`crate::Communicator::persistent_buffer`]) apart
+    /// from the output. Three or more: the two-shot pull, each rank reducing
+    /// its shard from every input and writing it into every output; input and
+    /// output both registered, equal (in place) or apart. Other buffers run the
+    /// size's usual choice. The host engine runs it as one-shot.
     Pull,
     /// Zero-copy copy-engine two-shot (CUDA, two ranks): a copy engine pulls the peer's input
     /// for this rank's half into the output, the SMs reduce each chunk as it lands, a second
@@ -152,20 +154,24 @@ pub struct SelectionThresholds {
     /// path) otherwise. CUDA only.
     pub all_gather_pull_min_bytes: usize,
     /// all_gather up to this size (from `all_gather_pull_min_bytes`): the zero-copy pull for
-    /// registered inputs; larger: the size's usual choice. CUDA only.
+    /// registered inputs; larger: NCCL (a bound against NCCL: without NCCL the pull runs every
+    /// size from its minimum). CUDA only.
     pub all_gather_pull_max_bytes: usize,
     /// reduce_scatter from this size on: the zero-copy pull
     /// ([`ReduceScatterAlgo::Pull`]) when the input lies in registered symmetric memory; NCCL
     /// (else the kernels) otherwise. CUDA only.
     pub reduce_scatter_pull_min_bytes: usize,
     /// all_reduce from this size on (above the Lamport bound): the zero-copy pull
-    /// ([`AllReduceAlgo::Pull`]) when the input lies in registered symmetric
-    /// memory (same offset on every rank) and is not the output; otherwise the
-    /// size's usual choice (NCCL where it takes over). CUDA only.
+    /// ([`AllReduceAlgo::Pull`]) when its buffers qualify (two ranks: the input
+    /// in registered symmetric memory, same offset on every rank, apart from
+    /// the output; three or more: input and output both registered, in place
+    /// allowed); otherwise the size's usual choice (NCCL where it takes over).
+    /// CUDA only.
     pub all_reduce_pull_min_bytes: usize,
     /// all_reduce up to this size (from `all_reduce_pull_min_bytes`): the pull; larger: the
-    /// size's usual choice. From three ranks on the pull is the two-shot pull, which needs the
-    /// output registered too (in place allowed). CUDA only.
+    /// size's usual choice (a bound against NCCL: without NCCL the pull runs every size from its
+    /// minimum). From three ranks on the pull is the two-shot pull, which needs the output
+    /// registered too (in place allowed). CUDA only.
     pub all_reduce_pull_max_bytes: usize,
     /// all_reduce from this size on: the zero-copy copy-engine two-shot
     /// ([`AllReduceAlgo::CopyEngine`]) when input and output both lie in registered symmetric
@@ -337,7 +343,7 @@ impl Selector {
             // The engine runs the pull (or the size's usual choice) when the buffers do not
             // qualify.
             AllReduceAlgo::CopyEngine
-        } else if bytes >= t.all_reduce_pull_min_bytes && bytes <= t.all_reduce_pull_max_bytes {
+        } else if bytes >= t.all_reduce_pull_min_bytes && (bytes <= t.all_reduce_pull_max_bytes || !self.nccl) {
             // The engine runs the size's usual choice when the input is not registered.
             AllReduceAlgo::Pull
         } else if self.nccl && bytes > t.two_shot_max_bytes {
@@ -443,7 +449,9 @@ impl Selector {
         let t = &self.thresholds;
         let cuda = self.engine == EngineKind::Cuda;
         let ce = cuda && bytes >= t.all_gather_copy_engine_min_bytes;
-        let pull = cuda && !ce && bytes >= t.all_gather_pull_min_bytes && bytes <= t.all_gather_pull_max_bytes;
+        // The pulls' upper bounds hand sizes to NCCL; without it the pull beats the kernels.
+        let pull =
+            cuda && !ce && bytes >= t.all_gather_pull_min_bytes && (bytes <= t.all_gather_pull_max_bytes || !self.nccl);
         // A zero-copy bound above the NCCL bound takes the sizes from it back from NCCL.
         let zero_copy_over_nccl = (ce && t.all_gather_copy_engine_min_bytes > t.all_gather_max_bytes) || pull;
         if !self.symm || (self.nccl && bytes > t.all_gather_max_bytes && !zero_copy_over_nccl) {
@@ -679,8 +687,13 @@ mod tests {
         assert_eq!(s.fallback_all_gather(64 * MIB), AllGatherAlgo::Nccl);
         let table = s.table("t");
         assert!(table.contains("<= 64 MiB      zero-copy pull"), "{table}");
-        // Without NCCL the kernels take every size.
-        assert_eq!(sel(EngineKind::Cuda, 4, false).all_gather(256 * MIB), AllGatherAlgo::Sm);
+        // Without NCCL the pulls' upper bounds (set against NCCL) do not apply, and the kernels
+        // take every other size.
+        let alone = sel(EngineKind::Cuda, 4, false);
+        assert_eq!(alone.all_gather(256 * MIB), AllGatherAlgo::Pull);
+        assert_eq!(alone.fallback_all_gather(256 * MIB), AllGatherAlgo::Sm);
+        assert_eq!(alone.all_reduce(256 * MIB), AllReduceAlgo::Pull);
+        assert_eq!(alone.fallback_all_reduce(256 * MIB), AllReduceAlgo::TwoShot);
         // Eight ranks (unmeasured): no pull.
         let eight = sel(EngineKind::Cuda, 8, true);
         assert_eq!(eight.reduce_scatter(64 * MIB), ReduceScatterAlgo::Nccl);

@@ -12,7 +12,10 @@ impl CudaCollectives {
     /// NOTE [raw-addresses]: `input` and `output` each hold `count` elements of `dtype` in
     /// device memory of this object's context (or mapped for it, registered symmetric memory
     /// included), and stay allocated and untouched by anything but this op until its work on
-    /// `stream` has completed (for a captured op: until the graph's last launch has).
+    /// `stream` has completed (for a captured op: until the graph's last launch has). A
+    /// registered output may be written on every rank ([`AllReduceAlgo::Pull`] from three ranks
+    /// on): every rank passes an output in the same registered allocation at the same offset
+    /// (the op's check word compares offsets and sizes, not which allocation).
     #[allow(clippy::too_many_arguments)]
     #[allow(unsafe_code)] // the contract is declared here; the body is safe code
     pub unsafe fn all_reduce(
@@ -34,7 +37,10 @@ impl CudaCollectives {
     /// NOTE [raw-addresses]: `input` and `output` each hold `count` elements of `dtype` in
     /// device memory of this object's context (or mapped for it, registered symmetric memory
     /// included), and stay allocated and untouched by anything but this op until its work on
-    /// `stream` has completed (for a captured op: until the graph's last launch has).
+    /// `stream` has completed (for a captured op: until the graph's last launch has). A
+    /// registered output may be written on every rank ([`AllReduceAlgo::Pull`] from three ranks
+    /// on): every rank passes an output in the same registered allocation at the same offset
+    /// (the op's check word compares offsets and sizes, not which allocation).
     #[allow(clippy::too_many_arguments)]
     #[allow(unsafe_code)] // the contract is declared here; the body is safe code
     pub unsafe fn all_reduce_tuned(
@@ -302,7 +308,13 @@ impl CudaCollectives {
         let off = (start * es) as u64;
         let check = checked(
             hdr,
-            &[5, sym_in.offset as u64, sym_in.alloc_size as u64, sym_out.offset as u64],
+            &[
+                10,
+                sym_in.offset as u64,
+                sym_in.alloc_size as u64,
+                sym_out.offset as u64,
+                sym_out.alloc_size as u64,
+            ],
         );
         let p = args::Pull {
             mode: RingMode::AllReduce,
@@ -473,7 +485,10 @@ impl CudaCollectives {
     /// NOTE [raw-addresses]: `input` and `output` each hold `count` elements of `dtype` in
     /// device memory of this object's context (or mapped for it, registered symmetric memory
     /// included), and stay allocated and untouched by anything but this op until its work on
-    /// `stream` has completed (for a captured op: until the graph's last launch has).
+    /// `stream` has completed (for a captured op: until the graph's last launch has). A
+    /// registered output may be written on every rank ([`AllReduceAlgo::Pull`] from three ranks
+    /// on): every rank passes an output in the same registered allocation at the same offset
+    /// (the op's check word compares offsets and sizes, not which allocation).
     #[allow(clippy::too_many_arguments)]
     #[allow(unsafe_code)] // the contract is declared here; the body is safe code
     pub unsafe fn all_reduce_ce_two_shot(

@@ -324,8 +324,8 @@ impl RingPlan {
     }
 }
 
-/// Ring grids of 3+ ranks for messages from [`RING_WIDE_MIN_BYTES`] on (unless the tuning names
-/// a grid): at most this many blocks (32 senders, 32 receivers). Measured on 4 x H200 (graph,
+/// Ring grids of 3-4 ranks (the worlds measured) for messages from [`RING_WIDE_MIN_BYTES`] on
+/// (unless the tuning names a grid): at most this many blocks (32 senders, 32 receivers). Measured on 4 x H200 (graph,
 /// bench-notes round 15): the two-shot at 16 / 64 / 256 MiB 109 / 350 / 1302 us against the full
 /// grid's (132) 140 / 410 / 1529, 48 blocks 119 / 392 / 1472, 32 blocks 134 / 462 / 1695; the
 /// ring reduce-scatter 32 / 256 MiB 99.5 / 679 against 134 / 813, the all-gather 93.3 / 641
@@ -356,7 +356,8 @@ pub fn ring_plan(
     }
     let world = layout.world;
     let mut blocks = tuning.blocks(sm_count).max(2);
-    if tuning.max_blocks.is_none() && world >= 3 && total.saturating_mul(es) >= RING_WIDE_MIN_BYTES {
+    // Measured at 3-4 ranks only; 5-8 keep the full grid until measured.
+    if tuning.max_blocks.is_none() && (3..=4).contains(&world) && total.saturating_mul(es) >= RING_WIDE_MIN_BYTES {
         blocks = blocks.min(RING_WIDE_BLOCKS);
     }
     // One block per SM at most; senders and receivers split the grid. Each block's copies keep
@@ -607,7 +608,7 @@ mod tests {
     }
 
     #[test]
-    fn wide_rings_of_three_or_more_ranks_use_64_blocks_from_8_mib() {
+    fn wide_rings_of_three_or_four_ranks_use_64_blocks_from_8_mib() {
         let t = Tuning::default();
         let l4 = WorkspaceLayout::new(4, 10 << 20, 1 << 20, 64).unwrap();
         let blocks = |l: &WorkspaceLayout, t: &Tuning, mode: RingMode, total: usize, shard: usize| {
@@ -628,6 +629,9 @@ mod tests {
         );
         // Two ranks keep the full grid; a tuning that names a grid gets it.
         assert_eq!(blocks(&layout2(), &t, RingMode::AllReduce, 64 << 20, 64 << 20), 132);
+        // Eight ranks are unmeasured: the full grid.
+        let l8 = WorkspaceLayout::new(8, 10 << 20, 1 << 20, 64).unwrap();
+        assert_eq!(blocks(&l8, &t, RingMode::ReduceScatter, 64 << 20, 8 << 20), 132);
         let named = Tuning {
             max_blocks: Some(96),
             ..t

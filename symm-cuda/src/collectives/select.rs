@@ -28,9 +28,11 @@ pub enum AllReduceAlgo {
     /// [`super::Tuning::ce_fraction`]) while the reduction kernel reads the rest directly. Barriers
     /// before and after. With a fraction of 0 (the default) it is [`AllReduceAlgo::Pull`].
     CopyEngine,
-    /// Zero-copy SM pull in one kernel (opening barrier, every rank reads every peer's input over
-    /// NVLink and reduces, closing barrier): the input must lie in registered symmetric memory,
-    /// at the same offset on every rank, and the op runs out of place.
+    /// Zero-copy SM pull in one kernel (opening barrier, work, closing barrier). Every rank reads
+    /// every peer's input over NVLink and reduces it (the input in registered symmetric memory,
+    /// at the same offset on every rank, out of place); from three ranks on, when the output is
+    /// registered too, the two-shot pull: each rank reduces its shard from every input and
+    /// writes it into every output (in place allowed).
     Pull,
 }
 

@@ -419,6 +419,17 @@ impl Communicator {
         self.selector.all_gather(bytes)
     }
 
+    /// What `all_reduce` of `bytes` runs, as the selection table says: with `zero_copy`, for
+    /// buffers that qualify for the zero-copy rows (registered symmetric memory, see
+    /// [`AllReduceAlgo::Pull`]); without, for any other buffers.
+    pub fn all_reduce_pick(&self, bytes: usize, zero_copy: bool) -> AllReduceAlgo {
+        if zero_copy {
+            self.selector.all_reduce(bytes)
+        } else {
+            self.selector.fallback_all_reduce(bytes)
+        }
+    }
+
     /// The selection table in force, as text.
     pub fn selection_table(&self) -> String {
         let header = format!(

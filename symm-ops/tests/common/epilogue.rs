@@ -181,7 +181,10 @@ pub fn case<T: Element>(comm: &Communicator, plan: &Plan, seed: u64, hidden: usi
     // themselves and every result is checked against the reference.
     let mut base: Option<(Vec<T>, Vec<T>)> = None;
     let mut kernels_base: Option<(Vec<T>, Vec<T>)> = None;
-    let auto_may_be_nccl = world > 2 && comm.has_nccl();
+    let auto_may_be_nccl = world > 2
+        && [true, false]
+            .into_iter()
+            .any(|z| comm.all_reduce_pick(bytes, z) == AllReduceAlgo::Nccl);
     let fused_fits = world == 1 || bytes <= plan.fused_max_bytes;
     let mut algos = vec![EpilogueAlgo::Auto];
     algos.extend(plan.algos.iter().copied().filter(|a| match a {
