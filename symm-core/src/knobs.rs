@@ -62,22 +62,4 @@ pub const KNOBS: &[Knob] = &[
     },
 ];
 
-static TABLE: Table = Table::new(KNOBS);
-
-/// The value of knob `name` (one of [`KNOBS`]) as the process started with it, read once.
-pub(crate) fn get(name: &str) -> Option<&'static str> {
-    TABLE.get(name)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Names unique and described, no other file reads the environment, docs/architecture.md
-    /// lists all.
-    #[test]
-    fn the_table_is_the_only_reader_and_is_documented() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        check_table(KNOBS, dir, "../docs/architecture.md", false).unwrap();
-    }
-}
+symm_store::knob_table!(pub(crate) KNOBS, "../docs/architecture.md", false);

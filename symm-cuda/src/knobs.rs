@@ -99,11 +99,11 @@ pub const KNOBS: &[Knob] = &[
     },
 ];
 
-/// The knobs' values, read once, together (symm-store's `Table`, as every crate's knobs).
-static TABLE: symm_core::knobs::Table = symm_core::knobs::Table::new(KNOBS);
+// The knobs' values, read once, together (symm-store's `Table`, as every crate's knobs).
+symm_store::knob_table!(KNOBS, "../docs/cuda.md", false);
 
 fn var(name: &str) -> Option<String> {
-    TABLE.get(name).map(str::to_string)
+    get(name).map(str::to_string)
 }
 
 fn flag(name: &str) -> bool {
@@ -199,17 +199,4 @@ pub fn ring_unroll1() -> bool {
 pub fn epi_split() -> bool {
     static V: OnceLock<bool> = OnceLock::new();
     *V.get_or_init(|| flag(EPI_SPLIT))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Names unique and described, nothing else in the crate reads or writes the environment,
-    /// docs/cuda.md lists every knob.
-    #[test]
-    fn the_table_is_the_only_reader_and_is_documented() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        symm_core::knobs::check_table(KNOBS, dir, "../docs/cuda.md", false).unwrap();
-    }
 }

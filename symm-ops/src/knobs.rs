@@ -2,7 +2,7 @@
 //! per process. Nothing else in the library reads the environment, and nothing writes it (a
 //! test checks; the programs under `src/bin` are not library code).
 
-pub use symm_core::knobs::{Knob, Table};
+pub use symm_core::knobs::Knob;
 
 pub const NCCL_NVLS_ENABLE: &str = "NCCL_NVLS_ENABLE";
 
@@ -16,23 +16,5 @@ pub const KNOBS: &[Knob] = &[Knob {
     measurement: false,
 }];
 
-static TABLE: Table = Table::new(KNOBS);
-
-/// The value of knob `name` (one of [`KNOBS`]) as the process had it at the first call, read once.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) fn get(name: &str) -> Option<&'static str> {
-    TABLE.get(name)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Names unique and described, nothing else in the library reads the environment (the
-    /// programs under `src/bin` are left out), docs/user-guide.md lists all.
-    #[test]
-    fn the_table_is_the_only_reader_and_is_documented() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        symm_core::knobs::check_table(KNOBS, dir, "../docs/user-guide.md", true).unwrap();
-    }
-}
+// The programs under `src/bin` are left out of the scan (not library code).
+symm_store::knob_table!(pub(crate) KNOBS, "../docs/user-guide.md", true);

@@ -420,12 +420,14 @@ impl Selector {
     }
 
     /// What runs instead of [`ReduceScatterAlgo::Pull`] when the input is not registered.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub fn fallback_reduce_scatter(&self, bytes: usize) -> ReduceScatterAlgo {
         self.without_zero_copy().reduce_scatter(bytes)
     }
 
     /// What runs instead of [`AllGatherAlgo::Pull`] / [`AllGatherAlgo::CopyEngine`] when neither
     /// buffer qualifies.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub fn fallback_all_gather(&self, bytes: usize) -> AllGatherAlgo {
         self.without_zero_copy().all_gather(bytes)
     }

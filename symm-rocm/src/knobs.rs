@@ -23,22 +23,4 @@ pub const KNOBS: &[Knob] = &[
     },
 ];
 
-static TABLE: Table = Table::new(KNOBS);
-
-/// The value of knob `name` (one of [`KNOBS`]) as the process had it at the first call, read once.
-pub(crate) fn get(name: &str) -> Option<&'static str> {
-    TABLE.get(name)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Names unique and described, nothing else in the crate reads the environment,
-    /// docs/user-guide.md lists all.
-    #[test]
-    fn the_table_is_the_only_reader_and_is_documented() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        symm_core::knobs::check_table(KNOBS, dir, "../docs/user-guide.md", false).unwrap();
-    }
-}
+symm_store::knob_table!(pub(crate) KNOBS, "../docs/user-guide.md", false);

@@ -116,12 +116,41 @@ impl Table {
     }
 }
 
-static TABLE: Table = Table::new(KNOBS);
+/// A crate's knobs module, written once: from the crate's `KNOBS` (a `&[Knob]` const in the
+/// calling module) it makes the module's `TABLE` (read once, together), `get(name)`, and the test
+/// that checks the table (names unique and described, no other file of the crate reads the
+/// environment, `doc` lists every name; `skip_bin`: leave `src/bin` out of the scan).
+///
+/// ```ignore
+/// pub const KNOBS: &[Knob] = &[...];
+/// symm_store::knob_table!(pub(crate) KNOBS, "../docs/store.md", false); // `get`'s visibility first
+/// ```
+#[macro_export]
+macro_rules! knob_table {
+    ($vis:vis $knobs:ident, $doc:literal, $skip_bin:literal) => {
+        static TABLE: $crate::knobs::Table = $crate::knobs::Table::new($knobs);
 
-/// The value of knob `name` (one of [`KNOBS`]), read once.
-pub fn get(name: &str) -> Option<&'static str> {
-    TABLE.get(name)
+        /// The value of knob `name` (one of the module's `KNOBS`) as the process had it at the
+        /// first lookup, read once.
+        #[allow(dead_code)]
+        $vis fn get(name: &str) -> Option<&'static str> {
+            TABLE.get(name)
+        }
+
+        #[cfg(test)]
+        mod knob_table_check {
+            /// Names unique and described, no other file of the crate reads the environment, the
+            /// doc page lists all.
+            #[test]
+            fn the_table_is_the_only_reader_and_is_documented() {
+                let dir = ::std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+                $crate::knobs::check_table(super::$knobs, dir, $doc, $skip_bin).unwrap();
+            }
+        }
+    };
 }
+
+crate::knob_table!(pub KNOBS, "../docs/store.md", false);
 
 /// The checks every crate's knobs module runs in its tests: names unique and described; no `.rs`
 /// file under `crate_dir/src` but `knobs.rs` reads or writes the environment (with `skip_bin`,
@@ -193,14 +222,5 @@ pub fn files_reading_env(src: &Path) -> std::io::Result<Vec<String>> {
     Ok(offenders)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Names unique and described, no other file reads the environment (the binaries read their
-    /// command lines with `env::args`, which the scan does not count), docs/store.md lists all.
-    #[test]
-    fn the_table_is_the_only_reader_and_is_documented() {
-        check_table(KNOBS, Path::new(env!("CARGO_MANIFEST_DIR")), "../docs/store.md", false).unwrap();
-    }
-}
+// The table's own check: `knob_table!` above (the binaries read their command lines with
+// `env::args`, which the scan does not count).

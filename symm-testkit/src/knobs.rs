@@ -81,22 +81,5 @@ pub const KNOBS: &[Knob] = &[
     },
 ];
 
-static TABLE: Table = Table::new(KNOBS);
-
-/// The value of knob `name` (one of [`KNOBS`]) as the process had it at the first call, read once.
-pub(crate) fn get(name: &str) -> Option<&'static str> {
-    TABLE.get(name)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Names unique and described, nothing else in the library reads the environment (`symmrun`
-    /// under `src/bin` is left out), docs/testkit.md lists all.
-    #[test]
-    fn the_table_is_the_only_reader_and_is_documented() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        symm_core::knobs::check_table(KNOBS, dir, "../docs/testkit.md", true).unwrap();
-    }
-}
+// `symmrun` under `src/bin` is left out of the scan (a program, not library code).
+symm_store::knob_table!(pub(crate) KNOBS, "../docs/testkit.md", true);
