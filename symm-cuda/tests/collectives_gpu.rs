@@ -33,175 +33,39 @@ use symm_cuda::streams::HostCopies;
 use symm_testkit::launch::{RankCtx, TestResult};
 use symm_testkit::GpuWorld;
 
-/// The kernels' raw-address entry points (`unsafe fn`s, NOTE [raw-addresses]) for this file,
-/// whose every address is one of its own buffers: the payloads, the symmetric inputs and
-/// outputs of `Env` and the registered arenas, each sized for the op that gets it and alive
-/// until the test ends; the bad-argument cases are refused before any access. One `unsafe`
-/// block per entry, here.
-trait Raw {
-    #[allow(clippy::too_many_arguments)]
-    fn all_reduce_t(
-        &self,
-        s: &CudaStream,
-        a: AllReduceAlgo,
-        i: u64,
-        o: u64,
-        n: usize,
-        d: DType,
-        op: ReduceOp,
-    ) -> symm_core::Result<()>;
-    #[allow(clippy::too_many_arguments)]
-    fn all_reduce_tuned_t(
-        &self,
-        s: &CudaStream,
-        a: AllReduceAlgo,
-        t: &Tuning,
-        i: u64,
-        o: u64,
-        n: usize,
-        d: DType,
-        op: ReduceOp,
-    ) -> symm_core::Result<()>;
-    fn all_reduce_ce_two_shot_t(
-        &self,
-        s: &CudaStream,
-        i: u64,
-        o: u64,
-        n: usize,
-        d: DType,
-        op: ReduceOp,
-    ) -> symm_core::Result<()>;
-    #[allow(clippy::too_many_arguments)]
-    fn reduce_scatter_tuned_t(
-        &self,
-        s: &CudaStream,
-        a: ReduceScatterAlgo,
-        t: &Tuning,
-        i: u64,
-        o: u64,
-        n: usize,
-        d: DType,
-        op: ReduceOp,
-    ) -> symm_core::Result<()>;
-    fn reduce_scatter_pull_t(
-        &self,
-        s: &CudaStream,
-        i: u64,
-        o: u64,
-        n: usize,
-        d: DType,
-        op: ReduceOp,
-    ) -> symm_core::Result<()>;
-    fn reduce_scatter_ce_t(
-        &self,
-        s: &CudaStream,
-        i: u64,
-        o: u64,
-        n: usize,
-        d: DType,
-        op: ReduceOp,
-    ) -> symm_core::Result<()>;
-    fn all_gather_t(
-        &self,
-        s: &CudaStream,
-        i: u64,
-        o: u64,
-        n: usize,
-        d: DType,
-        p: AllGatherPath,
-    ) -> symm_core::Result<()>;
+/// Declares `trait Raw` with one safe `<entry>_t` method per raw-address entry point of
+/// `CudaCollectives` listed, each calling its `unsafe fn` in one `unsafe` block.
+macro_rules! raw_entries {
+    ($($name:ident => $entry:ident($($arg:ident: $ty:ty),*);)*) => {
+        trait Raw {
+            $(
+                #[allow(clippy::too_many_arguments)]
+                fn $name(&self, s: &CudaStream, $($arg: $ty),*) -> symm_core::Result<()>;
+            )*
+        }
+        impl Raw for CudaCollectives {
+            $(
+                fn $name(&self, s: &CudaStream, $($arg: $ty),*) -> symm_core::Result<()> {
+                    // SAFETY: the test's own buffers (see the list of entries below).
+                    unsafe { self.$entry(s, $($arg),*) }
+                }
+            )*
+        }
+    };
 }
 
-impl Raw for CudaCollectives {
-    fn all_reduce_t(
-        &self,
-        s: &CudaStream,
-        a: AllReduceAlgo,
-        i: u64,
-        o: u64,
-        n: usize,
-        d: DType,
-        op: ReduceOp,
-    ) -> symm_core::Result<()> {
-        // SAFETY: the test's own buffers (trait docs).
-        unsafe { self.all_reduce(s, a, i, o, n, d, op) }
-    }
-    fn all_reduce_tuned_t(
-        &self,
-        s: &CudaStream,
-        a: AllReduceAlgo,
-        t: &Tuning,
-        i: u64,
-        o: u64,
-        n: usize,
-        d: DType,
-        op: ReduceOp,
-    ) -> symm_core::Result<()> {
-        // SAFETY: the test's own buffers (trait docs).
-        unsafe { self.all_reduce_tuned(s, a, t, i, o, n, d, op) }
-    }
-    fn all_reduce_ce_two_shot_t(
-        &self,
-        s: &CudaStream,
-        i: u64,
-        o: u64,
-        n: usize,
-        d: DType,
-        op: ReduceOp,
-    ) -> symm_core::Result<()> {
-        // SAFETY: the test's own buffers (trait docs).
-        unsafe { self.all_reduce_ce_two_shot(s, i, o, n, d, op) }
-    }
-    fn reduce_scatter_tuned_t(
-        &self,
-        s: &CudaStream,
-        a: ReduceScatterAlgo,
-        t: &Tuning,
-        i: u64,
-        o: u64,
-        n: usize,
-        d: DType,
-        op: ReduceOp,
-    ) -> symm_core::Result<()> {
-        // SAFETY: the test's own buffers (trait docs).
-        unsafe { self.reduce_scatter_tuned(s, a, t, i, o, n, d, op) }
-    }
-    fn reduce_scatter_pull_t(
-        &self,
-        s: &CudaStream,
-        i: u64,
-        o: u64,
-        n: usize,
-        d: DType,
-        op: ReduceOp,
-    ) -> symm_core::Result<()> {
-        // SAFETY: the test's own buffers (trait docs).
-        unsafe { self.reduce_scatter_pull(s, i, o, n, d, op) }
-    }
-    fn reduce_scatter_ce_t(
-        &self,
-        s: &CudaStream,
-        i: u64,
-        o: u64,
-        n: usize,
-        d: DType,
-        op: ReduceOp,
-    ) -> symm_core::Result<()> {
-        // SAFETY: the test's own buffers (trait docs).
-        unsafe { self.reduce_scatter_ce(s, i, o, n, d, op) }
-    }
-    fn all_gather_t(
-        &self,
-        s: &CudaStream,
-        i: u64,
-        o: u64,
-        n: usize,
-        d: DType,
-        p: AllGatherPath,
-    ) -> symm_core::Result<()> {
-        // SAFETY: the test's own buffers (trait docs).
-        unsafe { self.all_gather(s, i, o, n, d, p) }
-    }
+// The kernels' raw-address entry points (`unsafe fn`s, NOTE [raw-addresses]) for this file,
+// whose every address is one of its own buffers: the payloads, the symmetric inputs and outputs
+// of `Env` and the registered arenas, each sized for the op that gets it and alive until the
+// test ends; the bad-argument cases are refused before any access.
+raw_entries! {
+    all_reduce_t => all_reduce(a: AllReduceAlgo, i: u64, o: u64, n: usize, d: DType, op: ReduceOp);
+    all_reduce_tuned_t => all_reduce_tuned(a: AllReduceAlgo, t: &Tuning, i: u64, o: u64, n: usize, d: DType, op: ReduceOp);
+    all_reduce_ce_two_shot_t => all_reduce_ce_two_shot(i: u64, o: u64, n: usize, d: DType, op: ReduceOp);
+    reduce_scatter_tuned_t => reduce_scatter_tuned(a: ReduceScatterAlgo, t: &Tuning, i: u64, o: u64, n: usize, d: DType, op: ReduceOp);
+    reduce_scatter_pull_t => reduce_scatter_pull(i: u64, o: u64, n: usize, d: DType, op: ReduceOp);
+    reduce_scatter_ce_t => reduce_scatter_ce(i: u64, o: u64, n: usize, d: DType, op: ReduceOp);
+    all_gather_t => all_gather(i: u64, o: u64, n: usize, d: DType, p: AllGatherPath);
 }
 
 const T: Duration = Duration::from_secs(60);
@@ -590,14 +454,7 @@ fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
     let mut runs = 0usize;
     let mut worst = 0.0f64;
     let t0 = Instant::now();
-    let algos = [
-        AllReduceAlgo::Auto,
-        AllReduceAlgo::Lamport,
-        AllReduceAlgo::OneShot,
-        AllReduceAlgo::TwoShot,
-        AllReduceAlgo::CopyEngine,
-        AllReduceAlgo::Pull,
-    ];
+    let algos = AllReduceAlgo::ALL;
     let zero_copy = |a: AllReduceAlgo| matches!(a, AllReduceAlgo::CopyEngine | AllReduceAlgo::Pull);
     let mut seed = 1u64;
     for (obj, name) in [(&c, "default"), (&small, "small-staging")] {

@@ -123,10 +123,16 @@ impl CudaCollectives {
                 )
             }
             // Three or more ranks with the output registered too: the two-shot pull.
-            AllReduceAlgo::Pull if self.world >= 3 && self.is_registered(output, count * dtype.size()) => {
-                self.all_reduce_pull_two_shot(stream, dt, dtype, op, input, output, count, tuning, hdr)
-            }
             AllReduceAlgo::CopyEngine | AllReduceAlgo::Pull => {
+                // Three or more ranks with the output registered too: the two-shot pull (one
+                // registry lookup, handed on); otherwise the one-shot pull below.
+                if algo == AllReduceAlgo::Pull && self.world >= 3 {
+                    if let Some(sym_out) = self.lookup_symmetric(output, count * dtype.size()) {
+                        return self.all_reduce_pull_two_shot(
+                            stream, dt, dtype, op, input, output, &sym_out, count, tuning, hdr,
+                        );
+                    }
+                }
                 let tuning = if algo == AllReduceAlgo::Pull {
                     Tuning {
                         ce_fraction: 0.0,
@@ -284,7 +290,8 @@ impl CudaCollectives {
     /// ([`two_shot_shard`]) from every rank's input, read in place, and writes the result into
     /// every rank's output; the closing barrier says every peer's shard has landed here and no
     /// peer reads this input any more. Each rank reads 1 - 1/world of the message over NVLink
-    /// and writes as much, like NCCL's ring, in one launch and without staging.
+    /// and writes as much, like NCCL's ring, in one launch and without staging. `sym_out`: the
+    /// output's registration (the caller looked it up).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn all_reduce_pull_two_shot(
         &self,
@@ -294,6 +301,7 @@ impl CudaCollectives {
         op: ReduceOp,
         input: u64,
         output: u64,
+        sym_out: &SymInput,
         count: usize,
         tuning: &Tuning,
         hdr: &OpHeader,
@@ -301,7 +309,6 @@ impl CudaCollectives {
         let es = dtype.size();
         let bytes = count * es;
         let sym_in = self.registered(input, bytes, "the two-shot pull needs its input")?;
-        let sym_out = self.registered(output, bytes, "the two-shot pull needs its output")?;
         let q = two_shot_shard(count, self.world, dtype);
         let start = (self.rank * q).min(count);
         let n = q.min(count - start);

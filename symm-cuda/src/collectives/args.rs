@@ -96,7 +96,7 @@ pub struct Pull {
 /// Every rank's address of one range of registered symmetric memory, indexed by rank: `own` (this
 /// rank's own address of the range, as its caller passed it) at `rank`, a peer's mapping
 /// `peers[s] + off` at every other `s < world`, 0 past `world`.
-pub fn per_rank(rank: usize, world: usize, own: u64, peers: &[u64; MAX_WORLD], off: u64) -> [u64; MAX_WORLD] {
+pub(crate) fn per_rank(rank: usize, world: usize, own: u64, peers: &[u64; MAX_WORLD], off: u64) -> [u64; MAX_WORLD] {
     let mut v = [0u64; MAX_WORLD];
     for (s, a) in v.iter_mut().enumerate().take(world) {
         *a = if s == rank { own } else { peers[s] + off };

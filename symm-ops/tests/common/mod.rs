@@ -227,23 +227,10 @@ pub fn check_reduce_scatter<T: Element>(
     op: ReduceOp,
     out: &[T],
 ) -> Result<(), String> {
-    check_reduce_scatter_acc(values, seed, world, me, op, out, Accum::F32)
-}
-
-/// [`check_reduce_scatter`] for a result summed the way `acc` says.
-pub fn check_reduce_scatter_acc<T: Element>(
-    values: Values,
-    seed: u64,
-    world: usize,
-    me: usize,
-    op: ReduceOp,
-    out: &[T],
-    acc: Accum,
-) -> Result<(), String> {
     let n = out.len();
     for (i, &g) in out.iter().enumerate() {
         let (want, mag) = reference::<T>(values, seed, world, op, me * n + i);
-        if !check_value_acc(values, op, world, g, want, mag, acc) {
+        if !check_value(values, op, world, g, want, mag) {
             return Err(format!(
                 "segment {me} element {i}: got {} want {want} ({} {op})",
                 g.to_f32(),
