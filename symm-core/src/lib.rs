@@ -35,6 +35,7 @@ pub mod error;
 pub mod fault;
 pub mod group;
 pub mod kernel_cache;
+pub mod kernels;
 pub mod knobs;
 mod liveness;
 pub mod memory;
@@ -56,6 +57,7 @@ pub use group::{
     group_info, remove_group_info, set_group_info, Group, GroupOptions, JobId, ALLOW_OVERLAPPING_DEVICES_ENV,
     JOB_ID_ENVS,
 };
+pub use kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
 pub use memory::{check_range, BufferView, SymmetricMemory, SymmetricMemoryExt};
 pub use op_desc::{OpDescriptor, OpKind, VariantNames};
 pub use tensor::{

@@ -30,7 +30,6 @@ mod epilogue;
 pub mod layout;
 pub mod plan;
 mod scatter_gather;
-pub mod select;
 mod setup;
 
 use std::sync::{Arc, Mutex, RwLock};
@@ -46,8 +45,8 @@ use crate::knobs;
 pub use epilogue::{epilogue_threads, Epilogue, Epilogues};
 pub use layout::WorkspaceLayout;
 pub use plan::{GridBudget, RingMode, Tuning};
-pub use select::{AllGatherPath, AllReduceAlgo, ReduceScatterAlgo, Selection};
 pub use setup::{CollectivesConfig, DEFAULT_LAMPORT_BYTES, DEFAULT_RING_SLOTS, DEFAULT_STAGING_BYTES};
+pub use symm_core::kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
 
 use agree::{checked, header, Mechanism};
 use args::OpHeader;
@@ -57,6 +56,11 @@ use plan::{
 };
 use setup::{CeState, KernelTable, CE_EVENTS};
 use symm_core::pad::{ERR_MISMATCH, ERR_OP_MISMATCH, ERR_PEER_REJECTED};
+
+/// A kernel of symm-core's vocabulary this backend does not implement (one added after it).
+fn not_here(kernel: impl std::fmt::Display) -> Error {
+    Error::Unavailable(format!("the {kernel} kernel is not implemented by symm-cuda"))
+}
 
 /// One copy-engine pull-and-reduce ([`CudaCollectives::ce_pull_reduce`]), device addresses.
 struct CePull {
@@ -231,7 +235,8 @@ impl CudaCollectives {
     fn launch_coll(&self, stream: &CudaStream, f: &CudaFunction, grid: LaunchConfig, a: &[KernelArg]) -> Result<()> {
         launch_with(stream, f, grid, a, self.how)
     }
-    /// Largest message (bytes) [`AllReduceAlgo::Lamport`] takes.
+    /// Largest message (bytes) [`AllReduceKernel::Lamport`] takes (per rank's part for the
+    /// reduce-scatter and all-gather Lamport kernels).
     pub fn lamport_max_bytes(&self) -> usize {
         if self.world == 1 {
             usize::MAX

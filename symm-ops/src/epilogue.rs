@@ -10,7 +10,6 @@ use symm_core::epilogue::{Buffers, Rows, Span};
 use symm_core::{DType, Error, ReduceOp, Result};
 
 use crate::buf::{Buf, BufMut};
-use crate::comm::Engine;
 use crate::host::{In, Out};
 use crate::ops::OnStream;
 use crate::select::AllReduceAlgo;
@@ -243,20 +242,8 @@ impl OnStream<'_> {
                 return r;
             }
         }
-        match &self.comm().engine {
-            Engine::Host(h) => {
-                self.arg(self.no_stream())?;
-                let mut p = self.arg(HostEpi::resolve(h, a))?;
-                self.arg(p.check(&rows))?;
-                self.comm().run(|| p.run(h, &rows))
-            }
-            #[cfg(feature = "cuda")]
-            Engine::Cuda(c) => self.comm().run(|| {
-                c.epilogue(self.stream_arg(), algo, a, rows, |b| {
-                    self.comm().selector.fallback_all_reduce(b)
-                })
-            }),
-        }
+        self.comm()
+            .run(|| self.comm().engine.epilogue(self.cx(), algo, a, rows))
     }
 }
 
@@ -308,7 +295,7 @@ impl OnStream<'_> {
 // ---- host engine -----------------------------------------------------------
 
 /// An epilogue op resolved for the host engine.
-struct HostEpi<'a> {
+pub(crate) struct HostEpi<'a> {
     x: Option<In<'a>>,
     x_out: Option<Out<'a>>,
     residual: Option<In<'a>>,
@@ -337,7 +324,7 @@ fn span_out(what: &'static str, b: &BufMut<'_>) -> Span {
 }
 
 impl<'a> HostEpi<'a> {
-    fn resolve(h: &crate::host::HostEngine, a: EpiArgs<'a>) -> Result<HostEpi<'a>> {
+    pub(crate) fn resolve(h: &crate::host::HostEngine, a: EpiArgs<'a>) -> Result<HostEpi<'a>> {
         let (sum_at, op) = (a.sum_at(), a.op());
         let eps = a.eps();
         let (x, x_out, x_span) = match a.x {
@@ -396,7 +383,7 @@ impl<'a> HostEpi<'a> {
 
     /// The buffer rules (the shape and eps were checked with the arguments); none for zero rows,
     /// as on the CUDA engine, whose empty op reads no buffer.
-    fn check(&self, rows: &Rows) -> Result<()> {
+    pub(crate) fn check(&self, rows: &Rows) -> Result<()> {
         if rows.count() == 0 {
             return Ok(());
         }
@@ -410,7 +397,7 @@ impl<'a> HostEpi<'a> {
     }
 
     /// The host engine's all-reduce into the sum's place, then the epilogue on the CPU.
-    fn run(&mut self, h: &crate::host::HostEngine, rows: &Rows) -> Result<()> {
+    pub(crate) fn run(&mut self, h: &crate::host::HostEngine, rows: &Rows) -> Result<()> {
         let (count, dtype) = (rows.count(), rows.dtype());
         let es = dtype.size();
         // 1. The all-reduce (one-shot: every rank reduces in rank order, as the kernels do).

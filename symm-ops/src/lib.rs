@@ -33,6 +33,7 @@ mod comm;
 mod cuda;
 #[cfg(feature = "cuda")]
 mod device;
+mod engine;
 mod epilogue;
 mod host;
 mod knobs;
@@ -51,7 +52,8 @@ pub use device::{DeviceInput, DeviceOutput};
 pub use epilogue::{EpilogueAlgo, RmsNorm};
 pub use ops::{NewOutput, OnStream};
 pub use pool::{SymmBuffer, MIN_BLOCK_BYTES};
-pub use select::{AllGatherAlgo, AllReduceAlgo, EngineKind, ReduceScatterAlgo, SelectionThresholds};
+pub use select::{AllGatherAlgo, AllReduceAlgo, EngineKind, Plan, ReduceScatterAlgo, SelectionThresholds};
+pub use symm_core::kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
 
 #[cfg(feature = "cuda")]
 pub use cudarc;

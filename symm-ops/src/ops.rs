@@ -18,9 +18,9 @@ use cudarc::driver::CudaStream;
 use symm_core::{DType, Error, OpKind, ReduceOp, Result};
 
 use crate::buf::{check_dtype, Buf, BufMut, Element};
-use crate::comm::{try_zeroed, Communicator, Engine};
-use crate::host::In;
-use crate::select::AllReduceAlgo;
+use crate::comm::{try_zeroed, Communicator};
+use crate::engine::Cx;
+use crate::select::{AllGatherAlgo, AllReduceAlgo, ReduceScatterAlgo};
 
 /// A result an out-of-place op allocates: `Vec<T>` (host engine) or
 /// `cudarc::driver::CudaSlice<T>` (CUDA engine, allocated on the op's
@@ -117,13 +117,11 @@ impl<'c> OnStream<'c> {
         self.comm.arg(self.stream, r)
     }
 
-    /// The host engine has no streams: an op given one is refused.
-    pub(crate) fn no_stream(&self) -> Result<()> {
-        match self.stream {
-            None => Ok(()),
-            Some(_) => Err(Error::InvalidArgument(
-                "a CUDA stream given to an op of a host-engine communicator".into(),
-            )),
+    /// The op's context for the engine: its stream and the planner.
+    pub(crate) fn cx(&self) -> Cx<'c> {
+        Cx {
+            stream: self.stream,
+            planner: &self.comm.selector,
         }
     }
 
@@ -185,9 +183,11 @@ impl<'c> OnStream<'c> {
     }
 
     /// All-reduce with an explicit algorithm; `input: None` means in place
-    /// (`output` is also the input). [`AllReduceAlgo::Lamport`] runs as
-    /// one-shot on the host engine; an algorithm the engine lacks is
-    /// [`Error::Unavailable`].
+    /// (`output` is also the input). What runs is the planner's plan for the
+    /// request and the buffers (a zero-copy request on buffers that do not
+    /// qualify runs the table's pick without its zero-copy rows);
+    /// [`AllReduceAlgo::Lamport`] runs as one-shot on the host engine; an
+    /// algorithm the engine lacks is [`Error::Unavailable`].
     pub fn all_reduce_with(
         &self,
         algo: AllReduceAlgo,
@@ -207,27 +207,11 @@ impl<'c> OnStream<'c> {
                 return r;
             }
         }
-        match &self.comm.engine {
-            Engine::Host(h) => {
-                self.arg(self.no_stream())?;
-                let in_place = input.is_none();
-                let mut out = self.arg(h.resolve_out(output, in_place))?;
-                let input = match input {
-                    Some(b) => self.arg(h.resolve_in(b))?,
-                    None => In::Output,
-                };
-                self.comm.run(|| match algo {
-                    AllReduceAlgo::TwoShot => h.two_shot(&input, &mut out, count, dtype, op),
-                    _ => h.one_shot(&input, &mut out, count, dtype, op),
-                })
-            }
-            #[cfg(feature = "cuda")]
-            Engine::Cuda(c) => self.comm.run(|| {
-                c.all_reduce(self.stream, algo, input, output, count, dtype, op, |b| {
-                    self.comm.selector.fallback_all_reduce(b)
-                })
-            }),
-        }
+        self.comm.run(|| {
+            self.comm
+                .engine
+                .all_reduce(self.cx(), algo, input, output, count, dtype, op)
+        })
     }
 
     // ---- reduce-scatter -----------------------------------------------------
@@ -265,23 +249,12 @@ impl<'c> OnStream<'c> {
                 return r;
             }
         }
-        match &self.comm.engine {
-            Engine::Host(h) => {
-                self.arg(self.no_stream())?;
-                let input = self.arg(h.resolve_in(input))?;
-                let mut out = self.arg(h.resolve_out(output, false))?;
-                self.comm.run(|| h.reduce_scatter(&input, &mut out, count, dtype, op))
-            }
-            #[cfg(feature = "cuda")]
-            Engine::Cuda(c) => {
-                let algo = self.comm.selector.reduce_scatter(input.len() * dtype.size());
-                self.comm.run(|| {
-                    c.reduce_scatter(self.stream, algo, input, output, count, dtype, op, |b| {
-                        self.comm.selector.fallback_reduce_scatter(b)
-                    })
-                })
-            }
-        }
+        let algo: ReduceScatterAlgo = self.comm.selector.reduce_scatter(input.len() * dtype.size());
+        self.comm.run(|| {
+            self.comm
+                .engine
+                .reduce_scatter(self.cx(), algo, input, output, count, dtype, op)
+        })
     }
 
     // ---- all-gather ---------------------------------------------------------
@@ -310,23 +283,12 @@ impl<'c> OnStream<'c> {
                 return r;
             }
         }
-        match &self.comm.engine {
-            Engine::Host(h) => {
-                self.arg(self.no_stream())?;
-                let input = self.arg(h.resolve_in(input))?;
-                let mut out = self.arg(h.resolve_out(output, false))?;
-                self.comm.run(|| h.all_gather(&input, &mut out, count, dtype))
-            }
-            #[cfg(feature = "cuda")]
-            Engine::Cuda(c) => {
-                let algo = self.comm.selector.all_gather(want * dtype.size());
-                self.comm.run(|| {
-                    c.all_gather(self.stream, algo, input, output, count, dtype, |b| {
-                        self.comm.selector.fallback_all_gather(b)
-                    })
-                })
-            }
-        }
+        let algo: AllGatherAlgo = self.comm.selector.all_gather(want * dtype.size());
+        self.comm.run(|| {
+            self.comm
+                .engine
+                .all_gather(self.cx(), algo, input, output, count, dtype)
+        })
     }
 
     // ---- barrier ------------------------------------------------------------
@@ -373,14 +335,7 @@ impl<'c> OnStream<'c> {
             }
         };
         let ranks = &buf[..n];
-        match &self.comm.engine {
-            Engine::Host(h) => {
-                self.arg(self.no_stream())?;
-                self.comm.run(|| h.barrier(ranks))
-            }
-            #[cfg(feature = "cuda")]
-            Engine::Cuda(c) => self.comm.run(|| c.barrier(self.stream, ranks)),
-        }
+        self.comm.run(|| self.comm.engine.barrier(self.stream, ranks))
     }
 }
 

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use symm_core::{empty_p2p, get_symmetric_memory, DType, Error, Result, SymmTensor};
 
 use crate::buf::{Buf, BufMut, Element};
-use crate::comm::{try_zeroed, Communicator, Engine};
+use crate::comm::{try_zeroed, Communicator};
 
 /// The smallest block the pool allocates (a CUDA backend rounds every
 /// allocation up to its granularity, 2 MiB on an H100, anyway).
@@ -234,11 +234,7 @@ impl Communicator {
     fn new_block(&self, elems: usize, dtype: DType) -> Result<SymmTensor> {
         let t = empty_p2p(&[elems], dtype, self.device(), self.group(), None)?;
         t.rendezvous(self.timeout())?;
-        match &self.engine {
-            Engine::Host(_) => {}
-            #[cfg(feature = "cuda")]
-            Engine::Cuda(c) => c.register(&t)?,
-        }
+        self.engine.register(&t)?;
         Ok(t)
     }
 

@@ -6,6 +6,8 @@
 
 use std::fmt;
 
+use symm_core::{AllGatherKernel, AllReduceKernel, DType, ReduceScatterKernel};
+
 /// The engine that runs a communicator's ops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -78,10 +80,13 @@ impl fmt::Display for AllReduceAlgo {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ReduceScatterAlgo {
-    /// Each rank reads its segment from every peer and reduces it.
-    Symm,
+    /// The push kernels (CUDA): every rank pushes each peer's segment into the peer's workspace,
+    /// through the Lamport slots while a rank's segment fits them and the table's Lamport bound,
+    /// else through the ring buffers. Any buffers. The host engine reads every peer's segment.
+    Push,
     /// Zero-copy pull (CUDA): every rank reads its shard straight from the peers' inputs, which
-    /// must lie in registered symmetric memory; other inputs run NCCL (or `Symm` without it).
+    /// must lie in registered symmetric memory; other inputs run what the table runs without
+    /// its zero-copy rows.
     Pull,
     Nccl,
 }
@@ -89,7 +94,7 @@ pub enum ReduceScatterAlgo {
 impl fmt::Display for ReduceScatterAlgo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            ReduceScatterAlgo::Symm => "symm (read peers' segment, reduce)",
+            ReduceScatterAlgo::Push => "push",
             ReduceScatterAlgo::Pull => "zero-copy pull",
             ReduceScatterAlgo::Nccl => "nccl",
         })
@@ -100,14 +105,19 @@ impl fmt::Display for ReduceScatterAlgo {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum AllGatherAlgo {
-    /// SM-driven peer copies.
-    Sm,
-    /// Copy-engine peer copies (CUDA; the host engine copies with the CPU).
+    /// The push kernels (CUDA): every rank pushes its input into every peer's workspace, through
+    /// the Lamport slots (f32 / f16 / bf16) while its input fits them and the table's Lamport
+    /// bound, else through the ring buffers. Any buffers. The host engine copies with the CPU.
+    Push,
+    /// Copy-engine peer copies, zero-copy (CUDA): a push into every peer's output when the
+    /// output lies in registered symmetric memory, else a pull from the peers' inputs when the
+    /// input does; other buffers run what the table runs without its zero-copy rows. The host
+    /// engine copies with the CPU.
     CopyEngine,
     /// Zero-copy SM pull in one kernel (CUDA): every rank copies every peer's input in place over
     /// NVLink, between an opening and a closing barrier; the input must lie in registered
-    /// symmetric memory (else NCCL, or the SM path without it). The host engine copies with the
-    /// CPU.
+    /// symmetric memory (or the op run in place in a registered output); other buffers run
+    /// what the table runs without its zero-copy rows. The host engine copies with the CPU.
     Pull,
     Nccl,
 }
@@ -115,12 +125,52 @@ pub enum AllGatherAlgo {
 impl fmt::Display for AllGatherAlgo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            AllGatherAlgo::Sm => "sm copy",
+            AllGatherAlgo::Push => "push",
             AllGatherAlgo::CopyEngine => "copy engine",
             AllGatherAlgo::Pull => "zero-copy pull",
             AllGatherAlgo::Nccl => "nccl",
         })
     }
+}
+
+/// What the planner decided an op runs: one of the engine's explicit kernels (symm-core's
+/// vocabulary, [`symm_core::kernels`]), or NCCL. The host engine's plans name the kernel its
+/// generic path stands for: all-reduce [`AllReduceKernel::OneShot`] or
+/// [`AllReduceKernel::TwoShot`], reduce-scatter and all-gather the pull (every rank reads what
+/// it needs from its peers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Plan<K> {
+    Kernel(K),
+    Nccl,
+}
+
+impl<K: fmt::Display> fmt::Display for Plan<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Plan::Kernel(k) => k.fmt(f),
+            Plan::Nccl => f.write_str("nccl"),
+        }
+    }
+}
+
+/// Which of an op's buffers the planner asks about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    Input,
+    Output,
+}
+
+/// What the planner needs to know of an op's buffers beyond its size: where they lie relative
+/// to each other, and (asked only for the zero-copy rows, as a registry search costs a lock)
+/// whether each lies in symmetric memory registered with the engine (the same offsets on every
+/// rank, so every rank gets the same answer).
+pub(crate) struct Bufs<'a> {
+    /// Input and output are the same buffer (all-reduce), or the input is this rank's slice of
+    /// the output (all-gather).
+    pub in_place: bool,
+    /// Input and output do not overlap.
+    pub apart: bool,
+    pub registered: &'a dyn Fn(Side) -> bool,
 }
 
 /// Size thresholds of the selection table, in bytes. All-reduce counts the
@@ -177,6 +227,15 @@ pub struct SelectionThresholds {
     /// ([`AllReduceAlgo::CopyEngine`]) when input and output both lie in registered symmetric
     /// memory, apart (else the pull when the input does). CUDA, two ranks only.
     pub all_reduce_ce_min_bytes: usize,
+    /// reduce_scatter up to this size of the whole unreduced input: the Lamport kernel, when a
+    /// rank's segment also fits the engine's Lamport slots; larger: the ring. CUDA only.
+    /// 2 x H200 at 16 / 32 MiB: 30.1 / 54.7 us against the pull's 32.6 / 57.9
+    /// (bench-notes.md, round 5).
+    pub reduce_scatter_lamport_max_bytes: usize,
+    /// all_gather up to this size of the gathered output: the Lamport kernel (f32 / f16 / bf16),
+    /// when a rank's input also fits the engine's Lamport slots; larger: the ring. CUDA only.
+    /// 2 x H200 at 16 / 32 MiB: 28.5 / 53.4 us against the pull's 32.2 / 58.1.
+    pub all_gather_lamport_max_bytes: usize,
 }
 
 const KIB: usize = 1024;
@@ -207,6 +266,8 @@ impl SelectionThresholds {
                 all_reduce_pull_max_bytes: usize::MAX,
                 all_reduce_ce_min_bytes: usize::MAX,
                 reduce_scatter_pull_min_bytes: usize::MAX,
+                reduce_scatter_lamport_max_bytes: 0,
+                all_gather_lamport_max_bytes: 0,
             },
             EngineKind::Nccl => SelectionThresholds {
                 lamport_max_bytes: 0,
@@ -221,6 +282,8 @@ impl SelectionThresholds {
                 all_reduce_pull_max_bytes: usize::MAX,
                 all_reduce_ce_min_bytes: usize::MAX,
                 reduce_scatter_pull_min_bytes: usize::MAX,
+                reduce_scatter_lamport_max_bytes: 0,
+                all_gather_lamport_max_bytes: 0,
             },
             EngineKind::Cuda if world_size <= 2 => {
                 // Measured on 2 x H200 (NV18), graph replay, NCCL 2.28.9 in the same run
@@ -236,7 +299,7 @@ impl SelectionThresholds {
                 // the all-reduce copy-engine two-shot above 128 MiB when the output is registered
                 // too (778 against the pull's 806 and NCCL's 850 at 256 MiB; at 128 MiB the pull
                 // wins, 406 against 416). Unregistered inputs above the Lamport bounds go to NCCL.
-                let (lamport, _, _) = kernel_defaults();
+                let lamport = LAMPORT_MAX_TWO_RANKS;
                 SelectionThresholds {
                     lamport_max_bytes: lamport,
                     one_shot_max_bytes: usize::MAX,
@@ -250,6 +313,8 @@ impl SelectionThresholds {
                     all_reduce_pull_max_bytes: usize::MAX,
                     all_reduce_ce_min_bytes: 128 * MIB + 1,
                     reduce_scatter_pull_min_bytes: 32 * MIB + 1,
+                    reduce_scatter_lamport_max_bytes: RS_AG_LAMPORT_MAX,
+                    all_gather_lamport_max_bytes: RS_AG_LAMPORT_MAX,
                 }
             }
             EngineKind::Cuda => {
@@ -273,7 +338,7 @@ impl SelectionThresholds {
                 //   against 170.2, 256 MiB 1272 against 1179).
                 // Five to eight ranks are unmeasured: the same all-reduce bounds, half the
                 // reduce-scatter / all-gather ones, and no pulls.
-                let (_, lamport, one_shot) = kernel_defaults();
+                let (lamport, one_shot) = (LAMPORT_MAX_MULTI, ONE_SHOT_MAX_MULTI);
                 let measured = world_size <= 4;
                 let (rs, ag) = if measured {
                     (64 * MIB, 32 * MIB)
@@ -293,25 +358,27 @@ impl SelectionThresholds {
                     all_reduce_pull_max_bytes: if measured { 16 * MIB } else { usize::MAX },
                     all_reduce_ce_min_bytes: usize::MAX,
                     reduce_scatter_pull_min_bytes: if measured { 16 * MIB + 1 } else { usize::MAX },
+                    reduce_scatter_lamport_max_bytes: RS_AG_LAMPORT_MAX,
+                    all_gather_lamport_max_bytes: RS_AG_LAMPORT_MAX,
                 }
             }
         }
     }
 }
 
-/// symm-cuda's defaults: (Lamport max for two ranks, Lamport max for more, one-shot max for
-/// more than two ranks).
-#[cfg(feature = "cuda")]
-fn kernel_defaults() -> (usize, usize, usize) {
-    let s = symm_cuda::collectives::Selection::default();
-    (s.lamport_max, s.lamport_max_multi, s.one_shot_max)
-}
-
-/// The same values as symm-cuda's defaults, for builds without it.
-#[cfg(not(feature = "cuda"))]
-fn kernel_defaults() -> (usize, usize, usize) {
-    (16 * MIB, MIB, 256 * KIB)
-}
+/// All-reduce, two ranks: the Lamport kernel up to this size (2 x H200, pipelined Lamport
+/// kernel, bench-notes.md round 5: 15.8 us at 4 MiB, 28.4 at 8, 53.1 at 16 against the zero-copy
+/// pull's 19.2 / 32.1 / 57.3 and NCCL's 32.5 / 44.9 / 71.9). Capped by the Lamport slots.
+pub const LAMPORT_MAX_TWO_RANKS: usize = 16 * MIB;
+/// All-reduce, more than two ranks: Lamport up to this size (every rank pushes the whole message
+/// to every peer; 4 x H200: 13.9 us against NCCL's 17.5 at 1 MiB).
+pub const LAMPORT_MAX_MULTI: usize = MIB;
+/// All-reduce, more than two ranks: the ring one-shot up to this size, the two-shot above (the
+/// PyTorch / vLLM one-shot bound).
+pub const ONE_SHOT_MAX_MULTI: usize = 256 * KIB;
+/// Reduce-scatter / all-gather: the Lamport kernels up to this whole-tensor size (see
+/// [`SelectionThresholds::reduce_scatter_lamport_max_bytes`]).
+pub const RS_AG_LAMPORT_MAX: usize = 32 * MIB;
 
 /// The selection in force for one communicator.
 #[derive(Debug, Clone)]
@@ -322,6 +389,11 @@ pub(crate) struct Selector {
     /// NCCL available as the fallback.
     pub nccl: bool,
     pub thresholds: SelectionThresholds,
+    /// Ranks of the group.
+    pub world: usize,
+    /// Bytes one Lamport slot holds (a rank's part of a Lamport reduce-scatter or all-gather);
+    /// 0 without the kernels. The same on every rank.
+    pub lamport_slot: usize,
 }
 
 impl Selector {
@@ -390,7 +462,10 @@ impl Selector {
             &bounds(&edges),
             |bytes| match self.epilogue(bytes, world) {
                 crate::EpilogueAlgo::Fused => "fused (lamport one-shot + epilogue, one kernel)".to_string(),
-                crate::EpilogueAlgo::Separate(a) => format!("{a}, then the epilogue"),
+                crate::EpilogueAlgo::Separate(_) => {
+                    let row = |reg| format!("{}, then the epilogue", self.all_reduce_row(bytes, reg));
+                    Self::cell(row(true), row(false))
+                }
                 crate::EpilogueAlgo::Auto => "auto".to_string(),
             },
         );
@@ -440,7 +515,7 @@ impl Selector {
         } else if !self.symm || (self.nccl && bytes > self.thresholds.reduce_scatter_max_bytes) {
             ReduceScatterAlgo::Nccl
         } else {
-            ReduceScatterAlgo::Symm
+            ReduceScatterAlgo::Push
         }
     }
 
@@ -463,35 +538,233 @@ impl Selector {
         } else if pull {
             AllGatherAlgo::Pull
         } else {
-            AllGatherAlgo::Sm
+            AllGatherAlgo::Push
         }
     }
 
-    /// The table as text, one block per op.
+    // ---- plans: the request and the buffers to the kernel that runs -------------------------
+
+    /// What an all-reduce of `bytes` requested as `req` runs on buffers `b`. The zero-copy
+    /// requests need their buffers in registered symmetric memory ([`AllReduceAlgo::Pull`]: two
+    /// ranks the input, apart from the output; three or more, the two-shot pull, input and
+    /// output, in place allowed; [`AllReduceAlgo::CopyEngine`]: two ranks, both, apart); others
+    /// run the table's pick without its zero-copy rows.
+    pub(crate) fn plan_all_reduce(&self, req: AllReduceAlgo, bytes: usize, b: &Bufs<'_>) -> Plan<AllReduceKernel> {
+        if self.engine == EngineKind::Host {
+            return Plan::Kernel(match req {
+                AllReduceAlgo::TwoShot => AllReduceKernel::TwoShot,
+                _ => AllReduceKernel::OneShot,
+            });
+        }
+        let zero_copy = |ce: bool| {
+            if self.world >= 3 {
+                let ok = (b.apart || b.in_place) && (b.registered)(Side::Input) && (b.registered)(Side::Output);
+                return ok.then_some(AllReduceKernel::PullTwoShot);
+            }
+            if !(b.apart && (b.registered)(Side::Input)) {
+                return None;
+            }
+            Some(if ce && self.world == 2 && (b.registered)(Side::Output) {
+                AllReduceKernel::CopyEngineTwoShot
+            } else {
+                AllReduceKernel::Pull
+            })
+        };
+        let k = match req {
+            AllReduceAlgo::Nccl => return Plan::Nccl,
+            AllReduceAlgo::Lamport => AllReduceKernel::Lamport,
+            AllReduceAlgo::OneShot => AllReduceKernel::OneShot,
+            AllReduceAlgo::TwoShot => AllReduceKernel::TwoShot,
+            AllReduceAlgo::Pull | AllReduceAlgo::CopyEngine => match zero_copy(req == AllReduceAlgo::CopyEngine) {
+                Some(k) => k,
+                None => return self.plan_all_reduce(self.fallback_all_reduce(bytes), bytes, b),
+            },
+        };
+        Plan::Kernel(k)
+    }
+
+    /// Whether a reduce-scatter / all-gather of `whole` bytes (`whole / world` per rank) takes
+    /// the Lamport kernel under the bound `max`.
+    fn rs_ag_lamport(&self, whole: usize, max: usize) -> bool {
+        self.world > 1 && whole / self.world <= self.lamport_slot && whole <= max
+    }
+
+    /// What a reduce-scatter of `whole` input bytes requested as `req` runs; `input_registered`
+    /// is asked only for the pull.
+    pub(crate) fn plan_reduce_scatter(
+        &self,
+        req: ReduceScatterAlgo,
+        whole: usize,
+        input_registered: &dyn Fn() -> bool,
+    ) -> Plan<ReduceScatterKernel> {
+        if self.engine == EngineKind::Host {
+            return Plan::Kernel(ReduceScatterKernel::Pull);
+        }
+        match req {
+            ReduceScatterAlgo::Nccl => Plan::Nccl,
+            ReduceScatterAlgo::Pull if input_registered() => Plan::Kernel(ReduceScatterKernel::Pull),
+            ReduceScatterAlgo::Pull => match self.fallback_reduce_scatter(whole) {
+                // Without NCCL the kernels run every size.
+                ReduceScatterAlgo::Nccl if !self.nccl => {
+                    self.plan_reduce_scatter(ReduceScatterAlgo::Push, whole, &|| false)
+                }
+                a => self.plan_reduce_scatter(a, whole, &|| false),
+            },
+            ReduceScatterAlgo::Push => Plan::Kernel(
+                if self.rs_ag_lamport(whole, self.thresholds.reduce_scatter_lamport_max_bytes) {
+                    ReduceScatterKernel::Lamport
+                } else {
+                    ReduceScatterKernel::Ring
+                },
+            ),
+        }
+    }
+
+    /// What an all-gather of `whole` output bytes of `dtype` requested as `req` runs on buffers
+    /// `b` (in place: the input is this rank's slice of the output).
+    pub(crate) fn plan_all_gather(
+        &self,
+        req: AllGatherAlgo,
+        whole: usize,
+        dtype: DType,
+        b: &Bufs<'_>,
+    ) -> Plan<AllGatherKernel> {
+        if self.engine == EngineKind::Host {
+            return Plan::Kernel(AllGatherKernel::Pull);
+        }
+        let zero_copy = match req {
+            AllGatherAlgo::Nccl => return Plan::Nccl,
+            AllGatherAlgo::CopyEngine if (b.registered)(Side::Output) => Some(AllGatherKernel::CopyEnginePush),
+            AllGatherAlgo::CopyEngine if (b.registered)(Side::Input) => Some(AllGatherKernel::CopyEnginePull),
+            AllGatherAlgo::Pull if (b.in_place && (b.registered)(Side::Output)) || (b.registered)(Side::Input) => {
+                Some(AllGatherKernel::Pull)
+            }
+            AllGatherAlgo::CopyEngine | AllGatherAlgo::Pull => None,
+            AllGatherAlgo::Push => {
+                let lamport = dtype.is_reducible_float()
+                    && self.rs_ag_lamport(whole, self.thresholds.all_gather_lamport_max_bytes);
+                Some(if lamport {
+                    AllGatherKernel::Lamport
+                } else {
+                    AllGatherKernel::Ring
+                })
+            }
+        };
+        match zero_copy {
+            Some(k) => Plan::Kernel(k),
+            None => {
+                let no = Bufs {
+                    in_place: b.in_place,
+                    apart: b.apart,
+                    registered: &|_| false,
+                };
+                match self.fallback_all_gather(whole) {
+                    // Without NCCL the kernels run every size.
+                    AllGatherAlgo::Nccl if !self.nccl => self.plan_all_gather(AllGatherAlgo::Push, whole, dtype, &no),
+                    a => self.plan_all_gather(a, whole, dtype, &no),
+                }
+            }
+        }
+    }
+
+    /// The all-reduce plan of `bytes` picked by the table, for buffers in registered symmetric
+    /// memory (input and output, apart) or for any other buffers, described for the table.
+    fn all_reduce_row(&self, bytes: usize, registered: bool) -> String {
+        let b = Bufs {
+            in_place: false,
+            apart: true,
+            registered: &|_| registered,
+        };
+        self.describe_all_reduce(self.plan_all_reduce(self.all_reduce(bytes), bytes, &b))
+    }
+
+    /// A table cell: the plan for registered buffers, and for other buffers where it differs.
+    fn cell(reg: String, other: String) -> String {
+        if reg == other {
+            reg
+        } else {
+            format!("{reg} | other buffers: {other}")
+        }
+    }
+
+    /// An all-reduce plan as the table says it.
+    fn describe_all_reduce(&self, p: Plan<AllReduceKernel>) -> String {
+        let host = if self.engine == EngineKind::Host { "host " } else { "" };
+        let k = match p {
+            Plan::Nccl => return "nccl".into(),
+            Plan::Kernel(k) => k,
+        };
+        let what = match k {
+            AllReduceKernel::Lamport => "lamport (one-shot, data as flag)",
+            AllReduceKernel::OneShot => "one-shot",
+            AllReduceKernel::TwoShot => "two-shot",
+            AllReduceKernel::Pull => "zero-copy pull",
+            AllReduceKernel::PullTwoShot => "zero-copy two-shot pull",
+            AllReduceKernel::CopyEnginePull => "zero-copy pull with the copy engine",
+            AllReduceKernel::CopyEngineTwoShot => "zero-copy copy-engine two-shot",
+            _ => k.name(),
+        };
+        format!("{host}{what}")
+    }
+
+    /// The table as text, one block per op: what each op runs at each size, on buffers in
+    /// registered symmetric memory and (where it differs) on any other buffers.
     pub fn table(&self, header: &str) -> String {
         let t = &self.thresholds;
+        let host = self.engine == EngineKind::Host;
         let mut s = String::new();
         s.push_str(header);
         s.push('\n');
         let ar = bounds(&self.all_reduce_bounds());
         block(&mut s, "all_reduce (bytes of the tensor)", &ar, |b| {
-            self.all_reduce(b).to_string()
+            Self::cell(self.all_reduce_row(b, true), self.all_reduce_row(b, false))
         });
+        // A rank's part fills the Lamport slots at `lamport_slot * world` bytes of whole tensor.
+        let slots = self.lamport_slot.saturating_mul(self.world);
         let rs = bounds(&[
             t.reduce_scatter_max_bytes,
             t.reduce_scatter_pull_min_bytes.saturating_sub(1),
+            t.reduce_scatter_lamport_max_bytes,
+            slots,
         ]);
+        let rs_row = |b: usize, reg: bool| {
+            let p = self.plan_reduce_scatter(self.reduce_scatter(b), b, &|| reg);
+            match p {
+                Plan::Kernel(_) if host => "host (read every peer's segment, reduce)".to_string(),
+                Plan::Kernel(ReduceScatterKernel::Lamport) => "lamport (data as flag)".to_string(),
+                Plan::Kernel(ReduceScatterKernel::Pull) => "zero-copy pull".to_string(),
+                p => p.to_string(),
+            }
+        };
         block(&mut s, "reduce_scatter (bytes of the unreduced input)", &rs, |b| {
-            self.reduce_scatter(b).to_string()
+            Self::cell(rs_row(b, true), rs_row(b, false))
         });
         let ag = bounds(&[
             t.all_gather_max_bytes,
             t.all_gather_pull_min_bytes.saturating_sub(1),
             t.all_gather_pull_max_bytes,
             t.all_gather_copy_engine_min_bytes.saturating_sub(1),
+            t.all_gather_lamport_max_bytes,
+            slots,
         ]);
+        let ag_row = |b: usize, reg: bool| {
+            let bufs = Bufs {
+                in_place: false,
+                apart: true,
+                registered: &|_| reg,
+            };
+            match self.plan_all_gather(self.all_gather(b), b, DType::F32, &bufs) {
+                Plan::Kernel(_) if host => "host (read every peer's input)".to_string(),
+                Plan::Kernel(AllGatherKernel::Lamport) => {
+                    "lamport (data as flag; f32 / f16 / bf16, else ring)".to_string()
+                }
+                Plan::Kernel(AllGatherKernel::Pull) => "zero-copy pull".to_string(),
+                Plan::Kernel(AllGatherKernel::CopyEnginePush) => "copy-engine push".to_string(),
+                p => p.to_string(),
+            }
+        };
         block(&mut s, "all_gather (bytes of the gathered output)", &ag, |b| {
-            self.all_gather(b).to_string()
+            Self::cell(ag_row(b, true), ag_row(b, false))
         });
         s
     }
@@ -559,11 +832,18 @@ mod tests {
     use super::*;
 
     fn sel(engine: EngineKind, world: usize, nccl: bool) -> Selector {
+        // symm-cuda's default Lamport slots: 16 MiB for two ranks, 16 MiB / (world - 1) above.
+        let lamport_slot = match engine {
+            EngineKind::Cuda => (16 * MIB) / world.saturating_sub(1).max(1),
+            _ => 0,
+        };
         Selector {
             engine,
             symm: engine != EngineKind::Nccl,
             nccl,
             thresholds: SelectionThresholds::defaults(engine, world),
+            world,
+            lamport_slot,
         }
     }
 
@@ -605,7 +885,7 @@ mod tests {
     #[test]
     fn cuda_world2_hands_large_to_nccl_only_if_present() {
         let s = sel(EngineKind::Cuda, 2, true);
-        let (lamport, _, _) = kernel_defaults();
+        let lamport = LAMPORT_MAX_TWO_RANKS;
         assert_eq!(lamport, 16 * MIB);
         assert_eq!(s.all_reduce(1024), AllReduceAlgo::Lamport);
         assert_eq!(s.all_reduce(lamport), AllReduceAlgo::Lamport);
@@ -617,15 +897,15 @@ mod tests {
         assert_eq!(s.all_reduce(1 << 40), AllReduceAlgo::CopyEngine);
         assert_eq!(s.fallback_all_reduce(lamport + 2), AllReduceAlgo::Nccl);
         assert_eq!(s.fallback_all_reduce(1 << 40), AllReduceAlgo::Nccl);
-        assert_eq!(s.reduce_scatter(32 * MIB), ReduceScatterAlgo::Symm);
+        assert_eq!(s.reduce_scatter(32 * MIB), ReduceScatterAlgo::Push);
         // Above the symmetric bound: the zero-copy pull (registered inputs; NCCL for others).
         assert_eq!(s.reduce_scatter(32 * MIB + 2), ReduceScatterAlgo::Pull);
         assert_eq!(s.reduce_scatter(256 * MIB), ReduceScatterAlgo::Pull);
         let mut no_pull = s.clone();
         no_pull.thresholds.reduce_scatter_pull_min_bytes = usize::MAX;
         assert_eq!(no_pull.reduce_scatter(64 * MIB), ReduceScatterAlgo::Nccl);
-        assert_eq!(s.all_gather(4 * MIB), AllGatherAlgo::Sm);
-        assert_eq!(s.all_gather(32 * MIB), AllGatherAlgo::Sm);
+        assert_eq!(s.all_gather(4 * MIB), AllGatherAlgo::Push);
+        assert_eq!(s.all_gather(32 * MIB), AllGatherAlgo::Push);
         assert_eq!(s.all_gather(48 * MIB), AllGatherAlgo::Pull);
         assert_eq!(s.all_gather(64 * MIB), AllGatherAlgo::Pull);
         assert_eq!(s.all_gather(256 * MIB), AllGatherAlgo::CopyEngine);
@@ -640,9 +920,9 @@ mod tests {
         assert_eq!(s.fallback_all_reduce(lamport + 2), AllReduceAlgo::OneShot);
         assert_eq!(s.fallback_all_reduce(1 << 40), AllReduceAlgo::OneShot);
         assert_eq!(s.all_gather(48 * MIB), AllGatherAlgo::Pull);
-        assert_eq!(s.reduce_scatter(4 * MIB), ReduceScatterAlgo::Symm);
+        assert_eq!(s.reduce_scatter(4 * MIB), ReduceScatterAlgo::Push);
         assert_eq!(s.reduce_scatter(1 << 40), ReduceScatterAlgo::Pull);
-        assert_eq!(s.all_gather(64 * KIB), AllGatherAlgo::Sm);
+        assert_eq!(s.all_gather(64 * KIB), AllGatherAlgo::Push);
     }
 
     #[test]
@@ -657,13 +937,13 @@ mod tests {
         assert_eq!(s.reduce_scatter(64 * MIB), ReduceScatterAlgo::Nccl);
         let s = sel(EngineKind::Cuda, 8, false);
         assert_eq!(s.all_reduce(64 * MIB), AllReduceAlgo::TwoShot);
-        assert_eq!(s.reduce_scatter(64 * MIB), ReduceScatterAlgo::Symm);
+        assert_eq!(s.reduce_scatter(64 * MIB), ReduceScatterAlgo::Push);
     }
 
     #[test]
     fn cuda_world4_from_the_4_gpu_measurements() {
         let s = sel(EngineKind::Cuda, 4, true);
-        let (_, lamport_multi, _) = kernel_defaults();
+        let lamport_multi = LAMPORT_MAX_MULTI;
         assert_eq!(s.all_reduce(lamport_multi), AllReduceAlgo::Lamport);
         // Other buffers: the two-shot ring to 4 MiB, NCCL above.
         assert_eq!(s.fallback_all_reduce(4 * MIB), AllReduceAlgo::TwoShot);
@@ -676,16 +956,16 @@ mod tests {
         assert_eq!(s.fallback_all_reduce(2 * MIB), AllReduceAlgo::TwoShot);
         // Reduce-scatter: the pull (registered inputs) above 16 MiB at every size, the kernels up
         // to 64 MiB for other inputs (the fallback), NCCL above.
-        assert_eq!(s.reduce_scatter(16 * MIB), ReduceScatterAlgo::Symm);
+        assert_eq!(s.reduce_scatter(16 * MIB), ReduceScatterAlgo::Push);
         assert_eq!(s.reduce_scatter(256 * MIB), ReduceScatterAlgo::Pull);
-        assert_eq!(s.fallback_reduce_scatter(64 * MIB), ReduceScatterAlgo::Symm);
+        assert_eq!(s.fallback_reduce_scatter(64 * MIB), ReduceScatterAlgo::Push);
         assert_eq!(s.fallback_reduce_scatter(128 * MIB), ReduceScatterAlgo::Nccl);
         // All-gather: the pull from 16 MiB to 64 MiB, the kernels up to 32 MiB, NCCL above.
-        assert_eq!(s.all_gather(16 * MIB), AllGatherAlgo::Sm);
+        assert_eq!(s.all_gather(16 * MIB), AllGatherAlgo::Push);
         assert_eq!(s.all_gather(32 * MIB), AllGatherAlgo::Pull);
         assert_eq!(s.all_gather(64 * MIB), AllGatherAlgo::Pull);
         assert_eq!(s.all_gather(128 * MIB), AllGatherAlgo::Nccl);
-        assert_eq!(s.fallback_all_gather(32 * MIB), AllGatherAlgo::Sm);
+        assert_eq!(s.fallback_all_gather(32 * MIB), AllGatherAlgo::Push);
         assert_eq!(s.fallback_all_gather(64 * MIB), AllGatherAlgo::Nccl);
         let table = s.table("t");
         assert!(table.contains("<= 64 MiB      zero-copy pull"), "{table}");
@@ -693,7 +973,7 @@ mod tests {
         // take every other size.
         let alone = sel(EngineKind::Cuda, 4, false);
         assert_eq!(alone.all_gather(256 * MIB), AllGatherAlgo::Pull);
-        assert_eq!(alone.fallback_all_gather(256 * MIB), AllGatherAlgo::Sm);
+        assert_eq!(alone.fallback_all_gather(256 * MIB), AllGatherAlgo::Push);
         assert_eq!(alone.all_reduce(256 * MIB), AllReduceAlgo::Pull);
         assert_eq!(alone.fallback_all_reduce(256 * MIB), AllReduceAlgo::TwoShot);
         // Eight ranks (unmeasured): no pull.
@@ -710,7 +990,150 @@ mod tests {
         let h = sel(EngineKind::Host, 3, false);
         assert_eq!(h.all_reduce(4), AllReduceAlgo::OneShot);
         assert_eq!(h.all_reduce(MIB), AllReduceAlgo::TwoShot);
-        assert_eq!(h.all_gather(1 << 30), AllGatherAlgo::Sm);
+        assert_eq!(h.all_gather(1 << 30), AllGatherAlgo::Push);
+    }
+
+    /// The plans: zero-copy requests run their kernel only on buffers that qualify, else the
+    /// table's pick without its zero-copy rows; the push kernels' Lamport rule (a rank's part in
+    /// one slot, the whole under the bound; the all-gather's only for float lanes), which
+    /// symm-cuda's own `Auto` applied before the planner took it over.
+    #[test]
+    fn plans_follow_the_buffers() {
+        let reg = |i: bool, o: bool| move |side: Side| if side == Side::Input { i } else { o };
+        let (yes, no, inp, out) = (reg(true, true), reg(false, false), reg(true, false), reg(false, true));
+        fn bufs(apart: bool, in_place: bool, r: &dyn Fn(Side) -> bool) -> Bufs<'_> {
+            Bufs {
+                in_place,
+                apart,
+                registered: r,
+            }
+        }
+        let (yes, no, inp, out): (
+            &dyn Fn(Side) -> bool,
+            &dyn Fn(Side) -> bool,
+            &dyn Fn(Side) -> bool,
+            &dyn Fn(Side) -> bool,
+        ) = (&yes, &no, &inp, &out);
+        let two = sel(EngineKind::Cuda, 2, true);
+        let big = 32 * MIB;
+        assert_eq!(
+            two.plan_all_reduce(AllReduceAlgo::Pull, big, &bufs(true, false, inp)),
+            Plan::Kernel(AllReduceKernel::Pull)
+        );
+        assert_eq!(
+            two.plan_all_reduce(AllReduceAlgo::Pull, big, &bufs(true, false, no)),
+            Plan::Nccl
+        );
+        // In place, the one-shot pull does not qualify at two ranks.
+        assert_eq!(
+            two.plan_all_reduce(AllReduceAlgo::Pull, big, &bufs(false, true, yes)),
+            Plan::Nccl
+        );
+        assert_eq!(
+            two.plan_all_reduce(AllReduceAlgo::CopyEngine, big, &bufs(true, false, yes)),
+            Plan::Kernel(AllReduceKernel::CopyEngineTwoShot)
+        );
+        assert_eq!(
+            two.plan_all_reduce(AllReduceAlgo::CopyEngine, big, &bufs(true, false, inp)),
+            Plan::Kernel(AllReduceKernel::Pull)
+        );
+        assert_eq!(
+            two.plan_all_reduce(AllReduceAlgo::Pull, 4 * KIB, &bufs(true, false, no)),
+            Plan::Kernel(AllReduceKernel::Lamport)
+        );
+        let four = sel(EngineKind::Cuda, 4, true);
+        assert_eq!(
+            four.plan_all_reduce(AllReduceAlgo::Pull, 8 * MIB, &bufs(false, true, yes)),
+            Plan::Kernel(AllReduceKernel::PullTwoShot)
+        );
+        assert_eq!(
+            four.plan_all_reduce(AllReduceAlgo::Pull, 2 * MIB, &bufs(true, false, inp)),
+            Plan::Kernel(AllReduceKernel::TwoShot)
+        );
+        assert_eq!(
+            four.plan_all_reduce(AllReduceAlgo::Pull, 8 * MIB, &bufs(true, false, inp)),
+            Plan::Nccl
+        );
+        let alone = sel(EngineKind::Cuda, 4, false);
+        assert_eq!(
+            alone.plan_all_reduce(AllReduceAlgo::Pull, 8 * MIB, &bufs(true, false, inp)),
+            Plan::Kernel(AllReduceKernel::TwoShot)
+        );
+        // Reduce-scatter: 16 MiB slots at two ranks, so up to the 32 MiB bound.
+        assert_eq!(
+            two.plan_reduce_scatter(ReduceScatterAlgo::Push, big, &|| false),
+            Plan::Kernel(ReduceScatterKernel::Lamport)
+        );
+        assert_eq!(
+            two.plan_reduce_scatter(ReduceScatterAlgo::Push, big + 2, &|| false),
+            Plan::Kernel(ReduceScatterKernel::Ring)
+        );
+        assert_eq!(
+            two.plan_reduce_scatter(ReduceScatterAlgo::Pull, 64 * MIB, &|| true),
+            Plan::Kernel(ReduceScatterKernel::Pull)
+        );
+        assert_eq!(
+            two.plan_reduce_scatter(ReduceScatterAlgo::Pull, 64 * MIB, &|| false),
+            Plan::Nccl
+        );
+        let two_alone = sel(EngineKind::Cuda, 2, false);
+        assert_eq!(
+            two_alone.plan_reduce_scatter(ReduceScatterAlgo::Pull, 64 * MIB, &|| false),
+            Plan::Kernel(ReduceScatterKernel::Ring)
+        );
+        // Smaller slots bound the part: 4 MiB slots take 8 MiB of whole tensor at two ranks.
+        let mut small = sel(EngineKind::Cuda, 2, true);
+        small.lamport_slot = 4 * MIB;
+        assert_eq!(
+            small.plan_reduce_scatter(ReduceScatterAlgo::Push, 8 * MIB, &|| false),
+            Plan::Kernel(ReduceScatterKernel::Lamport)
+        );
+        assert_eq!(
+            small.plan_reduce_scatter(ReduceScatterAlgo::Push, 8 * MIB + 4, &|| false),
+            Plan::Kernel(ReduceScatterKernel::Ring)
+        );
+        // All-gather: Lamport for float lanes only; the zero-copy kernels by which buffer is registered.
+        let ag = |a, whole, d, b: &Bufs<'_>| two.plan_all_gather(a, whole, d, b);
+        assert_eq!(
+            ag(AllGatherAlgo::Push, MIB, DType::BF16, &bufs(true, false, no)),
+            Plan::Kernel(AllGatherKernel::Lamport)
+        );
+        assert_eq!(
+            ag(AllGatherAlgo::Push, MIB, DType::I32, &bufs(true, false, no)),
+            Plan::Kernel(AllGatherKernel::Ring)
+        );
+        assert_eq!(
+            ag(AllGatherAlgo::CopyEngine, big, DType::F32, &bufs(true, false, yes)),
+            Plan::Kernel(AllGatherKernel::CopyEnginePush)
+        );
+        assert_eq!(
+            ag(AllGatherAlgo::CopyEngine, big, DType::F32, &bufs(true, false, inp)),
+            Plan::Kernel(AllGatherKernel::CopyEnginePull)
+        );
+        assert_eq!(
+            ag(AllGatherAlgo::CopyEngine, big, DType::F32, &bufs(true, false, no)),
+            Plan::Kernel(AllGatherKernel::Lamport)
+        );
+        assert_eq!(
+            ag(AllGatherAlgo::Pull, 48 * MIB, DType::F32, &bufs(false, true, out)),
+            Plan::Kernel(AllGatherKernel::Pull)
+        );
+        assert_eq!(
+            ag(AllGatherAlgo::Pull, 48 * MIB, DType::F32, &bufs(true, false, out)),
+            Plan::Nccl
+        );
+        // One rank: no Lamport reduce-scatter / all-gather (nothing to exchange).
+        assert!(!sel(EngineKind::Cuda, 1, true).rs_ag_lamport(2048, usize::MAX));
+        // The host engine's plans name its generic paths.
+        let host = sel(EngineKind::Host, 3, false);
+        assert_eq!(
+            host.plan_all_reduce(AllReduceAlgo::Lamport, 64, &bufs(true, false, no)),
+            Plan::Kernel(AllReduceKernel::OneShot)
+        );
+        assert_eq!(
+            host.plan_all_reduce(AllReduceAlgo::TwoShot, 64, &bufs(true, false, no)),
+            Plan::Kernel(AllReduceKernel::TwoShot)
+        );
     }
 
     #[test]
@@ -727,13 +1150,24 @@ mod tests {
         assert!(t.contains("<= 256 KiB one-shot"), "{raw}");
         assert!(t.contains("<= 4 MiB two-shot"), "{raw}");
         assert!(t.contains("larger nccl"), "{raw}");
-        assert!(t.contains("< 4 MiB sm copy"), "{raw}");
-        assert!(t.contains("<= 8 MiB copy engine"), "{raw}");
+        // The all-gather's push kernels are Lamport below the copy-engine bound (the planner's
+        // choice, shown as such), the copy-engine push for registered outputs above it.
+        assert!(t.contains("< 4 MiB lamport (data as flag"), "{raw}");
+        assert!(
+            t.contains("<= 8 MiB copy-engine push | other buffers: lamport"),
+            "{raw}"
+        );
         let t2 = norm(&sel(EngineKind::Cuda, 2, true).table("two"));
         assert!(t2.contains("<= 16 MiB lamport"), "{t2}");
         assert!(t2.contains("zero-copy copy-engine two-shot"), "{t2}");
+        // Registered and other buffers side by side where they differ.
+        assert!(t2.contains("zero-copy pull | other buffers: nccl"), "{t2}");
+        // Four ranks: the reduce-scatter's ring (above the Lamport bound, below NCCL's).
+        let t4 = norm(&sel(EngineKind::Cuda, 4, true).table("four"));
+        assert!(t4.contains("<= 64 MiB zero-copy pull | other buffers: ring"), "{t4}");
         let h = norm(&sel(EngineKind::Host, 2, false).table("h"));
-        assert!(h.contains("any size symm"), "{h}");
+        assert!(h.contains("any size host (read every peer's segment, reduce)"), "{h}");
+        assert!(h.contains("host one-shot") && h.contains("host two-shot"), "{h}");
         assert_eq!(human(1000), "1000 B");
     }
 }

@@ -1,52 +1,52 @@
-//! The all-reduce entries of [`CudaCollectives`]: the planner-free dispatch over Lamport,
-//! one-shot, ring / two-shot, the zero-copy pull and the copy-engine two-shot, and their launches.
+//! The all-reduce entry of [`CudaCollectives`]: the explicit kernels of
+//! [`AllReduceKernel`] (Lamport, the ring one-shot and two-shot, the zero-copy pulls, the
+//! copy-engine paths) and their launches.
 
 use super::*;
 
 impl CudaCollectives {
     // ------------------------------------------------------------------ all-reduce
 
-    /// All-reduce of `count` elements from `input` into `output` (may be equal: in place).
+    /// All-reduce of `count` elements from `input` into `output` (may be equal: in place) by
+    /// `kernel`, exactly: a kernel whose preconditions do not hold (a zero-copy kernel's buffers
+    /// not registered, the copy-engine two-shot on more than two ranks, ...) is an error naming
+    /// them; nothing else runs instead (the choice is symm-ops' planner's). With one rank every
+    /// kernel is the ring kernel's local reduction: nothing is exchanged.
     ///
     /// # Safety
     /// NOTE [raw-addresses]: `input` and `output` each hold `count` elements of `dtype` in
     /// device memory of this object's context (or mapped for it, registered symmetric memory
     /// included), and stay allocated and untouched by anything but this op until its work on
     /// `stream` has completed (for a captured op: until the graph's last launch has). A
-    /// registered output may be written on every rank ([`AllReduceAlgo::Pull`] from three ranks
-    /// on): every rank passes an output in the same registered allocation at the same offset
-    /// (the op's check word compares offsets and sizes, not which allocation).
+    /// registered output may be written on every rank ([`AllReduceKernel::PullTwoShot`],
+    /// [`AllReduceKernel::CopyEngineTwoShot`]): every rank passes an output in the same
+    /// registered allocation at the same offset (the op's check word compares offsets and
+    /// sizes, not which allocation).
     #[allow(clippy::too_many_arguments)]
     #[allow(unsafe_code)] // the contract is declared here; the body is safe code
     pub unsafe fn all_reduce(
         &self,
         stream: &CudaStream,
-        algo: AllReduceAlgo,
+        kernel: AllReduceKernel,
         input: u64,
         output: u64,
         count: usize,
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        self.all_reduce_tuned(stream, algo, &self.config.tuning, input, output, count, dtype, op)
+        self.all_reduce_tuned(stream, kernel, &self.config.tuning, input, output, count, dtype, op)
     }
 
     /// [`Self::all_reduce`] with explicit launch tuning (every rank must pass the same).
     ///
     /// # Safety
-    /// NOTE [raw-addresses]: `input` and `output` each hold `count` elements of `dtype` in
-    /// device memory of this object's context (or mapped for it, registered symmetric memory
-    /// included), and stay allocated and untouched by anything but this op until its work on
-    /// `stream` has completed (for a captured op: until the graph's last launch has). A
-    /// registered output may be written on every rank ([`AllReduceAlgo::Pull`] from three ranks
-    /// on): every rank passes an output in the same registered allocation at the same offset
-    /// (the op's check word compares offsets and sizes, not which allocation).
+    /// As [`Self::all_reduce`].
     #[allow(clippy::too_many_arguments)]
     #[allow(unsafe_code)] // the contract is declared here; the body is safe code
     pub unsafe fn all_reduce_tuned(
         &self,
         stream: &CudaStream,
-        algo: AllReduceAlgo,
+        kernel: AllReduceKernel,
         tuning: &Tuning,
         input: u64,
         output: u64,
@@ -54,30 +54,33 @@ impl CudaCollectives {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        let Some((dt, _bytes)) = self.all_reduce_args(stream, input, output, count, dtype)? else {
+        let Some((dt, bytes)) = self.all_reduce_args(stream, input, output, count, dtype)? else {
             return Ok(());
         };
         tuning.validate()?;
         let in_place = input == output;
-        let algo = match algo {
-            // Nothing to exchange: the ring kernel reduces the rank's own data (avg divides by 1).
-            _ if self.world == 1 => AllReduceAlgo::OneShot,
-            AllReduceAlgo::Auto => self.select_all_reduce(count, dtype),
-            a => a,
+        // One rank: nothing to exchange; the ring kernel reduces the rank's own data (avg
+        // divides by 1).
+        let kernel = if self.world == 1 {
+            AllReduceKernel::OneShot
+        } else {
+            kernel
         };
-        let mech = match algo {
-            AllReduceAlgo::Lamport => Mechanism::Lamport,
-            AllReduceAlgo::OneShot | AllReduceAlgo::Auto => Mechanism::Ring,
-            AllReduceAlgo::TwoShot => Mechanism::TwoShot,
-            AllReduceAlgo::CopyEngine => Mechanism::CopyEngine,
-            AllReduceAlgo::Pull => Mechanism::Pull,
+        let mech = match kernel {
+            AllReduceKernel::Lamport => Mechanism::Lamport,
+            AllReduceKernel::OneShot => Mechanism::Ring,
+            AllReduceKernel::TwoShot => Mechanism::TwoShot,
+            AllReduceKernel::CopyEnginePull => Mechanism::CopyEngine,
+            AllReduceKernel::Pull | AllReduceKernel::PullTwoShot => Mechanism::Pull,
+            AllReduceKernel::CopyEngineTwoShot => Mechanism::CeTwoShot,
+            k => return Err(not_here(k)),
         };
         let hdr = &header(OpKind::AllReduce, dtype, count, Some(op), mech);
-        match algo {
-            AllReduceAlgo::Lamport => {
+        match kernel {
+            AllReduceKernel::Lamport => {
                 self.lamport(stream, dt, RingMode::AllReduce, op, input, output, count, tuning, hdr)
             }
-            AllReduceAlgo::OneShot | AllReduceAlgo::Auto => self.launch_ring(
+            AllReduceKernel::OneShot => self.launch_ring(
                 stream,
                 dt,
                 op,
@@ -90,7 +93,7 @@ impl CudaCollectives {
                 in_place,
                 hdr,
             ),
-            AllReduceAlgo::TwoShot => {
+            AllReduceKernel::TwoShot => {
                 let q = two_shot_shard(count, self.world, dtype);
                 let es = dtype.size() as u64;
                 let my_out = output + self.rank as u64 * q as u64 * es;
@@ -122,27 +125,24 @@ impl CudaCollectives {
                     hdr,
                 )
             }
-            // Three or more ranks with the output registered too: the two-shot pull.
-            AllReduceAlgo::CopyEngine | AllReduceAlgo::Pull => {
-                // Three or more ranks with the output registered too: the two-shot pull (one
-                // registry lookup, handed on); otherwise the one-shot pull below.
-                if algo == AllReduceAlgo::Pull && self.world >= 3 {
-                    if let Some(sym_out) = self.lookup_symmetric(output, count * dtype.size()) {
-                        return self.all_reduce_pull_two_shot(
-                            stream, dt, dtype, op, input, output, &sym_out, count, tuning, hdr,
-                        );
-                    }
-                }
-                let tuning = if algo == AllReduceAlgo::Pull {
-                    Tuning {
-                        ce_fraction: 0.0,
-                        ..*tuning
-                    }
-                } else {
-                    *tuning
+            AllReduceKernel::PullTwoShot => {
+                let sym_out = self.registered(output, bytes, "the two-shot pull needs its output")?;
+                self.all_reduce_pull_two_shot(stream, dt, dtype, op, input, output, &sym_out, count, tuning, hdr)
+            }
+            AllReduceKernel::Pull => {
+                let tuning = Tuning {
+                    ce_fraction: 0.0,
+                    ..*tuning
                 };
                 self.all_reduce_ce(stream, dt, dtype, op, input, output, count, &tuning, hdr)
             }
+            AllReduceKernel::CopyEnginePull => {
+                self.all_reduce_ce(stream, dt, dtype, op, input, output, count, tuning, hdr)
+            }
+            AllReduceKernel::CopyEngineTwoShot => {
+                self.all_reduce_ce_two_shot(stream, dt, dtype, op, input, output, count, hdr)
+            }
+            k => Err(not_here(k)),
         }
     }
 
@@ -487,29 +487,19 @@ impl CudaCollectives {
     /// peer's pushes into this output have landed and the peer no longer reads this input.
     /// Other world sizes, or inputs / outputs outside registered memory, get an error naming
     /// the requirement. Stream-ordered, allocates nothing, graph-capturable.
-    ///
-    /// # Safety
-    /// NOTE [raw-addresses]: `input` and `output` each hold `count` elements of `dtype` in
-    /// device memory of this object's context (or mapped for it, registered symmetric memory
-    /// included), and stay allocated and untouched by anything but this op until its work on
-    /// `stream` has completed (for a captured op: until the graph's last launch has). A
-    /// registered output may be written on every rank ([`AllReduceAlgo::Pull`] from three ranks
-    /// on): every rank passes an output in the same registered allocation at the same offset
-    /// (the op's check word compares offsets and sizes, not which allocation).
     #[allow(clippy::too_many_arguments)]
-    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
-    pub unsafe fn all_reduce_ce_two_shot(
+    pub(super) fn all_reduce_ce_two_shot(
         &self,
         stream: &CudaStream,
+        dt: KernelDtype,
+        dtype: DType,
+        op: ReduceOp,
         input: u64,
         output: u64,
         count: usize,
-        dtype: DType,
-        op: ReduceOp,
+        hdr: &OpHeader,
     ) -> Result<()> {
-        let Some((dt, bytes)) = self.all_reduce_args(stream, input, output, count, dtype)? else {
-            return Ok(());
-        };
+        let bytes = count * dtype.size();
         let es = dtype.size();
         if self.world != 2 {
             return Err(Error::InvalidArgument(format!(
@@ -527,7 +517,6 @@ impl CudaCollectives {
         let peer = 1 - self.rank;
         let q = two_shot_shard(count, 2, dtype).min(count);
         let (start, n) = if self.rank == 0 { (0, q) } else { (q, count - q) };
-        let hdr = &header(OpKind::AllReduce, dtype, count, Some(op), Mechanism::CeTwoShot);
         let check = checked(
             hdr,
             &[

@@ -1,5 +1,5 @@
-//! Launch planning for the collective kernels: grid shapes, chunking and sharding (the `Auto`
-//! algorithm choice is [`super::select`]). Pure functions of collectively agreed values (count,
+//! Launch planning for the collective kernels: grid shapes, chunking and sharding (which kernel
+//! runs is not chosen here: symm-ops' planner names it). Pure functions of collectively agreed values (count,
 //! dtype, world, layout, tuning), never of local pointers, so every rank plans the same number of
 //! chunks.
 
@@ -8,11 +8,6 @@
 use symm_core::{DType, Error, ReduceOp, Result};
 
 use super::layout::WorkspaceLayout;
-
-// The selection lived here before `select.rs`; its public paths under `plan` still work.
-pub use super::select::{
-    rs_ag_use_lamport, select_all_reduce, AllGatherPath, AllReduceAlgo, ReduceScatterAlgo, Selection,
-};
 
 /// Bytes of one vector access in the kernels.
 pub const VEC_BYTES: usize = 16;

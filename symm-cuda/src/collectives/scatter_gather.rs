@@ -6,8 +6,10 @@ use super::*;
 impl CudaCollectives {
     // ------------------------------------------------------------------ reduce-scatter
 
-    /// Reduce-scatter: `input` holds `count * world` elements, `output` receives this rank's
-    /// `count` (in place when `output == input + rank * count` elements).
+    /// Reduce-scatter by `kernel`, exactly (as [`Self::all_reduce`]: unmet preconditions are an
+    /// error, nothing else runs instead): `input` holds `count * world` elements, `output`
+    /// receives this rank's `count` (in place when `output == input + rank * count` elements).
+    /// With one rank every kernel is the ring kernel's local copy.
     ///
     /// # Safety
     /// NOTE [raw-addresses], with `input` holding `count * world` elements and `output`
@@ -17,6 +19,7 @@ impl CudaCollectives {
     pub unsafe fn reduce_scatter(
         &self,
         stream: &CudaStream,
+        kernel: ReduceScatterKernel,
         input: u64,
         output: u64,
         count: usize,
@@ -24,30 +27,19 @@ impl CudaCollectives {
         op: ReduceOp,
     ) -> Result<()> {
         let tuning = self.config.tuning;
-        self.reduce_scatter_tuned(
-            stream,
-            ReduceScatterAlgo::Auto,
-            &tuning,
-            input,
-            output,
-            count,
-            dtype,
-            op,
-        )
+        self.reduce_scatter_tuned(stream, kernel, &tuning, input, output, count, dtype, op)
     }
 
-    /// [`Self::reduce_scatter`] with an explicit algorithm and launch tuning (every rank must pass
-    /// the same).
+    /// [`Self::reduce_scatter`] with explicit launch tuning (every rank must pass the same).
     ///
     /// # Safety
-    /// NOTE [raw-addresses], with `input` holding `count * world` elements and `output`
-    /// `count`.
+    /// As [`Self::reduce_scatter`].
     #[allow(clippy::too_many_arguments)]
     #[allow(unsafe_code)] // the contract is declared here; the body is safe code
     pub unsafe fn reduce_scatter_tuned(
         &self,
         stream: &CudaStream,
-        algo: ReduceScatterAlgo,
+        kernel: ReduceScatterKernel,
         tuning: &Tuning,
         input: u64,
         output: u64,
@@ -55,44 +47,53 @@ impl CudaCollectives {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        let Some((dt, _)) = self.reduce_scatter_geometry(stream, input, output, count, dtype)? else {
+        let Some((dt, g)) = self.reduce_scatter_geometry(stream, input, output, count, dtype)? else {
             return Ok(());
         };
         tuning.validate()?;
         let total = count * self.world;
-        let algo = match algo {
-            ReduceScatterAlgo::Auto => self.select_reduce_scatter(count, dtype),
-            a => a,
+        let kernel = if self.world == 1 {
+            ReduceScatterKernel::Ring
+        } else {
+            kernel
         };
-        let lamport = algo == ReduceScatterAlgo::Lamport && self.world > 1;
-        let mech = if lamport { Mechanism::Lamport } else { Mechanism::Ring };
-        let hdr = &header(OpKind::ReduceScatter, dtype, count, Some(op), mech);
-        if lamport {
-            return self.lamport(
-                stream,
-                dt,
-                RingMode::ReduceScatter,
-                op,
-                input,
-                output,
-                count,
-                tuning,
-                hdr,
-            );
+        match kernel {
+            ReduceScatterKernel::Lamport => {
+                let hdr = &header(OpKind::ReduceScatter, dtype, count, Some(op), Mechanism::Lamport);
+                self.lamport(
+                    stream,
+                    dt,
+                    RingMode::ReduceScatter,
+                    op,
+                    input,
+                    output,
+                    count,
+                    tuning,
+                    hdr,
+                )
+            }
+            ReduceScatterKernel::Pull => {
+                self.reduce_scatter_pull(stream, dt, &g, input, output, count, dtype, op, tuning)
+            }
+            ReduceScatterKernel::CopyEngine => self.reduce_scatter_ce(stream, dt, &g, input, output, count, dtype, op),
+            ReduceScatterKernel::Ring => {
+                let hdr = &header(OpKind::ReduceScatter, dtype, count, Some(op), Mechanism::Ring);
+                self.launch_ring(
+                    stream,
+                    dt,
+                    op,
+                    RingMode::ReduceScatter,
+                    input,
+                    output,
+                    total,
+                    count,
+                    tuning,
+                    false,
+                    hdr,
+                )
+            }
+            k => Err(not_here(k)),
         }
-        self.launch_ring(
-            stream,
-            dt,
-            op,
-            RingMode::ReduceScatter,
-            input,
-            output,
-            total,
-            count,
-            tuning,
-            false,
-            hdr,
-        )
     }
 
     /// Checks a reduce-scatter's arguments (`count` output elements; the input holds `count *
@@ -132,23 +133,19 @@ impl CudaCollectives {
     /// rank's shard of `input` (in place: no peer reads that shard). Stream-ordered, allocates
     /// nothing, graph-capturable.
     ///
-    /// # Safety
-    /// NOTE [raw-addresses], with `input` holding `count * world` elements and `output`
-    /// `count`.
     #[allow(clippy::too_many_arguments)]
-    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
-    pub unsafe fn reduce_scatter_pull(
+    fn reduce_scatter_pull(
         &self,
         stream: &CudaStream,
+        dt: KernelDtype,
+        g: &ShardGeometry,
         input: u64,
         output: u64,
         count: usize,
         dtype: DType,
         op: ReduceOp,
+        tuning: &Tuning,
     ) -> Result<()> {
-        let Some((dt, g)) = self.reduce_scatter_geometry(stream, input, output, count, dtype)? else {
-            return Ok(());
-        };
         let own = g.own;
         let shard = own - input;
         let sym = self.registered(input, g.whole_bytes, "the zero-copy reduce-scatter needs its input")?;
@@ -164,12 +161,11 @@ impl CudaCollectives {
             dsts: None,
             check,
         };
-        let tuning = self.config.tuning;
-        self.launch_pull(stream, dt, &p, &tuning)
+        self.launch_pull(stream, dt, &p, tuning)
     }
 
     /// Copy-engine reduce-scatter for an input in registered symmetric memory and an output
-    /// outside it (two ranks; more fall back to [`Self::reduce_scatter_pull`]): after a barrier
+    /// outside it (two ranks; more are an error): after a barrier
     /// that checks the geometry, the copy engine pulls this rank's shard of the peer's input
     /// straight into `output`, in chunks that shrink towards the end ([`ce_rs_chunks`]), on a side
     /// stream; as each chunk lands the SMs reduce it in place with this rank's own shard
@@ -177,29 +173,27 @@ impl CudaCollectives {
     /// (the peer reads this rank's input until then). No staging, no scratch. Bare copy-engine
     /// reads run at ~370 GB/s per direction with both GPUs copying, against ~333 for SM reads,
     /// but with the gaps between its chunked copies this path measured 417 us against the SM
-    /// pull's 409 at 256 MiB on 2 x H200 (docs/benchmarks.md), so `auto` does not take it.
+    /// pull's 409 at 256 MiB on 2 x H200 (docs/benchmarks.md), so the planner does not pick it.
     /// `output` must not overlap `input` (in place: use the pull). Stream-ordered, allocates
     /// nothing, graph-capturable.
     ///
-    /// # Safety
-    /// NOTE [raw-addresses], with `input` holding `count * world` elements and `output`
-    /// `count`.
     #[allow(clippy::too_many_arguments)]
-    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
-    pub unsafe fn reduce_scatter_ce(
+    fn reduce_scatter_ce(
         &self,
         stream: &CudaStream,
+        dt: KernelDtype,
+        g: &ShardGeometry,
         input: u64,
         output: u64,
         count: usize,
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        let Some((dt, g)) = self.reduce_scatter_geometry(stream, input, output, count, dtype)? else {
-            return Ok(());
-        };
         if self.world != 2 {
-            return self.reduce_scatter_pull(stream, input, output, count, dtype, op);
+            return Err(Error::InvalidArgument(format!(
+                "the copy-engine reduce-scatter runs on two ranks, this group has {} (use the pull)",
+                self.world
+            )));
         }
         let es = dtype.size();
         let bytes = count * es;
@@ -237,8 +231,10 @@ impl CudaCollectives {
 
     // ------------------------------------------------------------------ all-gather
 
-    /// All-gather: `input` holds `count` elements, `output` receives `count * world` (in place
-    /// when `input == output + rank * count` elements).
+    /// All-gather by `kernel`, exactly (as [`Self::all_reduce`]: unmet preconditions are an
+    /// error, nothing else runs instead): `input` holds `count` elements, `output` receives
+    /// `count * world` (in place when `input == output + rank * count` elements). With one rank
+    /// every kernel is the ring kernel's local copy.
     ///
     /// # Safety
     /// NOTE [raw-addresses], with `input` holding `count` elements and `output`
@@ -248,32 +244,31 @@ impl CudaCollectives {
     pub unsafe fn all_gather(
         &self,
         stream: &CudaStream,
+        kernel: AllGatherKernel,
         input: u64,
         output: u64,
         count: usize,
         dtype: DType,
-        path: AllGatherPath,
     ) -> Result<()> {
         let tuning = self.config.tuning;
-        self.all_gather_tuned(stream, &tuning, input, output, count, dtype, path)
+        self.all_gather_tuned(stream, kernel, &tuning, input, output, count, dtype)
     }
 
     /// [`Self::all_gather`] with explicit launch tuning.
     ///
     /// # Safety
-    /// NOTE [raw-addresses], with `input` holding `count` elements and `output`
-    /// `count * world`.
+    /// As [`Self::all_gather`].
     #[allow(clippy::too_many_arguments)]
     #[allow(unsafe_code)] // the contract is declared here; the body is safe code
     pub unsafe fn all_gather_tuned(
         &self,
         stream: &CudaStream,
+        kernel: AllGatherKernel,
         tuning: &Tuning,
         input: u64,
         output: u64,
         count: usize,
         dtype: DType,
-        path: AllGatherPath,
     ) -> Result<()> {
         self.check_stream(stream)?;
         // The all-gather moves bits; any 2- or 4-byte type runs as f16 / f32 lanes.
@@ -300,26 +295,23 @@ impl CudaCollectives {
             (self.rank, self.world),
         )?;
         let total = count * self.world;
-        let path = match path {
-            AllGatherPath::Auto => self.select_all_gather(count, dtype),
-            p => p,
-        };
-        // In place in a registered output, the copy-engine path pushes (it writes each peer's
-        // output slice, at the same offset on every rank); a registered input alone is pulled.
-        let mech = match path {
-            _ if self.world == 1 => Mechanism::Ring,
-            AllGatherPath::CopyEngine => Mechanism::CopyEngine,
-            AllGatherPath::Pull => Mechanism::Pull,
-            AllGatherPath::Lamport => Mechanism::Lamport,
-            _ => Mechanism::Ring,
+        let kernel = if self.world == 1 { AllGatherKernel::Ring } else { kernel };
+        let mech = match kernel {
+            AllGatherKernel::CopyEnginePush | AllGatherKernel::CopyEnginePull | AllGatherKernel::CopyEngineStaged => {
+                Mechanism::CopyEngine
+            }
+            AllGatherKernel::Pull => Mechanism::Pull,
+            AllGatherKernel::Lamport => Mechanism::Lamport,
+            AllGatherKernel::Ring => Mechanism::Ring,
+            k => return Err(not_here(k)),
         };
         let hdr = &header(OpKind::AllGather, dtype, count, None, mech);
-        match path {
-            AllGatherPath::CopyEngine if self.world > 1 => self.all_gather_ce(stream, input, output, count, dtype, hdr),
-            AllGatherPath::Pull if self.world > 1 => {
-                self.all_gather_pull(stream, dt, tuning, input, output, count, dtype, hdr)
+        match kernel {
+            AllGatherKernel::CopyEnginePush | AllGatherKernel::CopyEnginePull | AllGatherKernel::CopyEngineStaged => {
+                self.all_gather_ce(stream, kernel, input, output, count, dtype, hdr)
             }
-            AllGatherPath::Lamport if self.world > 1 => {
+            AllGatherKernel::Pull => self.all_gather_pull(stream, dt, tuning, input, output, count, dtype, hdr),
+            AllGatherKernel::Lamport => {
                 let dt = kernel_dtype(dtype, "the Lamport all-gather (f32, f16, bf16)")?;
                 self.lamport(
                     stream,
@@ -333,7 +325,7 @@ impl CudaCollectives {
                     hdr,
                 )
             }
-            _ => self.launch_ring(
+            AllGatherKernel::Ring => self.launch_ring(
                 stream,
                 dt,
                 ReduceOp::Sum,
@@ -346,6 +338,7 @@ impl CudaCollectives {
                 false,
                 hdr,
             ),
+            k => Err(not_here(k)),
         }
     }
 
@@ -398,9 +391,14 @@ impl CudaCollectives {
         self.launch_pull(stream, dt, &p, tuning)
     }
 
+    /// The copy-engine all-gathers: `kernel` is one of [`AllGatherKernel::CopyEnginePush`]
+    /// (the output registered), [`AllGatherKernel::CopyEnginePull`] (the input registered) and
+    /// [`AllGatherKernel::CopyEngineStaged`] (any buffers).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn all_gather_ce(
         &self,
         stream: &CudaStream,
+        kernel: AllGatherKernel,
         input: u64,
         output: u64,
         count: usize,
@@ -424,24 +422,32 @@ impl CudaCollectives {
             stream.wait(&ce.join).map_err(|e| from_driver(e, "cuStreamWaitEvent"))
         };
         // Zero-copy, as (check word, per rank s: (destination, source) of its copy).
-        let zero_copy = if let Some(o) = self.lookup_symmetric(output, bytes * self.world) {
-            // Push: the output is registered (in place or not), so this rank's copy engine writes
-            // its input into every peer's output slice between two barriers (the opening one:
-            // every peer's output is free; the closing one: every write into this rank's output
-            // has landed). Writes ran at ~389 GB/s per direction with both GPUs copying, reads at
-            // ~370 (docs/benchmarks.md, bandwidth probes).
-            let slice = (self.rank * bytes) as u64;
-            let check = checked(hdr, &[7, o.offset as u64, o.alloc_size as u64]);
-            Some((
-                check,
-                std::array::from_fn::<_, MAX_WORLD, _>(|s| (o.ptrs[s] + slice, input)),
-            ))
-        } else {
-            // Pull: peers' inputs are read in place between two barriers.
-            self.lookup_symmetric(input, bytes).map(|i| {
+        let zero_copy = match kernel {
+            AllGatherKernel::CopyEnginePush => {
+                // Push: the output is registered (in place or not), so this rank's copy engine
+                // writes its input into every peer's output slice between two barriers (the
+                // opening one: every peer's output is free; the closing one: every write into
+                // this rank's output has landed). Writes ran at ~389 GB/s per direction with
+                // both GPUs copying, reads at ~370 (docs/benchmarks.md, bandwidth probes).
+                let o = self.registered(
+                    output,
+                    bytes * self.world,
+                    "the copy-engine all-gather push needs its output",
+                )?;
+                let slice = (self.rank * bytes) as u64;
+                let check = checked(hdr, &[7, o.offset as u64, o.alloc_size as u64]);
+                Some((
+                    check,
+                    std::array::from_fn::<_, MAX_WORLD, _>(|s| (o.ptrs[s] + slice, input)),
+                ))
+            }
+            AllGatherKernel::CopyEnginePull => {
+                // Pull: peers' inputs are read in place between two barriers.
+                let i = self.registered(input, bytes, "the copy-engine all-gather pull needs its input")?;
                 let check = checked(hdr, &[1, i.offset as u64, i.alloc_size as u64]);
-                (check, std::array::from_fn(|s| (output + (s * bytes) as u64, i.ptrs[s])))
-            })
+                Some((check, std::array::from_fn(|s| (output + (s * bytes) as u64, i.ptrs[s]))))
+            }
+            _ => None,
         };
         if let Some((check, copies)) = zero_copy {
             self.launch_barrier(stream, mask, check)?;

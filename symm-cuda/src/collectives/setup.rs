@@ -14,7 +14,7 @@ use symm_core::{get_allocator, Device, DeviceType, Error, Group, Result};
 
 use super::layout::MAX_WORLD;
 use super::plan::PerDtype;
-use super::{args, cfg, CudaCollectives, Epilogues, GridBudget, RingMode, Selection, Tuning, WorkspaceLayout};
+use super::{args, cfg, CudaCollectives, Epilogues, GridBudget, RingMode, Tuning, WorkspaceLayout};
 use crate::driver::launch::{launch, Launch};
 use crate::driver::{self, bind, from_driver};
 use crate::{kernels, knobs};
@@ -50,8 +50,6 @@ pub struct CollectivesConfig {
     pub timeout: Duration,
     /// Launch shapes (defaults for H100/H200).
     pub tuning: Tuning,
-    /// Thresholds of [`AllReduceAlgo::Auto`].
-    pub selection: Selection,
     /// Launch the collective kernels with programmatic dependent launch (NOTE [pdl] in
     /// `kernels/common.cuh`): a kernel may be scheduled while the kernel ahead of it on the
     /// stream is still running, and waits on the device for it, which hides most of the launch
@@ -64,8 +62,8 @@ pub struct CollectivesConfig {
 
 impl CollectivesConfig {
     /// `staging_bytes` of staging, device waits bounded by `timeout`, everything else the
-    /// defaults: the Lamport buffers by world size, [`DEFAULT_RING_SLOTS`], [`Tuning::default`],
-    /// [`Selection::default`], and programmatic dependent launch unless `SYMM_PDL=0`.
+    /// defaults: the Lamport buffers by world size, [`DEFAULT_RING_SLOTS`], [`Tuning::default`]
+    /// and programmatic dependent launch unless `SYMM_PDL=0`.
     pub fn new(staging_bytes: usize, timeout: Duration) -> Self {
         CollectivesConfig {
             staging_bytes,
@@ -73,7 +71,6 @@ impl CollectivesConfig {
             ring_slots: DEFAULT_RING_SLOTS,
             timeout,
             tuning: Tuning::default(),
-            selection: Selection::default(),
             pdl: knobs::pdl(),
         }
     }

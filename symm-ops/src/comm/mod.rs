@@ -14,6 +14,7 @@ use symm_core::{
 };
 
 use crate::buf::{Buf, BufMut};
+use crate::engine::Engine;
 use crate::epilogue::{EpilogueAlgo, RmsNorm};
 use crate::host::HostEngine;
 use crate::ops::{NewOutput, OnStream, OpStream};
@@ -26,14 +27,6 @@ mod config;
 mod shorthand;
 
 pub use config::{CommConfig, DEFAULT_STAGING_BYTES};
-
-// One per communicator: the size difference does not matter.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Engine {
-    Host(HostEngine),
-    #[cfg(feature = "cuda")]
-    Cuda(crate::cuda::CudaEngine),
-}
 
 /// `n` default (zero) elements in host memory, allocated fallibly: a size
 /// the allocator refuses is [`Error::OutOfMemory`] naming `what` and the
@@ -54,7 +47,7 @@ pub(crate) fn try_zeroed<T: Clone + Default>(n: usize, what: &str) -> Result<Vec
 }
 
 /// Errors after which the ranks' protocol state is out of step.
-fn is_fatal(e: &Error) -> bool {
+pub(crate) fn is_fatal(e: &Error) -> bool {
     matches!(
         e,
         Error::Timeout { .. }
@@ -86,7 +79,7 @@ pub struct Communicator {
     pub(crate) selector: Selector,
     /// Blocks of [`Communicator::alloc`] (dropped before the engine: fields drop in order).
     pub(crate) pool: crate::pool::Pool,
-    pub(crate) engine: Engine,
+    pub(crate) engine: Box<dyn Engine>,
     poisoned: AtomicBool,
 }
 
@@ -275,10 +268,10 @@ impl Communicator {
             }
         };
 
-        let engine = match kind {
-            EngineKind::Host => Engine::Host(HostEngine::new(group, device, config.staging_bytes, timeout)?),
+        let engine: Box<dyn Engine> = match kind {
+            EngineKind::Host => Box::new(HostEngine::new(group, device, config.staging_bytes, timeout)?),
             #[cfg(feature = "cuda")]
-            EngineKind::Cuda | EngineKind::Nccl => Engine::Cuda(crate::cuda::CudaEngine::new(
+            EngineKind::Cuda | EngineKind::Nccl => Box::new(crate::cuda::CudaEngine::new(
                 group,
                 device,
                 stream.ok_or_else(|| Error::InvalidArgument("internal: no stream for a CUDA engine".into()))?,
@@ -294,25 +287,21 @@ impl Communicator {
                 ))
             }
         };
-        let (symm, nccl) = match &engine {
-            Engine::Host(_) => (true, false),
-            #[cfg(feature = "cuda")]
-            Engine::Cuda(c) => (c.has_symm(), c.has_nccl()),
-        };
-        #[allow(unused_mut)]
+        let caps = engine.caps();
         let mut thresholds = config
             .selection
             .unwrap_or_else(|| SelectionThresholds::defaults(kind, world));
-        #[cfg(feature = "cuda")]
-        if let Engine::Cuda(c) = &engine {
+        if kind != EngineKind::Host {
             // Lamport takes what its buffers hold (the same on every rank).
-            thresholds.lamport_max_bytes = thresholds.lamport_max_bytes.min(c.lamport_max_bytes());
+            thresholds.lamport_max_bytes = thresholds.lamport_max_bytes.min(caps.lamport_max_bytes);
         }
         let selector = Selector {
             engine: kind,
-            symm,
-            nccl,
+            symm: caps.symm,
+            nccl: caps.nccl,
             thresholds,
+            world,
+            lamport_slot: caps.lamport_slot,
         };
         Ok(Communicator {
             group: group.clone(),
@@ -377,29 +366,20 @@ impl Communicator {
     /// The stream the ops run on (CUDA engine).
     #[cfg(feature = "cuda")]
     pub fn stream(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
-        match &self.engine {
-            Engine::Cuda(c) => Some(c.stream()),
-            Engine::Host(_) => None,
-        }
+        self.engine.stream()
     }
 
     /// Reads (and clears) an error a device wait latched (timeout, abort)
     /// since the last check; call after synchronising the stream. The host
     /// engine reports errors from the op itself, so this is always Ok there.
     pub fn check_error(&self) -> Result<()> {
-        match &self.engine {
-            Engine::Host(_) => Ok(()),
-            #[cfg(feature = "cuda")]
-            Engine::Cuda(c) => {
-                let r = c.check_error();
-                if let Err(e) = &r {
-                    if is_fatal(e) {
-                        self.poisoned.store(true, Ordering::Release);
-                    }
-                }
-                r
+        let r = self.engine.check_error();
+        if let Err(e) = &r {
+            if is_fatal(e) {
+                self.poisoned.store(true, Ordering::Release);
             }
         }
+        r
     }
 
     /// The algorithm `all_reduce` picks for a payload of `bytes`.
@@ -450,11 +430,8 @@ impl Communicator {
         );
         let mut t = self.selector.table(&header);
         t.push_str(&self.selector.epilogue_table(self.world_size()));
-        #[cfg(feature = "cuda")]
-        if let Engine::Cuda(c) = &self.engine {
-            if let Some(why) = c.nccl_missing() {
-                t.push_str(&format!("  (no nccl fallback: {why})\n"));
-            }
+        if let Some(why) = self.engine.caps().nccl_missing {
+            t.push_str(&format!("  (no nccl fallback: {why})\n"));
         }
         t
     }
@@ -467,10 +444,7 @@ impl Communicator {
     pub fn persistent_buffer(&self, alloc_id: u64, shape: &[usize], dtype: DType) -> Result<SymmTensor> {
         let t = empty_p2p(shape, dtype, self.device, &self.group, Some(alloc_id))?;
         t.rendezvous(self.timeout)?;
-        #[cfg(feature = "cuda")]
-        if let Engine::Cuda(c) = &self.engine {
-            c.register(&t)?;
-        }
+        self.engine.register(&t)?;
         Ok(t)
     }
 
@@ -482,37 +456,19 @@ impl Communicator {
         if symm_core::get_symmetric_memory(t).is_none() {
             return Err(Error::NotRendezvoused);
         }
-        match &self.engine {
-            Engine::Host(_) => Ok(()),
-            #[cfg(feature = "cuda")]
-            Engine::Cuda(c) => c.register(t),
-        }
+        self.engine.register(t)
     }
 
     /// [`Self::register_buffer`] for a whole rendezvoused symmetric allocation of this group
     /// (for callers that manage raw allocations, e.g. the benchmark). A no-op on the host engine.
     pub fn register_memory(&self, mem: std::sync::Arc<dyn symm_core::SymmetricMemory>) -> Result<()> {
-        match &self.engine {
-            Engine::Host(_) => {
-                drop(mem);
-                Ok(())
-            }
-            #[cfg(feature = "cuda")]
-            Engine::Cuda(c) => c.register_memory(mem),
-        }
+        self.engine.register_memory(mem)
     }
 
     /// Forgets an allocation registered with [`Self::register_memory`] (by its local base
     /// address); true if it was registered.
     pub fn unregister_memory(&self, base: u64) -> bool {
-        match &self.engine {
-            Engine::Host(_) => {
-                let _ = base;
-                false
-            }
-            #[cfg(feature = "cuda")]
-            Engine::Cuda(c) => c.unregister_memory(base),
-        }
+        self.engine.unregister_memory(base)
     }
 
     pub(crate) fn run(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
@@ -533,11 +489,7 @@ impl Communicator {
     /// True when the CUDA engine told its peers it refused an op's arguments (NOTE
     /// [op-agreement]): the group is out of step.
     fn engine_told_peers(&self) -> bool {
-        match &self.engine {
-            Engine::Host(_) => false,
-            #[cfg(feature = "cuda")]
-            Engine::Cuda(c) => c.take_told_peers(),
-        }
+        self.engine.take_told_peers()
     }
 
     /// An op with nothing to move (NOTE [op-agreement]): `None` on the host engine, whose op
@@ -551,14 +503,9 @@ impl Communicator {
         dtype: DType,
         reduce: Option<ReduceOp>,
     ) -> Option<Result<()>> {
-        match &self.engine {
-            Engine::Host(_) => {
-                let _ = (stream, kind, dtype, reduce);
-                None
-            }
-            #[cfg(feature = "cuda")]
-            Engine::Cuda(c) => Some(self.run(|| c.empty_op(stream, kind, dtype, reduce))),
-        }
+        self.engine
+            .empty_op(stream, kind, dtype, reduce)
+            .map(|r| self.run(|| r))
     }
 
     /// `r`, unless it is this rank's rejection of its own arguments for an op
@@ -581,16 +528,7 @@ impl Communicator {
         }
         // Poisoned only by what leaves the group out of step (a peer that did not reject
         // too, a timeout), not by a local refusal such as a second op at once.
-        let told = match &self.engine {
-            Engine::Host(h) => {
-                let _ = stream;
-                h.reject().is_err_and(|e2| is_fatal(&e2))
-            }
-            #[cfg(feature = "cuda")]
-            Engine::Cuda(c) => {
-                !matches!(e, Error::Unavailable(_)) && c.reject(stream).map_or_else(|e2| is_fatal(&e2), |()| true)
-            }
-        };
+        let told = self.engine.reject(stream, &e);
         if told {
             self.poisoned.store(true, Ordering::Release);
         }
@@ -601,11 +539,7 @@ impl Communicator {
     /// ops (host waits, device waits) ends with [`Error::Aborted`] while set.
     /// Not available on an nccl-only communicator.
     pub fn set_abort(&self, abort: bool) -> Result<()> {
-        match &self.engine {
-            Engine::Host(h) => h.set_abort(abort),
-            #[cfg(feature = "cuda")]
-            Engine::Cuda(c) => c.set_abort(abort),
-        }
+        self.engine.set_abort(abort)
     }
 
     // ---- ops on the communicator's stream (bodies in ops.rs) ------------------

@@ -10,34 +10,22 @@ use symm_cuda::collectives::Epilogue;
 use super::CudaEngine;
 use crate::buf::{Buf, BufMut, RawDevicePtr};
 use crate::epilogue::{check_sum_place, EpiArgs, EpilogueAlgo, ResArg, SumAt, XArg};
-use crate::ops::OpStream;
-use crate::select::AllReduceAlgo;
+use crate::select::Selector;
 
 fn internal() -> Error {
     Error::InvalidArgument("internal: an epilogue buffer went missing".into())
 }
 
 impl CudaEngine {
-    /// One epilogue op on the op's stream; `fallback` as for [`Self::all_reduce`].
-    pub fn epilogue(
-        &self,
-        stream: OpStream<'_>,
-        algo: EpilogueAlgo,
-        a: EpiArgs<'_>,
-        rows: Rows,
-        fallback: impl Fn(usize) -> AllReduceAlgo,
-    ) -> Result<()> {
-        let (_l, s) = self.begin(stream)?;
-        self.refused(s, self.epilogue_locked(s, algo, a, rows, fallback))
-    }
-
-    fn epilogue_locked(
+    /// One epilogue op with the lock held, on `s`: the fused Lamport kernel, or the all-reduce
+    /// `algo` names (as the planner plans it) followed by the epilogue kernel.
+    pub(super) fn epilogue_locked(
         &self,
         s: &CudaStream,
+        planner: &Selector,
         algo: EpilogueAlgo,
         a: EpiArgs<'_>,
         rows: Rows,
-        fallback: impl Fn(usize) -> AllReduceAlgo,
     ) -> Result<()> {
         let (op, sum_at, eps) = (a.op(), a.sum_at(), a.eps());
         let EpiArgs { x, residual, norm, .. } = a;
@@ -90,7 +78,7 @@ impl CudaEngine {
                 };
                 let input = (target != x_ptr).then(|| Buf::Raw(RawDevicePtr::checked(x_ptr, count, dtype)));
                 let output = BufMut::Raw(RawDevicePtr::checked(target, count, dtype));
-                self.all_reduce_locked(s, ar, input, output, count, dtype, ReduceOp::Sum, fallback)?;
+                self.all_reduce_on(s, planner, ar, input, output, count, dtype, ReduceOp::Sum)?;
                 // SAFETY: `target` is one of the op's checked outputs (or `x`), `rows` long.
                 unsafe { self.epilogue_kernels()?.launch(s, target, &e) }
             }

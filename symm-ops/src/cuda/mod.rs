@@ -1,10 +1,13 @@
 //! The CUDA engine: symm-cuda's collective kernels on symmetric memory,
 //! with NCCL (cudarc) as the fallback. Every op resolves its buffers to
-//! device addresses (cudarc slices through their own event tracking) and
-//! enqueues on the communicator's stream: no host synchronisation, no
-//! allocation, no store traffic, so ops can be captured in a CUDA graph.
+//! device addresses (cudarc slices through their own event tracking), asks
+//! the planner what runs, and enqueues it on the op's stream: no host
+//! synchronisation, no allocation, no store traffic, so ops can be captured
+//! in a CUDA graph. This file holds the engine's setup, its stream ordering,
+//! buffer resolution and refusals; `engine.rs` the ops ([`crate::engine::Engine`]),
+//! `epilogue.rs` the epilogues, `nccl.rs` NCCL.
 
-mod coll;
+mod engine;
 mod epilogue;
 pub(crate) mod nccl;
 
@@ -16,15 +19,13 @@ use cudarc::driver::sys::CUstreamCaptureStatus;
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DeviceRepr, SyncOnDrop, ValidAsZeroBits,
 };
-use symm_core::{DType, Device, Error, Group, OpKind, Rank, ReduceOp, Result, SymmTensor};
+use symm_core::{DType, Device, Error, Group, Result, SymmTensor};
 
 use crate::buf::{check_symm_tensor, Buf, BufMut, Element};
 use crate::comm::CommConfig;
 use crate::ops::{NewOutput, OnStream, OpStream};
-use crate::select::{AllGatherAlgo, AllReduceAlgo, ReduceScatterAlgo};
-use coll::Coll;
 use nccl::Nccl;
-use symm_cuda::collectives::Epilogues;
+use symm_cuda::collectives::{CollectivesConfig, CudaCollectives, Epilogues};
 
 fn drv_err(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
     move |e| Error::Backend {
@@ -91,8 +92,10 @@ fn capturing(s: &CudaStream) -> Result<bool> {
 
 pub(crate) struct CudaEngine {
     device: Device,
+    /// This rank.
+    rank: usize,
     stream: Arc<CudaStream>,
-    coll: Option<Coll>,
+    coll: Option<CudaCollectives>,
     nccl: Option<Nccl>,
     /// One element NCCL all-reduces for a barrier when there are no kernels.
     barrier_word: Option<(CudaSlice<f32>, u64)>,
@@ -144,7 +147,12 @@ impl CudaEngine {
             ));
         }
         let coll = if symm {
-            Some(Coll::new(group, stream.context(), config, timeout)?)
+            let mut c = CollectivesConfig::new(config.staging_bytes, timeout);
+            if let Some(pdl) = config.pdl {
+                c.pdl = pdl;
+            }
+            c.lamport_bytes = config.lamport_bytes;
+            Some(CudaCollectives::with_config(group, stream.context(), c)?)
         } else {
             None
         };
@@ -187,6 +195,7 @@ impl CudaEngine {
         });
         Ok(CudaEngine {
             device,
+            rank: group.rank().get(),
             stream,
             coll,
             nccl,
@@ -199,19 +208,6 @@ impl CudaEngine {
         })
     }
 
-    pub fn has_symm(&self) -> bool {
-        self.coll.is_some()
-    }
-    pub fn has_nccl(&self) -> bool {
-        self.nccl.is_some()
-    }
-    pub fn nccl_missing(&self) -> Option<&str> {
-        self.nccl_missing.as_deref()
-    }
-    pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
-    }
-
     fn lock(&self) -> Result<MutexGuard<'_, Last>> {
         match self.lock.try_lock() {
             Ok(g) => Ok(g),
@@ -222,7 +218,7 @@ impl CudaEngine {
         }
     }
 
-    fn coll(&self) -> Result<&Coll> {
+    fn coll(&self) -> Result<&CudaCollectives> {
         self.coll
             .as_ref()
             .ok_or_else(|| Error::Unavailable("symmetric-memory kernels on an nccl-only communicator".into()))
@@ -352,238 +348,6 @@ impl CudaEngine {
         to.wait(&self.order).map_err(drv_err("cuStreamWaitEvent"))
     }
 
-    /// `fallback(bytes)`: what runs instead of [`AllReduceAlgo::Pull`] when the input
-    /// cannot be read in place.
-    #[allow(clippy::too_many_arguments)]
-    pub fn all_reduce(
-        &self,
-        stream: OpStream<'_>,
-        algo: AllReduceAlgo,
-        input: Option<Buf<'_>>,
-        output: BufMut<'_>,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-        fallback: impl Fn(usize) -> AllReduceAlgo,
-    ) -> Result<()> {
-        let (_l, s) = self.begin(stream)?;
-        self.refused(
-            s,
-            self.all_reduce_locked(s, algo, input, output, count, dtype, op, fallback),
-        )
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn all_reduce_locked(
-        &self,
-        s: &CudaStream,
-        algo: AllReduceAlgo,
-        input: Option<Buf<'_>>,
-        mut output: BufMut<'_>,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-        fallback: impl Fn(usize) -> AllReduceAlgo,
-    ) -> Result<()> {
-        let (out_ptr, _g_out) = self.dst(s, &mut output)?;
-        let (in_ptr, _g_in) = match &input {
-            Some(b) => self.src(s, b)?,
-            None => (out_ptr, None),
-        };
-        // The zero-copy pull reads the peers' inputs in place: it needs the input in registered
-        // symmetric memory (the same offset on every rank, so every rank decides alike) and apart
-        // from the output (from three ranks on, the two-shot pull: the output registered too, in
-        // place allowed); otherwise `fallback` runs (the table without it: NCCL where it takes
-        // over).
-        // The copy-engine two-shot also writes the peer's output: it needs both registered (and
-        // two ranks); otherwise the pull when the input qualifies.
-        let bytes = count * dtype.size();
-        let apart = in_ptr.saturating_add(bytes as u64) <= out_ptr || out_ptr.saturating_add(bytes as u64) <= in_ptr;
-        let algo = match algo {
-            AllReduceAlgo::CopyEngine | AllReduceAlgo::Pull => {
-                let coll = self.coll()?;
-                // From three ranks on the pull is the two-shot pull: it writes every rank's
-                // output too, and may run in place.
-                let input_ok = if coll.world_size() >= 3 {
-                    (apart || in_ptr == out_ptr)
-                        && coll.is_registered(in_ptr, bytes)
-                        && coll.is_registered(out_ptr, bytes)
-                } else {
-                    apart && coll.is_registered(in_ptr, bytes)
-                };
-                if algo == AllReduceAlgo::CopyEngine
-                    && input_ok
-                    && coll.world_size() == 2
-                    && coll.is_registered(out_ptr, bytes)
-                {
-                    AllReduceAlgo::CopyEngine
-                } else if input_ok {
-                    AllReduceAlgo::Pull
-                } else {
-                    fallback(bytes)
-                }
-            }
-            a => a,
-        };
-        match algo {
-            AllReduceAlgo::Nccl => self.nccl_on(s, |n| n.all_reduce(in_ptr, out_ptr, count, dtype, op)),
-            AllReduceAlgo::CopyEngine => self
-                .coll()?
-                .all_reduce_ce_two_shot(s, in_ptr, out_ptr, count, dtype, op),
-            a => self.coll()?.all_reduce(s, a, in_ptr, out_ptr, count, dtype, op),
-        }
-    }
-
-    /// `count` = output elements.
-    #[allow(clippy::too_many_arguments)]
-    pub fn reduce_scatter(
-        &self,
-        stream: OpStream<'_>,
-        algo: ReduceScatterAlgo,
-        input: Buf<'_>,
-        output: BufMut<'_>,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-        fallback: impl Fn(usize) -> ReduceScatterAlgo,
-    ) -> Result<()> {
-        let (_l, s) = self.begin(stream)?;
-        self.refused(
-            s,
-            self.reduce_scatter_locked(s, algo, input, output, count, dtype, op, fallback),
-        )
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn reduce_scatter_locked(
-        &self,
-        s: &CudaStream,
-        algo: ReduceScatterAlgo,
-        input: Buf<'_>,
-        mut output: BufMut<'_>,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-        fallback: impl Fn(usize) -> ReduceScatterAlgo,
-    ) -> Result<()> {
-        let (out_ptr, _g_out) = self.dst(s, &mut output)?;
-        let (in_ptr, _g_in) = self.src(s, &input)?;
-        // The pull reads the peers' inputs in place: it needs the input in registered symmetric
-        // memory (the same offset on every rank, so every rank decides alike); otherwise NCCL
-        // where it is available, else the kernels.
-        let whole = count * self.coll()?.world_size() * dtype.size();
-        let algo = match algo {
-            ReduceScatterAlgo::Pull if !self.coll()?.is_registered(in_ptr, whole) => match fallback(whole) {
-                // Without NCCL the kernels run every size.
-                ReduceScatterAlgo::Nccl if self.nccl.is_none() => ReduceScatterAlgo::Symm,
-                a => a,
-            },
-            a => a,
-        };
-        match algo {
-            ReduceScatterAlgo::Nccl => self.nccl_on(s, |n| n.reduce_scatter(in_ptr, out_ptr, count, dtype, op)),
-            ReduceScatterAlgo::Pull => self.coll()?.reduce_scatter_pull(s, in_ptr, out_ptr, count, dtype, op),
-            ReduceScatterAlgo::Symm => self.coll()?.reduce_scatter(s, in_ptr, out_ptr, count, dtype, op),
-        }
-    }
-
-    /// `count` = input elements.
-    #[allow(clippy::too_many_arguments)]
-    pub fn all_gather(
-        &self,
-        stream: OpStream<'_>,
-        algo: AllGatherAlgo,
-        input: Buf<'_>,
-        output: BufMut<'_>,
-        count: usize,
-        dtype: DType,
-        fallback: impl Fn(usize) -> AllGatherAlgo,
-    ) -> Result<()> {
-        let (_l, s) = self.begin(stream)?;
-        self.refused(
-            s,
-            self.all_gather_locked(s, algo, input, output, count, dtype, fallback),
-        )
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn all_gather_locked(
-        &self,
-        s: &CudaStream,
-        algo: AllGatherAlgo,
-        input: Buf<'_>,
-        mut output: BufMut<'_>,
-        count: usize,
-        dtype: DType,
-        fallback: impl Fn(usize) -> AllGatherAlgo,
-    ) -> Result<()> {
-        let (out_ptr, _g_out) = self.dst(s, &mut output)?;
-        let (in_ptr, _g_in) = self.src(s, &input)?;
-        // The copy engine wins only zero-copy: a push into a registered output, or a pull from a
-        // registered input; a staged copy loses to NCCL (2 x H200: 58 us against 44 at 16 MiB),
-        // so other buffers go to NCCL where it is available, else to the SM path. The pull reads
-        // peers' inputs in place: a registered input, or in place in a registered output.
-        let coll = self.coll()?;
-        let bytes = count * dtype.size();
-        let whole = bytes * coll.world_size();
-        // The registry is only searched for the zero-copy algorithms.
-        let out_reg = || coll.is_registered(out_ptr, whole);
-        let in_place = out_ptr.checked_add((coll.rank() * bytes) as u64) == Some(in_ptr);
-        let zero_copy = match algo {
-            AllGatherAlgo::CopyEngine => out_reg() || coll.is_registered(in_ptr, bytes),
-            AllGatherAlgo::Pull => (in_place && out_reg()) || coll.is_registered(in_ptr, bytes),
-            _ => true,
-        };
-        let algo = match algo {
-            AllGatherAlgo::CopyEngine | AllGatherAlgo::Pull if !zero_copy => match fallback(whole) {
-                AllGatherAlgo::Nccl if self.nccl.is_none() => AllGatherAlgo::Sm,
-                a => a,
-            },
-            a => a,
-        };
-        match algo {
-            AllGatherAlgo::Nccl => self.nccl_on(s, |n| n.all_gather(in_ptr, out_ptr, count, dtype)),
-            a => self.coll()?.all_gather(s, in_ptr, out_ptr, count, dtype, a),
-        }
-    }
-
-    pub fn barrier(&self, stream: OpStream<'_>, ranks: &[Rank]) -> Result<()> {
-        let (_l, s) = self.begin(stream)?;
-        if let Some(c) = &self.coll {
-            return c.barrier(s, ranks);
-        }
-        let world = ranks.first().map(|r| r.world_size()).unwrap_or(0);
-        if ranks.len() != world {
-            return Err(Error::Unavailable(
-                "a barrier over a subset of ranks on an nccl-only communicator".into(),
-            ));
-        }
-        let p = self
-            .barrier_word
-            .as_ref()
-            .map(|(_, p)| *p)
-            .ok_or_else(|| Error::Unavailable("no engine for a barrier".into()))?;
-        self.nccl_on(s, |n| n.all_reduce(p, p, 1, DType::F32, ReduceOp::Sum))
-    }
-
-    pub fn register(&self, t: &SymmTensor) -> Result<()> {
-        match &self.coll {
-            Some(c) => c.register(t),
-            None => Ok(()),
-        }
-    }
-
-    pub fn register_memory(&self, mem: Arc<dyn symm_core::SymmetricMemory>) -> Result<()> {
-        match &self.coll {
-            Some(c) => c.register_memory(mem),
-            None => Ok(()),
-        }
-    }
-
-    pub fn unregister_memory(&self, base: u64) -> bool {
-        self.coll.as_ref().is_some_and(|c| c.unregister_memory(base))
-    }
-
     /// The start of every op: the communicator's lock, then any error the kernels latched since
     /// the last op (NOTE [error-mirror]), read without a launch or a synchronisation, so a
     /// timeout, an abort or a disagreement reaches the caller without a `check_error` call.
@@ -591,8 +355,10 @@ impl CudaEngine {
     /// device and ordered after the previous op when that ran on another stream.
     fn begin<'s>(&'s self, stream: OpStream<'s>) -> Result<(MutexGuard<'s, Last>, &'s Arc<CudaStream>)> {
         let mut l = self.lock()?;
-        if let Some(c) = &self.coll {
-            c.surface_error()?;
+        // An error the kernels latched, read without a launch or a synchronisation (NOTE
+        // [error-mirror]): taken from the device when there is one.
+        if let Some(c) = self.coll.as_ref().filter(|c| c.pending_error().is_some()) {
+            c.check_error()?;
         }
         let s = match stream {
             Some(s) => {
@@ -642,16 +408,6 @@ impl CudaEngine {
         Ok((l, s))
     }
 
-    /// This rank rejected its own arguments for an op (NOTE [op-agreement]): the kernels' peers
-    /// learn it at once. Without kernels nothing is sent (NCCL does not check), but the
-    /// communicator still poisons itself, so this rank never pairs its next op with the peers'
-    /// current one. Refused, and nothing sent, while another op of this communicator runs (a
-    /// local refusal).
-    pub fn reject(&self, stream: OpStream<'_>) -> Result<()> {
-        let _l = self.lock()?;
-        self.tell_peers(self.telling_stream(stream))
-    }
-
     /// Where a refusal is told: the op's stream, or the communicator's when the op's stream is
     /// of another context (the refusal may be that very stream; the kernels run in this one).
     fn telling_stream<'s>(&'s self, stream: OpStream<'s>) -> &'s CudaStream {
@@ -683,40 +439,6 @@ impl CudaEngine {
             }
         }
         r
-    }
-
-    /// True once this engine told its peers it rejected an op (the communicator is out of step
-    /// from then on); cleared by the call.
-    pub fn take_told_peers(&self) -> bool {
-        self.told_peers.swap(false, Ordering::AcqRel)
-    }
-
-    /// An op with nothing to move: a checked barrier with the kernels, nothing without them.
-    pub fn empty_op(&self, stream: OpStream<'_>, kind: OpKind, dtype: DType, reduce: Option<ReduceOp>) -> Result<()> {
-        let (_l, s) = self.begin(stream)?;
-        match &self.coll {
-            Some(c) => c.agree_empty(s, kind, dtype, reduce),
-            None => Ok(()),
-        }
-    }
-
-    pub fn check_error(&self) -> Result<()> {
-        match &self.coll {
-            Some(c) => c.check_error(),
-            None => Ok(()),
-        }
-    }
-
-    /// Largest all-reduce payload the Lamport kernels take (0 without kernels).
-    pub fn lamport_max_bytes(&self) -> usize {
-        self.coll.as_ref().map_or(0, |c| c.lamport_max_bytes())
-    }
-
-    pub fn set_abort(&self, abort: bool) -> Result<()> {
-        match &self.coll {
-            Some(c) => c.set_abort(abort),
-            None => Err(Error::Unavailable("set_abort on an nccl-only communicator".into())),
-        }
     }
 }
 

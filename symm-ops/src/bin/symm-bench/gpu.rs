@@ -630,13 +630,13 @@ fn path_of(st: &RankState, op: Op, spec: &AlgoSpec, g: &Geometry, dtype: DType, 
         return match op {
             Op::AllReduce => c.select_all_reduce(g.bytes).to_string(),
             Op::ReduceScatter => match c.select_reduce_scatter(g.bytes) {
-                a @ symm_ops::ReduceScatterAlgo::Symm => {
+                a @ symm_ops::ReduceScatterAlgo::Push => {
                     format!("{a}: {}", st.coll.select_reduce_scatter(g.count, dtype).name())
                 }
                 a => a.to_string(),
             },
             Op::AllGather => match c.select_all_gather(g.bytes) {
-                a @ symm_ops::AllGatherAlgo::Sm => {
+                a @ symm_ops::AllGatherAlgo::Push => {
                     format!("{a}: {}", st.coll.select_all_gather(g.count, dtype).name())
                 }
                 a => a.to_string(),

@@ -43,6 +43,8 @@ use symm_core::{SymmTensor, SymmetricMemory};
 use crate::buf::{check_symm_tensor, Buf, BufMut, HostIn, HostOut};
 use crate::reduce;
 
+mod engine;
+
 /// Channel of the ops' own barriers on the staging memory's pad.
 const OP_CHANNEL: usize = 0;
 /// Channel of [`HostEngine::barrier`] over a subset of ranks.
@@ -190,6 +192,8 @@ pub(crate) struct HostEngine {
     op_channel: Channel,
     user_channel: Channel,
     scratch: Mutex<Scratch>,
+    /// Set when this engine told its peers it refused an op and the group is out of step.
+    told: std::sync::atomic::AtomicBool,
 }
 
 impl HostEngine {
@@ -227,6 +231,7 @@ impl HostEngine {
             op_channel: Channel::new(OP_CHANNEL)?,
             user_channel: Channel::new(USER_CHANNEL)?,
             scratch: Mutex::new(Scratch { acc, bytes, seq: 0 }),
+            told: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -291,7 +296,7 @@ impl HostEngine {
     /// it in that op's exchange and fail with [`Error::Mismatch`]. Ok when
     /// every rank rejected that op (the group stays in step); else the
     /// mismatch, and the caller poisons the communicator.
-    pub fn reject(&self) -> Result<()> {
+    pub fn send_rejection(&self) -> Result<()> {
         let mut guard = self.lock()?;
         let d = self.publish(&mut guard, OpKind::Rejected, None, 0, None, 0)?;
         self.handshake(&d)

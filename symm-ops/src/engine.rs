@@ -1,0 +1,149 @@
+//! [`Engine`]: what every engine implements, so that the ops (`ops.rs`, `epilogue.rs`) are
+//! written once and the communicator holds the engine it built as a `Box<dyn Engine>`. An engine
+//! resolves the op's buffers (where they lie, whether they are registered), asks the planner
+//! ([`Selector`], the one place that decides what runs) for the op's [`Plan`](crate::select::Plan),
+//! and runs exactly that. Engines: the generic host engine (`host.rs`, any backend's
+//! `SymmetricMemory`; ROCm devices run it until the shared kernels are launched there) and the
+//! CUDA engine (`cuda/`: symm-cuda's kernels and NCCL, which share the CUDA engine's stream
+//! ordering and buffer resolution; a plan names which of the two runs). The CUDA feature gates
+//! where the CUDA engine is built (`comm/mod.rs`), not the ops.
+
+use std::sync::Arc;
+
+use symm_core::epilogue::Rows;
+use symm_core::{DType, Error, OpKind, Rank, ReduceOp, Result, SymmTensor, SymmetricMemory};
+
+use crate::buf::{Buf, BufMut};
+use crate::epilogue::{EpiArgs, EpilogueAlgo};
+use crate::ops::OpStream;
+use crate::select::{AllGatherAlgo, AllReduceAlgo, ReduceScatterAlgo, Selector};
+
+/// One op's context: the stream it was given and the planner.
+#[derive(Clone, Copy)]
+pub(crate) struct Cx<'a> {
+    pub stream: OpStream<'a>,
+    pub planner: &'a Selector,
+}
+
+/// What the planner needs from an engine at setup.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Caps {
+    /// The symmetric-memory kernels (or the host engine's generic paths) run here.
+    pub symm: bool,
+    /// NCCL is there as the fallback.
+    pub nccl: bool,
+    /// Bytes one Lamport slot holds (0 without Lamport kernels).
+    pub lamport_slot: usize,
+    /// Largest all-reduce the Lamport kernel takes (0 without it).
+    pub lamport_max_bytes: usize,
+    /// Why NCCL is not there although the config asked for it.
+    pub nccl_missing: Option<String>,
+}
+
+/// The ops of one engine. Every method runs one op of this rank (every rank calls the same in
+/// the same order); the arguments were checked by the caller (lengths, dtypes, the request's
+/// availability), the engine checks what only it can (buffers' devices, alignment,
+/// registration) and tells its peers when it refuses (NOTE [op-agreement]).
+pub(crate) trait Engine: Send {
+    /// What the planner needs to know.
+    fn caps(&self) -> Caps;
+
+    /// All-reduce `count` elements of `input` (`None`: in place in `output`) into `output`, as
+    /// the planner plans `req`.
+    #[allow(clippy::too_many_arguments)]
+    fn all_reduce(
+        &self,
+        cx: Cx<'_>,
+        req: AllReduceAlgo,
+        input: Option<Buf<'_>>,
+        output: BufMut<'_>,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()>;
+
+    /// Reduce-scatter `input` (`count * world` elements) into `output` (`count`).
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_scatter(
+        &self,
+        cx: Cx<'_>,
+        req: ReduceScatterAlgo,
+        input: Buf<'_>,
+        output: BufMut<'_>,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()>;
+
+    /// All-gather `input` (`count` elements) into `output` (`count * world`).
+    #[allow(clippy::too_many_arguments)]
+    fn all_gather(
+        &self,
+        cx: Cx<'_>,
+        req: AllGatherAlgo,
+        input: Buf<'_>,
+        output: BufMut<'_>,
+        count: usize,
+        dtype: DType,
+    ) -> Result<()>;
+
+    /// Barrier over `ranks` (sorted, distinct, this rank included).
+    fn barrier(&self, stream: OpStream<'_>, ranks: &[Rank]) -> Result<()>;
+
+    /// An all-reduce epilogue (NOTE [fused-epilogue]) by `algo` (never `Auto`).
+    fn epilogue(&self, cx: Cx<'_>, algo: EpilogueAlgo, a: EpiArgs<'_>, rows: Rows) -> Result<()>;
+
+    /// An op with nothing to move (NOTE [op-agreement]): `None` where the op runs its own
+    /// exchange with nothing to move (the host engine), else its place in the group's op
+    /// sequence.
+    fn empty_op(
+        &self,
+        stream: OpStream<'_>,
+        kind: OpKind,
+        dtype: DType,
+        reduce: Option<ReduceOp>,
+    ) -> Option<Result<()>>;
+
+    /// This rank refused `e`, its own arguments for an op: tells the peers where the engine can
+    /// (NOTE [op-agreement]). True when the group is out of step from here on (the caller
+    /// poisons the communicator).
+    fn reject(&self, stream: OpStream<'_>, e: &Error) -> bool;
+
+    /// True once the engine told its peers it refused an op's arguments (the group is out of
+    /// step); cleared by the call.
+    fn take_told_peers(&self) -> bool {
+        false
+    }
+
+    /// An error a device wait latched since the last check (after synchronising the stream).
+    fn check_error(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Sets or clears the abort word every wait of this engine polls.
+    fn set_abort(&self, abort: bool) -> Result<()>;
+
+    /// Makes a rendezvoused symmetric tensor known for the zero-copy kernels.
+    fn register(&self, t: &SymmTensor) -> Result<()> {
+        let _ = t;
+        Ok(())
+    }
+
+    /// [`Self::register`] for a whole symmetric allocation.
+    fn register_memory(&self, mem: Arc<dyn SymmetricMemory>) -> Result<()> {
+        drop(mem);
+        Ok(())
+    }
+
+    /// Forgets the registered allocation whose local buffer starts at `base`.
+    fn unregister_memory(&self, base: u64) -> bool {
+        let _ = base;
+        false
+    }
+
+    /// The CUDA stream the ops run on by default.
+    #[cfg(feature = "cuda")]
+    fn stream(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
+        None
+    }
+}

@@ -1,0 +1,139 @@
+//! The host engine's [`Engine`] implementation: resolves the op's buffers, asks the planner
+//! (which names the generic path: one-shot or two-shot for an all-reduce) and runs it.
+
+use symm_core::epilogue::Rows;
+use symm_core::{AllReduceKernel, DType, Error, OpKind, Rank, ReduceOp, Result};
+
+use super::{HostEngine, In};
+use crate::buf::{Buf, BufMut};
+use crate::engine::{Caps, Cx, Engine};
+use crate::epilogue::{EpiArgs, EpilogueAlgo, HostEpi};
+use crate::ops::OpStream;
+use crate::select::{AllGatherAlgo, AllReduceAlgo, Bufs, Plan, ReduceScatterAlgo};
+
+impl HostEngine {
+    /// `r`, told to the peers when it is this rank's refusal of its own arguments (NOTE
+    /// [op-agreement]): the rejection takes the op's place in the group's sequence, so every
+    /// peer's matching op fails with [`Error::Mismatch`]; unless every rank rejected it the
+    /// group is out of step ([`Engine::take_told_peers`]).
+    fn refuse<T>(&self, stream: OpStream<'_>, r: Result<T>) -> Result<T> {
+        r.map_err(|e| {
+            if Engine::reject(self, stream, &e) {
+                self.told.store(true, std::sync::atomic::Ordering::Release);
+            }
+            e
+        })
+    }
+
+    /// The host engine has no streams: an op given one is refused.
+    fn no_stream(&self, stream: OpStream<'_>) -> Result<()> {
+        self.refuse(
+            stream,
+            match stream {
+                None => Ok(()),
+                Some(_) => Err(Error::InvalidArgument(
+                    "a CUDA stream given to an op of a host-engine communicator".into(),
+                )),
+            },
+        )
+    }
+}
+
+impl Engine for HostEngine {
+    fn caps(&self) -> Caps {
+        Caps {
+            symm: true,
+            ..Caps::default()
+        }
+    }
+
+    fn all_reduce(
+        &self,
+        cx: Cx<'_>,
+        req: AllReduceAlgo,
+        input: Option<Buf<'_>>,
+        output: BufMut<'_>,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.no_stream(cx.stream)?;
+        let in_place = input.is_none();
+        let mut out = self.refuse(cx.stream, self.resolve_out(output, in_place))?;
+        let input = match input {
+            Some(b) => self.refuse(cx.stream, self.resolve_in(b))?,
+            None => In::Output,
+        };
+        let bufs = Bufs {
+            in_place,
+            apart: !in_place,
+            registered: &|_| false,
+        };
+        match cx.planner.plan_all_reduce(req, count * dtype.size(), &bufs) {
+            Plan::Kernel(AllReduceKernel::TwoShot) => self.two_shot(&input, &mut out, count, dtype, op),
+            _ => self.one_shot(&input, &mut out, count, dtype, op),
+        }
+    }
+
+    fn reduce_scatter(
+        &self,
+        cx: Cx<'_>,
+        req: ReduceScatterAlgo,
+        input: Buf<'_>,
+        output: BufMut<'_>,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.no_stream(cx.stream)?;
+        let input = self.refuse(cx.stream, self.resolve_in(input))?;
+        let mut out = self.refuse(cx.stream, self.resolve_out(output, false))?;
+        // One generic path (the planner names it the pull): every rank reads its segment.
+        let _ = cx.planner.plan_reduce_scatter(req, count * dtype.size(), &|| false);
+        self.reduce_scatter(&input, &mut out, count, dtype, op)
+    }
+
+    fn all_gather(
+        &self,
+        cx: Cx<'_>,
+        req: AllGatherAlgo,
+        input: Buf<'_>,
+        output: BufMut<'_>,
+        count: usize,
+        dtype: DType,
+    ) -> Result<()> {
+        self.no_stream(cx.stream)?;
+        let input = self.refuse(cx.stream, self.resolve_in(input))?;
+        let mut out = self.refuse(cx.stream, self.resolve_out(output, false))?;
+        let _ = (req, count * dtype.size());
+        self.all_gather(&input, &mut out, count, dtype)
+    }
+
+    fn barrier(&self, stream: OpStream<'_>, ranks: &[Rank]) -> Result<()> {
+        self.no_stream(stream)?;
+        HostEngine::barrier(self, ranks)
+    }
+
+    fn epilogue(&self, cx: Cx<'_>, _algo: EpilogueAlgo, a: EpiArgs<'_>, rows: Rows) -> Result<()> {
+        self.no_stream(cx.stream)?;
+        let mut p = self.refuse(cx.stream, HostEpi::resolve(self, a))?;
+        self.refuse(cx.stream, p.check(&rows))?;
+        p.run(self, &rows)
+    }
+
+    fn empty_op(&self, _: OpStream<'_>, _: OpKind, _: DType, _: Option<ReduceOp>) -> Option<Result<()>> {
+        None
+    }
+
+    fn reject(&self, _stream: OpStream<'_>, _e: &Error) -> bool {
+        self.send_rejection().is_err_and(|e2| crate::comm::is_fatal(&e2))
+    }
+
+    fn take_told_peers(&self) -> bool {
+        self.told.swap(false, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    fn set_abort(&self, abort: bool) -> Result<()> {
+        HostEngine::set_abort(self, abort)
+    }
+}
