@@ -27,7 +27,7 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use symm_core::{get_allocator, DType, Device, DeviceType, Error, Rank, ReduceOp, SymmetricMemory};
 use symm_cuda::collectives::{
-    AllGatherPath, AllReduceAlgo, CollectivesConfig, CudaCollectives, ReduceScatterAlgo, Tuning,
+    AllGatherKernel, AllReduceKernel, CollectivesConfig, CudaCollectives, ReduceScatterKernel, Tuning,
 };
 use symm_cuda::streams::HostCopies;
 use symm_testkit::launch::{RankCtx, TestResult};
@@ -59,13 +59,11 @@ macro_rules! raw_entries {
 // of `Env` and the registered arenas, each sized for the op that gets it and alive until the
 // test ends; the bad-argument cases are refused before any access.
 raw_entries! {
-    all_reduce_t => all_reduce(a: AllReduceAlgo, i: u64, o: u64, n: usize, d: DType, op: ReduceOp);
-    all_reduce_tuned_t => all_reduce_tuned(a: AllReduceAlgo, t: &Tuning, i: u64, o: u64, n: usize, d: DType, op: ReduceOp);
-    all_reduce_ce_two_shot_t => all_reduce_ce_two_shot(i: u64, o: u64, n: usize, d: DType, op: ReduceOp);
-    reduce_scatter_tuned_t => reduce_scatter_tuned(a: ReduceScatterAlgo, t: &Tuning, i: u64, o: u64, n: usize, d: DType, op: ReduceOp);
-    reduce_scatter_pull_t => reduce_scatter_pull(i: u64, o: u64, n: usize, d: DType, op: ReduceOp);
-    reduce_scatter_ce_t => reduce_scatter_ce(i: u64, o: u64, n: usize, d: DType, op: ReduceOp);
-    all_gather_t => all_gather(i: u64, o: u64, n: usize, d: DType, p: AllGatherPath);
+    all_reduce_t => all_reduce(a: AllReduceKernel, i: u64, o: u64, n: usize, d: DType, op: ReduceOp);
+    all_reduce_tuned_t => all_reduce_tuned(a: AllReduceKernel, t: &Tuning, i: u64, o: u64, n: usize, d: DType, op: ReduceOp);
+    reduce_scatter_t => reduce_scatter(a: ReduceScatterKernel, i: u64, o: u64, n: usize, d: DType, op: ReduceOp);
+    reduce_scatter_tuned_t => reduce_scatter_tuned(a: ReduceScatterKernel, t: &Tuning, i: u64, o: u64, n: usize, d: DType, op: ReduceOp);
+    all_gather_t => all_gather(k: AllGatherKernel, i: u64, o: u64, n: usize, d: DType);
 }
 
 const T: Duration = Duration::from_secs(60);
@@ -359,7 +357,7 @@ const AR_SIZES: [usize; 8] = [1, 7, 8, 9, 1023, 4097, 65_537, (1 << 20) + 5];
 fn run_all_reduce(
     env: &Env,
     c: &CudaCollectives,
-    algo: AllReduceAlgo,
+    algo: AllReduceKernel,
     dtype: DType,
     op: ReduceOp,
     count: usize,
@@ -402,7 +400,7 @@ fn run_all_reduce(
     // The copy-engine algorithm with half of the peers' data by the copy engine (its default
     // fraction, 0, is the fused pull, tested as `Pull`).
     let mut tuning = c.config().tuning;
-    if algo == AllReduceAlgo::CopyEngine {
+    if algo == AllReduceKernel::CopyEnginePull {
         tuning.ce_fraction = 0.5;
     }
     let what = format!(
@@ -454,11 +452,17 @@ fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
     let mut runs = 0usize;
     let mut worst = 0.0f64;
     let t0 = Instant::now();
-    let algos = AllReduceAlgo::ALL;
-    let zero_copy = |a: AllReduceAlgo| matches!(a, AllReduceAlgo::CopyEngine | AllReduceAlgo::Pull);
+    // Every kernel whose output may be anywhere; the two whose output is registered too (the
+    // two-shot pull, the copy-engine two-shot) run below on registered outputs.
+    let algos: Vec<AllReduceKernel> = AllReduceKernel::ALL
+        .iter()
+        .copied()
+        .filter(|k| !matches!(k, AllReduceKernel::PullTwoShot | AllReduceKernel::CopyEngineTwoShot))
+        .collect();
+    let zero_copy = |a: AllReduceKernel| matches!(a, AllReduceKernel::CopyEnginePull | AllReduceKernel::Pull);
     let mut seed = 1u64;
     for (obj, name) in [(&c, "default"), (&small, "small-staging")] {
-        for algo in algos {
+        for &algo in &algos {
             if name == "small-staging" && zero_copy(algo) {
                 continue;
             }
@@ -466,7 +470,7 @@ fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
             for dtype in DTYPES {
                 for op in ReduceOp::ALL {
                     for &count in &AR_SIZES {
-                        if algo == AllReduceAlgo::Lamport && count * dtype.size() > obj.lamport_max_bytes() {
+                        if algo == AllReduceKernel::Lamport && count * dtype.size() > obj.lamport_max_bytes() {
                             continue;
                         }
                         // The largest size only for sum, to keep the run short.
@@ -504,7 +508,15 @@ fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
     if env.world() != 2 {
         // Two ranks only: anything else is refused before anything runs.
         let base = sym2.buffer_ptrs()[me];
-        let r = c.all_reduce_ce_two_shot_t(&env.stream, base, base + region as u64, 1000, DType::F32, ReduceOp::Sum);
+        let r = c.all_reduce_t(
+            &env.stream,
+            AllReduceKernel::CopyEngineTwoShot,
+            base,
+            base + region as u64,
+            1000,
+            DType::F32,
+            ReduceOp::Sum,
+        );
         if !matches!(r, Err(Error::InvalidArgument(_))) {
             fails.push(format!("copy-engine two-shot at world {}: {r:?}", env.world()));
         }
@@ -548,9 +560,25 @@ fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
                     // pushes after these (synchronous) writes.
                     env.ready()?;
                     if two_shot_pull {
-                        c.all_reduce_t(&env.stream, AllReduceAlgo::Pull, input, output, count, dtype, op)?;
+                        c.all_reduce_t(
+                            &env.stream,
+                            AllReduceKernel::PullTwoShot,
+                            input,
+                            output,
+                            count,
+                            dtype,
+                            op,
+                        )?;
                     } else {
-                        c.all_reduce_ce_two_shot_t(&env.stream, input, output, count, dtype, op)?;
+                        c.all_reduce_t(
+                            &env.stream,
+                            AllReduceKernel::CopyEngineTwoShot,
+                            input,
+                            output,
+                            count,
+                            dtype,
+                            op,
+                        )?;
                     }
                     env.stream.synchronize()?;
                     c.check_error()?;
@@ -613,7 +641,7 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                     // ---- reduce-scatter (out of place and in place), every op for small sizes
                     for (op, algo) in ReduceOp::ALL
                         .into_iter()
-                        .flat_map(|o| ReduceScatterAlgo::ALL.map(|a| (o, a)))
+                        .flat_map(|o| [ReduceScatterKernel::Lamport, ReduceScatterKernel::Ring].map(|a| (o, a)))
                     {
                         if count > 5000 && op != ReduceOp::Sum {
                             continue;
@@ -699,9 +727,25 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                             };
                             env.ready()?;
                             if ce {
-                                obj.reduce_scatter_ce_t(&env.stream, base, o_ptr, count, dtype, op)?;
+                                obj.reduce_scatter_t(
+                                    &env.stream,
+                                    ReduceScatterKernel::CopyEngine,
+                                    base,
+                                    o_ptr,
+                                    count,
+                                    dtype,
+                                    op,
+                                )?;
                             } else {
-                                obj.reduce_scatter_pull_t(&env.stream, base, o_ptr, count, dtype, op)?;
+                                obj.reduce_scatter_t(
+                                    &env.stream,
+                                    ReduceScatterKernel::Pull,
+                                    base,
+                                    o_ptr,
+                                    count,
+                                    dtype,
+                                    op,
+                                )?;
                             }
                             env.stream.synchronize()?;
                             obj.check_error()?;
@@ -725,19 +769,18 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                     // (path, zero_copy, in_place, out_sym): zero_copy puts the input (in place:
                     // the whole output) in the registered buffer; out_sym puts only the output
                     // there (the copy engine then pushes into the peers' outputs).
-                    for (path, zero_copy, in_place, out_sym) in [
-                        (AllGatherPath::Sm, false, false, false),
-                        (AllGatherPath::Sm, false, true, false),
-                        (AllGatherPath::Lamport, false, false, false),
-                        (AllGatherPath::Lamport, false, true, false),
-                        (AllGatherPath::CopyEngine, true, false, false),
-                        (AllGatherPath::CopyEngine, false, false, false),
-                        (AllGatherPath::CopyEngine, false, true, false),
-                        (AllGatherPath::CopyEngine, true, true, false),
-                        (AllGatherPath::CopyEngine, true, false, true),
-                        (AllGatherPath::Pull, true, false, false),
-                        (AllGatherPath::Pull, true, true, false),
-                        (AllGatherPath::Auto, false, false, false),
+                    for (kernel, zero_copy, in_place, out_sym) in [
+                        (AllGatherKernel::Ring, false, false, false),
+                        (AllGatherKernel::Ring, false, true, false),
+                        (AllGatherKernel::Lamport, false, false, false),
+                        (AllGatherKernel::Lamport, false, true, false),
+                        (AllGatherKernel::CopyEnginePull, true, false, false),
+                        (AllGatherKernel::CopyEngineStaged, false, false, false),
+                        (AllGatherKernel::CopyEngineStaged, false, true, false),
+                        (AllGatherKernel::CopyEnginePush, true, true, false),
+                        (AllGatherKernel::CopyEnginePush, true, false, true),
+                        (AllGatherKernel::Pull, true, false, false),
+                        (AllGatherKernel::Pull, true, true, false),
                     ] {
                         if zero_copy && name == "small" {
                             continue;
@@ -784,12 +827,12 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                             out.at(off)
                         };
                         env.ready()?;
-                        obj.all_gather_t(&env.stream, input, output, count, dtype, path)?;
+                        obj.all_gather_t(&env.stream, kernel, input, output, count, dtype)?;
                         env.stream.synchronize()?;
                         obj.check_error()?;
                         let what = format!(
                             "all_gather ({name}) {} {dtype} count {count} offset {offset}{}{}",
-                            path.name(),
+                            kernel.name(),
                             if out_sym {
                                 " zero-copy push"
                             } else if zero_copy {
@@ -843,7 +886,15 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
             out.fill(&env.stream, off, &[])?;
             let base = bsym.buffer_ptrs()[me] + off as u64;
             env.ready()?;
-            c.reduce_scatter_ce_t(&env.stream, base, out.at(off), count, dtype, ReduceOp::Sum)?;
+            c.reduce_scatter_t(
+                &env.stream,
+                ReduceScatterKernel::CopyEngine,
+                base,
+                out.at(off),
+                count,
+                dtype,
+                ReduceOp::Sum,
+            )?;
             env.stream.synchronize()?;
             c.check_error()?;
             let got = out.read(&env.stream, off, count * es, false)?;
@@ -871,7 +922,7 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                     inp.at(off)
                 };
                 env.ready()?;
-                c.all_gather_t(&env.stream, input, output, n, dtype, AllGatherPath::CopyEngine)?;
+                c.all_gather_t(&env.stream, AllGatherKernel::CopyEnginePush, input, output, n, dtype)?;
                 env.stream.synchronize()?;
                 c.check_error()?;
                 let mut g = vec![0u8; n * world * es];
@@ -981,9 +1032,9 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
     // ---- 10,000 back-to-back all-reduces per algorithm, rotating payloads, one host sync per
     // round of Q ops.
     for (algo, count, total_ops) in [
-        (AllReduceAlgo::Lamport, 2048usize, 10_000usize),
-        (AllReduceAlgo::OneShot, 65_536, 10_000),
-        (AllReduceAlgo::TwoShot, 65_536 + 5, 2_000),
+        (AllReduceKernel::Lamport, 2048usize, 10_000usize),
+        (AllReduceKernel::OneShot, 65_536, 10_000),
+        (AllReduceKernel::TwoShot, 65_536 + 5, 2_000),
     ] {
         const P: usize = 7;
         const Q: usize = 100;
@@ -1053,7 +1104,7 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
             if i % 2 == 0 {
                 c.all_reduce_t(
                     &env.stream,
-                    AllReduceAlgo::CopyEngine,
+                    AllReduceKernel::CopyEnginePull,
                     sym_in,
                     pl.out_base,
                     count,
@@ -1063,15 +1114,15 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
             } else {
                 c.all_gather_t(
                     &env.stream,
+                    if i % 4 == 1 {
+                        AllGatherKernel::CopyEnginePull
+                    } else {
+                        AllGatherKernel::Pull
+                    },
                     sym_in,
                     pl.out_base,
                     count / 2,
                     dtype,
-                    if i % 4 == 1 {
-                        AllGatherPath::CopyEngine
-                    } else {
-                        AllGatherPath::Pull
-                    },
                 )?;
             }
             // SAFETY: as above; `nan` is `bytes` long.
@@ -1125,10 +1176,9 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
         const OPS: usize = 100;
         let pl = pool(&env, 5, OPS, count, dtype, 999)?;
         let algos = [
-            AllReduceAlgo::Lamport,
-            AllReduceAlgo::OneShot,
-            AllReduceAlgo::TwoShot,
-            AllReduceAlgo::Auto,
+            AllReduceKernel::Lamport,
+            AllReduceKernel::OneShot,
+            AllReduceKernel::TwoShot,
         ];
         env.ready()?;
         let issue = |stream: &Arc<CudaStream>| -> TestResult {
@@ -1189,7 +1239,11 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
         if me == 1 {
             std::thread::sleep(Duration::from_millis(100));
         }
-        for algo in [AllReduceAlgo::Lamport, AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot] {
+        for algo in [
+            AllReduceKernel::Lamport,
+            AllReduceKernel::OneShot,
+            AllReduceKernel::TwoShot,
+        ] {
             c.all_reduce_t(
                 &env.stream,
                 algo,
@@ -1250,20 +1304,44 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     let c = env.collectives("coll-err", config(symm_cuda::collectives::DEFAULT_STAGING_BYTES))?;
     let s = &env.stream;
     let bad = [
-        c.all_reduce_t(s, AllReduceAlgo::OneShot, inp + 2, out, 10, dtype, ReduceOp::Sum),
-        c.all_reduce_t(s, AllReduceAlgo::OneShot, inp, inp + 8, 100, dtype, ReduceOp::Sum),
-        c.all_reduce_t(s, AllReduceAlgo::OneShot, inp, out, 10, DType::F64, ReduceOp::Sum),
+        c.all_reduce_t(s, AllReduceKernel::OneShot, inp + 2, out, 10, dtype, ReduceOp::Sum),
+        c.all_reduce_t(s, AllReduceKernel::OneShot, inp, inp + 8, 100, dtype, ReduceOp::Sum),
+        c.all_reduce_t(s, AllReduceKernel::OneShot, inp, out, 10, DType::F64, ReduceOp::Sum),
         // In place (no overlap error first): one element past the 16 MiB Lamport buffers.
-        c.all_reduce_t(s, AllReduceAlgo::Lamport, out, out, (4 << 20) + 1, dtype, ReduceOp::Sum),
-        c.all_reduce_t(s, AllReduceAlgo::CopyEngine, inp, out, 10, dtype, ReduceOp::Sum),
-        c.all_reduce_t(s, AllReduceAlgo::Pull, inp, out, 10, dtype, ReduceOp::Sum),
-        c.all_gather_t(s, inp, out, 10, dtype, AllGatherPath::Pull),
-        c.all_gather_t(s, inp, inp + 4, 10, dtype, AllGatherPath::Sm),
+        c.all_reduce_t(
+            s,
+            AllReduceKernel::Lamport,
+            out,
+            out,
+            (4 << 20) + 1,
+            dtype,
+            ReduceOp::Sum,
+        ),
+        c.all_reduce_t(s, AllReduceKernel::CopyEnginePull, inp, out, 10, dtype, ReduceOp::Sum),
+        c.all_reduce_t(s, AllReduceKernel::Pull, inp, out, 10, dtype, ReduceOp::Sum),
+        c.all_gather_t(s, AllGatherKernel::Pull, inp, out, 10, dtype),
+        c.all_gather_t(s, AllGatherKernel::Ring, inp, inp + 4, 10, dtype),
         c.barrier(s, &[Rank::new((me + 1) % env.world(), env.world())?]),
         // The copy-engine paths: unregistered buffers, and in place.
-        c.reduce_scatter_ce_t(s, inp, out, 10, dtype, ReduceOp::Sum),
-        c.all_reduce_ce_two_shot_t(s, inp, out, 10, dtype, ReduceOp::Sum),
-        c.all_reduce_ce_two_shot_t(s, out, out, 10, dtype, ReduceOp::Sum),
+        c.reduce_scatter_t(s, ReduceScatterKernel::CopyEngine, inp, out, 10, dtype, ReduceOp::Sum),
+        c.all_reduce_t(
+            s,
+            AllReduceKernel::CopyEngineTwoShot,
+            inp,
+            out,
+            10,
+            dtype,
+            ReduceOp::Sum,
+        ),
+        c.all_reduce_t(
+            s,
+            AllReduceKernel::CopyEngineTwoShot,
+            out,
+            out,
+            10,
+            dtype,
+            ReduceOp::Sum,
+        ),
     ];
     for (i, r) in bad.iter().enumerate() {
         if r.is_ok() {
@@ -1279,8 +1357,8 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     env.ctx.barrier("timeout-start", T)?;
     if me == 0 {
         let t0 = Instant::now();
-        short.all_reduce_t(s, AllReduceAlgo::Lamport, inp, out, 1000, dtype, ReduceOp::Sum)?;
-        short.all_reduce_t(s, AllReduceAlgo::OneShot, inp, out, 1000, dtype, ReduceOp::Sum)?;
+        short.all_reduce_t(s, AllReduceKernel::Lamport, inp, out, 1000, dtype, ReduceOp::Sum)?;
+        short.all_reduce_t(s, AllReduceKernel::OneShot, inp, out, 1000, dtype, ReduceOp::Sum)?;
         let all = (0..env.world())
             .map(|r| Rank::new(r, env.world()))
             .collect::<Result<Vec<_>, _>>()?;
@@ -1302,7 +1380,7 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     env.ctx.barrier("abort-start", T)?;
     if me == 0 {
         ab.set_abort(true)?;
-        ab.all_reduce_t(s, AllReduceAlgo::OneShot, inp, out, 1000, dtype, ReduceOp::Sum)?;
+        ab.all_reduce_t(s, AllReduceKernel::OneShot, inp, out, 1000, dtype, ReduceOp::Sum)?;
         s.synchronize()?;
         ab.set_abort(false)?;
         match ab.check_error() {
@@ -1314,7 +1392,14 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     // ---- zero-copy inputs at different offsets on the two ranks: a mismatch error.
     let sym = env.symmetric(&c, 1 << 20)?;
     let base = sym.buffer_ptrs()[me];
-    c.all_gather_t(s, base + (me as u64) * 4096, out, 100, dtype, AllGatherPath::CopyEngine)?;
+    c.all_gather_t(
+        s,
+        AllGatherKernel::CopyEnginePull,
+        base + (me as u64) * 4096,
+        out,
+        100,
+        dtype,
+    )?;
     s.synchronize()?;
     match c.check_error() {
         Err(Error::Mismatch { .. }) => {}
@@ -1322,7 +1407,7 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     }
     c.check_error()?;
     // The fused pull checks the geometry the same way, and its closing barrier still completes.
-    c.all_gather_t(s, base + (me as u64) * 4096, out, 100, dtype, AllGatherPath::Pull)?;
+    c.all_gather_t(s, AllGatherKernel::Pull, base + (me as u64) * 4096, out, 100, dtype)?;
     s.synchronize()?;
     match c.check_error() {
         Err(Error::Mismatch { .. }) => {}
@@ -1330,7 +1415,7 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     }
     c.check_error()?;
     // The object still works afterwards (the barriers completed).
-    c.all_reduce_t(s, AllReduceAlgo::OneShot, inp, out, 4096, dtype, ReduceOp::Sum)?;
+    c.all_reduce_t(s, AllReduceKernel::OneShot, inp, out, 4096, dtype, ReduceOp::Sum)?;
     s.synchronize()?;
     c.check_error()?;
     let got = s.synced_clone_dtoh(&pl.outputs)?;

@@ -60,8 +60,8 @@ impl CudaCollectives {
         tuning.validate()?;
         let in_place = input == output;
         // One rank: nothing to exchange; the ring kernel reduces the rank's own data (avg
-        // divides by 1).
-        let kernel = if self.world == 1 {
+        // divides by 1). The copy-engine two-shot is a two-rank kernel: refused below.
+        let kernel = if self.world == 1 && kernel != AllReduceKernel::CopyEngineTwoShot {
             AllReduceKernel::OneShot
         } else {
             kernel

@@ -9,7 +9,7 @@ impl CudaCollectives {
     /// Reduce-scatter by `kernel`, exactly (as [`Self::all_reduce`]: unmet preconditions are an
     /// error, nothing else runs instead): `input` holds `count * world` elements, `output`
     /// receives this rank's `count` (in place when `output == input + rank * count` elements).
-    /// With one rank every kernel is the ring kernel's local copy.
+    /// With one rank the Lamport kernel is the ring kernel's local copy.
     ///
     /// # Safety
     /// NOTE [raw-addresses], with `input` holding `count * world` elements and `output`
@@ -52,7 +52,9 @@ impl CudaCollectives {
         };
         tuning.validate()?;
         let total = count * self.world;
-        let kernel = if self.world == 1 {
+        // One rank: the Lamport kernel is the ring kernel's local copy (the zero-copy kernels keep
+        // their preconditions).
+        let kernel = if self.world == 1 && kernel == ReduceScatterKernel::Lamport {
             ReduceScatterKernel::Ring
         } else {
             kernel

@@ -19,9 +19,10 @@ use crate::epilogue::{EpilogueAlgo, RmsNorm};
 use crate::host::HostEngine;
 use crate::ops::{NewOutput, OnStream, OpStream};
 use crate::select::{
-    human, AllGatherAlgo, AllReduceAlgo, EngineKind, ReduceScatterAlgo, SelectionThresholds, Selector,
+    human, AllGatherAlgo, AllReduceAlgo, Bufs, EngineKind, Plan, ReduceScatterAlgo, SelectionThresholds, Selector,
 };
 use crate::setup::{self, PeerInfo};
+use symm_core::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
 
 mod config;
 mod shorthand;
@@ -397,6 +398,35 @@ impl Communicator {
     /// The algorithm `all_gather` picks for a gathered output of `bytes`.
     pub fn select_all_gather(&self, bytes: usize) -> AllGatherAlgo {
         self.selector.all_gather(bytes)
+    }
+
+    /// The plan `all_reduce` of `bytes` runs (the kernel, or NCCL) on buffers in registered
+    /// symmetric memory (input and output, apart) when `registered`, else on any other buffers:
+    /// a row of [`Self::selection_table`].
+    pub fn plan_all_reduce(&self, bytes: usize, registered: bool) -> Plan<AllReduceKernel> {
+        let b = Bufs {
+            in_place: false,
+            apart: true,
+            registered: &|_| registered,
+        };
+        self.selector
+            .plan_all_reduce(self.selector.all_reduce(bytes), bytes, &b)
+    }
+    /// The plan `reduce_scatter` of an input of `bytes` runs (see [`Self::plan_all_reduce`]).
+    pub fn plan_reduce_scatter(&self, bytes: usize, registered: bool) -> Plan<ReduceScatterKernel> {
+        self.selector
+            .plan_reduce_scatter(self.selector.reduce_scatter(bytes), bytes, &|| registered)
+    }
+    /// The plan `all_gather` of a gathered output of `bytes` of `dtype` runs (see
+    /// [`Self::plan_all_reduce`]; out of place).
+    pub fn plan_all_gather(&self, bytes: usize, dtype: DType, registered: bool) -> Plan<AllGatherKernel> {
+        let b = Bufs {
+            in_place: false,
+            apart: true,
+            registered: &|_| registered,
+        };
+        self.selector
+            .plan_all_gather(self.selector.all_gather(bytes), bytes, dtype, &b)
     }
 
     /// What `all_reduce` of `bytes` runs, as the selection table says: with `zero_copy`, for

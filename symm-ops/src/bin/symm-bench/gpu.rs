@@ -13,7 +13,7 @@ use symm_ops::cudarc::driver::{
 use symm_ops::cudarc::nccl::{Comm, Id, NcclType, ReduceOp as NcclOp};
 use symm_ops::symm_core::{get_allocator, DeviceType, Rank, SymmetricMemory};
 use symm_ops::symm_cuda::collectives::{
-    AllGatherPath, AllReduceAlgo as KAlgo, CollectivesConfig, CudaCollectives, ReduceScatterAlgo, Tuning,
+    AllGatherKernel, AllReduceKernel, CollectivesConfig, CudaCollectives, ReduceScatterKernel, Tuning,
 };
 use symm_ops::symm_cuda::driver::mem::unchecked::{dtod_async, dtoh_sync, htod_sync, memset_d32_async};
 use symm_ops::symm_cuda::probe::Delay;
@@ -449,44 +449,43 @@ fn run_once(
                     Op::AllGather => c.all_gather_out(i, o),
                 }?)
             }
-            (Op::AllReduce, "ce_two_shot") => {
-                Ok(st.coll.all_reduce_ce_two_shot(s, input, out, g.count, dtype, redop)?)
-            }
             (Op::AllReduce, base) => {
-                let algo = match base {
-                    "lamport" => KAlgo::Lamport,
-                    "one_shot" => KAlgo::OneShot,
-                    "two_shot" => KAlgo::TwoShot,
-                    "pull" => KAlgo::Pull,
-                    _ => KAlgo::CopyEngine,
+                let kernel = match base {
+                    "lamport" => AllReduceKernel::Lamport,
+                    "one_shot" => AllReduceKernel::OneShot,
+                    "two_shot" => AllReduceKernel::TwoShot,
+                    // The zero-copy pull the planner runs at this world size (both buffers are
+                    // in the registered arena): one-shot at two ranks, two-shot from three.
+                    "pull" if st.world >= 3 => AllReduceKernel::PullTwoShot,
+                    "pull" => AllReduceKernel::Pull,
+                    "ce_two_shot" => AllReduceKernel::CopyEngineTwoShot,
+                    _ => AllReduceKernel::CopyEnginePull,
                 };
                 Ok(st
                     .coll
-                    .all_reduce_tuned(s, algo, tuning, input, out, g.count, dtype, redop)?)
-            }
-            (Op::ReduceScatter, "pull") => Ok(st.coll.reduce_scatter_pull(s, input, out, g.count, dtype, redop)?),
-            (Op::ReduceScatter, "copy_engine") => {
-                Ok(st.coll.reduce_scatter_ce(s, input, out, g.count, dtype, redop)?)
+                    .all_reduce_tuned(s, kernel, tuning, input, out, g.count, dtype, redop)?)
             }
             (Op::ReduceScatter, base) => {
-                let algo = if base == "lamport" {
-                    ReduceScatterAlgo::Lamport
-                } else {
-                    ReduceScatterAlgo::Ring
+                let kernel = match base {
+                    "lamport" => ReduceScatterKernel::Lamport,
+                    "pull" => ReduceScatterKernel::Pull,
+                    "copy_engine" => ReduceScatterKernel::CopyEngine,
+                    _ => ReduceScatterKernel::Ring,
                 };
                 Ok(st
                     .coll
-                    .reduce_scatter_tuned(s, algo, tuning, input, out, g.count, dtype, redop)?)
+                    .reduce_scatter_tuned(s, kernel, tuning, input, out, g.count, dtype, redop)?)
             }
             (Op::AllGather, base) => {
-                let (path, inp) = match base {
-                    "copy_engine" => (AllGatherPath::CopyEngine, input),
-                    "pull" => (AllGatherPath::Pull, input),
-                    "copy_engine_staged" => (AllGatherPath::CopyEngine, ar.staged_ptr),
-                    "lamport" => (AllGatherPath::Lamport, input),
-                    _ => (AllGatherPath::Sm, input),
+                // The arena's output is registered: the copy engine pushes into it.
+                let (kernel, inp) = match base {
+                    "copy_engine" => (AllGatherKernel::CopyEnginePush, input),
+                    "pull" => (AllGatherKernel::Pull, input),
+                    "copy_engine_staged" => (AllGatherKernel::CopyEngineStaged, ar.staged_ptr),
+                    "lamport" => (AllGatherKernel::Lamport, input),
+                    _ => (AllGatherKernel::Ring, input),
                 };
-                Ok(st.coll.all_gather_tuned(s, tuning, inp, out, g.count, dtype, path)?)
+                Ok(st.coll.all_gather_tuned(s, kernel, tuning, inp, out, g.count, dtype)?)
             }
         }
     }
@@ -623,24 +622,13 @@ fn point(
     Ok(true)
 }
 
-/// The algorithm (and, where the Communicator hands the choice to the kernels, the kernel
-/// path) that an `auto` row runs.
+/// The plan an `auto` row runs (the planner's, for the arena's registered buffers).
 fn path_of(st: &RankState, op: Op, spec: &AlgoSpec, g: &Geometry, dtype: DType, tuning: &Tuning) -> String {
     if let ("auto", Some(c)) = (spec.base.as_str(), st.comm.as_ref()) {
         return match op {
-            Op::AllReduce => c.select_all_reduce(g.bytes).to_string(),
-            Op::ReduceScatter => match c.select_reduce_scatter(g.bytes) {
-                a @ symm_ops::ReduceScatterAlgo::Push => {
-                    format!("{a}: {}", st.coll.select_reduce_scatter(g.count, dtype).name())
-                }
-                a => a.to_string(),
-            },
-            Op::AllGather => match c.select_all_gather(g.bytes) {
-                a @ symm_ops::AllGatherAlgo::Push => {
-                    format!("{a}: {}", st.coll.select_all_gather(g.count, dtype).name())
-                }
-                a => a.to_string(),
-            },
+            Op::AllReduce => c.plan_all_reduce(g.bytes, true).to_string(),
+            Op::ReduceScatter => c.plan_reduce_scatter(g.bytes, true).to_string(),
+            Op::AllGather => c.plan_all_gather(g.bytes, dtype, true).to_string(),
         };
     }
     match (op, spec.base.as_str()) {
