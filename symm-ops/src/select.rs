@@ -1,5 +1,5 @@
-//! Algorithm selection: which algorithm (or NCCL) runs an op, by payload
-//! size, world size, topology and engine. The table is data
+//! The one planner (NOTE [one-planner] in docs/architecture.md): which kernel (or NCCL) runs an
+//! op, by payload size, world size, topology, engine and the op's buffers. The table is data
 //! ([`SelectionThresholds`]), agreed by every rank at setup (ranks that chose
 //! differently would deadlock), and printable
 //! ([`crate::Communicator::selection_table`]).
@@ -1157,7 +1157,9 @@ mod tests {
             t.contains("<= 8 MiB copy-engine push | other buffers: lamport"),
             "{raw}"
         );
-        let t2 = norm(&sel(EngineKind::Cuda, 2, true).table("two"));
+        let raw2 = sel(EngineKind::Cuda, 2, true).table("two");
+        println!("{raw2}");
+        let t2 = norm(&raw2);
         assert!(t2.contains("<= 16 MiB lamport"), "{t2}");
         assert!(t2.contains("zero-copy copy-engine two-shot"), "{t2}");
         // Registered and other buffers side by side where they differ.

@@ -10,7 +10,8 @@ impl CudaCollectives {
     /// All-reduce of `count` elements from `input` into `output` (may be equal: in place) by
     /// `kernel`, exactly: a kernel whose preconditions do not hold (a zero-copy kernel's buffers
     /// not registered, the copy-engine two-shot on more than two ranks, ...) is an error naming
-    /// them; nothing else runs instead (the choice is symm-ops' planner's). With one rank every
+    /// them; nothing else runs instead (the choice is symm-ops' planner's, NOTE [one-planner]).
+    /// With one rank every
     /// kernel is the ring kernel's local reduction: nothing is exchanged.
     ///
     /// # Safety
