@@ -64,6 +64,13 @@ impl CudaEngine {
         }
     }
 
+    /// One op: the communicator's lock and the op's stream ([`Self::begin`]), then `f` on it; an
+    /// argument it refuses is told to the peers ([`Self::refused`]).
+    fn locked(&self, stream: OpStream<'_>, f: impl FnOnce(&CudaStream) -> Result<()>) -> Result<()> {
+        let (_l, s) = self.begin(stream)?;
+        self.refused(s, f(s))
+    }
+
     /// This rank refused its own arguments for an op (NOTE [op-agreement]): the kernels' peers
     /// learn it at once. Without kernels nothing is sent (NCCL does not check), but the
     /// communicator still poisons itself, so this rank never pairs its next op with the peers'
@@ -97,11 +104,9 @@ impl Engine for CudaEngine {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        let (_l, s) = self.begin(cx.stream)?;
-        self.refused(
-            s,
-            self.all_reduce_on(s, cx.planner, req, input, output, count, dtype, op),
-        )
+        self.locked(cx.stream, |s| {
+            self.all_reduce_on(s, cx.planner, req, input, output, count, dtype, op)
+        })
     }
 
     fn reduce_scatter(
@@ -114,8 +119,7 @@ impl Engine for CudaEngine {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        let (_l, s) = self.begin(cx.stream)?;
-        let r = (|| {
+        self.locked(cx.stream, |s| {
             let (out_ptr, _g_out) = self.dst(s, &mut output)?;
             let (in_ptr, _g_in) = self.src(s, &input)?;
             let whole = count * cx.planner.world * dtype.size();
@@ -127,8 +131,7 @@ impl Engine for CudaEngine {
                 // SAFETY: the addresses come from checked buffers (module docs).
                 Plan::Kernel(k) => unsafe { self.coll()?.reduce_scatter(s, k, in_ptr, out_ptr, count, dtype, op) },
             }
-        })();
-        self.refused(s, r)
+        })
     }
 
     fn all_gather(
@@ -140,8 +143,7 @@ impl Engine for CudaEngine {
         count: usize,
         dtype: DType,
     ) -> Result<()> {
-        let (_l, s) = self.begin(cx.stream)?;
-        let r = (|| {
+        self.locked(cx.stream, |s| {
             let (out_ptr, _g_out) = self.dst(s, &mut output)?;
             let (in_ptr, _g_in) = self.src(s, &input)?;
             let bytes = count * dtype.size();
@@ -160,8 +162,7 @@ impl Engine for CudaEngine {
                 // SAFETY: the addresses come from checked buffers (module docs).
                 Plan::Kernel(k) => unsafe { self.coll()?.all_gather(s, k, in_ptr, out_ptr, count, dtype) },
             }
-        })();
-        self.refused(s, r)
+        })
     }
 
     fn barrier(&self, stream: OpStream<'_>, ranks: &[Rank]) -> Result<()> {
@@ -184,8 +185,7 @@ impl Engine for CudaEngine {
     }
 
     fn epilogue(&self, cx: Cx<'_>, algo: EpilogueAlgo, a: EpiArgs<'_>, rows: Rows) -> Result<()> {
-        let (_l, s) = self.begin(cx.stream)?;
-        self.refused(s, self.epilogue_locked(s, cx.planner, algo, a, rows))
+        self.locked(cx.stream, |s| self.epilogue_locked(s, cx.planner, algo, a, rows))
     }
 
     /// An op with nothing to move: a checked barrier with the kernels, nothing without them.
