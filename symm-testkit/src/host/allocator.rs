@@ -8,7 +8,7 @@
 //! - its record: buffer size, the memfd's size, and the device id (host
 //!   devices are distinct by rank; ranks of different processes may share
 //!   one, no GPU context being involved), no fields of its own;
-//! - the handle, the mapped memfd ([`Region`]): among threads of one process
+//! - the handle, the mapped memfd (`Region`): among threads of one process
 //!   the peers' regions themselves (the same mapping, so a peer's buffer has
 //!   the same address in every rank); among processes the memfd (a dup of
 //!   it) through the `FdChannel`, accepting only memfds, which every rank maps
