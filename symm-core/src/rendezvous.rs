@@ -118,6 +118,19 @@ pub struct Rendezvoused<M, E> {
     pub sharers: Vec<usize>,
 }
 
+/// `Allocation::rendezvous` of every backend: the memory `make` gives at the first call that
+/// succeeds, the same `Arc` at every later call. Calls wait for each other; a failed call
+/// leaves `slot` empty, so a later one may try again.
+pub fn once<M>(slot: &Mutex<Option<Arc<M>>>, make: impl FnOnce() -> Result<M>) -> Result<Arc<M>> {
+    let mut mem = slot.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(m) = mem.as_ref() {
+        return Ok(m.clone());
+    }
+    let m = Arc::new(make()?);
+    *mem = Some(m.clone());
+    Ok(m)
+}
+
 /// Process-wide table of handles published for rendezvous among threads of this process.
 type Table = Mutex<HashMap<u64, Weak<dyn Any + Send + Sync>>>;
 

@@ -341,13 +341,7 @@ impl Allocation for CudaAllocation {
         &self.group
     }
     fn rendezvous(&self, timeout: Duration) -> Result<Arc<dyn SymmetricMemory>> {
-        let mut mem = self.mem.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(m) = mem.as_ref() {
-            return Ok(m.clone());
-        }
-        let m = Arc::new(self.do_rendezvous(timeout)?);
-        *mem = Some(m.clone());
-        Ok(m)
+        Ok(rendezvous::once(&self.mem, || self.do_rendezvous(timeout))?)
     }
     fn symmetric_memory(&self) -> Option<Arc<dyn SymmetricMemory>> {
         self.cuda_memory().map(|m| m as Arc<dyn SymmetricMemory>)

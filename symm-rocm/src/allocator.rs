@@ -18,7 +18,7 @@
 
 use std::any::Any;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use symm_core::rendezvous::{self, LocalRecord, Record, RecordExt, RendezvousBackend};
@@ -87,8 +87,7 @@ pub struct RocmAllocation {
     local: Arc<Local>,
     device: Device,
     group: Arc<Group>,
-    sym: OnceLock<Arc<RocmSymmetricMemory>>,
-    rendezvous_lock: Mutex<()>,
+    sym: Mutex<Option<Arc<RocmSymmetricMemory>>>,
 }
 
 impl std::fmt::Debug for RocmAllocation {
@@ -194,8 +193,7 @@ impl SymmetricAllocator for RocmAllocator {
             }),
             device,
             group: group.clone(),
-            sym: OnceLock::new(),
-            rendezvous_lock: Mutex::new(()),
+            sym: Mutex::new(None),
         }))
     }
 }
@@ -214,16 +212,16 @@ impl Allocation for RocmAllocation {
         &self.group
     }
     fn rendezvous(&self, timeout: Duration) -> Result<Arc<dyn SymmetricMemory>> {
-        let _g = self.rendezvous_lock.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = self.sym.get() {
-            return Ok(s.clone());
-        }
-        let s = Arc::new(rendezvous(&self.local, &self.group, timeout)?);
-        let _ = self.sym.set(s.clone());
-        Ok(s)
+        Ok(rendezvous::once(&self.sym, || {
+            rendezvous(&self.local, &self.group, timeout)
+        })?)
     }
     fn symmetric_memory(&self) -> Option<Arc<dyn SymmetricMemory>> {
-        self.sym.get().map(|s| s.clone() as Arc<dyn SymmetricMemory>)
+        self.sym
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .map(|s| s as Arc<dyn SymmetricMemory>)
     }
     fn as_any(&self) -> &dyn Any {
         self
