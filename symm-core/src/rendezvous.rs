@@ -40,13 +40,12 @@ use std::time::{Duration, Instant};
 
 use symm_store::{FdChannel, FdKind};
 
-use crate::agree::{host_id, pid_namespace, time_left};
+use crate::agree::time_left;
 use crate::error::{Error, Result};
 use crate::fault::{fault_point, is_injected};
 use crate::group::Group;
-use crate::pad::SIGNAL_PAD_SIZE;
 
-pub use record::{check_records, missing_rank, next_key, process_nonce, same_process, Record, RecordExt};
+pub use record::{check_records, missing_rank, next_key, process_nonce, same_process, LocalRecord, Record, RecordExt};
 
 /// What one rank brings to the rendezvous: its record's backend-specific values, its handle,
 /// and how to export, import and map handles. Every method is called on the rendezvousing
@@ -96,15 +95,6 @@ pub trait RendezvousBackend {
     fn sharing_needs_one_process(&self) -> bool {
         true
     }
-}
-
-/// This rank's values of its [`Record`] that only the backend knows.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LocalRecord<E> {
-    pub buffer_size: usize,
-    pub total: usize,
-    pub device: String,
-    pub extra: E,
 }
 
 /// What a completed exchange gives the backend to build its memory from.
@@ -190,21 +180,12 @@ pub fn run<B: RendezvousBackend, M>(
     let name = backend.backend_name();
     let (rank, world) = (group.rank().get(), group.world_size());
     let prefix = group.next_prefix(backend.prefix());
-    let local = backend.local_record()?;
-    let me = Record {
+    let me = Record::of_this_process(
         world,
-        buffer_size: local.buffer_size,
-        pad_size: SIGNAL_PAD_SIZE,
-        total: local.total,
-        host: host_id(),
-        device: local.device,
-        pid: std::process::id(),
-        pid_ns: pid_namespace(),
-        nonce: process_nonce(),
-        key: next_key(),
-        shared_ok: group.options().shared_devices,
-        extra: local.extra,
-    };
+        backend.local_record()?,
+        next_key(),
+        group.options().shared_devices,
+    );
     let raw = group.exchange(format!("{prefix}/info")).all_gather(
         rank,
         world,

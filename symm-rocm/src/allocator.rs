@@ -311,20 +311,13 @@ mod tests {
     }
 
     fn record(r: usize) -> Record<RocmExt> {
-        Record {
-            world: 2,
+        let local = LocalRecord {
             buffer_size: 100,
-            pad_size: pad::SIGNAL_PAD_SIZE,
             total: 2 << 20,
-            host: "h".into(),
             device: format!("0000:c{}:00.0", r + 1),
-            pid: 7,
-            pid_ns: "pid:[1]".into(),
-            nonce: 9,
-            key: r as u64 + 1,
-            shared_ok: false,
             extra: RocmExt { pad_offset: 4096 },
-        }
+        };
+        Record::of_this_process(2, local, r as u64 + 1, false)
     }
 
     /// The common checks are symm_core::rendezvous's (tested there, world size included);

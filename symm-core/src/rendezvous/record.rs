@@ -8,9 +8,10 @@ use std::sync::OnceLock;
 
 use symm_store::StoreError;
 
-use crate::agree::{check_equal, check_world_size};
+use crate::agree::{check_equal, check_world_size, host_id, pid_namespace};
 use crate::connectivity::{check_device_sharing, check_same_host};
 use crate::error::{Error, Result};
+use crate::pad::SIGNAL_PAD_SIZE;
 
 /// A backend's own fields of the record (CUDA: the device's PCI bus id, ordinal and hardware
 /// queues), after the common ones, and the checks on them.
@@ -66,6 +67,37 @@ pub struct Record<E> {
     pub shared_ok: bool,
     /// The backend's own fields.
     pub extra: E,
+}
+
+/// This rank's values of its [`Record`] that only the backend knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalRecord<E> {
+    pub buffer_size: usize,
+    pub total: usize,
+    pub device: String,
+    pub extra: E,
+}
+
+impl<E> Record<E> {
+    /// The record of a rank of this process in a world of `world`: `local`'s values, `key`,
+    /// the group's `shared_ok`, and what the process knows (the pad size, host, pid, pid
+    /// namespace, nonce).
+    pub fn of_this_process(world: usize, local: LocalRecord<E>, key: u64, shared_ok: bool) -> Record<E> {
+        Record {
+            world,
+            buffer_size: local.buffer_size,
+            pad_size: SIGNAL_PAD_SIZE,
+            total: local.total,
+            host: host_id(),
+            device: local.device,
+            pid: std::process::id(),
+            pid_ns: pid_namespace(),
+            nonce: process_nonce(),
+            key,
+            shared_ok,
+            extra: local.extra,
+        }
+    }
 }
 
 /// First line of every record: the protocol's version.

@@ -11,6 +11,7 @@ use symm_store::{HashStore, StoreError};
 
 use crate::fault::set_thread_fault;
 use crate::group::GroupOptions;
+use crate::pad::SIGNAL_PAD_SIZE;
 
 /// A backend's own fields, as CUDA has them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,6 +219,26 @@ fn process_membership() {
     assert_eq!(same_process(&v, 0), vec![true, false, false]);
     assert_eq!(same_process(&v, 1), vec![false, true, false]);
     assert_eq!(process_nonce(), process_nonce());
+    let local = LocalRecord {
+        buffer_size: 5,
+        total: 4096 + SIGNAL_PAD_SIZE,
+        device: "d".to_string(),
+        extra: (),
+    };
+    let own = Record::of_this_process(3, local, 11, true);
+    assert_eq!(
+        (own.world, own.buffer_size, own.total, own.key),
+        (3, 5, 4096 + SIGNAL_PAD_SIZE, 11)
+    );
+    assert_eq!(
+        (own.pad_size, own.device.as_str(), own.shared_ok),
+        (SIGNAL_PAD_SIZE, "d", true)
+    );
+    assert_eq!((own.pid, own.nonce), (std::process::id(), process_nonce()));
+    assert_eq!(
+        (own.host, own.pid_ns),
+        (crate::agree::host_id(), crate::agree::pid_namespace())
+    );
     assert_ne!(next_key(), next_key());
 }
 

@@ -50,29 +50,21 @@ impl RecordExt for CudaExt {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use symm_core::pad::SIGNAL_PAD_SIZE;
-    use symm_core::rendezvous::check_records;
+    use symm_core::rendezvous::{check_records, LocalRecord};
     use symm_core::Error;
 
     fn info(r: usize) -> Record<CudaExt> {
-        Record {
-            world: 2,
+        let local = LocalRecord {
             buffer_size: 1 << 20,
-            pad_size: SIGNAL_PAD_SIZE,
             total: 4 << 20,
-            host: "h/b".into(),
             device: format!("GPU-{r:032x}"),
-            pid: 7,
-            pid_ns: "pid:[1]".into(),
-            nonce: 9,
-            key: r as u64 + 1,
-            shared_ok: false,
             extra: CudaExt {
                 pci_bus_id: format!("0000:{:02x}:00.0", 0x18 + r),
                 ordinal: r,
                 hw_queues: 8,
             },
-        }
+        };
+        Record::of_this_process(2, local, r as u64 + 1, false)
     }
 
     #[test]
