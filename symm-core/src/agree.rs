@@ -1,7 +1,8 @@
-//! What every backend's rendezvous shares: the checks run on the records every
-//! rank exchanged (identical on every rank, so every rank reaches the same
-//! verdict and fails the same way before anything is mapped), the host
-//! identity they compare, and the deadline of the rendezvous's steps.
+//! What agreements among ranks share: the checks run on the records every rank
+//! exchanged (identical on every rank, so every rank reaches the same verdict
+//! and fails the same way before anything is mapped; [`crate::rendezvous`]
+//! runs them on its records), the host identity they compare, and the
+//! deadline of the rendezvous's steps.
 
 use std::time::{Duration, Instant};
 

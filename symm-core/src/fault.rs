@@ -1,9 +1,10 @@
 //! Fault injection: kill a rank at a named point.
 //!
-//! It lives in symm-core so that every backend can call it. Backends call
-//! [`fault_point`] at named points (the host backend:
-//! `rendezvous.before_send`, `rendezvous.after_send`, `rendezvous.after_map`,
-//! `barrier.mid`). A fault is armed in one of two ways:
+//! It lives in symm-core so that every backend can call it. [`fault_point`]
+//! is called at named points: `rendezvous.before_send`,
+//! `rendezvous.after_send` and `rendezvous.after_map` by
+//! [`crate::rendezvous`] (so in every backend), `barrier.mid` by the host
+//! and CUDA backends' blocking barriers. A fault is armed in one of two ways:
 //!
 //! - Processes: the environment variable `SYMM_FAULT=kill:<rank>:<point>`
 //!   (several separated by `,`). In the process whose `RANK` is `<rank>`,

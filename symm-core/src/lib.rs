@@ -20,6 +20,9 @@
 //!   (`SYMM_FAULT=kill:<rank>:<point>`).
 //! - [`pad`]: the signal-pad layout every backend and kernel shares
 //!   (NOTE [signal-pad-layout]).
+//! - [`rendezvous`]: the rendezvous protocol of every backend (records, checks, the handle
+//!   exchange between threads or processes, fault points, the closing status exchange),
+//!   driven through the small [`rendezvous::RendezvousBackend`] trait.
 //!
 //! symm-core depends on no backend. A program links one (symm-cuda,
 //! symm-rocm, or the host backend in symm-testkit) and finds it by
@@ -41,6 +44,7 @@ mod liveness;
 pub mod memory;
 pub mod op_desc;
 pub mod pad;
+pub mod rendezvous;
 pub mod tensor;
 pub mod types;
 

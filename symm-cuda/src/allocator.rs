@@ -17,52 +17,47 @@
 //! allocation, before the handle can be exported, so no peer can signal into
 //! a pad that is cleared later.
 //!
-//! Rendezvous, under `group.next_prefix("cuda-rendezvous")`:
-//! 1. `info`: every rank publishes world size, buffer size, pad size, total
-//!    size, host id, device UUID / PCI id / ordinal, pid, pid namespace, a
-//!    per-process nonce and its allocation key (StoreExchange all_gather);
-//! 2. every rank checks every record the same way ([`check_infos`]), so all
-//!    fail alike before anything is mapped (ranks sharing a GPU: only with
-//!    the group's [`GroupOptions::shared_devices`](symm_core::GroupOptions)
-//!    and only as threads of one process, NOTE [shared-device]);
-//! 3. handles: if every rank is in this process (one thread per GPU), each
-//!    publishes its `Arc<PhysicalAllocation>` in a process-wide table and
-//!    takes the peers' after a store barrier (no fds at all); otherwise every
-//!    rank exports its handle as a POSIX fd, the fds go through an
-//!    [`FdChannel`] (`all_gather_fds`), and each peer fd is imported
-//!    (`cuMemImportFromShareableHandle`) and closed;
-//! 4. each peer's memory is mapped into a VA range of its own with read/write
-//!    access for the local device;
-//! 5. `status`: an all_gather of every rank's outcome; rendezvous succeeds
-//!    only if every rank mapped every peer, and fails on every rank otherwise.
+//! Rendezvous is `symm_core::rendezvous` (records, checks, the handle
+//! exchange, fault points, the closing status exchange), under
+//! `group.next_prefix("cuda-rendezvous")`; this backend gives it:
+//! - its record: buffer and total size, the device as `GPU-<uuid>`, and
+//!   [`CudaExt`] (PCI bus id, ordinal, the process's hardware work queues,
+//!   which ranks sharing a GPU need all of: NOTE [co-residency]); ranks
+//!   sharing a GPU only with the group's
+//!   [`GroupOptions::shared_devices`](symm_core::GroupOptions) and only as
+//!   threads of one process (NOTE [shared-device]);
+//! - its handle, the `Arc<PhysicalAllocation>`: handed over as it is among
+//!   rank threads of one process (no fds at all), exported as a POSIX fd for
+//!   other processes and imported (`cuMemImportFromShareableHandle`);
+//! - the mapping of each peer's memory into a VA range of its own with
+//!   read/write access for the local device, the context bound first.
 //!
 //! Fault points (symm_core::fault_point): `rendezvous.before_send`,
-//! `rendezvous.after_send`, `rendezvous.after_map`, and `barrier.mid` in
-//! the blocking barrier.
+//! `rendezvous.after_send`, `rendezvous.after_map` in the rendezvous, and
+//! `barrier.mid` in the blocking barrier.
 
 #![forbid(unsafe_code)]
 
 mod records;
 
 use std::any::Any;
-use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
-use symm_core::agree::{host_id, pid_namespace, time_left};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaStream};
 use symm_core::pad::{self, SIGNAL_PAD_SIZE};
-use symm_core::symm_store::FdChannel;
+use symm_core::rendezvous::{self, LocalRecord, Record, RendezvousBackend};
 use symm_core::{
-    connectivity::SHARED_DEVICE_QUEUES, fault_point, Allocation, BackendRegistration, Device, DeviceType, Error, Group,
-    Result, SymmetricAllocator, SymmetricMemory,
+    connectivity::SHARED_DEVICE_QUEUES, Allocation, BackendRegistration, Device, DeviceType, Error, Group, Result,
+    SymmetricAllocator, SymmetricMemory,
 };
 
 use crate::driver::mem::memset_d32_async;
 use crate::driver::vmm::{self, AddressRange, Mapping, PhysicalAllocation};
 use crate::driver::{self, bind};
 use crate::symm_mem::CudaSymmetricMemory;
-pub use records::{check_infos, same_process, RankInfo};
-use records::{missing_rank, next_key, process_nonce, shared_handles, Published};
+pub use records::CudaExt;
 
 /// Name of the backend in the registry.
 pub const BACKEND_NAME: &str = "symm-cuda";
@@ -150,8 +145,6 @@ pub(crate) struct LocalMemory {
     pub(crate) mapping: Mapping,
     /// The device's control stream (NOTE [stream-budget]): setup copies and control words.
     pub(crate) stream: Arc<CudaStream>,
-    /// Unique in this process: names the allocation in the thread table.
-    pub(crate) key: u64,
 }
 
 impl LocalMemory {
@@ -229,7 +222,6 @@ impl CudaAllocation {
             granularity,
             mapping,
             stream,
-            key: next_key(),
         };
         // Zero pad + metadata and wait: visible before any export.
         memset_d32_async(&local.stream, local.pad_ptr(), 0, (total - pad_offset) / 4)?;
@@ -270,200 +262,68 @@ impl CudaAllocation {
         self.mem.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    fn info(&self) -> RankInfo {
-        RankInfo {
-            world: self.group.world_size(),
-            buffer_size: self.local.size,
-            pad_size: SIGNAL_PAD_SIZE,
-            total: self.local.total,
-            host: host_id(),
-            uuid: self.uuid.clone(),
-            pci_bus_id: self.pci_bus_id.clone(),
-            ordinal: self.local.ordinal,
-            pid: std::process::id(),
-            pid_ns: pid_namespace(),
-            nonce: process_nonce(),
-            key: self.local.key,
-            shared_ok: self.group.options().shared_devices,
-            hw_queues: crate::knobs::hw_queues(),
-        }
-    }
-
-    /// Steps 3 and 4: the peers' physical allocations, mapped here.
-    fn exchange_and_map(
-        &self,
-        prefix: &str,
-        infos: &[RankInfo],
-        deadline: Instant,
-        timeout: Duration,
-    ) -> Result<(Vec<Option<Mapping>>, Option<Published>)> {
-        let g = &self.group;
-        let (rank, world) = (g.rank().get(), g.world_size());
-        let store = g.store().clone();
-        let local_proc = same_process(infos, rank);
-        fault_point("rendezvous.before_send")?;
-        let mut published = None;
-        let handles: Vec<Option<Arc<PhysicalAllocation>>> = if local_proc.iter().all(|&b| b) {
-            // Threads: hand the Arc over through the process-wide table.
-            published = Some(Published(self.local.key));
-            shared_handles()
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(self.local.key, Arc::downgrade(&self.phys));
-            fault_point("rendezvous.after_send")?;
-            g.exchange(format!("{prefix}/sent"))
-                .barrier(rank, world, time_left(deadline, timeout, "rendezvous")?)?;
-            let table = shared_handles().lock().unwrap_or_else(|e| e.into_inner());
-            infos
-                .iter()
-                .enumerate()
-                .map(|(r, i)| {
-                    if r == rank {
-                        return Ok(None);
-                    }
-                    table
-                        .get(&i.key)
-                        .and_then(Weak::upgrade)
-                        .filter(|p| p.size() == self.local.total)
-                        .map(Some)
-                        .ok_or_else(|| Error::PeerLost {
-                            rank: r,
-                            reason: "its allocation was freed during rendezvous".into(),
-                        })
-                })
-                .collect::<Result<Vec<_>>>()?
-        } else {
-            // Processes: POSIX fds over the FdChannel.
-            let own = self.phys.export_fd()?;
-            let channel = FdChannel::with_liveness(
-                store,
-                &format!("{prefix}/fds"),
-                rank,
-                world,
-                time_left(deadline, timeout, "rendezvous")?,
-                g.liveness(),
-            )?;
-            let fds = channel.all_gather_fds(
-                std::os::fd::AsFd::as_fd(&own),
-                time_left(deadline, timeout, "rendezvous")?,
-            )?;
-            drop(channel);
-            drop(own);
-            fault_point("rendezvous.after_send")?;
-            bind(&self.local.ctx)?;
-            fds.into_iter()
-                .enumerate()
-                .map(|(r, fd)| {
-                    if r == rank {
-                        return Ok(None);
-                    }
-                    // The fd closes when `fd` drops, after the import.
-                    let imported = PhysicalAllocation::import(std::os::fd::AsFd::as_fd(&fd), self.local.total)
-                        .map_err(|e| match e {
-                            Error::Backend { call, detail, .. } => Error::Backend {
-                                backend: driver::BACKEND,
-                                call: format!("{call} (handle of rank {r})"),
-                                detail,
-                            },
-                            e => e,
-                        })?;
-                    Ok(Some(Arc::new(imported)))
-                })
-                .collect::<Result<Vec<_>>>()?
-        };
-        bind(&self.local.ctx)?;
-        let mut mappings = Vec::with_capacity(world);
-        for (r, h) in handles.into_iter().enumerate() {
-            match h {
-                None => mappings.push(None),
-                Some(phys) => {
-                    let range = Arc::new(AddressRange::reserve(self.local.total, self.local.granularity)?);
-                    let m = Mapping::map(range, phys, &[self.local.ordinal]).map_err(|e| match e {
-                        Error::Backend { call, detail, .. } => Error::Backend {
-                            backend: driver::BACKEND,
-                            call: format!("{call} (memory of rank {r} on device {})", infos[r].pci_bus_id),
-                            detail,
-                        },
-                        e => e,
-                    })?;
-                    mappings.push(Some(m));
-                }
-            }
-        }
-        fault_point("rendezvous.after_map")?;
-        Ok((mappings, published))
-    }
-
     fn do_rendezvous(&self, timeout: Duration) -> Result<CudaSymmetricMemory> {
-        // A timeout too large for an Instant means "a year": effectively none.
-        let now = Instant::now();
-        let deadline = now
-            .checked_add(timeout)
-            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
         let g = &self.group;
-        let (rank, world) = (g.rank().get(), g.world_size());
-        let prefix = g.next_prefix("cuda-rendezvous");
-        let raw = g.exchange(format!("{prefix}/info")).all_gather(
-            rank,
-            world,
-            &self.info().encode(),
-            time_left(deadline, timeout, "rendezvous")?,
-        )?;
-        let infos = raw
-            .iter()
-            .enumerate()
-            .map(|(r, b)| RankInfo::decode(r, b))
-            .collect::<Result<Vec<_>>>()?;
-        let sharers = check_infos(world, &infos)?[rank];
+        let rank = g.rank().get();
+        rendezvous::run(&Side(self), g, timeout, |done| {
+            CudaSymmetricMemory::new(
+                g.clone(),
+                self.device,
+                self.local.clone(),
+                done.peers,
+                done.sharers[rank],
+            )
+        })
+    }
+}
 
-        let outcome = self
-            .exchange_and_map(&prefix, &infos, deadline, timeout)
-            .and_then(|(peers, published)| {
-                let mem = CudaSymmetricMemory::new(g.clone(), self.device, self.local.clone(), peers, sharers)?;
-                Ok((mem, published))
-            });
-        // An injected fault stands for a dead rank: leave without a word.
-        if let Err(e) = &outcome {
-            if symm_core::fault::is_injected(e) {
-                return outcome.map(|(m, _)| m);
-            }
-        }
-        // Every rank learns every outcome: all succeed or all fail. (This is
-        // also the barrier after which the thread table entry may go.)
-        let status = match &outcome {
-            Ok(_) => b"ok".to_vec(),
-            Err(e) => format!("failed: {e}").into_bytes(),
-        };
-        let all = g.exchange(format!("{prefix}/status")).all_gather(
-            rank,
-            world,
-            &status,
-            time_left(deadline, timeout, "rendezvous status exchange").unwrap_or(Duration::from_millis(1)),
-        );
-        let (mem, _published) = match (outcome, &all) {
-            (Ok(m), _) => m,
-            // A local failure (an import or a mapping) while a peer vanished:
-            // the vanished peer is the likely cause; name it.
-            (Err(e), Err(se)) if !matches!(e, Error::Store(_) | Error::Timeout { .. } | Error::PeerLost { .. }) => {
-                return Err(match missing_rank(se) {
-                    Some(rank) => Error::PeerLost {
-                        rank,
-                        reason: format!("it did not finish rendezvous; here: {e}"),
-                    },
-                    None => e,
-                });
-            }
-            (Err(e), _) => return Err(e),
-        };
-        let all = all?;
-        if let Some((r, s)) = all.iter().enumerate().find(|(_, s)| s.as_slice() != b"ok") {
-            return Err(Error::Backend {
-                backend: driver::BACKEND,
-                call: format!("rendezvous (rank {r})"),
-                detail: String::from_utf8_lossy(s).into_owned(),
-            });
-        }
-        Ok(mem)
+/// This rank's side of `symm_core::rendezvous`.
+struct Side<'a>(&'a CudaAllocation);
+
+impl RendezvousBackend for Side<'_> {
+    type Handle = PhysicalAllocation;
+    type Mapped = Mapping;
+    type Extra = CudaExt;
+
+    fn backend_name(&self) -> &'static str {
+        driver::BACKEND
+    }
+    fn prefix(&self) -> &'static str {
+        "cuda-rendezvous"
+    }
+    fn local_record(&self) -> Result<LocalRecord<CudaExt>> {
+        let a = self.0;
+        Ok(LocalRecord {
+            buffer_size: a.local.size,
+            total: a.local.total,
+            device: format!("GPU-{}", a.uuid),
+            extra: CudaExt {
+                pci_bus_id: a.pci_bus_id.clone(),
+                ordinal: a.local.ordinal,
+                hw_queues: crate::knobs::hw_queues(),
+            },
+        })
+    }
+    fn handle(&self) -> Arc<PhysicalAllocation> {
+        self.0.phys.clone()
+    }
+    fn handle_size(&self, phys: &PhysicalAllocation) -> usize {
+        phys.size()
+    }
+    fn export_fd(&self) -> Result<OwnedFd> {
+        self.0.phys.export_fd()
+    }
+    fn import_fd(&self, fd: OwnedFd, size: usize) -> Result<Arc<PhysicalAllocation>> {
+        // The fd closes when `fd` drops, after the import.
+        Ok(Arc::new(PhysicalAllocation::import(fd.as_fd(), size)?))
+    }
+    fn map_peer(&self, phys: Arc<PhysicalAllocation>, _record: &Record<CudaExt>) -> Result<Mapping> {
+        let local = &self.0.local;
+        let range = Arc::new(AddressRange::reserve(local.total, local.granularity)?);
+        Mapping::map(range, phys, &[local.ordinal])
+    }
+    fn bind(&self) -> Result<()> {
+        bind(&self.0.local.ctx)
     }
 }
 
@@ -481,13 +341,7 @@ impl Allocation for CudaAllocation {
         &self.group
     }
     fn rendezvous(&self, timeout: Duration) -> Result<Arc<dyn SymmetricMemory>> {
-        let mut mem = self.mem.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(m) = mem.as_ref() {
-            return Ok(m.clone());
-        }
-        let m = Arc::new(self.do_rendezvous(timeout)?);
-        *mem = Some(m.clone());
-        Ok(m)
+        Ok(rendezvous::once(&self.mem, || self.do_rendezvous(timeout))?)
     }
     fn symmetric_memory(&self) -> Option<Arc<dyn SymmetricMemory>> {
         self.cuda_memory().map(|m| m as Arc<dyn SymmetricMemory>)

@@ -11,9 +11,11 @@
 //!   export/import, copies, the pinned abort word, launches, NVRTC and NVML.
 //! - [`allocator`]: [`CudaAllocator`] / [`CudaAllocation`]: one `cuMemCreate`
 //!   per allocation holding buffer + signal pad + a small metadata area;
-//!   rendezvous exchanges records through the store, then the handles (POSIX
-//!   fds over `FdChannel` between processes, `Arc`s through a process table
-//!   between threads), and maps every peer with access for the local device.
+//!   its side of `symm_core::rendezvous` (which exchanges records through the
+//!   store, then the handles: POSIX fds over `FdChannel` between processes,
+//!   `Arc`s through a process table between threads): the record's CUDA
+//!   fields, export, import, and the mapping of every peer with access for the
+//!   local device.
 //! - [`symm_mem`]: [`CudaSymmetricMemory`]: peer addresses (host and device
 //!   arrays), blocking and stream-ordered barrier / put_signal / wait_signal,
 //!   abort and error words, cudarc views ([`SymmView`]).

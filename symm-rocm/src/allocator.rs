@@ -5,22 +5,24 @@
 //! pad (at [`RocmAllocation::pad_offset`]), rounded up to the recommended
 //! granularity, created with a POSIX-fd handle type. The pad is zeroed (and
 //! the zeroing completed) at alloc, before any handle is published.
-//! Rendezvous exports the handle as an fd, passes fds between ranks with
-//! [`symm_store::FdChannel`] (processes or threads alike), imports, reserves,
-//! maps and grants this device access to every peer's allocation.
+//! Rendezvous is `symm_core::rendezvous` (records, checks, the handle
+//! exchange, fault points, the closing status exchange), under
+//! `group.next_prefix("rocm-rendezvous")`; this backend gives it its record
+//! (the device's PCI bus id, and [`RocmExt`]: where the pad lies), exports its
+//! handle as an fd, which goes to every peer through `symm_store::FdChannel`
+//! (processes or threads alike: [`RendezvousBackend::hands_over_in_process`]
+//! is off), imports a peer's fd, and reserves, maps and grants this device
+//! access to every peer's allocation.
 
 #![forbid(unsafe_code)]
 
 use std::any::Any;
-use std::os::fd::AsFd;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use symm_core::{
-    check_device_sharing, check_same_host, pad, Allocation, Device, DeviceType, Error, Group, Result,
-    SymmetricAllocator, SymmetricMemory,
-};
-use symm_store::FdChannel;
+use symm_core::rendezvous::{self, LocalRecord, Record, RecordExt, RendezvousBackend};
+use symm_core::{pad, Allocation, Device, DeviceType, Error, Group, Result, SymmetricAllocator, SymmetricMemory};
 
 use crate::driver::runtime::{self, Stream};
 use crate::driver::vmm::{self, Mapping, PhysicalMemory, PropLayout};
@@ -85,8 +87,7 @@ pub struct RocmAllocation {
     local: Arc<Local>,
     device: Device,
     group: Arc<Group>,
-    sym: OnceLock<Arc<RocmSymmetricMemory>>,
-    rendezvous_lock: Mutex<()>,
+    sym: Mutex<Option<Arc<RocmSymmetricMemory>>>,
 }
 
 impl std::fmt::Debug for RocmAllocation {
@@ -110,86 +111,41 @@ impl RocmAllocation {
     }
 }
 
-/// What each rank publishes at rendezvous (text, one field per line).
+/// What a ROCm rank adds to its rendezvous record (the record's `device` is the GPU's PCI
+/// bus id).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RankInfo {
-    pub host: String,
-    pub pid: u32,
-    pub pci: String,
-    pub size: usize,
+pub struct RocmExt {
+    /// Byte offset of the signal pad in the allocation.
     pub pad_offset: usize,
-    pub total: usize,
-    /// The group's [`symm_core::GroupOptions::shared_devices`].
-    pub shared_ok: bool,
 }
 
-impl RankInfo {
-    pub fn encode(&self) -> Vec<u8> {
-        format!(
-            "symm-rocm/2\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n",
-            self.host,
-            self.pid,
-            self.pci,
-            self.size,
-            self.pad_offset,
-            self.total,
-            u8::from(self.shared_ok)
-        )
-        .into_bytes()
+impl RecordExt for RocmExt {
+    fn fields(&self) -> Vec<String> {
+        vec![self.pad_offset.to_string()]
     }
-    pub fn decode(rank: usize, b: &[u8]) -> Result<RankInfo> {
-        let bad = |why: &str| Error::Mismatch {
-            what: "rendezvous record",
-            detail: format!("rank {rank} sent {why}"),
-        };
-        let s = std::str::from_utf8(b).map_err(|_| bad("non-UTF-8 data"))?;
-        let f: Vec<&str> = s.lines().collect();
-        if f.len() != 8 || f[0] != "symm-rocm/2" {
-            return Err(bad("a record of another backend or version"));
+
+    fn parse(fields: &[&str]) -> Option<RocmExt> {
+        match fields {
+            [pad_offset] => Some(RocmExt {
+                pad_offset: pad_offset.parse().ok()?,
+            }),
+            _ => None,
         }
-        let n = |i: usize| f[i].parse::<usize>().map_err(|_| bad("a malformed number"));
-        Ok(RankInfo {
-            host: f[1].to_string(),
-            pid: f[2].parse().map_err(|_| bad("a malformed pid"))?,
-            pci: f[3].to_string(),
-            size: n(4)?,
-            pad_offset: n(5)?,
-            total: n(6)?,
-            shared_ok: match f[7] {
-                "0" => false,
-                "1" => true,
-                _ => return Err(bad("a malformed shared-device flag")),
-            },
-        })
     }
-}
 
-/// Checks the records of every rank agree (same host, device sharing as
-/// [`check_device_sharing`] allows it, same size).
-pub fn check_records(infos: &[RankInfo]) -> Result<()> {
-    check_same_host(&infos.iter().map(|i| i.host.clone()).collect::<Vec<_>>())?;
-    check_device_sharing(
-        &infos.iter().map(|i| i.pci.clone()).collect::<Vec<_>>(),
-        &infos.iter().map(|i| i.shared_ok).collect::<Vec<_>>(),
-        Some(&infos.iter().map(|i| i.pid.to_string()).collect::<Vec<_>>()),
-    )?;
-    if let Some(first) = infos.first() {
-        for (r, i) in infos.iter().enumerate() {
-            if i.size != first.size {
-                return Err(Error::Mismatch {
-                    what: "allocation size",
-                    detail: format!("rank 0 allocated {} bytes, rank {r} {}", first.size, i.size),
-                });
-            }
-            if i.pad_offset >= i.total || i.total - i.pad_offset < pad::SIGNAL_PAD_SIZE {
+    /// Every rank's pad lies inside its allocation, whole.
+    fn check(records: &[Record<RocmExt>], _sharers: &[usize]) -> Result<()> {
+        for (r, i) in records.iter().enumerate() {
+            let pad_offset = i.extra.pad_offset;
+            if pad_offset >= i.total || i.total - pad_offset < pad::SIGNAL_PAD_SIZE {
                 return Err(Error::Mismatch {
                     what: "pad layout",
-                    detail: format!("rank {r}: pad at {} of {} bytes", i.pad_offset, i.total),
+                    detail: format!("rank {r}: pad at {pad_offset} of {} bytes", i.total),
                 });
             }
         }
+        Ok(())
     }
-    Ok(())
 }
 
 impl SymmetricAllocator for RocmAllocator {
@@ -237,8 +193,7 @@ impl SymmetricAllocator for RocmAllocator {
             }),
             device,
             group: group.clone(),
-            sym: OnceLock::new(),
-            rendezvous_lock: Mutex::new(()),
+            sym: Mutex::new(None),
         }))
     }
 }
@@ -257,16 +212,16 @@ impl Allocation for RocmAllocation {
         &self.group
     }
     fn rendezvous(&self, timeout: Duration) -> Result<Arc<dyn SymmetricMemory>> {
-        let _g = self.rendezvous_lock.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = self.sym.get() {
-            return Ok(s.clone());
-        }
-        let s = Arc::new(rendezvous(&self.local, &self.group, timeout)?);
-        let _ = self.sym.set(s.clone());
-        Ok(s)
+        Ok(rendezvous::once(&self.sym, || {
+            rendezvous(&self.local, &self.group, timeout)
+        })?)
     }
     fn symmetric_memory(&self) -> Option<Arc<dyn SymmetricMemory>> {
-        self.sym.get().map(|s| s.clone() as Arc<dyn SymmetricMemory>)
+        self.sym
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .map(|s| s as Arc<dyn SymmetricMemory>)
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -274,58 +229,64 @@ impl Allocation for RocmAllocation {
 }
 
 fn rendezvous(local: &Arc<Local>, group: &Arc<Group>, timeout: Duration) -> Result<RocmSymmetricMemory> {
-    runtime::set_device(local.device)?;
-    let rank = group.rank().get();
-    let world = group.world_size();
-    let prefix = group.next_prefix("rocm-rendezvous");
-    let exchange = group.exchange(prefix.clone());
-    let me = RankInfo {
-        host: symm_core::agree::host_id(),
-        pid: std::process::id(),
-        pci: runtime::pci_bus_id(local.device)?,
-        size: local.layout.size,
-        pad_offset: local.layout.pad_offset,
-        total: local.layout.total,
-        shared_ok: group.options().shared_devices,
-    };
-    let infos = exchange
-        .all_gather(rank, world, &me.encode(), timeout)?
-        .iter()
-        .enumerate()
-        .map(|(r, b)| RankInfo::decode(r, b))
-        .collect::<Result<Vec<_>>>()?;
-    check_records(&infos)?;
+    rendezvous::run(&Side(local), group, timeout, |done| {
+        let maps = PeerMaps {
+            local: local.clone(),
+            peers: done.peers,
+            pad_offsets: done.records.iter().map(|i| i.extra.pad_offset).collect(),
+        };
+        RocmSymmetricMemory::new(group.clone(), maps)
+    })
+}
 
-    let fd = local.mem.export_fd()?;
-    let chan = FdChannel::with_liveness(
-        group.store().clone(),
-        &format!("{prefix}/fd"),
-        rank,
-        world,
-        timeout,
-        group.liveness(),
-    )?;
-    let fds = chan.all_gather_fds(fd.as_fd(), timeout)?;
-    drop(fd);
-    let mut peers: Vec<Option<Mapping>> = Vec::with_capacity(world);
-    for (p, pfd) in fds.iter().enumerate() {
-        if p == rank {
-            peers.push(None);
-            continue;
-        }
-        let mem = Arc::new(PhysicalMemory::import(pfd.as_fd(), infos[p].total)?);
-        peers.push(Some(Mapping::new(mem, local.device, local.granularity)?));
+/// This rank's side of `symm_core::rendezvous`.
+struct Side<'a>(&'a Arc<Local>);
+
+impl RendezvousBackend for Side<'_> {
+    type Handle = PhysicalMemory;
+    type Mapped = Mapping;
+    type Extra = RocmExt;
+
+    fn backend_name(&self) -> &'static str {
+        "hip"
     }
-    drop(fds);
-    let maps = PeerMaps {
-        local: local.clone(),
-        peers,
-        pad_offsets: infos.iter().map(|i| i.pad_offset).collect(),
-    };
-    let mem = RocmSymmetricMemory::new(group.clone(), maps)?;
-    // Every rank has mapped every peer before anyone returns.
-    exchange.barrier(rank, world, timeout)?;
-    Ok(mem)
+    fn prefix(&self) -> &'static str {
+        "rocm-rendezvous"
+    }
+    fn local_record(&self) -> Result<LocalRecord<RocmExt>> {
+        let l = self.0;
+        Ok(LocalRecord {
+            buffer_size: l.layout.size,
+            total: l.layout.total,
+            device: runtime::pci_bus_id(l.device)?,
+            extra: RocmExt {
+                pad_offset: l.layout.pad_offset,
+            },
+        })
+    }
+    fn handle(&self) -> Arc<PhysicalMemory> {
+        self.0.mem.clone()
+    }
+    fn handle_size(&self, mem: &PhysicalMemory) -> usize {
+        mem.size()
+    }
+    fn export_fd(&self) -> Result<OwnedFd> {
+        self.0.mem.export_fd()
+    }
+    fn import_fd(&self, fd: OwnedFd, size: usize) -> Result<Arc<PhysicalMemory>> {
+        Ok(Arc::new(PhysicalMemory::import(fd.as_fd(), size)?))
+    }
+    fn map_peer(&self, mem: Arc<PhysicalMemory>, _record: &Record<RocmExt>) -> Result<Mapping> {
+        Mapping::new(mem, self.0.device, self.0.granularity)
+    }
+    fn bind(&self) -> Result<()> {
+        runtime::set_device(self.0.device)
+    }
+    /// Rank threads pass fds too, as ROCm always has (handing a handle to another thread's
+    /// device in one process is not measured on AMD GPUs).
+    fn hands_over_in_process(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]
@@ -349,53 +310,72 @@ mod tests {
         assert!(Layout::new(10, 3).is_err());
     }
 
+    fn record(r: usize) -> Record<RocmExt> {
+        let local = LocalRecord {
+            buffer_size: 100,
+            total: 2 << 20,
+            device: format!("0000:c{}:00.0", r + 1),
+            extra: RocmExt { pad_offset: 4096 },
+        };
+        Record::of_this_process(2, local, r as u64 + 1, false)
+    }
+
+    /// The common checks are symm_core::rendezvous's (tested there, world size included);
+    /// a size mismatch is `buffer size` there, as the conformance suite asks of every backend.
     #[test]
     fn rank_records_round_trip_and_are_checked() {
-        let a = RankInfo {
-            host: "h".into(),
-            pid: 7,
-            pci: "0000:c1:00.0".into(),
-            size: 100,
-            pad_offset: 4096,
-            total: 2 << 20,
-            shared_ok: false,
-        };
-        assert_eq!(RankInfo::decode(0, &a.encode()).unwrap(), a);
-        assert!(RankInfo::decode(1, b"symm-cuda/1\n").is_err());
-        assert!(RankInfo::decode(1, b"symm-rocm/2\nh\nx\np\n1\n2\n3\n0\n").is_err());
-        let b = RankInfo {
-            pci: "0000:c2:00.0".into(),
-            ..a.clone()
-        };
-        assert!(check_records(&[a.clone(), b.clone()]).is_ok());
-        let other_size = RankInfo { size: 200, ..b.clone() };
-        assert!(matches!(
-            check_records(&[a.clone(), other_size]),
-            Err(Error::Mismatch {
-                what: "allocation size",
-                ..
-            })
-        ));
-        let other_host = RankInfo {
-            host: "g".into(),
+        let a = record(0);
+        assert_eq!(Record::<RocmExt>::decode("hip", 0, &a.encode("hip")).unwrap(), a);
+        assert!(Record::<RocmExt>::decode("hip", 1, b"symm-cuda/1\n").is_err());
+        assert!(Record::<RocmExt>::decode("hip", 1, &a.encode("cuda")).is_err());
+        assert_eq!(RocmExt::parse(&["x"]), None);
+        assert_eq!(RocmExt::parse(&["1", "2"]), None);
+        let b = record(1);
+        let check = |v: &[Record<RocmExt>]| rendezvous::check_records(2, v, true);
+        assert!(check(&[a.clone(), b.clone()]).is_ok());
+        let other_size = Record {
+            buffer_size: 200,
             ..b.clone()
         };
         assert!(matches!(
-            check_records(&[a.clone(), other_host]),
-            Err(Error::NotSameHost(_))
+            check(&[a.clone(), other_size]),
+            Err(Error::Mismatch {
+                what: "buffer size",
+                ..
+            })
         ));
+        let other_host = Record {
+            host: "g".into(),
+            ..b.clone()
+        };
+        assert!(matches!(check(&[a.clone(), other_host]), Err(Error::NotSameHost(_))));
         assert!(matches!(
-            check_records(&[a.clone(), a.clone()]),
+            check(&[a.clone(), a.clone()]),
             Err(Error::OverlappingDevices { .. })
         ));
-        let shared = RankInfo {
+        let shared = Record {
             shared_ok: true,
             ..a.clone()
         };
-        assert!(check_records(&[shared.clone(), shared.clone()]).is_ok());
+        assert!(check(&[shared.clone(), shared.clone()]).is_ok());
+        assert!(matches!(check(&[shared, a.clone()]), Err(Error::Mismatch { .. })));
+        let no_room = Record {
+            extra: RocmExt {
+                pad_offset: (2 << 20) - 8,
+            },
+            ..b.clone()
+        };
         assert!(matches!(
-            check_records(&[shared, a.clone()]),
-            Err(Error::Mismatch { .. })
+            check(&[a.clone(), no_room]),
+            Err(Error::Mismatch { what: "pad layout", .. })
+        ));
+        let past_the_end = Record {
+            extra: RocmExt { pad_offset: 2 << 20 },
+            ..b
+        };
+        assert!(matches!(
+            check(&[a, past_the_end]),
+            Err(Error::Mismatch { what: "pad layout", .. })
         ));
     }
 }

@@ -1,23 +1,18 @@
 //! [`HostAllocator`] and [`HostAllocation`]: one memfd per allocation
-//! (buffer, page-rounded, then the signal pad), and the rendezvous that maps
-//! every rank's memfd into every rank.
+//! (buffer, page-rounded, then the signal pad), and its side of the
+//! rendezvous that maps every rank's memfd into every rank.
 //!
-//! Rendezvous, under `group.next_prefix("rendezvous")`:
-//! 1. `info`: every rank publishes world size, buffer size, pad size, host id
-//!    (hostname + boot id), device id, pid, a per-process nonce and its
-//!    allocation key (StoreExchange all_gather).
-//! 2. Every rank checks all of them ([`check_infos`]): all ranks hold the
-//!    same records, so all fail the same way, before anything is mapped.
-//! 3. Fault point `rendezvous.before_send`. Then, if every rank is in this
-//!    process (threads), each rank publishes its region in a process-wide
-//!    table, a store barrier `sent` follows, each rank takes the peers'
-//!    regions from the table (the same mapping, so the same addresses in
-//!    every rank), and a store barrier `taken` follows. Otherwise the memfds go through an [`FdChannel`]
-//!    (`all_gather_fds`) and every rank maps every peer's memfd after
-//!    checking its kind and size.
-//! 4. Fault points `rendezvous.after_send` (fds exchanged, nothing mapped)
-//!    and `rendezvous.after_map`, then a store barrier `done`: rendezvous
-//!    returns only once every rank has mapped every peer.
+//! The protocol is `symm_core::rendezvous` (records, checks, the handle
+//! exchange, fault points, the closing status exchange), under
+//! `group.next_prefix("rendezvous")`; this backend gives it:
+//! - its record: buffer size, the memfd's size, and the device id (host
+//!   devices are distinct by rank; ranks of different processes may share
+//!   one, no GPU context being involved), no fields of its own;
+//! - the handle, the mapped memfd (`Region`): among threads of one process
+//!   the peers' regions themselves (the same mapping, so a peer's buffer has
+//!   the same address in every rank); among processes the memfd (a dup of
+//!   it) through the `FdChannel`, accepting only memfds, which every rank maps
+//!   after checking its kind and size, then closes.
 //!
 //! The pad is zeroed (and fenced) at allocation, before the handle is
 //! published. Errors drop what was received or mapped: fds close, mappings
@@ -25,22 +20,17 @@
 #![forbid(unsafe_code)]
 
 use std::any::Any;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::{Duration, Instant};
-use symm_core::agree::{check_equal, check_world_size, host_id, pid_namespace, time_left};
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use symm_core::pad::SIGNAL_PAD_SIZE;
-use symm_core::symm_store::{FdChannel, FdKind};
-use symm_core::{
-    check_device_sharing, check_same_host, Allocation, Device, DeviceType, Error, Group, Result, SymmetricAllocator,
-    SymmetricMemory,
-};
+use symm_core::rendezvous::{self, LocalRecord, Record, RendezvousBackend};
+use symm_core::symm_store::FdKind;
+use symm_core::{Allocation, Device, DeviceType, Error, Group, Result, SymmetricAllocator, SymmetricMemory};
 
 use super::mapping::{page_round, Region};
 use super::symm_mem::HostSymmetricMemory;
-use symm_core::fault_point;
 
 /// The host backend's allocator (registered for [`DeviceType::Host`]).
 #[derive(Debug, Default)]
@@ -61,117 +51,6 @@ impl SymmetricAllocator for HostAllocator {
     }
 }
 
-/// Process-wide table of regions published for rendezvous among threads.
-fn shared_regions() -> &'static Mutex<HashMap<u64, Weak<Region>>> {
-    static TABLE: OnceLock<Mutex<HashMap<u64, Weak<Region>>>> = OnceLock::new();
-    TABLE.get_or_init(Default::default)
-}
-
-fn process_nonce() -> u64 {
-    static NONCE: OnceLock<u64> = OnceLock::new();
-    *NONCE.get_or_init(rand::random)
-}
-
-fn next_key() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed)
-}
-
-/// Removes a key from the shared table when dropped.
-struct Published(u64);
-
-impl Drop for Published {
-    fn drop(&mut self) {
-        shared_regions()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.0);
-    }
-}
-
-/// What every rank publishes at rendezvous.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RankInfo {
-    pub world: usize,
-    pub buffer_size: usize,
-    pub pad_size: usize,
-    pub host: String,
-    pub device: String,
-    pub pid: u32,
-    pub pid_ns: String,
-    pub nonce: u64,
-    pub key: u64,
-    /// The group's [`symm_core::GroupOptions::shared_devices`].
-    pub shared_ok: bool,
-}
-
-const INFO_MAGIC: &str = "symm-host-rdzv-2";
-
-impl RankInfo {
-    fn encode(&self) -> Vec<u8> {
-        let clean = |s: &str| s.replace(['\n', '\t'], " ");
-        format!(
-            "{INFO_MAGIC}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
-            self.world,
-            self.buffer_size,
-            self.pad_size,
-            clean(&self.host),
-            clean(&self.device),
-            self.pid,
-            clean(&self.pid_ns),
-            self.nonce,
-            self.key,
-            u8::from(self.shared_ok)
-        )
-        .into_bytes()
-    }
-
-    fn decode(rank: usize, bytes: &[u8]) -> Result<RankInfo> {
-        let bad = || Error::Mismatch {
-            what: "rendezvous record",
-            detail: format!("rank {rank} published a record this backend cannot read"),
-        };
-        let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
-        let f: Vec<&str> = text.split('\n').collect();
-        if f.len() != 11 || f[0] != INFO_MAGIC {
-            return Err(bad());
-        }
-        let num = |s: &str| s.parse::<u64>().map_err(|_| bad());
-        Ok(RankInfo {
-            world: num(f[1])? as usize,
-            buffer_size: num(f[2])? as usize,
-            pad_size: num(f[3])? as usize,
-            host: f[4].to_string(),
-            device: f[5].to_string(),
-            pid: u32::try_from(num(f[6])?).map_err(|_| bad())?,
-            pid_ns: f[7].to_string(),
-            nonce: num(f[8])?,
-            key: num(f[9])?,
-            shared_ok: match f[10] {
-                "0" => false,
-                "1" => true,
-                _ => return Err(bad()),
-            },
-        })
-    }
-}
-
-/// Checks the records of all ranks (the same on every rank, so every rank
-/// fails the same way): world size (also against `world`), signal-pad size,
-/// buffer size, host, device sharing ([`check_device_sharing`]).
-pub fn check_infos(world: usize, infos: &[RankInfo]) -> Result<()> {
-    check_world_size(world, infos, |i| i.world)?;
-    check_equal("signal pad size", infos, |i| i.pad_size)?;
-    check_equal("buffer size", infos, |i| i.buffer_size)?;
-    check_same_host(&infos.iter().map(|i| i.host.clone()).collect::<Vec<_>>())?;
-    check_device_sharing(
-        &infos.iter().map(|i| i.device.clone()).collect::<Vec<_>>(),
-        &infos.iter().map(|i| i.shared_ok).collect::<Vec<_>>(),
-        None,
-    )?;
-    Ok(())
-}
-
 /// One rank's host allocation: a memfd holding the buffer (page-rounded)
 /// and then the signal pad, mapped in this process.
 pub struct HostAllocation {
@@ -180,7 +59,6 @@ pub struct HostAllocation {
     size: usize,
     pad_offset: usize,
     region: Arc<Region>,
-    key: u64,
     mem: Mutex<Option<Arc<HostSymmetricMemory>>>,
 }
 
@@ -219,131 +97,86 @@ impl HostAllocation {
             size,
             pad_offset,
             region: Arc::new(region),
-            key: next_key(),
             mem: Mutex::new(None),
         })
     }
 
-    fn info(&self) -> RankInfo {
-        RankInfo {
-            world: self.group.world_size(),
-            buffer_size: self.size,
-            pad_size: SIGNAL_PAD_SIZE,
-            host: host_id(),
-            // Host "devices" are distinct by rank.
-            device: format!("host-rank-{}", self.group.rank().get()),
-            pid: std::process::id(),
-            pid_ns: pid_namespace(),
-            nonce: process_nonce(),
-            key: self.key,
-            shared_ok: self.group.options().shared_devices,
-        }
-    }
-
     fn do_rendezvous(&self, timeout: Duration) -> Result<HostSymmetricMemory> {
-        let deadline = Instant::now() + timeout;
         let g = &self.group;
-        let (rank, world) = (g.rank().get(), g.world_size());
-        let prefix = g.next_prefix("rendezvous");
-        let store = g.store().clone();
-        // Every rank meets at `{prefix}/{step}` within the rendezvous's deadline.
-        let barrier = |step: &str| -> Result<()> {
-            g.exchange(format!("{prefix}/{step}"))
-                .barrier(rank, world, time_left(deadline, timeout, "rendezvous")?)?;
-            Ok(())
-        };
-
-        let raw = g.exchange(format!("{prefix}/info")).all_gather(
-            rank,
-            world,
-            &self.info().encode(),
-            time_left(deadline, timeout, "rendezvous")?,
-        )?;
-        let infos = raw
-            .iter()
-            .enumerate()
-            .map(|(r, b)| RankInfo::decode(r, b))
-            .collect::<Result<Vec<_>>>()?;
-        check_infos(world, &infos)?;
-
-        let me = &infos[rank];
-        let same_process = infos.iter().all(|i| i.pid == me.pid && i.nonce == me.nonce);
-        let total = self.region.len();
-
-        fault_point("rendezvous.before_send")?;
-        let regions: Vec<Arc<Region>> = if same_process {
-            let _published = Published(self.key);
-            shared_regions()
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(self.key, Arc::downgrade(&self.region));
-            fault_point("rendezvous.after_send")?;
-            barrier("sent")?;
-            let table = shared_regions().lock().unwrap_or_else(|e| e.into_inner());
-            let regions = infos
+        let rank = g.rank().get();
+        rendezvous::run(&Side(self), g, timeout, |done| {
+            let me = &done.records[rank];
+            let peer_pids = done
+                .records
                 .iter()
-                .enumerate()
-                .map(|(r, i)| {
-                    table
-                        .get(&i.key)
-                        .and_then(Weak::upgrade)
-                        .filter(|reg| reg.len() == total)
-                        .ok_or_else(|| Error::PeerLost {
-                            rank: r,
-                            reason: "its allocation was freed during rendezvous".into(),
-                        })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            drop(table);
-            // Nobody leaves (and drops its region) before every rank has taken
-            // every region, so a rank that fails later cannot make a peer's
-            // lookup fail and be misreported.
-            barrier("taken")?;
-            fault_point("rendezvous.after_map")?;
-            barrier("done")?;
-            regions
-        } else {
-            let own_fd = self
-                .region
-                .fd()
-                .ok_or_else(|| Error::InvalidArgument("host allocation lost its memfd".into()))?;
-            let channel = FdChannel::with_liveness(
-                store.clone(),
-                &format!("{prefix}/fds"),
-                rank,
-                world,
-                time_left(deadline, timeout, "rendezvous")?,
-                g.liveness(),
-            )?
-            .with_expected_kind(FdKind::Memfd);
-            let fds = channel.all_gather_fds(own_fd, time_left(deadline, timeout, "rendezvous")?)?;
-            drop(channel);
-            fault_point("rendezvous.after_send")?;
-            let mut regions = Vec::with_capacity(world);
-            for (r, fd) in fds.into_iter().enumerate() {
-                if r == rank {
-                    regions.push(self.region.clone());
-                } else {
-                    regions.push(Arc::new(Region::from_fd(fd, total)?));
-                }
-            }
-            fault_point("rendezvous.after_map")?;
-            barrier("done")?;
-            regions
-        };
+                .map(|i| (i.pid != me.pid && i.pid_ns == me.pid_ns).then_some(i.pid as i32))
+                .collect();
+            let regions = done
+                .peers
+                .into_iter()
+                .map(|p| p.unwrap_or_else(|| self.region.clone()))
+                .collect();
+            Ok(HostSymmetricMemory::new(
+                g.clone(),
+                self.device,
+                self.size,
+                self.pad_offset,
+                regions,
+                peer_pids,
+            ))
+        })
+    }
+}
 
-        let peer_pids = infos
-            .iter()
-            .map(|i| (i.pid != me.pid && i.pid_ns == me.pid_ns).then_some(i.pid as i32))
-            .collect();
-        Ok(HostSymmetricMemory::new(
-            g.clone(),
-            self.device,
-            self.size,
-            self.pad_offset,
-            regions,
-            peer_pids,
-        ))
+/// This rank's side of `symm_core::rendezvous`.
+struct Side<'a>(&'a HostAllocation);
+
+impl RendezvousBackend for Side<'_> {
+    type Handle = Region;
+    type Mapped = Arc<Region>;
+    type Extra = ();
+
+    fn backend_name(&self) -> &'static str {
+        super::BACKEND_NAME
+    }
+    fn prefix(&self) -> &'static str {
+        "rendezvous"
+    }
+    fn local_record(&self) -> Result<LocalRecord<()>> {
+        Ok(LocalRecord {
+            buffer_size: self.0.size,
+            total: self.0.region.len(),
+            // Host "devices" are distinct by rank.
+            device: format!("host-rank-{}", self.0.group.rank().get()),
+            extra: (),
+        })
+    }
+    fn handle(&self) -> Arc<Region> {
+        self.0.region.clone()
+    }
+    fn handle_size(&self, region: &Region) -> usize {
+        region.len()
+    }
+    fn export_fd(&self) -> Result<OwnedFd> {
+        let fd = self
+            .0
+            .region
+            .fd()
+            .ok_or_else(|| Error::InvalidArgument("host allocation lost its memfd".into()))?;
+        Ok(fd.try_clone_to_owned()?)
+    }
+    fn fd_kind(&self) -> FdKind {
+        FdKind::Memfd
+    }
+    fn import_fd(&self, fd: OwnedFd, size: usize) -> Result<Arc<Region>> {
+        Ok(Arc::new(Region::from_fd(fd, size)?))
+    }
+    fn map_peer(&self, region: Arc<Region>, _record: &Record<()>) -> Result<Arc<Region>> {
+        // Imported regions are mapped already; the table hands over the mapping itself.
+        Ok(region)
+    }
+    fn sharing_needs_one_process(&self) -> bool {
+        false
     }
 }
 
@@ -361,13 +194,7 @@ impl Allocation for HostAllocation {
         &self.group
     }
     fn rendezvous(&self, timeout: Duration) -> Result<Arc<dyn SymmetricMemory>> {
-        let mut mem = self.mem.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(m) = mem.as_ref() {
-            return Ok(m.clone());
-        }
-        let m = Arc::new(self.do_rendezvous(timeout)?);
-        *mem = Some(m.clone());
-        Ok(m)
+        Ok(rendezvous::once(&self.mem, || self.do_rendezvous(timeout))?)
     }
     fn symmetric_memory(&self) -> Option<Arc<dyn SymmetricMemory>> {
         self.mem
@@ -384,69 +211,27 @@ impl Allocation for HostAllocation {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use symm_core::symm_store::HashStore;
+    use symm_core::GroupOptions;
 
-    fn info(r: usize) -> RankInfo {
-        RankInfo {
-            world: 3,
-            buffer_size: 4096,
-            pad_size: SIGNAL_PAD_SIZE,
-            host: "h/b".into(),
-            device: format!("host-rank-{r}"),
-            pid: 7,
-            pid_ns: "pid:[1]".into(),
-            nonce: 9,
-            key: r as u64,
-            shared_ok: false,
-        }
-    }
-
+    /// The record this backend publishes, as the protocol checks it (the checks themselves
+    /// are symm_core::rendezvous's, tested there).
     #[test]
-    fn encode_decode() {
-        let i = info(2);
-        assert_eq!(RankInfo::decode(2, &i.encode()).unwrap(), i);
-        assert!(RankInfo::decode(0, b"junk").is_err());
-    }
-
-    #[test]
-    fn checks_fail_the_same_way() {
-        let ok: Vec<_> = (0..3).map(info).collect();
-        check_infos(3, &ok).unwrap();
-        let mut v = ok.clone();
-        v[1].buffer_size = 8192;
-        let e = check_infos(3, &v).unwrap_err().to_string();
-        assert!(e.contains("buffer size") && e.contains("rank 1: 8192"), "{e}");
-        let mut v = ok.clone();
-        v[2].pad_size = 1;
-        assert!(matches!(
-            check_infos(3, &v),
-            Err(Error::Mismatch {
-                what: "signal pad size",
-                ..
-            })
-        ));
-        let mut v = ok.clone();
-        v[0].world = 4;
-        assert!(matches!(
-            check_infos(3, &v),
-            Err(Error::Mismatch { what: "world size", .. })
-        ));
-        assert!(matches!(
-            check_infos(4, &ok),
-            Err(Error::Mismatch { what: "world size", .. })
-        ));
-        let mut v = ok.clone();
-        v[2].host = "other/b".into();
-        assert!(matches!(check_infos(3, &v), Err(Error::NotSameHost(_))));
-        let mut v = ok.clone();
-        v[2].device = "host-rank-0".into();
-        assert!(matches!(
-            check_infos(3, &v),
-            Err(Error::OverlappingDevices { a: 0, b: 2, .. })
-        ));
-        v.iter_mut().for_each(|i| i.shared_ok = true);
-        assert!(check_infos(3, &v).is_ok());
-        let mut v = ok;
-        v[1].shared_ok = true;
-        assert!(matches!(check_infos(3, &v), Err(Error::Mismatch { .. })));
+    fn local_record() {
+        let store = HashStore::new(Duration::from_secs(1));
+        let g = Group::with_options("host-record", 1, 3, store, GroupOptions::default()).unwrap();
+        let alloc = HostAllocation::new(100, Device::host(1), &g).unwrap();
+        let a = Side(&alloc);
+        let r = a.local_record().unwrap();
+        assert_eq!((r.buffer_size, r.device.as_str()), (100, "host-rank-1"));
+        assert_eq!(r.total, alloc.pad_offset + SIGNAL_PAD_SIZE);
+        assert_eq!(a.handle_size(&a.handle()), r.total);
+        assert!(HostAllocation::new(100, Device::cuda(1), &g).is_err());
+        // The exported fd is a memfd of the whole region, and imports as one.
+        let fd = a.export_fd().unwrap();
+        let back = a.import_fd(fd, r.total).unwrap();
+        assert_eq!(back.len(), r.total);
+        let fd = a.export_fd().unwrap();
+        assert!(matches!(a.import_fd(fd, r.total + 4096), Err(Error::Mismatch { .. })));
     }
 }

@@ -2,10 +2,10 @@
 //! semantics as the GPU backends, so every layer runs in CI without a GPU.
 //!
 //! - [`allocator`]: [`HostAllocator`] / [`HostAllocation`]: one memfd per
-//!   allocation (buffer, page-rounded, then the signal pad), and the
-//!   rendezvous (records checked on every rank before anything is mapped;
-//!   memfds shared directly among threads of one process, passed through
-//!   `FdChannel` among processes).
+//!   allocation (buffer, page-rounded, then the signal pad), and its side of
+//!   `symm_core::rendezvous` (records checked on every rank before anything
+//!   is mapped; memfds shared directly among threads of one process, passed
+//!   through `FdChannel` among processes).
 //! - [`symm_mem`]: [`HostSymmetricMemory`], the signal-pad protocol on
 //!   atomics (NOTE [signal-pad-layout] in `symm_core::pad`).
 //! - [`connectivity`]: the `shm` detector (fully connected).
@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use symm_core::{BackendRegistration, DeviceType, Result, SymmetricAllocator};
 
-pub use allocator::{check_infos, HostAllocation, HostAllocator, RankInfo};
+pub use allocator::{HostAllocation, HostAllocator};
 pub use symm_core::agree::host_id;
 pub use symm_mem::HostSymmetricMemory;
 
