@@ -1,10 +1,11 @@
 //! The ops on CUDA GPUs, ranks as threads at every world of
 //! `symm_testkit::GPU_WORLDS` (2, 4 and 8 ranks on as many GPUs; 2, 3, 4 and 8
 //! ranks sharing GPU 0, NOTE [shared-device]; tests `<name>::distinct_w2`,
-//! `<name>::shared_w8`...) and 2, 4 and 8 ranks as processes, one GPU each: the host
-//! suite's matrix (every dtype x op x algorithm against a float64
-//! reference, odd sizes and offsets, poisoned outputs, guards, bitwise
-//! equality across ranks, exact integer sums); 10,000 back-to-back ops with a
+//! `<name>::shared_w8`...) and 2, 4 and 8 ranks as processes, one GPU each: the op
+//! matrix the host suite runs too (`common/matrix.rs`: every dtype x op x algorithm
+//! against a float64 reference, odd sizes and offsets, device buffers, symmetric
+//! tensors and a symmetric input into a device output, poisoned outputs, guards,
+//! bitwise equality across ranks, exact integer sums); 10,000 back-to-back ops with a
 //! new payload each and no host synchronisation; NaN written into the input
 //! right after an op never reaching an output; a rank 100 ms late; a rank
 //! that never arrives (timeout, no hang); 100 ops captured in one CUDA graph

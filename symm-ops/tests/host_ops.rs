@@ -2,7 +2,9 @@
 //! 1 to 8 (threads) and 3 (processes); every dtype x op against a float64
 //! reference; sizes from one element to 64 MiB with odd sizes and unaligned
 //! element offsets; host-slice (staged, in chunks) and symmetric (zero-copy)
-//! buffers; outputs poisoned before each run, guards around them untouched;
+//! buffers, and a symmetric input into a host slice (the op matrix, shared with
+//! the GPU suite: `common/matrix.rs`); outputs poisoned before each run, guards
+//! around them untouched;
 //! results bitwise equal across ranks; integer inputs summing exactly; bad
 //! input, timeouts and delayed ranks.
 
