@@ -1,10 +1,11 @@
 //! The ops on CUDA GPUs, ranks as threads at every world of
 //! `symm_testkit::GPU_WORLDS` (2, 4 and 8 ranks on as many GPUs; 2, 3, 4 and 8
 //! ranks sharing GPU 0, NOTE [shared-device]; tests `<name>::distinct_w2`,
-//! `<name>::shared_w8`...) and 2, 4 and 8 ranks as processes, one GPU each: the host
-//! suite's matrix (every dtype x op x algorithm against a float64
-//! reference, odd sizes and offsets, poisoned outputs, guards, bitwise
-//! equality across ranks, exact integer sums); 10,000 back-to-back ops with a
+//! `<name>::shared_w8`...) and 2, 4 and 8 ranks as processes, one GPU each: the op
+//! matrix the host suite runs too (`common/matrix.rs`: every dtype x op x algorithm
+//! against a float64 reference, odd sizes and offsets, device buffers, symmetric
+//! tensors and a symmetric input into a device output, poisoned outputs, guards,
+//! bitwise equality across ranks, exact integer sums); 10,000 back-to-back ops with a
 //! new payload each and no host synchronisation; NaN written into the input
 //! right after an op never reaching an output; a rank 100 ms late; a rank
 //! that never arrives (timeout, no hang); 100 ops captured in one CUDA graph
@@ -18,10 +19,12 @@
 
 mod common;
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::gpu::*;
+use common::matrix::{same_across_processes, same_everywhere, MatrixRig, MemoryRig};
 use common::*;
 use half::{bf16, f16};
 use symm_core::{get_symmetric_memory, DType, Error, ReduceOp, SymmTensor};
@@ -29,7 +32,7 @@ use symm_ops::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMod
 use symm_ops::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use symm_ops::symm_cuda::streams::HostCopies;
 use symm_ops::symm_cuda::SymmView;
-use symm_ops::{AllReduceAlgo, CommConfig, Communicator, Element, EngineKind, RawDevicePtr};
+use symm_ops::{AllReduceAlgo, Buf, BufMut, CommConfig, Communicator, Element, EngineKind, RawDevicePtr};
 use symm_testkit::launch::{child_ctx, run_processes, RankCtx, TestResult};
 use symm_testkit::GpuWorld;
 
@@ -60,242 +63,63 @@ fn sym_read<T: DeviceRepr + Clone + Default>(
     Ok(out)
 }
 
-trait Gpu: Element + DeviceRepr + ValidAsZeroBits {}
-impl Gpu for f32 {}
-impl Gpu for f16 {}
-impl Gpu for bf16 {}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    AllReduce,
-    AllReduceOut,
-    OneShotOut,
-    OneShotNew,
-    TwoShot,
-    TwoShotOut,
-    /// all_reduce_with an explicit algorithm (Lamport, CopyEngine, Nccl).
-    Algo(AllReduceAlgo),
-    ReduceScatterOut,
-    ReduceScatterNew,
-    AllGatherOut,
-    AllGatherNew,
-}
-
-impl Kind {
-    fn is_gather(self) -> bool {
-        matches!(self, Kind::AllGatherOut | Kind::AllGatherNew)
+/// The CUDA engine for the shared matrix (`common/matrix.rs`): plain memory is cudarc buffers
+/// (views at an element offset), on the rig's stream; besides the one-shot and two-shot forms
+/// `all_reduce_with` runs Lamport (up to its size limit), the copy-engine pull (symmetric inputs
+/// only), the copy-engine two-shot (symmetric tensors; its fallback for device buffers) and,
+/// where the communicator has it, NCCL (checked for its own accumulation).
+impl MatrixRig for Rig {
+    fn comm(&self) -> &Communicator {
+        &self.comm
     }
-    fn is_scatter(self) -> bool {
-        matches!(self, Kind::ReduceScatterOut | Kind::ReduceScatterNew)
-    }
-    fn in_place(self) -> bool {
-        matches!(self, Kind::AllReduce | Kind::TwoShot)
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mem {
-    /// cudarc slices (views at an element offset).
-    Device,
-    /// Symmetric tensors from the communicator's persistent pool.
-    Symm,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Case {
-    kind: Kind,
-    mem: Mem,
-    op: ReduceOp,
-    values: Values,
-    n: usize,
-    off: usize,
-    seed: u64,
-}
-
-struct SymPair {
-    input: SymmTensor,
-    output: SymmTensor,
-}
-
-fn run_case<T: Gpu>(rig: &Rig, sym: &SymPair, c: &Case) -> TestResult<Option<u64>> {
-    let (s, comm) = (&rig.stream, &rig.comm);
-    let (me, w) = (comm.rank().get(), comm.world_size());
-    let n_in = if c.kind.is_scatter() { c.n * w } else { c.n };
-    let n_out = if c.kind.is_gather() { c.n * w } else { c.n };
-    let inp: Vec<T> = input(c.values, c.seed, me, n_in);
-    let mut init = guarded_output::<T>(n_out);
-    if c.kind.in_place() {
-        init[GUARD..GUARD + n_out].copy_from_slice(&inp);
-    }
-    let full: Vec<T> = match c.mem {
-        Mem::Device => {
-            let mut host_in = vec![guard_value::<T>(); c.off + n_in];
-            host_in[c.off..].copy_from_slice(&inp);
-            let din = s.synced_clone_htod(&host_in)?;
-            let x = din.slice(c.off..);
-            let mut dout = s.synced_clone_htod(&init)?;
-            {
-                let mut o = dout.slice_mut(GUARD..GUARD + n_out);
-                match c.kind {
-                    Kind::AllReduce => comm.all_reduce(&mut o, c.op)?,
-                    Kind::AllReduceOut => comm.all_reduce_out(&x, &mut o, c.op)?,
-                    Kind::OneShotOut => comm.one_shot_all_reduce_out(&x, &mut o, c.op)?,
-                    Kind::OneShotNew => {
-                        let r: CudaSlice<T> = comm.one_shot_all_reduce(&x, c.op)?;
-                        s.memcpy_dtod(&r, &mut o)?;
-                    }
-                    Kind::TwoShot => comm.two_shot_all_reduce(&mut o, c.op)?,
-                    Kind::TwoShotOut => comm.two_shot_all_reduce_out(&x, &mut o, c.op)?,
-                    Kind::Algo(a) => comm.all_reduce_with(a, Some((&x).into()), (&mut o).into(), c.op)?,
-                    Kind::ReduceScatterOut => comm.reduce_scatter_out(&x, &mut o, c.op)?,
-                    Kind::ReduceScatterNew => {
-                        let r: CudaSlice<T> = comm.reduce_scatter(&x, c.op)?;
-                        s.memcpy_dtod(&r, &mut o)?;
-                    }
-                    Kind::AllGatherOut => comm.all_gather_out(&x, &mut o)?,
-                    Kind::AllGatherNew => {
-                        let r: CudaSlice<T> = comm.all_gather(&x)?;
-                        s.memcpy_dtod(&r, &mut o)?;
-                    }
-                }
-            }
-            s.synchronize()?;
-            comm.check_error()?;
-            s.synced_clone_dtoh(&dout)?
+    fn algos(&self) -> Vec<AllReduceAlgo> {
+        let mut algos = vec![AllReduceAlgo::Lamport, AllReduceAlgo::Pull, AllReduceAlgo::CopyEngine];
+        if self.comm.has_nccl() {
+            algos.push(AllReduceAlgo::Nccl);
         }
-        Mem::Symm => {
-            sym_write(rig, &sym.input, c.off, &inp)?;
-            let x = sym.input.narrow(c.off, n_in)?;
-            sym_write(rig, &sym.output, c.off, &init)?;
-            let o = sym.output.narrow(c.off + GUARD, n_out)?;
-            let mut result: Option<CudaSlice<T>> = None;
-            match c.kind {
-                Kind::AllReduce => comm.all_reduce(&o, c.op)?,
-                Kind::AllReduceOut => comm.all_reduce_out(&x, &o, c.op)?,
-                Kind::OneShotOut => comm.one_shot_all_reduce_out(&x, &o, c.op)?,
-                Kind::OneShotNew => result = Some(comm.one_shot_all_reduce(&x, c.op)?),
-                Kind::TwoShot => comm.two_shot_all_reduce(&o, c.op)?,
-                Kind::TwoShotOut => comm.two_shot_all_reduce_out(&x, &o, c.op)?,
-                Kind::Algo(a) => comm.all_reduce_with(a, Some((&x).into()), (&o).into(), c.op)?,
-                Kind::ReduceScatterOut => comm.reduce_scatter_out(&x, &o, c.op)?,
-                Kind::ReduceScatterNew => result = Some(comm.reduce_scatter(&x, c.op)?),
-                Kind::AllGatherOut => comm.all_gather_out(&x, &o)?,
-                Kind::AllGatherNew => result = Some(comm.all_gather(&x)?),
-            }
-            s.synchronize()?;
-            comm.check_error()?;
-            let mut full = sym_read::<T>(rig, &sym.output, c.off, n_out + 2 * GUARD)?;
-            if let Some(r) = result {
-                if full.iter().map(|&v| to_bits(v)).ne(init.iter().map(|&v| to_bits(v))) {
-                    return Err("a symmetric output that was not the destination changed".into());
-                }
-                full[GUARD..GUARD + n_out].copy_from_slice(&s.synced_clone_dtoh(&r)?);
-            }
-            full
-        }
-    };
-    check_guards(&full).map_err(|e| format!("{c:?} {}: {e}", T::DTYPE))?;
-    let out = &full[GUARD..GUARD + n_out];
-    let acc = Accum::of(c.kind == Kind::Algo(AllReduceAlgo::Nccl));
-    let r = if c.kind.is_gather() {
-        check_all_gather(c.values, c.seed, w, out)
-    } else if c.kind.is_scatter() {
-        check_reduce_scatter(c.values, c.seed, w, me, c.op, out)
-    } else {
-        check_all_reduce_acc(c.values, c.seed, w, c.op, out, acc)
-    };
-    r.map_err(|e| format!("rank {me}/{w} {c:?} {}: {e}", T::DTYPE))?;
-    Ok(if c.kind.is_scatter() { None } else { Some(hash(out)) })
+        algos
+    }
+    fn allocated(&self) -> TestResult {
+        self.ready()
+    }
+    fn wait(&self) -> TestResult {
+        self.stream.synchronize()?;
+        self.comm.check_error()?;
+        Ok(())
+    }
 }
 
-const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+impl<T: Element + DeviceRepr + ValidAsZeroBits> MemoryRig<T> for Rig {
+    type Plain = CudaSlice<T>;
+    type New = CudaSlice<T>;
+    fn plain(&self, data: &[T]) -> TestResult<CudaSlice<T>> {
+        Ok(self.stream.synced_clone_htod(data)?)
+    }
+    fn read(&self, b: &CudaSlice<T>) -> TestResult<Vec<T>> {
+        Ok(self.stream.synced_clone_dtoh(b)?)
+    }
+    fn read_new(&self, r: &CudaSlice<T>) -> TestResult<Vec<T>> {
+        Ok(self.stream.synced_clone_dtoh(r)?)
+    }
+    fn with_in<X>(&self, b: &CudaSlice<T>, r: Range<usize>, f: impl FnOnce(Buf<'_>) -> X) -> X {
+        let v = b.slice(r);
+        f((&v).into())
+    }
+    fn with_out<X>(&self, b: &mut CudaSlice<T>, r: Range<usize>, f: impl FnOnce(BufMut<'_>) -> X) -> X {
+        let mut v = b.slice_mut(r);
+        f((&mut v).into())
+    }
+    fn sym_write(&self, t: &SymmTensor, off: usize, data: &[T]) -> TestResult {
+        sym_write(self, t, off, data)
+    }
+    fn sym_read(&self, t: &SymmTensor, off: usize, n: usize) -> TestResult<Vec<T>> {
+        sym_read(self, t, off, n)
+    }
+}
 
 fn matrix(rc: &RankCtx, sizes: &[usize]) -> TestResult<Vec<(String, Option<u64>)>> {
     let rig = rig(rc, "gpu-matrix", CommConfig::default())?;
-    let comm = &rig.comm;
-    if rc.rank == 0 {
-        println!("{}", comm.selection_table());
-    }
-    let w = comm.world_size();
-    let cap = sizes.iter().max().copied().unwrap_or(1) * w + 2 * GUARD + 8;
-    let mut syms = Vec::new();
-    for (k, &d) in DTYPES.iter().enumerate() {
-        syms.push(SymPair {
-            input: comm.persistent_buffer(100 + 2 * k as u64, &[cap], d)?,
-            output: comm.persistent_buffer(101 + 2 * k as u64, &[cap], d)?,
-        });
-    }
-    rig.ready()?;
-    let mut kinds = vec![
-        Kind::AllReduce,
-        Kind::AllReduceOut,
-        Kind::OneShotOut,
-        Kind::OneShotNew,
-        Kind::TwoShot,
-        Kind::TwoShotOut,
-        Kind::Algo(AllReduceAlgo::Lamport),
-        Kind::Algo(AllReduceAlgo::Pull),
-        // Symmetric tensors: the copy-engine two-shot; device buffers: its fallback.
-        Kind::Algo(AllReduceAlgo::CopyEngine),
-        Kind::ReduceScatterOut,
-        Kind::ReduceScatterNew,
-        Kind::AllGatherOut,
-        Kind::AllGatherNew,
-    ];
-    if comm.has_nccl() {
-        kinds.push(Kind::Algo(AllReduceAlgo::Nccl));
-    }
-    let lamport_max = comm.thresholds().lamport_max_bytes;
-    let mut out = Vec::new();
-    let mut id = 0u64;
-    for (k, &dtype) in DTYPES.iter().enumerate() {
-        for op in ReduceOp::ALL {
-            for (si, &n) in sizes.iter().enumerate() {
-                for &kind in &kinds {
-                    if kind.is_gather() && op != ReduceOp::Sum {
-                        continue;
-                    }
-                    if kind == Kind::Algo(AllReduceAlgo::Lamport) && n * dtype.size() > lamport_max {
-                        continue;
-                    }
-                    for mem in [Mem::Device, Mem::Symm] {
-                        // The copy-engine pull reads peers' inputs in place.
-                        if kind == Kind::Algo(AllReduceAlgo::Pull) && mem != Mem::Symm {
-                            continue;
-                        }
-                        id += 1;
-                        let c = Case {
-                            kind,
-                            mem,
-                            op,
-                            values: if si % 2 == 0 { Values::Integers } else { Values::Random },
-                            n,
-                            off: (id % 4) as usize,
-                            seed: id * 7919 + k as u64,
-                        };
-                        let h = match dtype {
-                            DType::F32 => run_case::<f32>(&rig, &syms[k], &c),
-                            DType::F16 => run_case::<f16>(&rig, &syms[k], &c),
-                            _ => run_case::<bf16>(&rig, &syms[k], &c),
-                        }
-                        .map_err(|e| format!("{dtype} {c:?}: {e}"))?;
-                        out.push((format!("{dtype} {c:?}"), h));
-                    }
-                }
-            }
-        }
-    }
-    Ok(out)
-}
-
-fn same_everywhere(per_rank: &[Vec<(String, Option<u64>)>]) -> Result<usize, String> {
-    for (r, v) in per_rank.iter().enumerate() {
-        if v != &per_rank[0] {
-            let bad = v.iter().zip(&per_rank[0]).find(|(a, b)| a != b);
-            return Err(format!("rank {r} differs from rank 0: {bad:?}"));
-        }
-    }
-    Ok(per_rank[0].len())
+    common::matrix::matrix(&[rig], sizes, &ReduceOp::ALL)
 }
 
 const SIZES: &[usize] = &[1, 7, 1000, 4099, 33_333, (1 << 18) + 3];
@@ -325,11 +149,7 @@ fn gpu_matrix_processes(name: &str, world: usize) {
     }
     if let Some(rc) = child_ctx().unwrap() {
         let mine = matrix(&rc, &[7, 4099, 33_333]).unwrap();
-        let text: String = mine.iter().map(|(l, h)| format!("{l}={h:?}\n")).collect();
-        let all = rc
-            .all_gather("gpu-matrix", text.as_bytes(), Duration::from_secs(300))
-            .unwrap();
-        assert!(all.iter().all(|t| t == text.as_bytes()), "results differ across ranks");
+        same_across_processes(&rc, "gpu-matrix", &mine, Duration::from_secs(300)).unwrap();
         println!("rank {} ok {} cases", rc.rank, mine.len());
         return;
     }

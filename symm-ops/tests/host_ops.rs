@@ -2,82 +2,25 @@
 //! 1 to 8 (threads) and 3 (processes); every dtype x op against a float64
 //! reference; sizes from one element to 64 MiB with odd sizes and unaligned
 //! element offsets; host-slice (staged, in chunks) and symmetric (zero-copy)
-//! buffers; outputs poisoned before each run, guards around them untouched;
+//! buffers, and a symmetric input into a host slice (the op matrix, shared with
+//! the GPU suite: `common/matrix.rs`); outputs poisoned before each run, guards
+//! around them untouched;
 //! results bitwise equal across ranks; integer inputs summing exactly; bad
 //! input, timeouts and delayed ranks.
 
 mod common;
 
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
+use common::matrix::{same_across_processes, same_everywhere, MatrixRig, MemoryRig};
 use common::*;
 use half::{bf16, f16};
 use symm_core::{get_symmetric_memory, DType, Device, Error, ReduceOp, SymmTensor};
-use symm_ops::{AllReduceAlgo, CommConfig, Communicator, Element, EngineKind, RawDevicePtr};
+use symm_ops::{AllReduceAlgo, Buf, BufMut, CommConfig, Communicator, Element, EngineKind, RawDevicePtr};
 use symm_testkit::launch::{child_ctx, run_processes, run_threads, RankCtx, TestResult};
 
 const LIMIT: Duration = Duration::from_secs(280);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    AllReduce,
-    AllReduceOut,
-    OneShotOut,
-    OneShotNew,
-    TwoShot,
-    TwoShotOut,
-    ReduceScatterOut,
-    ReduceScatterNew,
-    AllGatherOut,
-    AllGatherNew,
-}
-
-const KINDS: [Kind; 10] = [
-    Kind::AllReduce,
-    Kind::AllReduceOut,
-    Kind::OneShotOut,
-    Kind::OneShotNew,
-    Kind::TwoShot,
-    Kind::TwoShotOut,
-    Kind::ReduceScatterOut,
-    Kind::ReduceScatterNew,
-    Kind::AllGatherOut,
-    Kind::AllGatherNew,
-];
-
-impl Kind {
-    fn is_gather(self) -> bool {
-        matches!(self, Kind::AllGatherOut | Kind::AllGatherNew)
-    }
-    fn is_scatter(self) -> bool {
-        matches!(self, Kind::ReduceScatterOut | Kind::ReduceScatterNew)
-    }
-    fn in_place(self) -> bool {
-        matches!(self, Kind::AllReduce | Kind::TwoShot)
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mem {
-    /// Host slices: staged through the communicator's buffer.
-    Host,
-    /// Symmetric tensors: zero-copy.
-    Symm,
-}
-
-/// One case of the matrix.
-#[derive(Debug, Clone, Copy)]
-struct Case {
-    kind: Kind,
-    mem: Mem,
-    op: ReduceOp,
-    values: Values,
-    /// Elements per rank unit: all-reduce count, reduce-scatter output, all-gather input.
-    n: usize,
-    /// Element offset of the input (and output) inside its buffer.
-    off: usize,
-    seed: u64,
-}
 
 fn sym_write<T: Element>(t: &SymmTensor, elem_off: usize, data: &[T]) -> TestResult {
     let mem = get_symmetric_memory(t).ok_or("not rendezvoused")?;
@@ -98,185 +41,87 @@ fn sym_read<T: Element>(t: &SymmTensor, elem_off: usize, n: usize) -> TestResult
     Ok(b.chunks_exact(es).map(T::read_le).collect())
 }
 
-/// A rank's symmetric scratch tensors for one dtype (input and output).
-struct SymPair {
-    input: SymmTensor,
-    output: SymmTensor,
+/// The host engine for the shared matrix (`common/matrix.rs`): plain memory is host slices
+/// (staged through the communicator's buffer), its only all-reduce algorithms the one-shot and
+/// two-shot forms; a communicator with a tiny staging buffer runs the sizes up to 1000.
+struct HostRig {
+    comm: Communicator,
+    tiny_staging: bool,
 }
 
-fn sym_pair(comm: &Communicator, dtype: DType, cap: usize, id: u64) -> TestResult<SymPair> {
-    Ok(SymPair {
-        input: comm.persistent_buffer(id, &[cap], dtype)?,
-        output: comm.persistent_buffer(id + 1, &[cap], dtype)?,
-    })
-}
-
-/// Runs one case on this rank; returns the output's hash (None where ranks
-/// legitimately differ: reduce-scatter).
-fn run_case<T: Element>(comm: &Communicator, sym: &SymPair, c: &Case) -> TestResult<Option<u64>> {
-    let (me, w) = (comm.rank().get(), comm.world_size());
-    let n_in = if c.kind.is_scatter() { c.n * w } else { c.n };
-    let n_out = if c.kind.is_gather() { c.n * w } else { c.n };
-    let inp: Vec<T> = input(c.values, c.seed, me, n_in);
-    // The guarded output as read back: GUARD + n_out + GUARD elements.
-    let full: Vec<T> = match c.mem {
-        Mem::Host => {
-            let mut ibuf = vec![guard_value::<T>(); c.off + n_in];
-            ibuf[c.off..].copy_from_slice(&inp);
-            let x = &ibuf[c.off..];
-            let mut obuf = guarded_output::<T>(n_out);
-            if c.kind.in_place() {
-                obuf[GUARD..GUARD + n_out].copy_from_slice(&inp);
-            }
-            let o = &mut obuf[GUARD..GUARD + n_out];
-            match c.kind {
-                Kind::AllReduce => comm.all_reduce(o, c.op)?,
-                Kind::AllReduceOut => comm.all_reduce_out(x, o, c.op)?,
-                Kind::OneShotOut => comm.one_shot_all_reduce_out(x, o, c.op)?,
-                Kind::OneShotNew => o.copy_from_slice(&comm.one_shot_all_reduce::<Vec<T>>(x, c.op)?),
-                Kind::TwoShot => comm.two_shot_all_reduce(o, c.op)?,
-                Kind::TwoShotOut => comm.two_shot_all_reduce_out(x, o, c.op)?,
-                Kind::ReduceScatterOut => comm.reduce_scatter_out(x, o, c.op)?,
-                Kind::ReduceScatterNew => o.copy_from_slice(&comm.reduce_scatter::<Vec<T>>(x, c.op)?),
-                Kind::AllGatherOut => comm.all_gather_out(x, o)?,
-                Kind::AllGatherNew => o.copy_from_slice(&comm.all_gather::<Vec<T>>(x)?),
-            }
-            obuf
+impl MatrixRig for HostRig {
+    fn comm(&self) -> &Communicator {
+        &self.comm
+    }
+    fn label(&self) -> String {
+        format!(" tiny={}", self.tiny_staging)
+    }
+    fn max_count(&self) -> usize {
+        if self.tiny_staging {
+            1000
+        } else {
+            usize::MAX
         }
-        Mem::Symm => {
-            // Input at `off`, output at `off + GUARD` with guards around it.
-            sym_write(&sym.input, c.off, &inp)?;
-            let x = sym.input.narrow(c.off, n_in)?;
-            let mut init = guarded_output::<T>(n_out);
-            if c.kind.in_place() {
-                init[GUARD..GUARD + n_out].copy_from_slice(&inp);
-            }
-            sym_write(&sym.output, c.off, &init)?;
-            let o = sym.output.narrow(c.off + GUARD, n_out)?;
-            let mut host = vec![poison_value::<T>(); n_out];
-            match c.kind {
-                Kind::AllReduce => comm.all_reduce(&o, c.op)?,
-                Kind::AllReduceOut => comm.all_reduce_out(&x, &o, c.op)?,
-                Kind::OneShotOut => comm.one_shot_all_reduce_out(&x, &o, c.op)?,
-                Kind::OneShotNew => host = comm.one_shot_all_reduce::<Vec<T>>(&x, c.op)?,
-                Kind::TwoShot => comm.two_shot_all_reduce(&o, c.op)?,
-                // A symmetric input into a host output.
-                Kind::TwoShotOut => comm.two_shot_all_reduce_out(&x, &mut host[..], c.op)?,
-                Kind::ReduceScatterOut => comm.reduce_scatter_out(&x, &o, c.op)?,
-                Kind::ReduceScatterNew => host = comm.reduce_scatter::<Vec<T>>(&x, c.op)?,
-                Kind::AllGatherOut => comm.all_gather_out(&x, &o)?,
-                Kind::AllGatherNew => host = comm.all_gather::<Vec<T>>(&x)?,
-            }
-            let mut full = sym_read::<T>(&sym.output, c.off, n_out + 2 * GUARD)?;
-            if matches!(
-                c.kind,
-                Kind::OneShotNew | Kind::TwoShotOut | Kind::ReduceScatterNew | Kind::AllGatherNew
-            ) {
-                // The symmetric output was not the destination: it must be untouched.
-                if full.iter().map(|&v| to_bits(v)).ne(init.iter().map(|&v| to_bits(v))) {
-                    return Err("a symmetric output that was not the destination changed".into());
-                }
-                full[GUARD..GUARD + n_out].copy_from_slice(&host);
-            }
-            full
-        }
-    };
-    check_guards(&full).map_err(|e| format!("{c:?} {}: {e}", T::DTYPE))?;
-    let out = &full[GUARD..GUARD + n_out];
-    let r = if c.kind.is_gather() {
-        check_all_gather(c.values, c.seed, w, out)
-    } else if c.kind.is_scatter() {
-        check_reduce_scatter(c.values, c.seed, w, me, c.op, out)
-    } else {
-        check_all_reduce(c.values, c.seed, w, c.op, out)
-    };
-    r.map_err(|e| format!("rank {me}/{w} {c:?} {}: {e}", T::DTYPE))?;
-    Ok(if c.kind.is_scatter() { None } else { Some(hash(out)) })
-}
-
-fn dispatch(dtype: DType, comm: &Communicator, sym: &SymPair, c: &Case) -> TestResult<Option<u64>> {
-    match dtype {
-        DType::F32 => run_case::<f32>(comm, sym, c),
-        DType::F16 => run_case::<f16>(comm, sym, c),
-        _ => run_case::<bf16>(comm, sym, c),
+    }
+    fn algos(&self) -> Vec<AllReduceAlgo> {
+        Vec::new()
+    }
+    fn allocated(&self) -> TestResult {
+        Ok(())
+    }
+    /// An op on the host engine is over when it returns.
+    fn wait(&self) -> TestResult {
+        Ok(())
     }
 }
 
-const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+impl<T: Element> MemoryRig<T> for HostRig {
+    type Plain = Vec<T>;
+    type New = Vec<T>;
+    fn plain(&self, data: &[T]) -> TestResult<Vec<T>> {
+        Ok(data.to_vec())
+    }
+    fn read(&self, b: &Vec<T>) -> TestResult<Vec<T>> {
+        Ok(b.clone())
+    }
+    fn read_new(&self, r: &Vec<T>) -> TestResult<Vec<T>> {
+        Ok(r.clone())
+    }
+    fn with_in<X>(&self, b: &Vec<T>, r: Range<usize>, f: impl FnOnce(Buf<'_>) -> X) -> X {
+        f((&b[r]).into())
+    }
+    fn with_out<X>(&self, b: &mut Vec<T>, r: Range<usize>, f: impl FnOnce(BufMut<'_>) -> X) -> X {
+        f((&mut b[r]).into())
+    }
+    fn sym_write(&self, t: &SymmTensor, off: usize, data: &[T]) -> TestResult {
+        sym_write(t, off, data)
+    }
+    fn sym_read(&self, t: &SymmTensor, off: usize, n: usize) -> TestResult<Vec<T>> {
+        sym_read(t, off, n)
+    }
+}
 
-/// The matrix on one rank: returns (case label, hash) for the cross-rank check.
+/// The matrix on one rank, on the default communicator and on one whose 1000-byte staging
+/// buffer makes chunks of 112 f32 / 224 f16 elements (so the mid sizes run through many
+/// chunks; reduce-scatter: / world): returns (case label, hash) for the cross-rank check.
 fn matrix(ctx: &RankCtx, sizes: &[usize], ops: &[ReduceOp]) -> TestResult<Vec<(String, Option<u64>)>> {
     symm_testkit::link();
     let group = ctx.group(&ctx.unique("ops-matrix"))?;
     let dev = Device::host(ctx.rank as u32);
     let big = Communicator::new(&group, dev, CommConfig::default())?;
-    // A 1000-byte staging buffer: chunks of 112 f32 / 224 f16 elements, so
-    // the mid sizes run through many chunks (reduce-scatter: / world).
     let tiny = Communicator::new(&group, dev, CommConfig::default().with_staging_bytes(1000))?;
-    if ctx.rank == 0 {
-        println!("{}", big.selection_table());
-    }
     assert_eq!(big.engine_kind(), EngineKind::Host);
-    let w = ctx.world;
-    let cap = sizes.iter().max().copied().unwrap_or(1) * w + 2 * GUARD + 8;
-    let mut syms = Vec::new();
-    for (k, &d) in DTYPES.iter().enumerate() {
-        syms.push((
-            sym_pair(&big, d, cap, 10 + 4 * k as u64)?,
-            sym_pair(&tiny, d, cap, 12 + 4 * k as u64)?,
-        ));
-    }
-    let mut hashes = Vec::new();
-    let mut id = 0u64;
-    for (k, &dtype) in DTYPES.iter().enumerate() {
-        for &op in ops {
-            for (si, &n) in sizes.iter().enumerate() {
-                for kind in KINDS {
-                    // all_gather has no reduce op: run it once per dtype/size.
-                    if kind.is_gather() && op != ops[0] {
-                        continue;
-                    }
-                    for mem in [Mem::Host, Mem::Symm] {
-                        for (tiny_staging, comm) in [(false, &big), (true, &tiny)] {
-                            if tiny_staging && n > 1000 {
-                                continue;
-                            }
-                            id += 1;
-                            let c = Case {
-                                kind,
-                                mem,
-                                op,
-                                values: if si % 2 == 0 { Values::Integers } else { Values::Random },
-                                n,
-                                off: (id % 4) as usize,
-                                seed: id * 7919 + k as u64,
-                            };
-                            let sym = if tiny_staging { &syms[k].1 } else { &syms[k].0 };
-                            let h = dispatch(dtype, comm, sym, &c)?;
-                            hashes.push((format!("{dtype} {c:?} tiny={tiny_staging}"), h));
-                        }
-                    }
-                }
-            }
-        }
-    }
-    Ok(hashes)
-}
-
-/// Checks every case's hash is equal on every rank.
-fn same_everywhere(per_rank: &[Vec<(String, Option<u64>)>]) -> Result<usize, String> {
-    let first = &per_rank[0];
-    for (r, v) in per_rank.iter().enumerate() {
-        if v.len() != first.len() {
-            return Err(format!("rank {r} ran {} cases, rank 0 {}", v.len(), first.len()));
-        }
-        for ((la, ha), (lb, hb)) in first.iter().zip(v) {
-            if la != lb || ha != hb {
-                return Err(format!("rank {r} differs from rank 0 on {la}: {ha:?} vs {hb:?}"));
-            }
-        }
-    }
-    Ok(first.len())
+    let rigs = [
+        HostRig {
+            comm: big,
+            tiny_staging: false,
+        },
+        HostRig {
+            comm: tiny,
+            tiny_staging: true,
+        },
+    ];
+    common::matrix::matrix(&rigs, sizes, ops)
 }
 
 fn run_matrix(world: usize, sizes: &'static [usize]) {
@@ -330,13 +175,7 @@ fn matrix_w8() {
 fn matrix_processes_w3() {
     if let Some(ctx) = child_ctx().unwrap() {
         let mine = matrix(&ctx, &[1, 1000, 4099], &[ReduceOp::Sum, ReduceOp::Max]).unwrap();
-        let text: String = mine.iter().map(|(l, h)| format!("{l}={h:?}\n")).collect();
-        let all = ctx
-            .all_gather("matrix-hashes", text.as_bytes(), Duration::from_secs(120))
-            .unwrap();
-        for (r, t) in all.iter().enumerate() {
-            assert!(t == text.as_bytes(), "rank {r} results differ from rank {}", ctx.rank);
-        }
+        same_across_processes(&ctx, "matrix-hashes", &mine, Duration::from_secs(120)).unwrap();
         println!(
             "SUMMARY host_matrix_processes_w3 rank {} ok {} cases",
             ctx.rank,

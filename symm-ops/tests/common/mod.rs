@@ -5,6 +5,7 @@
 pub mod epilogue;
 #[cfg(feature = "cuda")]
 pub mod gpu;
+pub mod matrix;
 
 use half::{bf16, f16};
 use symm_core::{DType, ReduceOp};
