@@ -11,12 +11,15 @@
 //! CUDA graph, replayed). Also the setup costs: creating the collectives / a communicator, and a
 //! symmetric allocation + rendezvous of 1 MiB and 1 GiB (median of 3).
 //!
+//! The command line (clap, `args::Cli`; `--help` describes every option and lists the
+//! algorithms):
 //! ```text
 //! symm-bench [--ops all_reduce,reduce_scatter,all_gather] [--sizes 1K,16K,1M,...]
 //!            [--dtype bf16|f16|f32] [--redop sum|avg|max|min] [--iters N] [--rounds N]
 //!            [--modes eager,graph] [--algos auto,lamport,one_shot,two_shot,pull,copy_engine,nccl,...]
 //!            [--ranks N] [--staging BYTES] [--lamport-bytes BYTES] [--json PATH] [--quick] [--full]
-//!            [--no-nccl] [--no-setup] [--probe] [--probe-bw]
+//!            [--no-nccl] [--no-setup] [--probe] [--probe-bw] [--hidden LIST] [--tokens LIST]
+//!            [--skew-us N]
 //! ```
 //! The default sweep is 1K..256M on GPUs. On the host backend it stops at `host_default_cap`
 //! (4M; why: there) and says so in one line; `--full` runs it to 256M there too, and `--sizes`
@@ -34,6 +37,7 @@
 //! `copy_engine_staged`, on request, copies from an unregistered input). Sizes are bytes of the whole tensor as nccl-tests counts them (all_gather: the gathered
 //! output; reduce_scatter: the unreduced input). NCCL comes from libnccl.so.2 (pip
 //! `nvidia-nccl-cu13`) on LD_LIBRARY_PATH; without it NCCL rows are skipped with the reason.
+//! `--json PATH` writes the rows and setup costs as JSON (serde_json, `json.rs`).
 
 // No unsafe code outside gpu.rs (raw addresses of the benchmark arenas).
 #![deny(unsafe_code)]
@@ -41,7 +45,7 @@
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -58,6 +62,9 @@ const T_STORE: Duration = Duration::from_secs(300);
 #[path = "symm-bench/args.rs"]
 mod args;
 use args::*;
+
+#[path = "symm-bench/json.rs"]
+mod json;
 
 // ------------------------------------------------------------------ values, results
 
@@ -272,90 +279,11 @@ fn format_row(r: &Row) -> String {
     )
 }
 
-fn json_str(s: &str) -> String {
-    let mut o = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            '\n' => o.push_str("\\n"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(o, "\\u{:04x}", c as u32);
-            }
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
-}
-
-fn json_num(v: f64) -> String {
-    if v.is_finite() {
-        format!("{v}")
-    } else {
-        "null".into()
-    }
-}
-
 #[derive(Debug, Clone)]
 struct SetupCost {
     what: String,
     bytes: usize,
     median_ms: f64,
-}
-
-fn write_json(
-    path: &PathBuf,
-    backend: &str,
-    world: usize,
-    args: &Args,
-    rows: &[Row],
-    setup: &[SetupCost],
-) -> BoxResult<()> {
-    let mut s = String::from("{\n");
-    let _ = writeln!(s, "  \"tool\": \"symm-bench\",");
-    let _ = writeln!(s, "  \"backend\": {},", json_str(backend));
-    let _ = writeln!(s, "  \"world\": {world},");
-    let _ = writeln!(s, "  \"dtype\": {},", json_str(args.dtype.name()));
-    let _ = writeln!(s, "  \"redop\": {},", json_str(args.redop.name()));
-    let _ = writeln!(s, "  \"rounds\": {},", args.rounds);
-    s.push_str("  \"results\": [\n");
-    for (i, r) in rows.iter().enumerate() {
-        let _ = writeln!(
-            s,
-            "    {{\"op\": {}, \"bytes\": {}, \"count\": {}, \"dtype\": {}, \"redop\": {}, \"algo\": {}, \"path\": {}, \
-             \"mode\": {}, \"time_us\": {}, \"algbw\": {}, \"busbw\": {}, \"max_err\": {}, \"ok\": {}, \"note\": {}}}{}",
-            json_str(r.op.name()),
-            r.bytes,
-            r.count,
-            json_str(r.dtype.name()),
-            json_str(r.redop.name()),
-            json_str(&r.algo),
-            json_str(&r.path),
-            json_str(r.mode.name()),
-            json_num(r.time_us),
-            json_num(r.algbw()),
-            json_num(r.busbw()),
-            json_num(r.max_err),
-            r.ok,
-            json_str(&r.note),
-            if i + 1 < rows.len() { "," } else { "" }
-        );
-    }
-    s.push_str("  ],\n  \"setup\": [\n");
-    for (i, c) in setup.iter().enumerate() {
-        let _ = writeln!(
-            s,
-            "    {{\"what\": {}, \"size_bytes\": {}, \"median_ms\": {}}}{}",
-            json_str(&c.what),
-            c.bytes,
-            json_num(c.median_ms),
-            if i + 1 < setup.len() { "," } else { "" }
-        );
-    }
-    s.push_str("  ]\n}\n");
-    std::fs::write(path, s)?;
-    Ok(())
 }
 
 // ------------------------------------------------------------------ rank plumbing
@@ -650,8 +578,8 @@ fn combine(
 // ------------------------------------------------------------------ main
 
 fn main() {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let args = match parse_args(&argv) {
+    // clap exits itself on `--help` (0) and on a bad command line (2).
+    let args = match <Cli as clap::Parser>::parse().into_args() {
         Ok(a) => a,
         Err(e) => {
             eprintln!("{e}");
@@ -769,7 +697,7 @@ fn report(backend: &str, world: usize, args: &Args, rows: &[Row], setup: &[Setup
         println!("\n# {failed} row(s) FAILED their correctness check or did not run");
     }
     if let Some(p) = &args.json {
-        write_json(p, backend, world, args, rows, setup)?;
+        json::write(p, backend, world, args, rows, setup)?;
         eprintln!("wrote {}", p.display());
     }
     Ok(())

@@ -1,6 +1,8 @@
 //! symm-bench's command line: the ops, modes and algorithms it runs, and the plan of
 //! (op, size) steps.
 
+use clap::{CommandFactory, Parser};
+
 use super::*;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,8 +46,15 @@ impl Op {
             Op::AllGather => &["auto", "lamport", "sm", "pull", "copy_engine", "nccl"],
         }
     }
+    /// Algorithms run only when `--algos` names them.
+    pub(crate) fn on_request(self) -> &'static [&'static str] {
+        match self {
+            Op::AllGather => &["copy_engine_staged"],
+            _ => &[],
+        }
+    }
     pub(crate) fn accepts(self, base: &str) -> bool {
-        self.default_algos().contains(&base) || (self == Op::AllGather && base == "copy_engine_staged")
+        self.default_algos().contains(&base) || self.on_request().contains(&base)
     }
 }
 
@@ -153,13 +162,6 @@ pub(crate) struct Args {
     pub(crate) tokens: Vec<usize>,
 }
 
-pub(crate) const USAGE: &str = "usage: symm-bench [--ops LIST] [--sizes LIST] [--dtype bf16|f16|f32] [--redop sum|avg|max|min] \
-[--iters N] [--rounds N] [--modes eager,graph] [--algos LIST] [--ranks N] [--staging BYTES] [--lamport-bytes BYTES] [--json PATH] \
-[--quick] [--full] [--no-nccl] [--no-setup] [--probe] [--probe-bw] [--hidden LIST] [--tokens LIST] [--skew-us N]
---skew-us N: rank 0 runs an N-microsecond kernel before every op (the times include it); CUDA only
---ops ar_rms_norm (with or instead of the collectives): all-reduce + residual + RMSNorm, fused against unfused, \
-for every --hidden (default 4096,8192) and --tokens (default 1,8,32,128,512); CUDA only";
-
 pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     let s = s.trim();
     let (num, mult) = match s.chars().last() {
@@ -238,127 +240,219 @@ pub(crate) fn host_sweep(args: &Args) -> (Vec<usize>, Option<String>) {
     (kept, Some(note))
 }
 
-pub(crate) fn parse_args(argv: &[String]) -> Result<Args, String> {
-    let mut a = Args {
-        ops: Op::ALL.to_vec(),
-        sizes: default_sizes(),
-        dtype: DType::BF16,
-        redop: ReduceOp::Sum,
-        iters: None,
-        rounds: 15,
-        modes: vec![Mode::Eager, Mode::Graph],
-        algos: None,
-        ranks: None,
-        staging: 10 * MIB,
-        lamport_bytes: None,
-        json: None,
-        quick: false,
-        full: false,
-        default_sweep: true,
-        nccl: true,
-        setup: true,
-        probe: false,
-        probe_bw: false,
-        skew_us: 0,
-        epilogue: false,
-        hiddens: vec![4096, 8192],
-        tokens: vec![1, 8, 32, 128, 512],
-    };
-    let mut sizes_given = false;
-    let mut it = argv.iter();
-    while let Some(arg) = it.next() {
-        let mut val = |name: &str| it.next().cloned().ok_or_else(|| format!("{name} needs a value"));
-        match arg.as_str() {
-            "--ops" => {
-                let v = val("--ops")?;
-                // `ar_rms_norm`: the all-reduce epilogue table (symm-bench/epilogue.rs).
-                a.epilogue = v.split(',').any(|s| s.trim() == "ar_rms_norm");
-                a.ops = v
-                    .split(',')
-                    .filter(|s| s.trim() != "ar_rms_norm")
-                    .map(|s| {
-                        Op::ALL
-                            .into_iter()
-                            .find(|o| o.name() == s.trim())
-                            .ok_or_else(|| format!("unknown op {s:?}"))
-                    })
-                    .collect::<Result<_, _>>()?
-            }
-            "--sizes" => {
-                a.sizes = val("--sizes")?.split(',').map(parse_size).collect::<Result<_, _>>()?;
-                sizes_given = true;
-            }
-            "--dtype" => {
-                a.dtype = match val("--dtype")?.as_str() {
-                    "bf16" => DType::BF16,
-                    "f16" | "fp16" => DType::F16,
-                    "f32" | "fp32" => DType::F32,
-                    o => return Err(format!("unsupported dtype {o:?}")),
-                }
-            }
-            "--redop" => {
-                let v = val("--redop")?;
-                a.redop = ReduceOp::ALL
-                    .into_iter()
-                    .find(|o| o.name() == v)
-                    .ok_or_else(|| format!("unknown redop {v:?}"))?
-            }
-            "--iters" => a.iters = Some(val("--iters")?.parse().map_err(|_| "bad --iters")?),
-            "--rounds" => a.rounds = val("--rounds")?.parse().map_err(|_| "bad --rounds")?,
-            "--modes" => {
-                a.modes = val("--modes")?
-                    .split(',')
-                    .map(|m| match m.trim() {
-                        "eager" => Ok(Mode::Eager),
-                        "graph" => Ok(Mode::Graph),
-                        o => Err(format!("unknown mode {o:?}")),
-                    })
-                    .collect::<Result<_, _>>()?
-            }
-            "--algos" => {
-                a.algos = Some(
-                    val("--algos")?
-                        .split(',')
-                        .map(AlgoSpec::parse)
-                        .collect::<Result<_, _>>()?,
-                )
-            }
-            "--ranks" => a.ranks = Some(val("--ranks")?.parse().map_err(|_| "bad --ranks")?),
-            "--staging" => a.staging = parse_size(&val("--staging")?)?,
-            "--lamport-bytes" => a.lamport_bytes = Some(parse_size(&val("--lamport-bytes")?)?),
-            "--hidden" => a.hiddens = val("--hidden")?.split(',').map(parse_count).collect::<Result<_, _>>()?,
-            "--tokens" => a.tokens = val("--tokens")?.split(',').map(parse_count).collect::<Result<_, _>>()?,
-            "--json" => a.json = Some(PathBuf::from(val("--json")?)),
-            "--quick" => a.quick = true,
-            "--full" => a.full = true,
-            "--no-nccl" => a.nccl = false,
-            "--no-setup" => a.setup = false,
-            "--probe" => a.probe = true,
-            "--probe-bw" => a.probe_bw = true,
-            "--skew-us" => a.skew_us = val("--skew-us")?.parse().map_err(|e| format!("--skew-us: {e}"))?,
-            "-h" | "--help" => return Err(USAGE.to_string()),
-            o => return Err(format!("unknown argument {o:?}\n{USAGE}")),
+/// A comma-separated list (`--sizes 64K,1M`): every item parsed by the option's item parser,
+/// the whole list replacing the default (given twice, the last one counts).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct List<T>(pub(crate) Vec<T>);
+
+/// The value parser of a comma-separated list of what `item` parses.
+fn list<T>(item: fn(&str) -> Result<T, String>) -> impl Fn(&str) -> Result<List<T>, String> + Clone {
+    move |s: &str| s.split(',').map(item).collect::<Result<_, _>>().map(List)
+}
+
+/// `--ops`: the collectives, and whether `ar_rms_norm` (the epilogue table) was named with them.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct OpList {
+    ops: Vec<Op>,
+    epilogue: bool,
+}
+
+fn parse_ops(v: &str) -> Result<OpList, String> {
+    // `ar_rms_norm`: the all-reduce epilogue table (symm-bench/epilogue.rs).
+    let epilogue = v.split(',').any(|s| s.trim() == "ar_rms_norm");
+    let ops = v
+        .split(',')
+        .filter(|s| s.trim() != "ar_rms_norm")
+        .map(|s| {
+            Op::ALL
+                .into_iter()
+                .find(|o| o.name() == s.trim())
+                .ok_or_else(|| format!("unknown op {s:?}"))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(OpList { ops, epilogue })
+}
+
+fn parse_dtype(v: &str) -> Result<DType, String> {
+    match v {
+        "bf16" => Ok(DType::BF16),
+        "f16" | "fp16" => Ok(DType::F16),
+        "f32" | "fp32" => Ok(DType::F32),
+        o => Err(format!("unsupported dtype {o:?}")),
+    }
+}
+
+fn parse_redop(v: &str) -> Result<ReduceOp, String> {
+    ReduceOp::ALL
+        .into_iter()
+        .find(|o| o.name() == v)
+        .ok_or_else(|| format!("unknown redop {v:?}"))
+}
+
+fn parse_mode(m: &str) -> Result<Mode, String> {
+    match m.trim() {
+        "eager" => Ok(Mode::Eager),
+        "graph" => Ok(Mode::Graph),
+        o => Err(format!("unknown mode {o:?}")),
+    }
+}
+
+/// What `--help` says after the options: the algorithms of every op and the tuning keys.
+fn algorithms_help() -> String {
+    let mut s = String::from("Algorithms (--algos NAME[:KEY=VALUE...],...):\n");
+    for op in Op::ALL {
+        let _ = write!(s, "  {:<15} {}", op.name(), op.default_algos().join(" "));
+        if !op.on_request().is_empty() {
+            let _ = write!(s, " (only when named: {})", op.on_request().join(" "));
         }
+        s.push('\n');
     }
-    if a.full && (sizes_given || a.quick) {
-        return Err(format!(
-            "--full runs the whole default sweep; it does not go with {} (which {} the sizes)\n{USAGE}",
-            if sizes_given { "--sizes" } else { "--quick" },
-            if sizes_given { "sets" } else { "shortens" }
-        ));
+    let _ = write!(
+        s,
+        "Tuning keys: {} (sizes take K/M/G, e.g. one_shot:chunk=64K:chunks_per_block=2,copy_engine:ce_fraction=0.5:ce_chunk=8M)",
+        TUNING_KEYS.join(", ")
+    );
+    s
+}
+
+/// symm-bench's command line as clap parses it; [`Cli::into_args`] makes the [`Args`] the
+/// benchmark runs (defaults, `--quick`, and the checks across options).
+#[derive(Debug, Parser)]
+#[command(
+    name = "symm-bench",
+    about = "nccl-tests style benchmark of symm's collectives against NCCL (GPUs when present, the host backend otherwise)",
+    after_help = algorithms_help(),
+    args_override_self = true
+)]
+pub(crate) struct Cli {
+    /// Ops to run: all_reduce, reduce_scatter, all_gather; ar_rms_norm (with or instead of them):
+    /// all-reduce + residual + RMSNorm, fused against unfused, for every --hidden and --tokens (CUDA only)
+    #[arg(long, value_name = "LIST", value_parser = parse_ops, default_value = "all_reduce,reduce_scatter,all_gather")]
+    ops: OpList,
+    /// Message sizes in bytes (K/M/G suffixes) [default: 1K..256M; on the host backend to 4M unless --full]
+    #[arg(long, value_name = "LIST", value_parser = list(parse_size))]
+    sizes: Option<List<usize>>,
+    /// Element type: bf16, f16 (fp16) or f32 (fp32)
+    #[arg(long, value_name = "TYPE", value_parser = parse_dtype, default_value = "bf16")]
+    dtype: DType,
+    /// Reduction: sum, avg, max or min
+    #[arg(long, value_name = "OP", value_parser = parse_redop, default_value = "sum")]
+    redop: ReduceOp,
+    /// Ops per timed round [default: 2 GiB per round over the size, 5 to 100; 10 with --quick]
+    #[arg(long, value_name = "N")]
+    iters: Option<usize>,
+    /// Timed rounds (the median is reported) [default: 15; at most 5 with --quick]
+    #[arg(long, value_name = "N")]
+    rounds: Option<usize>,
+    /// Modes: eager (a host loop of launches), graph (CUDA graph replay)
+    #[arg(long, value_name = "LIST", value_parser = list(parse_mode), default_value = "eager,graph")]
+    modes: List<Mode>,
+    /// Algorithms, each with optional tuning (NAME[:KEY=VALUE...], see below) [default: every
+    /// algorithm of each op]
+    #[arg(long, value_name = "LIST", value_parser = list(AlgoSpec::parse))]
+    algos: Option<List<AlgoSpec>>,
+    /// Ranks (one per GPU) [default: every GPU; 2 on the host backend]
+    #[arg(long, value_name = "N")]
+    ranks: Option<usize>,
+    /// Staging bytes of the communicators
+    #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "10M")]
+    staging: usize,
+    /// Lamport buffer size (largest Lamport message) of the explicit kernels' collectives
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    lamport_bytes: Option<usize>,
+    /// Write the results there as JSON (--ops ar_rms_norm: also PATH with the extension
+    /// .ar_rms_norm.json)
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    /// Short run (sizes 1K,16K,64K unless --sizes, 10 iterations, at most 5 rounds)
+    #[arg(long)]
+    quick: bool,
+    /// The whole default sweep on the host backend too (to 256M)
+    #[arg(long)]
+    full: bool,
+    /// No NCCL rows
+    #[arg(long)]
+    no_nccl: bool,
+    /// No setup costs (collectives, communicator, symmetric allocation)
+    #[arg(long)]
+    no_setup: bool,
+    /// Run the latency probes instead of the collectives (CUDA only)
+    #[arg(long)]
+    probe: bool,
+    /// Run the bandwidth probes (SM and copy-engine copies to and from the peer) instead (CUDA only)
+    #[arg(long)]
+    probe_bw: bool,
+    /// Row lengths of --ops ar_rms_norm
+    #[arg(long, value_name = "LIST", value_parser = list(parse_count), default_value = "4096,8192")]
+    hidden: List<usize>,
+    /// Row counts of --ops ar_rms_norm
+    #[arg(long, value_name = "LIST", value_parser = list(parse_count), default_value = "1,8,32,128,512")]
+    tokens: List<usize>,
+    /// Rank 0 runs an N-microsecond kernel before every op (the times include it; CUDA only)
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    skew_us: u64,
+}
+
+impl Cli {
+    /// The [`Args`] this command line asks for; an error where options contradict each other.
+    pub(crate) fn into_args(self) -> Result<Args, String> {
+        let sizes_given = self.sizes.is_some();
+        if self.full && (sizes_given || self.quick) {
+            return Err(format!(
+                "--full runs the whole default sweep; it does not go with {} (which {} the sizes)\n{}",
+                if sizes_given { "--sizes" } else { "--quick" },
+                if sizes_given { "sets" } else { "shortens" },
+                Cli::command().render_usage()
+            ));
+        }
+        let mut a = Args {
+            ops: self.ops.ops,
+            sizes: match self.sizes {
+                Some(List(s)) => s,
+                None if self.quick => vec![KIB, 16 * KIB, 64 * KIB],
+                None => default_sizes(),
+            },
+            dtype: self.dtype,
+            redop: self.redop,
+            iters: self.iters,
+            rounds: self.rounds.unwrap_or(15),
+            modes: self.modes.0,
+            algos: self.algos.map(|l| l.0),
+            ranks: self.ranks,
+            staging: self.staging,
+            lamport_bytes: self.lamport_bytes,
+            json: self.json,
+            quick: self.quick,
+            full: self.full,
+            default_sweep: !sizes_given && !self.quick,
+            nccl: !self.no_nccl,
+            setup: !self.no_setup,
+            probe: self.probe,
+            probe_bw: self.probe_bw,
+            skew_us: self.skew_us,
+            epilogue: self.ops.epilogue,
+            hiddens: self.hidden.0,
+            tokens: self.tokens.0,
+        };
+        if a.quick && a.iters.is_none() {
+            a.iters = Some(10);
+            a.rounds = a.rounds.min(5);
+        }
+        if a.rounds == 0 || a.iters == Some(0) {
+            return Err("--rounds and --iters must be positive".into());
+        }
+        Ok(a)
     }
-    if a.quick && !sizes_given {
-        a.sizes = vec![KIB, 16 * KIB, 64 * KIB];
-    }
-    a.default_sweep = !sizes_given && !a.quick;
-    if a.quick && a.iters.is_none() {
-        a.iters = Some(10);
-        a.rounds = a.rounds.min(5);
-    }
-    if a.rounds == 0 || a.iters == Some(0) {
-        return Err("--rounds and --iters must be positive".into());
-    }
-    Ok(a)
+}
+
+/// Parses symm-bench's arguments (`argv` without the program name) as `main` does; the error
+/// is clap's message (or `--help`'s text) or [`Cli::into_args`]'s.
+#[cfg(test)]
+pub(crate) fn parse_args(argv: &[String]) -> Result<Args, String> {
+    let argv = std::iter::once("symm-bench").chain(argv.iter().map(String::as_str));
+    Cli::try_parse_from(argv)
+        .map_err(|e| e.render().to_string())?
+        .into_args()
 }
 
 impl Args {

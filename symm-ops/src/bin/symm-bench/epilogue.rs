@@ -16,7 +16,25 @@
 use symm_ops::{AllReduceAlgo, CommConfig, Communicator, EpilogueAlgo, RmsNorm, SymmBuffer};
 
 use crate::gpu::{time_rounds, RankState, K};
-use crate::{fmt_size, gather_f64s, json_num, json_str, median, BoxResult, DType, Group, Shared};
+use serde::Serialize;
+
+use crate::{fmt_size, gather_f64s, median, BoxResult, DType, Group, Shared};
+
+/// One row of the table in `--json`'s `.ar_rms_norm.json` (NaN times and ratios are `null`).
+#[derive(Debug, Serialize)]
+struct Record {
+    op: &'static str,
+    dtype: &'static str,
+    world: usize,
+    hidden: usize,
+    tokens: usize,
+    bytes: usize,
+    algo: &'static str,
+    path: String,
+    mode: &'static str,
+    time_us: f64,
+    over_unfused: f64,
+}
 
 /// One timed configuration.
 #[derive(Clone, Copy)]
@@ -150,7 +168,7 @@ fn point<T: symm_ops::Element>(
     comm: &Communicator,
     nccl: bool,
     (hidden, tokens): (usize, usize),
-    out: &mut Vec<String>,
+    out: &mut Vec<Record>,
 ) -> BoxResult<()> {
     let args = &sh.args;
     let n = hidden * tokens;
@@ -226,17 +244,19 @@ fn point<T: symm_ops::Element>(
                     ratio
                 );
                 println!("{line}");
-                out.push(format!(
-                    "{{\"op\":\"ar_rms_norm\",\"dtype\":{},\"world\":{},\"hidden\":{hidden},\"tokens\":{tokens},\
-                     \"bytes\":{bytes},\"algo\":{},\"path\":{},\"mode\":{},\"time_us\":{},\"over_unfused\":{}}}",
-                    json_str(&T::DTYPE.to_string()),
-                    st.world,
-                    json_str(v.label),
-                    json_str(&format!("{:?}", v.algo)),
-                    json_str(mode.name()),
-                    json_num(t),
-                    json_num(ratio)
-                ));
+                out.push(Record {
+                    op: "ar_rms_norm",
+                    dtype: T::DTYPE.name(),
+                    world: st.world,
+                    hidden,
+                    tokens,
+                    bytes,
+                    algo: v.label,
+                    path: format!("{:?}", v.algo),
+                    mode: mode.name(),
+                    time_us: t,
+                    over_unfused: ratio,
+                });
             }
         }
     }
@@ -277,7 +297,8 @@ pub(crate) fn run(sh: &Shared, st: &RankState, nccl_ok: bool) -> BoxResult<()> {
     if let (0, Some(json_path)) = (st.rank, &args.json) {
         // Beside the collectives' JSON: `X.json` -> `X.ar_rms_norm.json`.
         let path = json_path.with_extension("ar_rms_norm.json");
-        let text = format!("[\n  {}\n]\n", json.join(",\n  "));
+        let mut text = serde_json::to_string_pretty(&json)?;
+        text.push('\n');
         std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
         println!("wrote {}", path.display());
     }
