@@ -1008,12 +1008,8 @@ mod tests {
                 registered: r,
             }
         }
-        let (yes, no, inp, out): (
-            &dyn Fn(Side) -> bool,
-            &dyn Fn(Side) -> bool,
-            &dyn Fn(Side) -> bool,
-            &dyn Fn(Side) -> bool,
-        ) = (&yes, &no, &inp, &out);
+        type Reg<'a> = &'a dyn Fn(Side) -> bool;
+        let (yes, no, inp, out): (Reg<'_>, Reg<'_>, Reg<'_>, Reg<'_>) = (&yes, &no, &inp, &out);
         let two = sel(EngineKind::Cuda, 2, true);
         let big = 32 * MIB;
         assert_eq!(

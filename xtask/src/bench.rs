@@ -35,6 +35,8 @@ pub fn main(args: &[String]) -> Result<()> {
             "--out" => out_dir = PathBuf::from(it.next().ok_or("--out needs a folder")?),
             "--json" => return Err("bench: xtask sets --json itself; use --out DIR".into()),
             "--tp-layer" => tp_layer = true,
+            // `cargo xtask bench -- ARGS` (docs/benchmarks.md): what follows goes to the binary.
+            "--" => {}
             _ => pass.push(a.clone()),
         }
     }

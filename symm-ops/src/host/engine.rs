@@ -17,11 +17,10 @@ impl HostEngine {
     /// peer's matching op fails with [`Error::Mismatch`]; unless every rank rejected it the
     /// group is out of step ([`Engine::take_told_peers`]).
     fn refuse<T>(&self, stream: OpStream<'_>, r: Result<T>) -> Result<T> {
-        r.map_err(|e| {
-            if Engine::reject(self, stream, &e) {
+        r.inspect_err(|e| {
+            if Engine::reject(self, stream, e) {
                 self.told.store(true, std::sync::atomic::Ordering::Release);
             }
-            e
         })
     }
 
