@@ -64,7 +64,7 @@ impl CudaEngine {
         };
         let norm = w_ptr.map(|w| (w, n_ptr, eps));
         // SAFETY: every address was resolved by `src` / `dst` from this op's buffers, checked
-        // there against `rows` and held (guards above) until the op is enqueued (cuda/coll.rs
+        // there against `rows` and held (guards above) until the op is enqueued (cuda/engine.rs
         // module docs, NOTE [raw-addresses]).
         let e = unsafe { Epilogue::new(op, x_ptr, rows, r_ptr, ro_ptr, norm) }?;
         check_sum_place(op, sum_at, r_ptr, ro_ptr)?;

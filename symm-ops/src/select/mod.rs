@@ -1,0 +1,311 @@
+//! The one planner (NOTE [one-planner] in docs/architecture.md): which kernel (or NCCL) runs an
+//! op, by payload size, world size, topology, engine and the op's buffers. The table is data
+//! ([`SelectionThresholds`]), agreed by every rank at setup (ranks that chose
+//! differently would deadlock), and printable
+//! ([`crate::Communicator::selection_table`]). `thresholds.rs` holds the table's data and
+//! defaults, this file the requests and the table's picks by size, `plan.rs` the plans (the
+//! request and the buffers to a kernel), `table.rs` the printed table.
+
+use std::fmt;
+
+mod plan;
+mod table;
+#[cfg(test)]
+mod tests;
+mod thresholds;
+
+pub(crate) use table::human;
+pub use thresholds::SelectionThresholds;
+
+/// The engine that runs a communicator's ops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum EngineKind {
+    /// The generic engine: works over any backend's
+    /// [`symm_core::SymmetricMemory`] with `read_bytes` / `write_bytes` and
+    /// the pad's barrier and signals (the host backend in symm-testkit; CI).
+    Host,
+    /// symm-cuda's collective kernels, with NCCL as the fallback where it wins.
+    Cuda,
+    /// NCCL only (chosen when the group spans hosts or is not fully connected).
+    Nccl,
+}
+
+impl fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EngineKind::Host => "host",
+            EngineKind::Cuda => "cuda",
+            EngineKind::Nccl => "nccl",
+        })
+    }
+}
+
+/// All-reduce algorithms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AllReduceAlgo {
+    /// Every rank reads every peer's input and reduces all of it.
+    OneShot,
+    /// Reduce-scatter (each rank reduces 1/world) then all-gather.
+    TwoShot,
+    /// One-shot with data as flag (push into peers' sentinel-filled slots, no
+    /// barrier); CUDA only. The host engine runs it as one-shot.
+    Lamport,
+    /// Zero-copy SM pull in one kernel (CUDA), between an opening and a
+    /// closing barrier. Two ranks: every rank reads the peer's input in place
+    /// over NVLink and reduces it; the input must lie in registered symmetric
+    /// memory (a tensor from [`crate::Communicator::persistent_buffer`]) apart
+    /// from the output. Three or more: the two-shot pull, each rank reducing
+    /// its shard from every input and writing it into every output; input and
+    /// output both registered, equal (in place) or apart. Other buffers run the
+    /// size's usual choice. The host engine runs it as one-shot.
+    Pull,
+    /// Zero-copy copy-engine two-shot (CUDA, two ranks): a copy engine pulls the peer's input
+    /// for this rank's half into the output, the SMs reduce each chunk as it lands, a second
+    /// copy engine pushes each reduced chunk into the peer's output. Input and output must both
+    /// lie in registered symmetric memory, apart; otherwise [`AllReduceAlgo::Pull`] runs when
+    /// the input alone qualifies, else the size's usual choice. The host engine runs it as
+    /// one-shot.
+    CopyEngine,
+    /// NCCL's all-reduce.
+    Nccl,
+}
+
+impl fmt::Display for AllReduceAlgo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AllReduceAlgo::OneShot => "one-shot",
+            AllReduceAlgo::TwoShot => "two-shot",
+            AllReduceAlgo::Lamport => "lamport (one-shot, data as flag)",
+            AllReduceAlgo::Pull => "zero-copy pull",
+            AllReduceAlgo::CopyEngine => "zero-copy copy-engine two-shot",
+            AllReduceAlgo::Nccl => "nccl",
+        })
+    }
+}
+
+/// Reduce-scatter algorithms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ReduceScatterAlgo {
+    /// The push kernels (CUDA): every rank pushes each peer's segment into the peer's workspace,
+    /// through the Lamport slots while a rank's segment fits them and the table's Lamport bound,
+    /// else through the ring buffers. Any buffers. The host engine reads every peer's segment.
+    Push,
+    /// Zero-copy pull (CUDA): every rank reads its shard straight from the peers' inputs, which
+    /// must lie in registered symmetric memory; other inputs run what the table runs without
+    /// its zero-copy rows.
+    Pull,
+    Nccl,
+}
+
+impl fmt::Display for ReduceScatterAlgo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ReduceScatterAlgo::Push => "push",
+            ReduceScatterAlgo::Pull => "zero-copy pull",
+            ReduceScatterAlgo::Nccl => "nccl",
+        })
+    }
+}
+
+/// All-gather algorithms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AllGatherAlgo {
+    /// The push kernels (CUDA): every rank pushes its input into every peer's workspace, through
+    /// the Lamport slots (f32 / f16 / bf16) while its input fits them and the table's Lamport
+    /// bound, else through the ring buffers. Any buffers. The host engine copies with the CPU.
+    Push,
+    /// Copy-engine peer copies, zero-copy (CUDA): a push into every peer's output when the
+    /// output lies in registered symmetric memory, else a pull from the peers' inputs when the
+    /// input does; other buffers run what the table runs without its zero-copy rows. The host
+    /// engine copies with the CPU.
+    CopyEngine,
+    /// Zero-copy SM pull in one kernel (CUDA): every rank copies every peer's input in place over
+    /// NVLink, between an opening and a closing barrier; the input must lie in registered
+    /// symmetric memory (or the op run in place in a registered output); other buffers run
+    /// what the table runs without its zero-copy rows. The host engine copies with the CPU.
+    Pull,
+    Nccl,
+}
+
+impl fmt::Display for AllGatherAlgo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AllGatherAlgo::Push => "push",
+            AllGatherAlgo::CopyEngine => "copy engine",
+            AllGatherAlgo::Pull => "zero-copy pull",
+            AllGatherAlgo::Nccl => "nccl",
+        })
+    }
+}
+
+/// What the planner decided an op runs: one of the engine's explicit kernels (symm-core's
+/// vocabulary, [`symm_core::kernels`]), or NCCL. The host engine's plans name the kernel its
+/// generic path stands for: all-reduce [`symm_core::AllReduceKernel::OneShot`] or
+/// [`symm_core::AllReduceKernel::TwoShot`], reduce-scatter and all-gather the pull (every rank reads what
+/// it needs from its peers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Plan<K> {
+    Kernel(K),
+    Nccl,
+}
+
+impl<K: fmt::Display> fmt::Display for Plan<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Plan::Kernel(k) => k.fmt(f),
+            Plan::Nccl => f.write_str("nccl"),
+        }
+    }
+}
+
+/// Which of an op's buffers the planner asks about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    Input,
+    Output,
+}
+
+/// What the planner needs to know of an op's buffers beyond its size: where they lie relative
+/// to each other, and (asked only for the zero-copy rows, as a registry search costs a lock)
+/// whether each lies in symmetric memory registered with the engine (the same offsets on every
+/// rank, so every rank gets the same answer).
+pub(crate) struct Bufs<'a> {
+    /// Input and output are the same buffer (all-reduce), or the input is this rank's slice of
+    /// the output (all-gather).
+    pub in_place: bool,
+    /// Input and output do not overlap.
+    pub apart: bool,
+    pub registered: &'a dyn Fn(Side) -> bool,
+}
+
+/// The selection in force for one communicator.
+#[derive(Debug, Clone)]
+pub(crate) struct Selector {
+    pub engine: EngineKind,
+    /// Symmetric-memory algorithms available (false: NCCL only).
+    pub symm: bool,
+    /// NCCL available as the fallback.
+    pub nccl: bool,
+    pub thresholds: SelectionThresholds,
+    /// Ranks of the group.
+    pub world: usize,
+    /// Bytes one Lamport slot holds (a rank's part of a Lamport reduce-scatter or all-gather);
+    /// 0 without the kernels. The same on every rank.
+    pub lamport_slot: usize,
+}
+
+impl Selector {
+    pub fn all_reduce(&self, bytes: usize) -> AllReduceAlgo {
+        let t = &self.thresholds;
+        if !self.symm {
+            return AllReduceAlgo::Nccl;
+        }
+        if self.engine != EngineKind::Cuda {
+            return if bytes <= t.one_shot_max_bytes.max(t.lamport_max_bytes) {
+                AllReduceAlgo::OneShot
+            } else {
+                AllReduceAlgo::TwoShot
+            };
+        }
+        if bytes <= t.lamport_max_bytes {
+            AllReduceAlgo::Lamport
+        } else if bytes >= t.all_reduce_ce_min_bytes {
+            // The engine runs the pull (or the size's usual choice) when the buffers do not
+            // qualify.
+            AllReduceAlgo::CopyEngine
+        } else if bytes >= t.all_reduce_pull_min_bytes && (bytes <= t.all_reduce_pull_max_bytes || !self.nccl) {
+            // The engine runs the size's usual choice when the input is not registered.
+            AllReduceAlgo::Pull
+        } else if self.nccl && bytes > t.two_shot_max_bytes {
+            AllReduceAlgo::Nccl
+        } else if bytes <= t.one_shot_max_bytes {
+            AllReduceAlgo::OneShot
+        } else {
+            AllReduceAlgo::TwoShot
+        }
+    }
+
+    /// How an all-reduce epilogue of `bytes` runs (NOTE [fused-epilogue]): the table's
+    /// all-reduce then the epilogue kernel, except at world 1, where nothing is exchanged (the
+    /// fused kernel, one kernel).
+    pub fn epilogue(&self, bytes: usize, world: usize) -> crate::EpilogueAlgo {
+        match self.all_reduce(bytes) {
+            _ if self.symm && self.engine == EngineKind::Cuda && world == 1 => crate::EpilogueAlgo::Fused,
+            a => crate::EpilogueAlgo::Separate(a),
+        }
+    }
+
+    /// What runs instead of [`AllReduceAlgo::Pull`] when the input cannot be read in
+    /// place (not registered, or the output overlaps it): the table without the copy engine.
+    pub fn fallback_all_reduce(&self, bytes: usize) -> AllReduceAlgo {
+        self.without_zero_copy().all_reduce(bytes)
+    }
+
+    /// The table without its zero-copy rows (pulls, copy engine): what an op runs when its
+    /// buffers do not qualify for the zero-copy pick (not registered, or overlapping).
+    fn without_zero_copy(&self) -> Selector {
+        Selector {
+            thresholds: SelectionThresholds {
+                all_reduce_pull_min_bytes: usize::MAX,
+                all_reduce_ce_min_bytes: usize::MAX,
+                reduce_scatter_pull_min_bytes: usize::MAX,
+                all_gather_pull_min_bytes: usize::MAX,
+                all_gather_copy_engine_min_bytes: usize::MAX,
+                ..self.thresholds
+            },
+            ..self.clone()
+        }
+    }
+
+    /// What runs instead of [`ReduceScatterAlgo::Pull`] when the input is not registered.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub fn fallback_reduce_scatter(&self, bytes: usize) -> ReduceScatterAlgo {
+        self.without_zero_copy().reduce_scatter(bytes)
+    }
+
+    /// What runs instead of [`AllGatherAlgo::Pull`] / [`AllGatherAlgo::CopyEngine`] when neither
+    /// buffer qualifies.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub fn fallback_all_gather(&self, bytes: usize) -> AllGatherAlgo {
+        self.without_zero_copy().all_gather(bytes)
+    }
+
+    /// Symmetric memory up to `reduce_scatter_max_bytes`, NCCL above; the zero-copy pull from
+    /// its bound on (CUDA; the engine runs NCCL, else the kernels, for unregistered inputs).
+    pub fn reduce_scatter(&self, bytes: usize) -> ReduceScatterAlgo {
+        if self.symm && self.engine == EngineKind::Cuda && bytes >= self.thresholds.reduce_scatter_pull_min_bytes {
+            ReduceScatterAlgo::Pull
+        } else if !self.symm || (self.nccl && bytes > self.thresholds.reduce_scatter_max_bytes) {
+            ReduceScatterAlgo::Nccl
+        } else {
+            ReduceScatterAlgo::Push
+        }
+    }
+
+    /// SM copies up to `all_gather_max_bytes`, NCCL above; the copy engine from its bound on
+    /// (CUDA), also above the NCCL bound when its bound is the larger (the engine then runs NCCL,
+    /// where available, for inputs outside registered symmetric memory).
+    pub fn all_gather(&self, bytes: usize) -> AllGatherAlgo {
+        let t = &self.thresholds;
+        let cuda = self.engine == EngineKind::Cuda;
+        let ce = cuda && bytes >= t.all_gather_copy_engine_min_bytes;
+        // The pulls' upper bounds hand sizes to NCCL; without it the pull beats the kernels.
+        let pull =
+            cuda && !ce && bytes >= t.all_gather_pull_min_bytes && (bytes <= t.all_gather_pull_max_bytes || !self.nccl);
+        // A zero-copy bound above the NCCL bound takes the sizes from it back from NCCL.
+        let zero_copy_over_nccl = (ce && t.all_gather_copy_engine_min_bytes > t.all_gather_max_bytes) || pull;
+        if !self.symm || (self.nccl && bytes > t.all_gather_max_bytes && !zero_copy_over_nccl) {
+            AllGatherAlgo::Nccl
+        } else if ce {
+            AllGatherAlgo::CopyEngine
+        } else if pull {
+            AllGatherAlgo::Pull
+        } else {
+            AllGatherAlgo::Push
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! The planner's tests: the table's picks, the plans, the printed table.
+
+use super::thresholds::{KIB, LAMPORT_MAX_MULTI, LAMPORT_MAX_TWO_RANKS, MIB};
+use super::*;
+use symm_core::{AllGatherKernel, AllReduceKernel, DType, ReduceScatterKernel};
+
+fn sel(engine: EngineKind, world: usize, nccl: bool) -> Selector {
+    // symm-cuda's default Lamport slots: 16 MiB for two ranks, 16 MiB / (world - 1) above.
+    let lamport_slot = match engine {
+        EngineKind::Cuda => (16 * MIB) / world.saturating_sub(1).max(1),
+        _ => 0,
+    };
+    Selector {
+        engine,
+        symm: engine != EngineKind::Nccl,
+        nccl,
+        thresholds: SelectionThresholds::defaults(engine, world),
+        world,
+        lamport_slot,
+    }
+}
+
+/// The epilogue rule: the table's all-reduce then the kernel at every size (Lamport up to
+/// the table's bound, from 1 KiB to 16 MiB at two ranks), fused at world 1; the table shows
+/// the all-reduce rows' picks.
+#[test]
+fn epilogues_fuse_at_world_1_and_follow_the_all_reduce_table() {
+    use crate::EpilogueAlgo::{Fused, Separate};
+    for world in [2, 4, 8] {
+        for nccl in [true, false] {
+            let s = sel(EngineKind::Cuda, world, nccl);
+            for bytes in [8 * KIB, 512 * KIB, s.thresholds.lamport_max_bytes, 64 * MIB] {
+                assert_eq!(
+                    s.epilogue(bytes, world),
+                    Separate(s.all_reduce(bytes)),
+                    "{world} {bytes}"
+                );
+            }
+            assert_eq!(
+                s.epilogue(512 * KIB, world),
+                Separate(AllReduceAlgo::Lamport),
+                "{world}"
+            );
+            let table = s.epilogue_table(world);
+            assert!(
+                table.contains("lamport (one-shot, data as flag), then the epilogue"),
+                "{table}"
+            );
+            assert!(!table.contains("fused"), "{table}");
+        }
+    }
+    let one = sel(EngineKind::Cuda, 1, true);
+    assert_eq!(one.epilogue(8 * KIB, 1), Fused);
+    let host = sel(EngineKind::Host, 2, false);
+    assert!(matches!(host.epilogue(8 * MIB, 2), Separate(_)));
+}
+
+#[test]
+fn cuda_world2_hands_large_to_nccl_only_if_present() {
+    let s = sel(EngineKind::Cuda, 2, true);
+    let lamport = LAMPORT_MAX_TWO_RANKS;
+    assert_eq!(lamport, 16 * MIB);
+    assert_eq!(s.all_reduce(1024), AllReduceAlgo::Lamport);
+    assert_eq!(s.all_reduce(lamport), AllReduceAlgo::Lamport);
+    // Above the Lamport bound: the zero-copy pull (registered inputs; NCCL for others), the
+    // copy-engine two-shot above 128 MiB (registered inputs and outputs).
+    assert_eq!(s.all_reduce(lamport + 2), AllReduceAlgo::Pull);
+    assert_eq!(s.all_reduce(128 * MIB), AllReduceAlgo::Pull);
+    assert_eq!(s.all_reduce(256 * MIB), AllReduceAlgo::CopyEngine);
+    assert_eq!(s.all_reduce(1 << 40), AllReduceAlgo::CopyEngine);
+    assert_eq!(s.fallback_all_reduce(lamport + 2), AllReduceAlgo::Nccl);
+    assert_eq!(s.fallback_all_reduce(1 << 40), AllReduceAlgo::Nccl);
+    assert_eq!(s.reduce_scatter(32 * MIB), ReduceScatterAlgo::Push);
+    // Above the symmetric bound: the zero-copy pull (registered inputs; NCCL for others).
+    assert_eq!(s.reduce_scatter(32 * MIB + 2), ReduceScatterAlgo::Pull);
+    assert_eq!(s.reduce_scatter(256 * MIB), ReduceScatterAlgo::Pull);
+    let mut no_pull = s.clone();
+    no_pull.thresholds.reduce_scatter_pull_min_bytes = usize::MAX;
+    assert_eq!(no_pull.reduce_scatter(64 * MIB), ReduceScatterAlgo::Nccl);
+    assert_eq!(s.all_gather(4 * MIB), AllGatherAlgo::Push);
+    assert_eq!(s.all_gather(32 * MIB), AllGatherAlgo::Push);
+    assert_eq!(s.all_gather(48 * MIB), AllGatherAlgo::Pull);
+    assert_eq!(s.all_gather(64 * MIB), AllGatherAlgo::Pull);
+    assert_eq!(s.all_gather(256 * MIB), AllGatherAlgo::CopyEngine);
+    let mut no_pull = s.clone();
+    no_pull.thresholds.all_reduce_pull_min_bytes = usize::MAX;
+    no_pull.thresholds.all_reduce_ce_min_bytes = usize::MAX;
+    no_pull.thresholds.all_gather_pull_min_bytes = usize::MAX;
+    assert_eq!(no_pull.all_reduce(lamport + 2), AllReduceAlgo::Nccl);
+    assert_eq!(no_pull.all_gather(48 * MIB), AllGatherAlgo::Nccl);
+    let s = sel(EngineKind::Cuda, 2, false);
+    assert_eq!(s.all_reduce(lamport + 2), AllReduceAlgo::Pull);
+    assert_eq!(s.fallback_all_reduce(lamport + 2), AllReduceAlgo::OneShot);
+    assert_eq!(s.fallback_all_reduce(1 << 40), AllReduceAlgo::OneShot);
+    assert_eq!(s.all_gather(48 * MIB), AllGatherAlgo::Pull);
+    assert_eq!(s.reduce_scatter(4 * MIB), ReduceScatterAlgo::Push);
+    assert_eq!(s.reduce_scatter(1 << 40), ReduceScatterAlgo::Pull);
+    assert_eq!(s.all_gather(64 * KIB), AllGatherAlgo::Push);
+}
+
+#[test]
+fn cuda_world8_hands_large_to_nccl_only_if_present() {
+    let mut s = sel(EngineKind::Cuda, 8, true);
+    s.thresholds.lamport_max_bytes = 64 * KIB;
+    s.thresholds.one_shot_max_bytes = 256 * KIB;
+    assert_eq!(s.all_reduce(32 * KIB), AllReduceAlgo::Lamport);
+    assert_eq!(s.all_reduce(128 * KIB), AllReduceAlgo::OneShot);
+    assert_eq!(s.all_reduce(MIB), AllReduceAlgo::TwoShot);
+    assert_eq!(s.all_reduce(64 * MIB), AllReduceAlgo::Nccl);
+    assert_eq!(s.reduce_scatter(64 * MIB), ReduceScatterAlgo::Nccl);
+    let s = sel(EngineKind::Cuda, 8, false);
+    assert_eq!(s.all_reduce(64 * MIB), AllReduceAlgo::TwoShot);
+    assert_eq!(s.reduce_scatter(64 * MIB), ReduceScatterAlgo::Push);
+}
+
+#[test]
+fn cuda_world4_from_the_4_gpu_measurements() {
+    let s = sel(EngineKind::Cuda, 4, true);
+    let lamport_multi = LAMPORT_MAX_MULTI;
+    assert_eq!(s.all_reduce(lamport_multi), AllReduceAlgo::Lamport);
+    // Other buffers: the two-shot ring to 4 MiB, NCCL above.
+    assert_eq!(s.fallback_all_reduce(4 * MIB), AllReduceAlgo::TwoShot);
+    assert_eq!(s.fallback_all_reduce(4 * MIB + 2), AllReduceAlgo::Nccl);
+    assert_eq!(s.fallback_all_reduce(64 * MIB), AllReduceAlgo::Nccl);
+    // All-reduce of registered buffers: the two-shot pull from the Lamport bound to 16 MiB.
+    assert_eq!(s.all_reduce(lamport_multi + 2), AllReduceAlgo::Pull);
+    assert_eq!(s.all_reduce(16 * MIB), AllReduceAlgo::Pull);
+    assert_eq!(s.all_reduce(16 * MIB + 2), AllReduceAlgo::Nccl);
+    assert_eq!(s.fallback_all_reduce(2 * MIB), AllReduceAlgo::TwoShot);
+    // Reduce-scatter: the pull (registered inputs) above 16 MiB at every size, the kernels up
+    // to 64 MiB for other inputs (the fallback), NCCL above.
+    assert_eq!(s.reduce_scatter(16 * MIB), ReduceScatterAlgo::Push);
+    assert_eq!(s.reduce_scatter(256 * MIB), ReduceScatterAlgo::Pull);
+    assert_eq!(s.fallback_reduce_scatter(64 * MIB), ReduceScatterAlgo::Push);
+    assert_eq!(s.fallback_reduce_scatter(128 * MIB), ReduceScatterAlgo::Nccl);
+    // All-gather: the pull from 16 MiB to 64 MiB, the kernels up to 32 MiB, NCCL above.
+    assert_eq!(s.all_gather(16 * MIB), AllGatherAlgo::Push);
+    assert_eq!(s.all_gather(32 * MIB), AllGatherAlgo::Pull);
+    assert_eq!(s.all_gather(64 * MIB), AllGatherAlgo::Pull);
+    assert_eq!(s.all_gather(128 * MIB), AllGatherAlgo::Nccl);
+    assert_eq!(s.fallback_all_gather(32 * MIB), AllGatherAlgo::Push);
+    assert_eq!(s.fallback_all_gather(64 * MIB), AllGatherAlgo::Nccl);
+    let table = s.table("t");
+    assert!(table.contains("<= 64 MiB      zero-copy pull"), "{table}");
+    // Without NCCL the pulls' upper bounds (set against NCCL) do not apply, and the kernels
+    // take every other size.
+    let alone = sel(EngineKind::Cuda, 4, false);
+    assert_eq!(alone.all_gather(256 * MIB), AllGatherAlgo::Pull);
+    assert_eq!(alone.fallback_all_gather(256 * MIB), AllGatherAlgo::Push);
+    assert_eq!(alone.all_reduce(256 * MIB), AllReduceAlgo::Pull);
+    assert_eq!(alone.fallback_all_reduce(256 * MIB), AllReduceAlgo::TwoShot);
+    // Eight ranks (unmeasured): no pull.
+    let eight = sel(EngineKind::Cuda, 8, true);
+    assert_eq!(eight.reduce_scatter(64 * MIB), ReduceScatterAlgo::Nccl);
+    assert_eq!(eight.all_gather(32 * MIB), AllGatherAlgo::Nccl);
+}
+
+#[test]
+fn nccl_only_and_host() {
+    let s = sel(EngineKind::Nccl, 4, true);
+    assert_eq!(s.all_reduce(4), AllReduceAlgo::Nccl);
+    assert_eq!(s.all_gather(4), AllGatherAlgo::Nccl);
+    let h = sel(EngineKind::Host, 3, false);
+    assert_eq!(h.all_reduce(4), AllReduceAlgo::OneShot);
+    assert_eq!(h.all_reduce(MIB), AllReduceAlgo::TwoShot);
+    assert_eq!(h.all_gather(1 << 30), AllGatherAlgo::Push);
+}
+
+/// The plans: zero-copy requests run their kernel only on buffers that qualify, else the
+/// table's pick without its zero-copy rows; the push kernels' Lamport rule (a rank's part in
+/// one slot, the whole under the bound; the all-gather's only for float lanes), which
+/// symm-cuda's own `Auto` applied before the planner took it over.
+#[test]
+fn plans_follow_the_buffers() {
+    let reg = |i: bool, o: bool| move |side: Side| if side == Side::Input { i } else { o };
+    let (yes, no, inp, out) = (reg(true, true), reg(false, false), reg(true, false), reg(false, true));
+    fn bufs(apart: bool, in_place: bool, r: &dyn Fn(Side) -> bool) -> Bufs<'_> {
+        Bufs {
+            in_place,
+            apart,
+            registered: r,
+        }
+    }
+    type Reg<'a> = &'a dyn Fn(Side) -> bool;
+    let (yes, no, inp, out): (Reg<'_>, Reg<'_>, Reg<'_>, Reg<'_>) = (&yes, &no, &inp, &out);
+    let two = sel(EngineKind::Cuda, 2, true);
+    let big = 32 * MIB;
+    assert_eq!(
+        two.plan_all_reduce(AllReduceAlgo::Pull, big, &bufs(true, false, inp)),
+        Plan::Kernel(AllReduceKernel::Pull)
+    );
+    assert_eq!(
+        two.plan_all_reduce(AllReduceAlgo::Pull, big, &bufs(true, false, no)),
+        Plan::Nccl
+    );
+    // In place, the one-shot pull does not qualify at two ranks.
+    assert_eq!(
+        two.plan_all_reduce(AllReduceAlgo::Pull, big, &bufs(false, true, yes)),
+        Plan::Nccl
+    );
+    assert_eq!(
+        two.plan_all_reduce(AllReduceAlgo::CopyEngine, big, &bufs(true, false, yes)),
+        Plan::Kernel(AllReduceKernel::CopyEngineTwoShot)
+    );
+    assert_eq!(
+        two.plan_all_reduce(AllReduceAlgo::CopyEngine, big, &bufs(true, false, inp)),
+        Plan::Kernel(AllReduceKernel::Pull)
+    );
+    assert_eq!(
+        two.plan_all_reduce(AllReduceAlgo::Pull, 4 * KIB, &bufs(true, false, no)),
+        Plan::Kernel(AllReduceKernel::Lamport)
+    );
+    let four = sel(EngineKind::Cuda, 4, true);
+    assert_eq!(
+        four.plan_all_reduce(AllReduceAlgo::Pull, 8 * MIB, &bufs(false, true, yes)),
+        Plan::Kernel(AllReduceKernel::PullTwoShot)
+    );
+    assert_eq!(
+        four.plan_all_reduce(AllReduceAlgo::Pull, 2 * MIB, &bufs(true, false, inp)),
+        Plan::Kernel(AllReduceKernel::TwoShot)
+    );
+    assert_eq!(
+        four.plan_all_reduce(AllReduceAlgo::Pull, 8 * MIB, &bufs(true, false, inp)),
+        Plan::Nccl
+    );
+    let alone = sel(EngineKind::Cuda, 4, false);
+    assert_eq!(
+        alone.plan_all_reduce(AllReduceAlgo::Pull, 8 * MIB, &bufs(true, false, inp)),
+        Plan::Kernel(AllReduceKernel::TwoShot)
+    );
+    // Reduce-scatter: 16 MiB slots at two ranks, so up to the 32 MiB bound.
+    assert_eq!(
+        two.plan_reduce_scatter(ReduceScatterAlgo::Push, big, &|| false),
+        Plan::Kernel(ReduceScatterKernel::Lamport)
+    );
+    assert_eq!(
+        two.plan_reduce_scatter(ReduceScatterAlgo::Push, big + 2, &|| false),
+        Plan::Kernel(ReduceScatterKernel::Ring)
+    );
+    assert_eq!(
+        two.plan_reduce_scatter(ReduceScatterAlgo::Pull, 64 * MIB, &|| true),
+        Plan::Kernel(ReduceScatterKernel::Pull)
+    );
+    assert_eq!(
+        two.plan_reduce_scatter(ReduceScatterAlgo::Pull, 64 * MIB, &|| false),
+        Plan::Nccl
+    );
+    let two_alone = sel(EngineKind::Cuda, 2, false);
+    assert_eq!(
+        two_alone.plan_reduce_scatter(ReduceScatterAlgo::Pull, 64 * MIB, &|| false),
+        Plan::Kernel(ReduceScatterKernel::Ring)
+    );
+    // Smaller slots bound the part: 4 MiB slots take 8 MiB of whole tensor at two ranks.
+    let mut small = sel(EngineKind::Cuda, 2, true);
+    small.lamport_slot = 4 * MIB;
+    assert_eq!(
+        small.plan_reduce_scatter(ReduceScatterAlgo::Push, 8 * MIB, &|| false),
+        Plan::Kernel(ReduceScatterKernel::Lamport)
+    );
+    assert_eq!(
+        small.plan_reduce_scatter(ReduceScatterAlgo::Push, 8 * MIB + 4, &|| false),
+        Plan::Kernel(ReduceScatterKernel::Ring)
+    );
+    // All-gather: Lamport for float lanes only; the zero-copy kernels by which buffer is registered.
+    let ag = |a, whole, d, b: &Bufs<'_>| two.plan_all_gather(a, whole, d, b);
+    assert_eq!(
+        ag(AllGatherAlgo::Push, MIB, DType::BF16, &bufs(true, false, no)),
+        Plan::Kernel(AllGatherKernel::Lamport)
+    );
+    assert_eq!(
+        ag(AllGatherAlgo::Push, MIB, DType::I32, &bufs(true, false, no)),
+        Plan::Kernel(AllGatherKernel::Ring)
+    );
+    assert_eq!(
+        ag(AllGatherAlgo::CopyEngine, big, DType::F32, &bufs(true, false, yes)),
+        Plan::Kernel(AllGatherKernel::CopyEnginePush)
+    );
+    assert_eq!(
+        ag(AllGatherAlgo::CopyEngine, big, DType::F32, &bufs(true, false, inp)),
+        Plan::Kernel(AllGatherKernel::CopyEnginePull)
+    );
+    assert_eq!(
+        ag(AllGatherAlgo::CopyEngine, big, DType::F32, &bufs(true, false, no)),
+        Plan::Kernel(AllGatherKernel::Lamport)
+    );
+    assert_eq!(
+        ag(AllGatherAlgo::Pull, 48 * MIB, DType::F32, &bufs(false, true, out)),
+        Plan::Kernel(AllGatherKernel::Pull)
+    );
+    assert_eq!(
+        ag(AllGatherAlgo::Pull, 48 * MIB, DType::F32, &bufs(true, false, out)),
+        Plan::Nccl
+    );
+    // One rank: no Lamport reduce-scatter / all-gather (nothing to exchange).
+    assert!(!sel(EngineKind::Cuda, 1, true).rs_ag_lamport(2048, usize::MAX));
+    // The host engine's plans name its generic paths.
+    let host = sel(EngineKind::Host, 3, false);
+    assert_eq!(
+        host.plan_all_reduce(AllReduceAlgo::Lamport, 64, &bufs(true, false, no)),
+        Plan::Kernel(AllReduceKernel::OneShot)
+    );
+    assert_eq!(
+        host.plan_all_reduce(AllReduceAlgo::TwoShot, 64, &bufs(true, false, no)),
+        Plan::Kernel(AllReduceKernel::TwoShot)
+    );
+}
+
+#[test]
+fn table_lists_every_boundary() {
+    let norm = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut s = sel(EngineKind::Cuda, 8, true);
+    s.thresholds.lamport_max_bytes = 64 * KIB;
+    s.thresholds.one_shot_max_bytes = 256 * KIB;
+    s.thresholds.all_gather_copy_engine_min_bytes = 4 * MIB;
+    let raw = s.table("hdr");
+    assert!(raw.starts_with("hdr\n"), "{raw}");
+    let t = norm(&raw);
+    assert!(t.contains("<= 64 KiB lamport"), "{raw}");
+    assert!(t.contains("<= 256 KiB one-shot"), "{raw}");
+    assert!(t.contains("<= 4 MiB two-shot"), "{raw}");
+    assert!(t.contains("larger nccl"), "{raw}");
+    // The all-gather's push kernels are Lamport below the copy-engine bound (the planner's
+    // choice, shown as such), the copy-engine push for registered outputs above it.
+    assert!(t.contains("< 4 MiB lamport (data as flag"), "{raw}");
+    assert!(
+        t.contains("<= 8 MiB copy-engine push | other buffers: lamport"),
+        "{raw}"
+    );
+    let raw2 = sel(EngineKind::Cuda, 2, true).table("two");
+    println!("{raw2}");
+    let t2 = norm(&raw2);
+    assert!(t2.contains("<= 16 MiB lamport"), "{t2}");
+    assert!(t2.contains("zero-copy copy-engine two-shot"), "{t2}");
+    // Registered and other buffers side by side where they differ.
+    assert!(t2.contains("zero-copy pull | other buffers: nccl"), "{t2}");
+    // Four ranks: the reduce-scatter's ring (above the Lamport bound, below NCCL's).
+    let t4 = norm(&sel(EngineKind::Cuda, 4, true).table("four"));
+    assert!(t4.contains("<= 64 MiB zero-copy pull | other buffers: ring"), "{t4}");
+    let h = norm(&sel(EngineKind::Host, 2, false).table("h"));
+    assert!(h.contains("any size host (read every peer's segment, reduce)"), "{h}");
+    assert!(h.contains("host one-shot") && h.contains("host two-shot"), "{h}");
+    assert_eq!(human(1000), "1000 B");
+}
