@@ -20,6 +20,8 @@
 //!   (`SYMM_FAULT=kill:<rank>:<point>`).
 //! - [`pad`]: the signal-pad layout every backend and kernel shares
 //!   (NOTE [signal-pad-layout]).
+//! - [`kernel_source`]: the collective kernels' source, one text for every
+//!   GPU vendor (each backend adds its vendor header and compiles it).
 //!
 //! symm-core depends on no backend. A program links one (symm-cuda,
 //! symm-rocm, or the host backend in symm-testkit) and finds it by
@@ -35,6 +37,7 @@ pub mod error;
 pub mod fault;
 pub mod group;
 pub mod kernel_cache;
+pub mod kernel_source;
 pub mod knobs;
 mod liveness;
 pub mod memory;
