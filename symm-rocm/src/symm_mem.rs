@@ -289,8 +289,7 @@ impl RocmSymmetricMemory {
         reduce_args.extend(
             (0..REDUCE_PTRS_MAX_WORLD).map(|r| Arg::U64(self.buffer_ptrs.get(r).map_or(0, |b| b + in_offset as u64))),
         );
-        let vectors = (count * dtype.size()).div_ceil(16);
-        let blocks = vectors.div_ceil(256).clamp(1, 1024) as u32;
+        let blocks = bytes.div_ceil(16).div_ceil(256).clamp(1, 1024) as u32;
         reduce.launch(&self.stream, blocks, 256, &reduce_args)?;
         barrier.launch(&self.stream, 1, 64, &barrier_args(ALL_REDUCE_EXIT_SLOT, e_out))?;
         self.finish("rocm one_shot_all_reduce", timeout)
