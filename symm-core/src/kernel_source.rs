@@ -28,28 +28,23 @@ pub const COMMON: &str = include_str!("../kernels/common.cuh");
 /// [`expand_includes`].
 pub const COLLECTIVES: &str = include_str!("../kernels/collectives.cu");
 
+/// A [`KernelText`] of `symm-core/kernels/<file>`.
+macro_rules! kernel_text {
+    ($file:literal) => {
+        KernelText {
+            file: $file,
+            text: include_str!(concat!("../kernels/", $file)),
+        }
+    };
+}
+
 /// The headers `collectives.cu` includes, one per mechanism.
 pub const HEADERS: &[KernelText] = &[
-    KernelText {
-        file: "lamport.cuh",
-        text: include_str!("../kernels/lamport.cuh"),
-    },
-    KernelText {
-        file: "ring.cuh",
-        text: include_str!("../kernels/ring.cuh"),
-    },
-    KernelText {
-        file: "reduce_ptrs.cuh",
-        text: include_str!("../kernels/reduce_ptrs.cuh"),
-    },
-    KernelText {
-        file: "pull.cuh",
-        text: include_str!("../kernels/pull.cuh"),
-    },
-    KernelText {
-        file: "epilogue.cuh",
-        text: include_str!("../kernels/epilogue.cuh"),
-    },
+    kernel_text!("lamport.cuh"),
+    kernel_text!("ring.cuh"),
+    kernel_text!("reduce_ptrs.cuh"),
+    kernel_text!("pull.cuh"),
+    kernel_text!("epilogue.cuh"),
 ];
 
 /// `text` (the file `file`) with every line `#include "name.cuh"` naming one of [`HEADERS`]
