@@ -1,6 +1,6 @@
 //! What every engine of the all-reduce epilogues (residual add, RMSNorm) checks the same way:
 //! the row geometry and which buffers may share memory (NOTE [fused-epilogue] in
-//! `symm-cuda/kernels/epilogue.cuh`; docs/ops.md, "Fused epilogues").
+//! `symm-core/kernels/epilogue.cuh`; docs/ops.md, "Fused epilogues").
 
 #![forbid(unsafe_code)]
 

@@ -23,6 +23,9 @@
 //! - [`rendezvous`]: the rendezvous protocol of every backend (records, checks, the handle
 //!   exchange between threads or processes, fault points, the closing status exchange),
 //!   driven through the small [`rendezvous::RendezvousBackend`] trait.
+//! - [`kernel_source`]: the collective kernels' source, one text for every
+//!   GPU vendor (each backend adds its vendor header and compiles it);
+//!   [`kernels`]: the explicit kernels in it that symm-ops' planner names.
 //!
 //! symm-core depends on no backend. A program links one (symm-cuda,
 //! symm-rocm, or the host backend in symm-testkit) and finds it by
@@ -38,6 +41,7 @@ pub mod error;
 pub mod fault;
 pub mod group;
 pub mod kernel_cache;
+pub mod kernel_source;
 pub mod kernels;
 pub mod knobs;
 mod liveness;

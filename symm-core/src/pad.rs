@@ -5,7 +5,7 @@
 //! Every rank's allocation holds a buffer followed by a signal pad of
 //! [`SIGNAL_PAD_SIZE`] bytes. The pad is an array of `u32` words laid out as
 //! below (offsets in words). The same constants are `#define`d in
-//! `symm-cuda/kernels/common.cuh` and `symm-rocm/kernels/common.hip.h`; the host
+//! `symm-core/kernels/common.cuh` and `symm-rocm/kernels/common.hip.h`; the host
 //! backend (symm-testkit) implements the same protocol with atomics. Change one,
 //! change all: `symm-cuda`'s tests compare the two sets.
 //!

@@ -4,7 +4,9 @@
 //! With `--cache` it compiles through the kernel disk cache instead (what a
 //! program's first launch on that architecture would compile, stored where
 //! `SYMM_KERNEL_CACHE` points): `cargo xtask gpu-bundle` fills the bundle's
-//! `kernel-cache/` this way.
+//! `kernel-cache/` this way. With `--dump DIR` it also writes each file's PTX
+//! to `DIR/<name>.ptx` (to diff what NVRTC generates before and after a change
+//! to the kernel sources).
 
 #![forbid(unsafe_code)]
 
@@ -13,10 +15,16 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let cached = args.iter().any(|a| a == "--cache");
+    let dump = args
+        .iter()
+        .position(|a| a == "--dump")
+        .and_then(|i| args.get(i + 1))
+        .map(std::path::PathBuf::from);
     let arch = args
         .iter()
-        .find(|a| !a.starts_with("--"))
-        .cloned()
+        .enumerate()
+        .find(|(i, a)| !a.starts_with("--") && (*i == 0 || args[i - 1] != "--dump"))
+        .map(|(_, a)| a.clone())
         .unwrap_or_else(|| "sm_90".to_string());
     if let Err(e) = symm_cuda::kernels::nvrtc_available() {
         eprintln!("error: NVRTC is not available: {e}");
@@ -31,6 +39,12 @@ fn main() -> ExitCode {
     } else {
         symm_cuda::kernels::compile_all(&arch)
     };
+    if let (Some(dir), Ok(_)) = (&dump, &result) {
+        if let Err(e) = dump_ptx(dir, &arch) {
+            eprintln!("error: --dump {}: {e}", dir.display());
+            return ExitCode::FAILURE;
+        }
+    }
     match result {
         Ok(built) => {
             for (name, len) in &built {
@@ -49,4 +63,16 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Writes every kernel file's PTX (compiled without any cache) to `dir/<name>.ptx`.
+fn dump_ptx(dir: &std::path::Path, arch: &str) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    for src in symm_cuda::kernels::sources() {
+        let ptx = symm_cuda::kernels::compile_uncached(src, "", arch).map_err(|e| e.to_string())?;
+        let path = dir.join(format!("{}.ptx", src.name));
+        std::fs::write(&path, ptx).map_err(|e| format!("{}: {e}", path.display()))?;
+        println!("  wrote {}", path.display());
+    }
+    Ok(())
 }

@@ -1,8 +1,13 @@
 //! Kernel sources, NVRTC compilation and the kernel caches.
 //!
-//! Every `.cu` file in `symm-cuda/kernels` is embedded ([`sources`]) and
-//! compiled at first use for the device's architecture (`sm_{major}{minor}`)
-//! as `common_header() + defines + source`. Compiled PTX is cached:
+//! Every `.cu` file in `symm-cuda/kernels` is embedded ([`sources`]), with the
+//! collectives, whose one source for both vendors is symm-core's
+//! (`symm_core::kernel_source`), and compiled at first use for the device's
+//! architecture (`sm_{major}{minor}`) as `common_header() + defines + source`,
+//! where [`common_header`] is the pad `#define`s, this crate's vendor header
+//! `kernels/vendor.cuh` (the CUDA primitives: PTX atomics and memory orders,
+//! `%globaltimer`, PDL, warp shuffles, vector loads and stores, f16 / bf16
+//! conversions) and symm-core's `common.cuh`. Compiled PTX is cached:
 //! - on disk through `symm_core::kernel_cache` (the one cache of every
 //!   backend: `$SYMM_KERNEL_CACHE` or `~/.cache/symm/kernels`), one file per
 //!   (full source text, defines, arch, NVRTC version, options), named by a
@@ -15,7 +20,7 @@
 
 #![forbid(unsafe_code)]
 
-use symm_core::kernel_cache;
+use symm_core::{kernel_cache, kernel_source};
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -38,14 +43,18 @@ pub struct KernelSource {
 
 include!(concat!(env!("OUT_DIR"), "/kernel_sources.rs"));
 
-/// `kernels/common.cuh`.
-pub const COMMON_CUH: &str = include_str!("../kernels/common.cuh");
+/// symm-core's `kernels/common.cuh` (`symm_core::kernel_source::COMMON`): the device helpers
+/// of every kernel file, shared with symm-rocm.
+pub const COMMON_CUH: &str = kernel_source::COMMON;
+
+/// `kernels/vendor.cuh`: the CUDA definitions of the primitives the shared kernel text uses.
+pub const VENDOR_CUH: &str = include_str!("../kernels/vendor.cuh");
 
 /// NVRTC options besides `--gpu-architecture` and `--std=c++17` (part of the
 /// cache key).
 const EXTRA_OPTIONS: &[&str] = &[];
 
-/// Every `.cu` file in `symm-cuda/kernels` (sorted by name).
+/// Every `.cu` file in `symm-cuda/kernels` and symm-core's `collectives` (sorted by name).
 pub fn sources() -> &'static [KernelSource] {
     SOURCES
 }
@@ -58,49 +67,27 @@ pub fn source(name: &str) -> Result<&'static KernelSource> {
         .ok_or_else(|| Error::InvalidArgument(format!("no kernel file named {name:?}")))
 }
 
-/// `symm_core::pad::c_defines()` followed by `kernels/common.cuh`.
+/// `symm_core::pad::c_defines()`, `kernels/vendor.cuh`, then symm-core's `kernels/common.cuh`.
 pub fn common_header() -> String {
     format!(
-        "{}#line 1 \"common.cuh\"\n{}\n",
+        "{}#line 1 \"vendor.cuh\"\n{}\n#line 1 \"common.cuh\"\n{}\n",
         symm_core::pad::c_defines(),
+        VENDOR_CUH,
         COMMON_CUH
     )
 }
 
 /// The full text NVRTC compiles for `src` with `defines`: [`common_header`], the defines, then
-/// the file, whose `#include "name.cuh"` lines are replaced by the embedded header `name.cuh`
-/// (one level; NVRTC is given no include path).
+/// the file, whose `#include "name.cuh"` lines are replaced by symm-core's embedded headers
+/// (`kernel_source::expand_includes`; NVRTC is given no include path).
 pub fn full_source(src: &KernelSource, defines: &str) -> String {
-    let mut body = String::with_capacity(src.source.len());
-    for (i, line) in src.source.lines().enumerate() {
-        let header = line
-            .trim()
-            .strip_prefix("#include \"")
-            .and_then(|rest| rest.strip_suffix(".cuh\""))
-            .and_then(|stem| HEADERS.iter().find(|h| h.name == stem));
-        match header {
-            Some(h) => {
-                body.push_str(&format!("#line 1 \"{}.cuh\"\n{}\n", h.name, h.source));
-                body.push_str(&format!("#line {} \"{}.cu\"\n", i + 2, src.name));
-            }
-            None => {
-                body.push_str(line);
-                body.push('\n');
-            }
-        }
-    }
+    let file = format!("{}.cu", src.name);
     format!(
-        "{}\n#line 1 \"<defines>\"\n{}\n#line 1 \"{}.cu\"\n{}",
+        "{}\n#line 1 \"<defines>\"\n{}\n#line 1 \"{file}\"\n{}",
         common_header(),
         defines,
-        src.name,
-        body
+        kernel_source::expand_includes(&file, src.source)
     )
-}
-
-/// Every embedded `.cuh` header a kernel file may include (not `common.cuh`).
-pub fn headers() -> &'static [KernelSource] {
-    HEADERS
 }
 
 /// `Ok(())` if libnvrtc can be loaded, else [`Error::Unavailable`] with the reason.
@@ -267,7 +254,8 @@ mod tests {
         for (name, text) in sources()
             .iter()
             .map(|s| (s.name, s.source))
-            .chain([("common.cuh", COMMON_CUH)])
+            .chain([("common.cuh", COMMON_CUH), ("vendor.cuh", VENDOR_CUH)])
+            .chain(kernel_source::HEADERS.iter().map(|h| (h.file, h.text)))
         {
             let c = code(text);
             for banned in ["__trap", "trap;", "multimem", "cuMulticast", "nvls"] {
@@ -319,6 +307,30 @@ mod tests {
         assert!(compile_uncached(&with_def, "", "sm_90").is_err());
         assert!(compile_uncached(&with_def, "#define MY_DEF 1", "sm_90").is_ok());
         assert!(compile_uncached(&with_def, "", "bogus").is_err());
+    }
+
+    /// The collectives' PTX holds exactly the entries symm-core lists for every vendor
+    /// (`kernel_source::COLLECTIVE_ENTRIES`; symm-rocm's tests compare hiprtc's code objects with
+    /// the same list).
+    #[test]
+    fn collectives_build_the_shared_entry_list() {
+        let src = source("collectives").unwrap();
+        assert_eq!(src.source, kernel_source::COLLECTIVES);
+        if let Err(e) = nvrtc_available() {
+            assert!(!crate::knobs::require_nvrtc(), "SYMM_REQUIRE_NVRTC=1 but {e}");
+            println!("SKIP collectives_build_the_shared_entry_list: {e}");
+            return;
+        }
+        let ptx = compile(src, "", "sm_90").unwrap_or_else(|e| panic!("collectives: {e}"));
+        let built: std::collections::BTreeSet<&str> = ptx
+            .match_indices(".entry ")
+            .map(|(i, _)| ptx[i + ".entry ".len()..].split('(').next().unwrap_or("").trim())
+            .collect();
+        let listed: std::collections::BTreeSet<&str> = kernel_source::COLLECTIVE_ENTRIES.iter().copied().collect();
+        assert_eq!(
+            built, listed,
+            "NVRTC's entries differ from kernel_source::COLLECTIVE_ENTRIES"
+        );
     }
 
     #[test]

@@ -25,7 +25,7 @@
 //!   remote PCI ids (NVML P2P status, CUDA P2P attributes).
 //! - [`collectives`]: the collective kernels' host side (Lamport, ring,
 //!   fused zero-copy pull, copy engine, subset barrier; NOTE
-//!   [collectives-protocols] in `kernels/collectives.cu`).
+//!   [collectives-protocols] in symm-core's `kernels/collectives.cu`).
 //! - [`streams`]: the few streams the library creates, shared per device and reused
 //!   (NOTE [stream-budget]).
 //! - [`probe`]: latency probes for the benchmark (`symm-bench --probe`).

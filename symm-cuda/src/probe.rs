@@ -166,7 +166,7 @@ impl LatencyProbe {
     }
 
     /// [`Self::launch`], the way `how` says (every probe kernel starts with the PDL prologue,
-    /// NOTE [pdl] in `kernels/common.cuh`, so `how.pdl` is allowed on compute capability 9.0+).
+    /// NOTE [pdl] in symm-core's `kernels/common.cuh`, so `how.pdl` is allowed on compute capability 9.0+).
     pub fn launch_with(&self, stream: &CudaStream, probe: Probe, how: Launch) -> Result<()> {
         let (name, threads, args) = probe_args(probe, self.own, self.peer, self.rank, self.peer_rank, self.timeout_ns);
         let f = match name {

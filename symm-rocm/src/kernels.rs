@@ -1,11 +1,17 @@
-//! HIP kernels: sources embedded from `symm-rocm/kernels/`, compiled with
-//! hiprtc for the device's gfx architecture at first use, cached in memory and
-//! on disk through `symm_core::kernel_cache` (the one cache of every backend:
-//! `$SYMM_KERNEL_CACHE`, else `~/.cache/symm/kernels`), keyed by (source,
-//! defines, options, architecture, hiprtc version).
+//! HIP kernels, compiled with hiprtc for the device's gfx architecture at first use, cached in
+//! memory and on disk through `symm_core::kernel_cache` (the one cache of every backend:
+//! `$SYMM_KERNEL_CACHE`, else `~/.cache/symm/kernels`), keyed by (source, defines, options,
+//! architecture, hiprtc version).
 //!
-//! Every source is compiled as `pad::c_defines() + common.hip.h + defines +
-//! source`, so the kernels and [`symm_core::pad`] cannot drift.
+//! Two kinds of source ([`Prelude`]):
+//! - the collectives ([`COLLECTIVES`]): symm-core's one source for both vendors
+//!   (`symm_core::kernel_source`), compiled as `pad::c_defines() + kernels/vendor.hip.h +
+//!   symm-core's common.cuh + defines + collectives.cu` with its `#include`s expanded, exactly
+//!   as symm-cuda compiles it with NVRTC and its own vendor header;
+//! - the ROCm-only kernels in `symm-rocm/kernels/*.hip` ([`SYNC`], [`OPS`]), compiled as
+//!   `pad::c_defines() + common.hip.h + defines + source`.
+//!
+//! Either way the pad layout comes from [`symm_core::pad`], so the kernels cannot drift from it.
 
 #![forbid(unsafe_code)]
 
@@ -13,10 +19,20 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use symm_core::{kernel_cache, pad, Error, Result};
+use symm_core::{kernel_cache, kernel_source, pad, Error, Result};
 
 use crate::driver::hiprtc;
 use crate::driver::runtime::Module;
+
+/// What a source is compiled after (besides `pad::c_defines()` and the caller's defines).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prelude {
+    /// `kernels/common.hip.h`: the ROCm-only kernels.
+    Rocm,
+    /// `kernels/vendor.hip.h` then symm-core's `common.cuh`: the kernel text shared with
+    /// symm-cuda (`symm_core::kernel_source`), whose `#include`s are expanded.
+    Shared,
+}
 
 /// One kernel source file.
 #[derive(Debug, Clone, Copy)]
@@ -26,49 +42,81 @@ pub struct KernelSource {
     pub source: &'static str,
     /// The `extern "C" __global__` functions it defines.
     pub kernels: &'static [&'static str],
+    /// What it is compiled after.
+    pub prelude: Prelude,
 }
 
-/// `kernels/common.hip.h`.
+/// `kernels/common.hip.h` (the ROCm-only kernels' helpers).
 pub const COMMON: &str = include_str!("../kernels/common.hip.h");
+
+/// `kernels/vendor.hip.h`: the AMD definitions of the primitives the shared kernel text uses.
+pub const VENDOR: &str = include_str!("../kernels/vendor.hip.h");
 
 /// The sync kernels (barrier, put_signal, wait_signal).
 pub const SYNC: KernelSource = KernelSource {
     name: "sync",
     source: include_str!("../kernels/sync.hip"),
     kernels: &["symm_barrier", "symm_put_signal", "symm_wait_signal"],
+    prelude: Prelude::Rocm,
 };
 
-/// The collective kernels (one-shot all-reduce).
+/// The ops-slot barrier around [`crate::RocmSymmetricMemory::one_shot_all_reduce`]'s reduction.
+pub const OPS: KernelSource = KernelSource {
+    name: "ops",
+    source: include_str!("../kernels/ops.hip"),
+    kernels: &["symm_ops_barrier"],
+    prelude: Prelude::Rocm,
+};
+
+/// The collective kernels: symm-core's shared source (Lamport one-shot, ring, reduction from
+/// pointers, fused pull, subset barrier, fused epilogues), the entries
+/// `symm_core::kernel_source::COLLECTIVE_ENTRIES`.
 pub const COLLECTIVES: KernelSource = KernelSource {
     name: "collectives",
-    source: include_str!("../kernels/collectives.hip"),
-    kernels: &[
-        "symm_one_shot_all_reduce_f32",
-        "symm_one_shot_all_reduce_f16",
-        "symm_one_shot_all_reduce_bf16",
-        "symm_ops_barrier",
-    ],
+    source: kernel_source::COLLECTIVES,
+    kernels: kernel_source::COLLECTIVE_ENTRIES,
+    prelude: Prelude::Shared,
 };
 
-/// Every `.hip` file in `symm-rocm/kernels`.
+/// Every kernel source: the `.hip` files in `symm-rocm/kernels` and the shared collectives.
 pub fn sources() -> &'static [KernelSource] {
-    static ALL: [KernelSource; 2] = [SYNC, COLLECTIVES];
+    static ALL: [KernelSource; 3] = [SYNC, OPS, COLLECTIVES];
     &ALL
 }
 
-/// `pad::c_defines()` followed by `common.hip.h`.
+/// `pad::c_defines()` followed by `common.hip.h` (the ROCm-only kernels' prelude).
 pub fn common_header() -> String {
     format!("{}\n{COMMON}\n", pad::c_defines())
 }
 
+/// `pad::c_defines()`, `vendor.hip.h`, then symm-core's `common.cuh` (the shared kernels'
+/// prelude, as symm-cuda's `common_header` with its own vendor header).
+pub fn shared_header() -> String {
+    format!(
+        "{}#line 1 \"vendor.hip.h\"\n{VENDOR}\n#line 1 \"common.cuh\"\n{}\n",
+        pad::c_defines(),
+        kernel_source::COMMON
+    )
+}
+
 /// The complete text hiprtc compiles for `src` with extra `defines`.
 pub fn full_source(src: &KernelSource, defines: &str) -> String {
-    format!(
-        "{}\n{defines}\n// ---- {}.hip ----\n{}",
-        common_header(),
-        src.name,
-        src.source
-    )
+    match src.prelude {
+        Prelude::Rocm => format!(
+            "{}\n{defines}\n// ---- {}.hip ----\n{}",
+            common_header(),
+            src.name,
+            src.source
+        ),
+        Prelude::Shared => {
+            let file = format!("{}.cu", src.name);
+            format!(
+                "{}\n#line 1 \"<defines>\"\n{defines}\n#line 1 \"{file}\"\n{}",
+                shared_header(),
+                kernel_source::expand_includes(&file, src.source)
+            )
+        }
+    }
 }
 
 /// "gfx90a:sramecc+:xnack-" -> "gfx90a".
@@ -101,15 +149,39 @@ fn validate_arch(arch: &str) -> Result<()> {
     }
 }
 
+/// The oldest ROCm whose hiprtc compiles for `arch`, where older ones do not: MI300
+/// (gfx940-gfx942) came with ROCm 6.0. Older hiprtcs (Debian bookworm's ROCm 5.2, whose comgr
+/// is LLVM 15) do not return an error for it: they crash the process, hence this check.
+pub fn min_hiprtc_for(arch: &str) -> Option<(i32, i32)> {
+    arch.starts_with("gfx94").then_some((6, 0))
+}
+
+/// (major, minor) of the HIP runtime (`hipRuntimeGetVersion`; hiprtc's own `hiprtcVersion`
+/// does not tell: ROCm 5.2's says 9.0). (0, 0) when it cannot be read.
+pub fn rocm_version() -> (i32, i32) {
+    crate::driver::runtime::runtime_version().map_or((0, 0), |v| (v / 10_000_000, (v / 100_000) % 100))
+}
+
+fn check_hiprtc_knows(arch: &str, rocm: (i32, i32)) -> Result<()> {
+    match min_hiprtc_for(arch) {
+        Some(need) if rocm < need => Err(Error::Unavailable(format!(
+            "the hiprtc of ROCm {}.{} cannot compile for {arch} (needs ROCm {}.{} or newer)",
+            rocm.0, rocm.1, need.0, need.1
+        ))),
+        _ => Ok(()),
+    }
+}
+
 type CodeCache = Mutex<HashMap<u128, Arc<Vec<u8>>>>;
 
 /// Compiles `src` (+ `defines`) for `arch` ("gfx90a"); returns the code object.
 pub fn compile(src: &KernelSource, defines: &str, arch: &str) -> Result<Arc<Vec<u8>>> {
     validate_arch(arch)?;
     let rtc = hiprtc::get()?;
+    check_hiprtc_knows(arch, rocm_version())?;
+    let (maj, min) = rtc.version();
     let text = full_source(src, defines);
     let opts = options(arch);
-    let (maj, min) = rtc.version();
     let version = format!("{maj}.{min} {}", rtc.library);
     let key = kernel_cache::key(&[
         b"symm-rocm-kernels-v1",
@@ -183,5 +255,8 @@ mod tests {
         assert!(validate_arch("sm_90").is_err());
         assert!(validate_arch("gfx90a --evil").is_err());
         assert!(options("gfx90a").contains(&"--offload-arch=gfx90a".to_string()));
+        assert!(check_hiprtc_knows("gfx942", (5, 2)).is_err());
+        assert!(check_hiprtc_knows("gfx942", (6, 0)).is_ok());
+        assert!(check_hiprtc_knows("gfx90a", (5, 2)).is_ok());
     }
 }

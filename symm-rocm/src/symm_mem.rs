@@ -28,6 +28,9 @@ use crate::kernels;
 pub const DEFAULT_WALL_CLOCK_HZ: u64 = 100_000_000;
 /// Extra host-side patience beyond a device wait's own timeout.
 pub const HOST_MARGIN: Duration = Duration::from_secs(5);
+/// Most ranks [`RocmSymmetricMemory::one_shot_all_reduce`] handles: the shared reduction
+/// kernel takes one pointer per rank (`COLL_MAXW` in symm-core/kernels/collectives.cu).
+pub const REDUCE_PTRS_MAX_WORLD: usize = 8;
 /// Ops slots used by [`RocmSymmetricMemory::one_shot_all_reduce`].
 pub const ALL_REDUCE_SLOT: usize = 0;
 pub const ALL_REDUCE_EXIT_SLOT: usize = 1;
@@ -188,8 +191,11 @@ impl RocmSymmetricMemory {
 
     /// One-shot all-reduce of `count` elements at byte `in_offset` of every
     /// rank's buffer into `out` (a device address on this rank's GPU holding
-    /// `count` elements). Collective; f32, f16 and bf16. The input range is checked against
-    /// the buffer; `out` cannot be checked, hence `unsafe`.
+    /// `count` elements). Collective; f32, f16 and bf16; at most [`REDUCE_PTRS_MAX_WORLD`]
+    /// ranks. An ops-slot barrier (`kernels/ops.hip`), the shared collectives'
+    /// `symm_reduce_ptrs_{dt}` (every rank's input read in place, f32 accumulation in rank
+    /// order), a second barrier. The input range is checked against the buffer; `out` cannot be
+    /// checked, hence `unsafe`.
     ///
     /// # Safety
     /// NOTE [raw-addresses]: `out .. out + count * dtype.size()` is device memory this rank's
@@ -207,10 +213,12 @@ impl RocmSymmetricMemory {
         op: ReduceOp,
         timeout: Duration,
     ) -> Result<()> {
+        // The reduction is the shared collectives' symm_reduce_ptrs_{dt} (symm_core::kernel_source:
+        // the kernel symm-cuda's copy-engine all-reduce runs), between two ops-slot barriers.
         let kernel = match dtype {
-            DType::F32 => "symm_one_shot_all_reduce_f32",
-            DType::F16 => "symm_one_shot_all_reduce_f16",
-            DType::BF16 => "symm_one_shot_all_reduce_bf16",
+            DType::F32 => "symm_reduce_ptrs_f32",
+            DType::F16 => "symm_reduce_ptrs_f16",
+            DType::BF16 => "symm_reduce_ptrs_bf16",
             other => {
                 return Err(Error::UnsupportedDType {
                     dtype: other.to_string(),
@@ -218,6 +226,12 @@ impl RocmSymmetricMemory {
                 })
             }
         };
+        let world = self.group.world_size();
+        if world > REDUCE_PTRS_MAX_WORLD {
+            return Err(Error::InvalidArgument(format!(
+                "rocm one_shot_all_reduce: {world} ranks, at most {REDUCE_PTRS_MAX_WORLD} (the shared reduction kernel's)"
+            )));
+        }
         if in_offset % dtype.size() != 0 {
             return Err(Error::Misaligned {
                 what: "all_reduce input offset",
@@ -235,56 +249,49 @@ impl RocmSymmetricMemory {
             return Ok(());
         }
         let op_code = match op {
-            ReduceOp::Sum => 0,
+            ReduceOp::Sum => 0u32,
             ReduceOp::Avg => 1,
             ReduceOp::Max => 2,
             ReduceOp::Min => 3,
         };
         runtime::set_device(self.device.index)?;
-        let m = kernels::load(self.device.index, &kernels::COLLECTIVES, "")?;
-        let f = m.function(kernel)?;
-        let exit = m.function("symm_ops_barrier")?;
+        let ops = kernels::load(self.device.index, &kernels::OPS, "")?;
+        let barrier = ops.function("symm_ops_barrier")?;
+        let reduce = kernels::load(self.device.index, &kernels::COLLECTIVES, "")?.function(kernel)?;
         let (e_in, e_out) = {
             let mut e = self.ops_epochs.lock().unwrap_or_else(|e| e.into_inner());
             e[0] = e[0].wrapping_add(1);
             e[1] = e[1].wrapping_add(1);
             (e[0], e[1])
         };
-        let rank = self.group.rank().get() as i32;
-        let world = self.group.world_size() as i32;
+        let rank = self.group.rank().get();
         let ticks = timeout_ticks(timeout, self.hz);
-        let blocks = count.div_ceil(256).clamp(1, 1024) as u32;
-        f.launch(
-            &self.stream,
-            blocks,
-            256,
-            &[
-                Arg::U64(self.buffer_ptrs_dev.ptr()),
+        let barrier_args = |slot: usize, epoch: u32| {
+            [
                 Arg::U64(self.pad_ptrs_dev.ptr()),
-                Arg::I32(rank),
-                Arg::I32(world),
-                Arg::U64(in_offset as u64),
-                Arg::U64(out),
-                Arg::U64(count as u64),
-                Arg::I32(op_code),
-                Arg::I32(ALL_REDUCE_SLOT as i32),
-                Arg::U32(e_in),
+                Arg::I32(rank as i32),
+                Arg::I32(world as i32),
+                Arg::I32(slot as i32),
+                Arg::U32(epoch),
                 Arg::U64(ticks),
-            ],
-        )?;
-        exit.launch(
-            &self.stream,
-            1,
-            64,
-            &[
-                Arg::U64(self.pad_ptrs_dev.ptr()),
-                Arg::I32(rank),
-                Arg::I32(world),
-                Arg::I32(ALL_REDUCE_EXIT_SLOT as i32),
-                Arg::U32(e_out),
-                Arg::U64(ticks),
-            ],
-        )?;
+            ]
+        };
+        barrier.launch(&self.stream, 1, 64, &barrier_args(ALL_REDUCE_SLOT, e_in))?;
+        // symm_reduce_ptrs_{dt}(rank, world, op, out, n, s0..s7): every rank's input as mapped
+        // here (the unused ones null), 16-byte vectors, any grid (grid-stride).
+        let mut reduce_args = vec![
+            Arg::U32(rank as u32),
+            Arg::U32(world as u32),
+            Arg::U32(op_code),
+            Arg::U64(out),
+            Arg::U64(count as u64),
+        ];
+        reduce_args.extend(
+            (0..REDUCE_PTRS_MAX_WORLD).map(|r| Arg::U64(self.buffer_ptrs.get(r).map_or(0, |b| b + in_offset as u64))),
+        );
+        let blocks = bytes.div_ceil(16).div_ceil(256).clamp(1, 1024) as u32;
+        reduce.launch(&self.stream, blocks, 256, &reduce_args)?;
+        barrier.launch(&self.stream, 1, 64, &barrier_args(ALL_REDUCE_EXIT_SLOT, e_out))?;
         self.finish("rocm one_shot_all_reduce", timeout)
     }
 }

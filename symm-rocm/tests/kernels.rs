@@ -1,12 +1,19 @@
 //! Kernel sources: present, consistent with symm_core::pad, and compiled by
-//! hiprtc for real gfx targets (no GPU needed: hiprtc compiles offline).
+//! hiprtc for real gfx targets (no GPU needed: hiprtc compiles offline),
+//! the collectives from the source symm-cuda compiles (symm_core::kernel_source)
+//! into the same list of entries.
 
 use std::collections::BTreeSet;
 
-use symm_rocm::kernels::{self, KernelSource};
+use symm_core::kernel_source;
+use symm_rocm::kernels::{self, KernelSource, Prelude};
 
-/// Identifiers starting with `SYMM_` in `text`.
+/// Identifiers starting with `SYMM_` in the code of `text` (`//` comments left out: they name
+/// environment knobs and families like `SYMM_ERR_*`).
 fn symm_macros(text: &str) -> BTreeSet<String> {
+    let code: Vec<&str> = text.lines().map(|l| l.split("//").next().unwrap_or("")).collect();
+    let text = code.join("\n");
+    let text = text.as_str();
     let mut out = BTreeSet::new();
     let b = text.as_bytes();
     let mut i = 0;
@@ -46,8 +53,23 @@ fn global_functions(src: &KernelSource) -> BTreeSet<String> {
                 out.insert(name);
             }
         }
-        if let Some(rest) = l.trim().strip_prefix("SYMM_ONE_SHOT(") {
-            out.insert(rest.split(',').next().unwrap_or_default().trim().to_string());
+    }
+    out
+}
+
+/// The kernel descriptors (`NAME.kd` symbols) of a code object: its entries.
+fn code_object_entries(code: &[u8]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (i, w) in code.windows(4).enumerate() {
+        if w != b".kd\0" {
+            continue;
+        }
+        let start = code[..i]
+            .iter()
+            .rposition(|b| !(b.is_ascii_alphanumeric() || *b == b'_'))
+            .map_or(0, |p| p + 1);
+        if start < i {
+            out.insert(String::from_utf8_lossy(&code[start..i]).into_owned());
         }
     }
     out
@@ -57,7 +79,7 @@ fn global_functions(src: &KernelSource) -> BTreeSet<String> {
 fn every_source_is_present_and_lists_its_kernels() {
     let srcs = kernels::sources();
     let names: Vec<&str> = srcs.iter().map(|s| s.name).collect();
-    assert_eq!(names, ["sync", "collectives"]);
+    assert_eq!(names, ["sync", "ops", "collectives"]);
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
     let on_disk: BTreeSet<String> = std::fs::read_dir(&dir)
         .unwrap()
@@ -65,21 +87,34 @@ fn every_source_is_present_and_lists_its_kernels() {
         .filter(|n| n.ends_with(".hip"))
         .map(|n| n.trim_end_matches(".hip").to_string())
         .collect();
-    assert_eq!(
-        on_disk,
-        names.iter().map(|s| s.to_string()).collect(),
-        "a .hip file is not embedded"
-    );
+    let rocm_only: BTreeSet<String> = srcs
+        .iter()
+        .filter(|s| s.prelude == Prelude::Rocm)
+        .map(|s| s.name.to_string())
+        .collect();
+    assert_eq!(on_disk, rocm_only, "a .hip file is not embedded");
     for s in srcs {
         assert!(!s.source.trim().is_empty(), "{} is empty", s.name);
-        assert_eq!(
-            global_functions(s),
-            s.kernels.iter().map(|k| k.to_string()).collect(),
-            "{}: kernel list out of date",
-            s.name
-        );
+        if s.prelude == Prelude::Rocm {
+            assert_eq!(
+                global_functions(s),
+                s.kernels.iter().map(|k| k.to_string()).collect(),
+                "{}: kernel list out of date",
+                s.name
+            );
+        }
     }
+    // The collectives are symm-core's text and list, the ones symm-cuda compiles.
+    assert_eq!(kernels::COLLECTIVES.source, kernel_source::COLLECTIVES);
+    assert_eq!(kernels::COLLECTIVES.kernels, kernel_source::COLLECTIVE_ENTRIES);
+    assert_eq!(kernels::COLLECTIVES.prelude, Prelude::Shared);
     assert!(kernels::COMMON.contains("symm_bounded_wait"));
+    let full = kernels::full_source(&kernels::COLLECTIVES, "");
+    assert!(full.find("symm_ld_acquire_sys") < full.find("symm_bounded_wait_code"));
+    assert!(!full.lines().any(|l| l.trim_start().starts_with("#include")));
+    for h in kernel_source::HEADERS {
+        assert!(full.contains(h.text), "{} not expanded", h.file);
+    }
 }
 
 #[test]
@@ -97,16 +132,33 @@ fn every_pad_macro_comes_from_symm_core() {
         assert!(core.contains(name), "c_defines lacks {name}");
     }
     let mut local = defined(kernels::COMMON);
+    local.extend(defined(kernels::VENDOR));
     for s in kernels::sources() {
         local.extend(defined(s.source));
+    }
+    for h in kernel_source::HEADERS {
+        local.extend(defined(h.text));
     }
     // The kernels never redefine a layout constant...
     let clash: Vec<_> = local.intersection(&core).collect();
     assert!(clash.is_empty(), "kernels redefine {clash:?}");
+    // (symm-core's common.cuh keeps a hand copy of the layout under #ifndef, which symm-cuda's
+    // `common_cuh_defines_match_pad` checks equal to c_defines(); its other macros count here.)
+    local.extend(
+        defined(kernel_source::COMMON)
+            .difference(&core)
+            .cloned()
+            .collect::<Vec<_>>(),
+    );
     // ...and use no SYMM_ macro that neither symm_core nor the kernels define.
     let mut used = symm_macros(kernels::COMMON);
+    used.extend(symm_macros(kernels::VENDOR));
+    used.extend(symm_macros(kernel_source::COMMON));
     for s in kernels::sources() {
         used.extend(symm_macros(s.source));
+    }
+    for h in kernel_source::HEADERS {
+        used.extend(symm_macros(h.text));
     }
     let unknown: Vec<_> = used
         .iter()
@@ -119,23 +171,49 @@ fn every_pad_macro_comes_from_symm_core() {
     assert!(h.find("#define SYMM_SIGNAL_PAD_SIZE") < h.find("symm_bounded_wait"));
 }
 
+/// Every source compiles for MI100 (gfx908), MI200 (gfx90a) and MI300 (gfx942), and the
+/// collectives' code object holds exactly the entries symm-cuda's PTX holds
+/// (`kernel_source::COLLECTIVE_ENTRIES`). gfx942 needs hiprtc from ROCm 6.0 on
+/// (`kernels::min_hiprtc_for`): with an older one (Debian bookworm's 5.2, which crashes on it) it
+/// is skipped, loudly.
 #[test]
 fn every_kernel_compiles_for_cdna_targets() {
     // hiprtc comes with libamdhip64 (which this test binary links), so it must load.
     kernels::hiprtc_available().expect("hiprtc");
-    // gfx90a (MI200) and gfx908 (MI100): targets every ROCm >= 5 compiler knows.
-    for arch in ["gfx90a", "gfx908"] {
+    let listed: BTreeSet<String> = kernel_source::COLLECTIVE_ENTRIES
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for arch in ["gfx90a", "gfx908", "gfx942"] {
+        if let Err(e) = kernels::compile(&kernels::SYNC, "", arch) {
+            assert!(
+                kernels::min_hiprtc_for(arch).is_some() && matches!(e, symm_core::Error::Unavailable(_)),
+                "{arch}: {e}"
+            );
+            println!("SKIP {arch} (ROCm {:?}): {e}", kernels::rocm_version());
+            continue;
+        }
         let built = kernels::compile_all(arch).expect(arch);
         assert_eq!(built.len(), kernels::sources().len());
         for s in kernels::sources() {
             let code = kernels::compile(s, "", arch).unwrap();
-            let text = String::from_utf8_lossy(&code);
+            let entries = code_object_entries(&code);
             for k in s.kernels {
-                assert!(
-                    text.contains(&format!("{k}.kd")),
-                    "{arch}: {k} missing from the code object"
+                assert!(entries.contains(*k), "{arch}: {k} missing from the code object");
+            }
+            if s.prelude == Prelude::Shared {
+                assert_eq!(
+                    entries, listed,
+                    "{arch}: {} entries differ from symm-cuda's list",
+                    s.name
                 );
             }
+            println!(
+                "compiled {} for {arch}: {} bytes, {} entries",
+                s.name,
+                code.len(),
+                entries.len()
+            );
         }
     }
 }
@@ -146,6 +224,7 @@ fn a_broken_kernel_is_a_compile_error_with_the_log() {
         name: "broken",
         source: "extern \"C\" __global__ void k(int* p) { *p = undefined_symbol; }",
         kernels: &["k"],
+        prelude: Prelude::Rocm,
     };
     match kernels::compile(&broken, "", "gfx90a") {
         Err(symm_core::Error::Backend { backend, detail, .. }) => {
@@ -163,6 +242,7 @@ fn defines_reach_the_compiler() {
         name: "defines",
         source: "#ifndef SYMM_TEST_FLAG\n#error flag missing\n#endif\nextern \"C\" __global__ void k() {}",
         kernels: &["k"],
+        prelude: Prelude::Rocm,
     };
     assert!(kernels::compile(&src, "", "gfx90a").is_err());
     assert!(kernels::compile(&src, "#define SYMM_TEST_FLAG 1", "gfx90a").is_ok());

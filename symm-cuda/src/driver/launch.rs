@@ -60,7 +60,7 @@ pub fn pack(args: &[KernelArg]) -> ([u64; MAX_ARGS], usize) {
 /// How a kernel is launched, beyond its grid and arguments.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Launch {
-    /// Programmatic dependent launch (NOTE [pdl] in `kernels/common.cuh`): the kernel may be
+    /// Programmatic dependent launch (NOTE [pdl] in symm-core's `kernels/common.cuh`): the kernel may be
     /// scheduled before the kernel ahead of it on the stream has finished, which hides the
     /// launch latency of back-to-back kernels. Only for kernels that call `symm_pdl_wait()`
     /// before touching memory (the collective kernels do); needs compute capability 9.0 or newer

@@ -1,13 +1,16 @@
-// symm-cuda: device helpers shared by every kernel file.
+// symm: device helpers shared by every kernel file of both vendors (symm_core::kernel_source).
 //
-// kernels::common_header() compiles every kernel as
-//     symm_core::pad::c_defines() + this file + caller defines + the .cu file,
-// so the layout macros below are normally already defined (generated from
-// symm-core/src/pad.rs). The hand copy keeps this file readable on its own;
-// symm-cuda's unit test `common_cuh_defines_match_pad` checks it is identical.
+// Each backend compiles a kernel as
+//     symm_core::pad::c_defines() + its vendor header + this file + caller defines + the file
+// (symm-cuda's kernels/vendor.cuh for NVRTC, symm-rocm's kernels/vendor.hip.h for hiprtc), so
+// the layout macros below are normally already defined (generated from symm-core/src/pad.rs).
+// The hand copy keeps this file readable on its own; symm-cuda's unit test
+// `common_cuh_defines_match_pad` checks it is identical. Everything vendor-specific (atomics and
+// memory orders, the clock, PDL, lanes and shuffles, vector loads, half conversions) comes from
+// the vendor header: this file and the collectives hold no `asm` and no `#if` on the vendor.
 //
 // Rules: no multicast, no multimem, no NVLS, no __trap(). Every wait is
-// bounded (deadline from %globaltimer, abort word, latched error).
+// bounded (deadline from symm_globaltimer, abort word, latched error).
 
 #ifndef SYMM_MAX_WORLD_SIZE
 #define SYMM_MAX_WORLD_SIZE 64
@@ -36,29 +39,9 @@
 #define SYMM_CHECK_EVERY 64u
 #define SYMM_ABORT_EVERY 1024u
 
-// ---- memory-model primitives (generic addresses, system scope) ----------
-
-// Acquire load at system scope: pairs with a peer's st.release.sys, so the
-// peer's writes before its release are visible after this load sees the value.
-__device__ __forceinline__ unsigned int symm_ld_acquire_sys(const unsigned int* p) {
-    unsigned int v;
-    asm volatile("ld.acquire.sys.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-// Release store at system scope: every write this thread made (or observed,
-// e.g. through __syncthreads) before it is visible to whoever acquires it.
-// Used as a posted store into a peer's pad: one one-way NVLink trip.
-__device__ __forceinline__ void symm_st_release_sys(unsigned int* p, unsigned int v) {
-    asm volatile("st.release.sys.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-// Plain volatile load (no ordering), for words only read as flags.
-__device__ __forceinline__ unsigned int symm_ld_volatile(const unsigned int* p) {
-    unsigned int v;
-    asm volatile("ld.volatile.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
+// The shared kernels reduce over groups of 32 lanes (symm_shfl_xor32): a vendor's warp or
+// wavefront must hold whole groups.
+static_assert(SYMM_WAVE_SIZE % 32 == 0, "the vendor header's SYMM_WAVE_SIZE");
 
 // ---- programmatic dependent launch (PDL) ---------------------------------
 //
@@ -75,31 +58,15 @@ __device__ __forceinline__ unsigned int symm_ld_volatile(const unsigned int* p) 
 // symm-cuda may launch with PDL calls symm_pdl_wait() first, then
 // symm_pdl_launch_dependents() (nothing after it depends on the next kernel,
 // whose own wait holds it back until this one has completed). Without the
-// attribute both are no-ops. Before sm_90 (and on HIP) they compile to nothing,
-// and the host never sets the attribute there.
-__device__ __forceinline__ void symm_pdl_wait() {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void symm_pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-    asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
+// attribute both are no-ops. The two are vendor primitives (symm-cuda's
+// kernels/vendor.cuh: griddepcontrol from sm_90 on, nothing before it;
+// symm-rocm's kernels/vendor.hip.h: nothing, HIP has no PDL), and the host never
+// sets the attribute where they compile to nothing.
 
 // The rule above in one call: the first statement of every kernel symm-cuda may launch with PDL.
 __device__ __forceinline__ void symm_pdl_prologue() {
     symm_pdl_wait();
     symm_pdl_launch_dependents();
-}
-
-// Nanoseconds of the GPU's global timer.
-__device__ __forceinline__ unsigned long long symm_globaltimer() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
 }
 
 // now + timeout_ns, saturating (a timeout of ~0 never expires).
@@ -155,7 +122,7 @@ __device__ __forceinline__ bool symm_abort_requested(const unsigned int* abort_h
 
 // Polls *slot (a word of this rank's own pad that one peer writes with
 // st.release.sys) with ld.acquire.sys until it reaches `target`. Gives up with
-// SYMM_ERR_TIMEOUT once %globaltimer passes `deadline`, or with
+// SYMM_ERR_TIMEOUT once symm_globaltimer() passes `deadline`, or with
 // SYMM_ERR_ABORTED when an abort word is set. Returns 0 on success, else the
 // code; latches nothing (the caller reports it, see symm_report).
 __device__ __noinline__ unsigned int symm_bounded_wait_code(const unsigned int* slot, unsigned int target,
@@ -166,6 +133,7 @@ __device__ __noinline__ unsigned int symm_bounded_wait_code(const unsigned int* 
         if (symm_epoch_reached(symm_ld_acquire_sys(slot), target)) {
             return 0u;
         }
+        symm_backoff();
         ++polls;
         if ((polls % SYMM_CHECK_EVERY) == 0u) {
             if ((polls % SYMM_ABORT_EVERY) == 0u && symm_abort_requested(abort_host, pad)) {

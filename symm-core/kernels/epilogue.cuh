@@ -1,6 +1,6 @@
-// symm-cuda: all-reduce epilogues (residual add, RMSNorm). Included at the end of
-// collectives.cu (kernels::full_source expands the #include), so it uses the Lamport primitives
-// there. The Rust side is symm-cuda/src/collectives/epilogue.rs.
+// symm: all-reduce epilogues (residual add, RMSNorm). Included at the end of
+// collectives.cu (symm_core::kernel_source::expand_includes expands the #include), so it uses
+// the Lamport primitives there. The Rust side is symm-cuda/src/collectives/epilogue.rs.
 //
 // NOTE [fused-epilogue]
 // =====================
@@ -15,7 +15,8 @@
 //   n = T((f32(s) * rsqrt(ssq(s) / hidden + eps)) * f32(weight))           -> norm_out
 // rounded exactly where the unfused sequence (all-reduce, add, RMSNorm of the stored residual)
 // rounds. ssq: each thread sums f32(s)^2 over its lanes in vector order (fmaf), then a fixed
-// butterfly over the warp and over the warps' sums (every lane ends with the same bits). The
+// butterfly over each group of 32 lanes (a warp on NVIDIA, half a wave64 on AMD:
+// symm_shfl_xor32) and over the groups' sums (every lane ends with the same bits). The
 // fused kernel and the separate one run the same epi_row with the same block size, so they give
 // bitwise the same outputs, and every rank does.
 //   symm_add_rms_{dt}: the epilogue alone, over an all-reduced `sum` (the unfused sequence: after
@@ -55,7 +56,7 @@
 __device__ __forceinline__ float epi_block_sum(float v, float* red) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        v += __shfl_xor_sync(0xffffffffu, v, o);
+        v += symm_shfl_xor32(v, o);
     }
     const unsigned int lane = threadIdx.x & 31u;
     const unsigned int nw = blockDim.x >> 5;
@@ -67,7 +68,7 @@ __device__ __forceinline__ float epi_block_sum(float v, float* red) {
     float t = lane < nw ? red[lane] : 0.0f;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        t += __shfl_xor_sync(0xffffffffu, t, o);
+        t += symm_shfl_xor32(t, o);
     }
     return t;
 }
@@ -177,7 +178,7 @@ __device__ __forceinline__ void epi_norm_split(const char* sums, const char* wei
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
-            ssq += __shfl_xor_sync(0xffffffffu, ssq, o);
+            ssq += symm_shfl_xor32(ssq, o);
         }
         if (lane == 0u) {
             red[t >> 5] = ssq;
@@ -187,7 +188,7 @@ __device__ __forceinline__ void epi_norm_split(const char* sums, const char* wei
     float total = lane < (big >> 5) ? red[lane] : 0.0f;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        total += __shfl_xor_sync(0xffffffffu, total, o);
+        total += symm_shfl_xor32(total, o);
     }
     const float rstd = epi_rstd<DT>(total, vr, eps);
     for (unsigned int i = 0; i < g; ++i) {

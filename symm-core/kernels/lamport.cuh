@@ -1,7 +1,8 @@
-// symm-cuda: The Lamport one-shot kernels (all-reduce, and reduce-scatter / all-gather through their
+// symm: The Lamport one-shot kernels (all-reduce, and reduce-scatter / all-gather through their
 // modes): data as flag, software-pipelined.
-// Included by collectives.cu (kernels.rs expands the include; NVRTC gets no include path),
-// after its primitives and dtype helpers, which this file uses.
+// Included by collectives.cu (symm_core::kernel_source::expand_includes expands the include:
+// neither NVRTC nor hiprtc gets an include path), after its primitives and dtype helpers,
+// which this file uses.
 
 // ---------------------------------------------------------------- Lamport one-shot all-reduce
 
@@ -67,6 +68,9 @@ __device__ __forceinline__ bool coll_lam_poll(uint4 (&pv)[COLL_MAXW - 1], const 
                     pending &= ~(0x100u << l);
                 }
             }
+        }
+        if (pending != 0u) {
+            symm_backoff();
         }
         if (pending != 0u && (++polls % SYMM_CHECK_EVERY) == 0u) {
             coll_start_deadline(deadline, w);

@@ -1,6 +1,7 @@
-// symm-cuda: The fused zero-copy pull (all-reduce, reduce-scatter, all-gather from registered inputs).
-// Included by collectives.cu (kernels.rs expands the include; NVRTC gets no include path),
-// after its primitives and dtype helpers, which this file uses.
+// symm: The fused zero-copy pull (all-reduce, reduce-scatter, all-gather from registered inputs).
+// Included by collectives.cu (symm_core::kernel_source::expand_includes expands the include:
+// neither NVRTC nor hiprtc gets an include path), after its primitives and dtype helpers,
+// which this file uses.
 
 // ---------------------------------------------------------------- fused zero-copy pull
 
@@ -64,16 +65,6 @@ __device__ __forceinline__ unsigned long long* coll_pull_slot(unsigned int* pad,
     return reinterpret_cast<unsigned long long*>(pad + SYMM_OPS_BASE + COLL_OPS_PULL64 * SYMM_MAX_WORLD_SIZE) + src;
 }
 
-__device__ __forceinline__ unsigned long long coll_ld_acquire_sys_u64(const unsigned long long* p) {
-    unsigned long long v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void coll_st_release_sys_u64(unsigned long long* p, unsigned long long v) {
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
 // Waits until the epoch (low half) of *p reaches `target` and stores the word in *out; false on a
 // timeout / abort / error already latched.
 __device__ __noinline__ bool coll_wait_pull(const unsigned long long* p, unsigned int target, CollWait w,
@@ -86,6 +77,7 @@ __device__ __noinline__ bool coll_wait_pull(const unsigned long long* p, unsigne
             *out = v;
             return true;
         }
+        symm_backoff();
         if ((++polls % SYMM_CHECK_EVERY) == 0u) {
             coll_start_deadline(deadline, w);
             if (coll_poll_gives_up(polls, deadline, w)) {

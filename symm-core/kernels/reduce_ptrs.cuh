@@ -1,6 +1,7 @@
-// symm-cuda: The reduction from pointers behind the copy-engine paths.
-// Included by collectives.cu (kernels.rs expands the include; NVRTC gets no include path),
-// after its primitives and dtype helpers, which this file uses.
+// symm: The reduction from pointers behind the copy-engine paths.
+// Included by collectives.cu (symm_core::kernel_source::expand_includes expands the include:
+// neither NVRTC nor hiprtc gets an include path), after its primitives and dtype helpers,
+// which this file uses.
 
 // ---------------------------------------------------------------- reduce from pointers (CE all-reduce)
 

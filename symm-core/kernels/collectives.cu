@@ -1,9 +1,16 @@
-// symm-cuda: collective kernels (all-reduce, reduce-scatter, all-gather, barrier over a subset).
+// symm: collective kernels (all-reduce, reduce-scatter, all-gather, barrier over a subset), one
+// source for both vendors (symm_core::kernel_source::COLLECTIVES).
 //
-// Compiled by NVRTC as common_header() (pad #defines + common.cuh) + defines + this file, for
-// sm_80 or newer (bf16 conversions); launch configurations are sized for sm_90 (H100/H200).
+// Compiled as pad #defines + the vendor header + common.cuh + defines + this file: by NVRTC
+// for CUDA (symm-cuda's kernels.rs, vendor header kernels/vendor.cuh; sm_80 or newer for the
+// bf16 conversions; launch configurations are sized for sm_90, H100/H200), and by hiprtc for
+// ROCm (symm-rocm's kernels.rs, vendor header kernels/vendor.hip.h; gfx908, gfx90a, gfx942).
+// `#include "name.cuh"` lines are expanded with symm-core's embedded headers
+// (kernel_source::expand_includes: neither compiler gets an include path). Both backends build
+// the same entries, listed once in symm_core::kernel_source::COLLECTIVE_ENTRIES.
 // The Rust side is symm-cuda/src/collectives.rs; its `layout` module owns the workspace layout
-// (offsets reach the kernels as arguments) and its `plan` module the chunking.
+// (offsets reach the kernels as arguments) and its `plan` module the chunking. ROCm has no host
+// engine for these kernels yet (symm-ops runs its generic engine there).
 //
 // Grids: at most one block per SM on a GPU of its own; ranks sharing a GPU get a share of its SMs
 // so every rank's waiting kernels are resident together (NOTE [co-residency] in
@@ -125,9 +132,49 @@
 // (symm_coll_reject). Not covered: ranks whose ops run different mechanisms (Lamport against
 // ring, say) never read each other's header; their waits end at the deadline (Timeout).
 //
-// Every wait is bounded: deadline from %globaltimer, the abort words, and an error already latched
-// (then the wait gives up at once); failures latch SYMM_ERR_* into the pad's ERROR word. No trap.
-// Accumulation is fp32 in rank order 0..world-1, so every rank gets bitwise the same result.
+// Every wait is bounded: deadline from symm_globaltimer (%globaltimer on NVIDIA, the wall clock on
+// AMD), the abort words, and an error already latched (then the wait gives up at once); failures
+// latch SYMM_ERR_* into the pad's ERROR word. No trap. Accumulation is fp32 in rank order
+// 0..world-1, so every rank gets bitwise the same result.
+//
+// On ROCm (vendor.hip.h; ASSUMED, NOT VERIFIED: no AMD GPU has run these kernels, only hiprtc has
+// compiled them). What holds above on NVIDIA rests on PTX's memory model and on measurements;
+// on AMD the same text relies on the following, each an assumption until a CDNA machine (MI200 /
+// MI300 over xGMI) runs symm-cuda's GPU suites' equivalents:
+//   - Lamport sentinel visibility: a peer's 16-byte push is a non-temporal global store
+//     (flat/global_store_dwordx4 glc slc on gfx90a, as RCCL's LL protocol stores), the poll a
+//     volatile 16-byte load (glc: past the CU's L1). Assumed: such a store to a peer's memory
+//     over xGMI reaches it in bounded time with no release or fence after it (no cache of the
+//     sender holds it back), and the poll sees it (the owner's L2 holds no stale copy of a line
+//     a peer wrote); and every 32-bit word of it is single-copy atomic, so a poll sees each
+//     word either as the sentinel or as the value, never torn (a torn f32 lane that is neither
+//     would be taken as data; bf16 / f16 lanes need 16 bits, which 32 give). Nothing assumes the
+//     four words of a vector arrive together: every lane is checked.
+//   - Store ordering: none assumed between a thread's pushes (each lane is its own flag), as on
+//     NVIDIA. The op header and the clearing stores follow the same rule.
+//   - Release / acquire: __hip_atomic_store / __hip_atomic_load with RELEASE / ACQUIRE at
+//     system scope (buffer_wbl2 + waits before the store, buffer_invl2 / L1 invalidation after
+//     the load on gfx90a). Assumed cumulative over the block as st.release.sys is: the ring
+//     sender's data stores by the whole block, then __syncthreads, then one thread's release.
+//     HIP's __syncthreads is a workgroup-scope fence and barrier, and LLVM's AMDGPU memory model
+//     makes the later system-scope release cover what happened before at workgroup scope;
+//     not tested on hardware.
+//   - 64-bit release stores / acquire loads (the fused pull's check << 32 | epoch word):
+//     assumed single-copy atomic over xGMI, so a peer never pairs one op's epoch with another's
+//     check word.
+//   - Wave64: the epilogue's sums combine 32-lane groups (symm_shfl_xor32 is __shfl_xor with
+//     width 32), so each half of a wavefront reduces as a CUDA warp does and the lane order,
+//     hence the bits within a vendor, is the same; coll_first_active_lane reads the 64-bit
+//     EXEC mask. Not run.
+//   - No PDL: symm_pdl_prologue is empty; HIP launches are plainly stream-ordered.
+//   - Deadlines: wall_clock64() ticks converted to ns at SYMM_WALL_CLOCK_KHZ (100 MHz unless the
+//     host defines otherwise); timeouts keep their nanosecond arguments on both vendors.
+//   - Co-residency: the kernels assume every block of a grid is resident at once (one wave);
+//     on CDNA a CU may hold fewer blocks of 512 threads than an SM at the register counts hiprtc
+//     chose (some entries use scratch), so the host must size grids by the device's occupancy.
+//   - Numerics: f16 conversions are _Float16 (round to nearest even), bf16 rounding is done in
+//     integers (nearest even, NaN -> 0x7FFF); rsqrtf and NaN payloads may differ from NVIDIA's,
+//     so results are bitwise equal across ranks of one vendor, not across vendors.
 
 // STATE words of a recorded disagreement (layout.rs ST_MISMATCH, MISMATCH_*): peer+1 | kind<<16,
 // the peer's four header words (or its check word), this rank's.
@@ -194,62 +241,9 @@
 #define COLL_SENTINEL 0xFFFFFFFFu
 
 // ---------------------------------------------------------------- primitives
-
-__device__ __forceinline__ void coll_atom_add_release_gpu(unsigned int* p, unsigned int v) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ unsigned int coll_atom_add_acq_rel_gpu(unsigned int* p, unsigned int v) {
-    unsigned int old;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-    return old;
-}
-
-__device__ __forceinline__ unsigned int coll_ld_acquire_gpu(const unsigned int* p) {
-    unsigned int v;
-    asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void coll_st_release_gpu(unsigned int* p, unsigned int v) {
-    asm volatile("st.release.gpu.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ void coll_st_relaxed_sys(unsigned int* p, unsigned int v) {
-    asm volatile("st.relaxed.sys.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ uint4 coll_ld_volatile_v4(const void* p) {
-    uint4 v;
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p)
-                 : "memory");
-    return v;
-}
-
-// Cache hints (no value, no ordering): bring the line of `p` into this SM's L1 / into L2.
-__device__ __forceinline__ void coll_prefetch_l1(const void* p) {
-    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
-__device__ __forceinline__ void coll_prefetch_l2(const void* p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
-// Ring data: read once, L2 only (never a stale L1 line of the slot's previous chunk).
-__device__ __forceinline__ uint4 coll_ld_cg_v4(const void* p) {
-    uint4 v;
-    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p)
-                 : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void coll_st_v4(void* p, uint4 v) {
-    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                 : "memory");
-}
+// The vendor's (coll_atom_*, coll_ld_* / coll_st_*, coll_prefetch_*, coll_first_active_lane,
+// symm_shfl_xor32, the f16 / bf16 conversions): symm-cuda's kernels/vendor.cuh,
+// symm-rocm's kernels/vendor.hip.h.
 
 // What a kernel needs to bound its waits.
 struct CollWait {
@@ -270,12 +264,6 @@ struct CollWait {
 // (milliseconds); the pad's ABORT word and the latched error (device memory) every thread
 // still checks at every periodic check. An abort stops a wait within a few milliseconds.
 #define SYMM_HOST_ABORT_AFTER 8192u
-
-__device__ __forceinline__ bool coll_first_active_lane() {
-    unsigned int lane;
-    asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
-    return (__activemask() & ((1u << lane) - 1u)) == 0u;
-}
 
 // Whether the host or a peer asked this wait to stop (NOTE [host-abort-poll]); `polls` is a
 // multiple of SYMM_CHECK_EVERY.
@@ -311,7 +299,7 @@ __device__ __noinline__ void coll_mirror_error(unsigned int* pad, const unsigned
     if (abort_host != nullptr) {
         const unsigned int e = symm_latched_error(pad);
         if (e != 0u) {
-            asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(abort_host + 1), "r"(e) : "memory");
+            coll_st_relaxed_sys_global(abort_host + 1, e);
         }
     }
 }
@@ -391,6 +379,7 @@ __device__ __noinline__ bool coll_wait_slow(const unsigned int* p, unsigned int 
         if (symm_epoch_reached(symm_ld_acquire_sys(p), target)) {
             return true;
         }
+        symm_backoff();
         if ((++polls % SYMM_CHECK_EVERY) == 0u) {
             coll_start_deadline(deadline, w);
             if (coll_poll_gives_up(polls, deadline, w)) {
@@ -412,6 +401,7 @@ __device__ __forceinline__ void coll_wait_arrivals(unsigned int* arrive, const C
     unsigned long long deadline = 0;
     unsigned int polls = 0;
     while (coll_ld_acquire_gpu(arrive) < gridDim.x) {
+        symm_backoff();
         if (++polls % SYMM_CHECK_EVERY == 0u) {
             if (deadline == 0) {
                 deadline = symm_deadline(w.timeout_ns);
@@ -463,11 +453,10 @@ __device__ __forceinline__ void coll_unpack(const uint4& v, float* f) {
                 f[2 * i] = __uint_as_float(w << 16);
                 f[2 * i + 1] = __uint_as_float(w & 0xFFFF0000u);
             } else {
-                unsigned short lo = (unsigned short)(w & 0xFFFFu);
-                unsigned short hi = (unsigned short)(w >> 16);
-                float a, b;
-                asm("cvt.f32.f16 %0, %1;" : "=f"(a) : "h"(lo));
-                asm("cvt.f32.f16 %0, %1;" : "=f"(b) : "h"(hi));
+                const unsigned short lo = (unsigned short)(w & 0xFFFFu);
+                const unsigned short hi = (unsigned short)(w >> 16);
+                const float a = symm_f16_to_f32(lo);
+                const float b = symm_f16_to_f32(hi);
                 f[2 * i] = a;
                 f[2 * i + 1] = b;
             }
@@ -483,13 +472,7 @@ __device__ __forceinline__ uint4 coll_pack(const float* f) {
         unsigned int w[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            unsigned int r;
-            if (DT == COLL_BF16) {
-                asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(f[2 * i + 1]), "f"(f[2 * i]));
-            } else {
-                asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(f[2 * i + 1]), "f"(f[2 * i]));
-            }
-            w[i] = r;
+            w[i] = DT == COLL_BF16 ? symm_pack_bf16x2(f[2 * i + 1], f[2 * i]) : symm_pack_f16x2(f[2 * i + 1], f[2 * i]);
         }
         return make_uint4(w[0], w[1], w[2], w[3]);
     }
