@@ -7,7 +7,7 @@
 //! rendezvouses; after that an op allocates nothing, talks to no store, never synchronises the
 //! host, and only enqueues work on the caller's stream, so ops can be captured in CUDA graphs.
 //! Epochs live in the workspace and are advanced by the kernels (NOTE [collectives-protocols] in
-//! `kernels/collectives.cu`).
+//! symm-core's `kernels/collectives.cu`).
 //!
 //! Rules for callers:
 //! - every rank of the group calls the same ops, in the same order, with the same count, dtype,

@@ -1,6 +1,6 @@
 //! All-reduce epilogues, the way tensor-parallel layers end: all-reduce the row-parallel GEMM's
 //! partial sums `x`, add the residual, RMSNorm the sum (NOTE [fused-epilogue] in
-//! `symm-cuda/kernels/epilogue.cuh`; docs/ops.md, "Fused epilogues").
+//! `symm-core/kernels/epilogue.cuh`; docs/ops.md, "Fused epilogues").
 //!
 //! The CUDA engine runs the table's all-reduce (NCCL included) followed by the separate
 //! epilogue kernel, or the Lamport one-shot with the epilogue fused in (the planner's rule:

@@ -3,7 +3,7 @@
 // At compile time this file is prefixed with symm_core::pad::c_defines() (the
 // signal-pad layout, NOTE [signal-pad-layout] in symm-core/src/pad.rs) and
 // each kernel source follows it. The protocol is the one symm-cuda's
-// kernels/common.cuh implements: epoch counters, release stores into peers'
+// symm-core/kernels/common.cuh implements: epoch counters, release stores into peers'
 // pads, acquire polls on the own pad, every poll bounded by a deadline and by
 // the ABORT word; a timeout or abort is latched into the ERROR word (first
 // error wins) and the kernel returns -- no trap, the context survives.

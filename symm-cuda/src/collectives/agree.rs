@@ -1,5 +1,5 @@
 //! Op agreement on the CUDA kernels (NOTE [op-agreement] in docs/architecture.md and in
-//! `kernels/collectives.cu`): the header every Lamport and ring launch carries in band, the
+//! symm-core's `kernels/collectives.cu`): the header every Lamport and ring launch carries in band, the
 //! check words of the barrier and fused-pull paths, and the error a recorded disagreement
 //! becomes.
 

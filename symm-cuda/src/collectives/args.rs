@@ -1,6 +1,6 @@
 //! Argument lists of the collective kernels, built by pure functions so a unit test can check
 //! them against the parameter lists NVRTC produced (`.param` lines of each `.entry` in the PTX)
-//! without a GPU. Each function mirrors one `extern "C"` signature in `kernels/collectives.cu`.
+//! without a GPU. Each function mirrors one `extern "C"` signature in symm-core's `kernels/collectives.cu`.
 
 #![forbid(unsafe_code)]
 

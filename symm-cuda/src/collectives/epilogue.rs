@@ -1,6 +1,6 @@
 //! All-reduce epilogues: residual add and RMSNorm over `[rows, hidden]`, as a kernel of its own
 //! after any all-reduce ([`Epilogues`]) or fused into the Lamport one-shot
-//! ([`CudaCollectives::lamport_epilogue`]). NOTE [fused-epilogue] in `kernels/epilogue.cuh`
+//! ([`CudaCollectives::lamport_epilogue`]). NOTE [fused-epilogue] in symm-core's `kernels/epilogue.cuh`
 //! holds the numerics and the aliasing rules; `symm_core::epilogue` the checks.
 
 #![deny(unsafe_code)]

@@ -1,5 +1,5 @@
 //! The collectives workspace layout (one symmetric allocation per rank), mirrored by the
-//! `COLL_ST_*` / `COLL_OPS_*` defines in `kernels/collectives.cu` (NOTE [collectives-protocols]).
+//! `COLL_ST_*` / `COLL_OPS_*` defines in symm-core's `kernels/collectives.cu` (NOTE [collectives-protocols]).
 //!
 //! ```text
 //! offset 0      STATE    4 KiB of u32 words, written only by this rank's kernels

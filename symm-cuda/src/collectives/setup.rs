@@ -51,7 +51,7 @@ pub struct CollectivesConfig {
     /// Launch shapes (defaults for H100/H200).
     pub tuning: Tuning,
     /// Launch the collective kernels with programmatic dependent launch (NOTE [pdl] in
-    /// `kernels/common.cuh`): a kernel may be scheduled while the kernel ahead of it on the
+    /// symm-core's `kernels/common.cuh`): a kernel may be scheduled while the kernel ahead of it on the
     /// stream is still running, and waits on the device for it, which hides most of the launch
     /// latency of back-to-back kernels. Applies on compute capability 9.0 or newer only.
     /// Default: on, unless `SYMM_PDL=0` is in the environment ([`knobs::pdl`]); 2 x H200
