@@ -25,10 +25,10 @@
 
 mod agree;
 mod all_reduce;
-pub mod args;
+pub(crate) mod args;
 mod epilogue;
-pub mod layout;
-pub mod plan;
+pub(crate) mod layout;
+pub(crate) mod plan;
 mod scatter_gather;
 mod setup;
 

@@ -322,6 +322,7 @@ pub fn take_error(err_word: u64, out: u64) -> [KernelArg; 2] {
 }
 
 /// Bytes a kernel parameter of this argument takes.
+#[cfg(test)]
 pub fn arg_bytes(a: &KernelArg) -> usize {
     match a {
         KernelArg::U64(_) | KernelArg::I64(_) => 8,
@@ -330,6 +331,7 @@ pub fn arg_bytes(a: &KernelArg) -> usize {
 }
 
 /// Parameter sizes (bytes) of `.entry name(...)` in `ptx`, or None if the entry is missing.
+#[cfg(test)]
 pub fn ptx_param_sizes(ptx: &str, name: &str) -> Option<Vec<usize>> {
     let start = ptx.find(&format!(".entry {name}("))?;
     let rest = &ptx[start..];

@@ -16,17 +16,29 @@
 use symm_core::{Error, Result};
 
 /// Word index of the Lamport buffer rotation (0, 1, 2) in STATE.
+// Only the tests read it here (against the kernels' define); the kernels use the define.
+#[cfg_attr(not(test), allow(dead_code))]
 pub const ST_LAM_IDX: usize = 0;
 /// Word index of the Lamport kernel's arrival counter.
+// Only the tests read it here (against the kernels' define); the kernels use the define.
+#[cfg_attr(not(test), allow(dead_code))]
 pub const ST_LAM_ARRIVE: usize = 1;
 /// Word index of `used`: 16-byte vectors per slot the previous Lamport op wrote (into buffer
 /// `(idx + 2) % 3`, which the next op clears).
+// Only the tests read it here (against the kernels' define); the kernels use the define.
+#[cfg_attr(not(test), allow(dead_code))]
 pub const ST_LAM_USED: usize = 2;
 /// Word index of the ring's chunk sequence number.
+// Only the tests read it here (against the kernels' define); the kernels use the define.
+#[cfg_attr(not(test), allow(dead_code))]
 pub const ST_RING_SEQ: usize = 8;
 /// Word index of the ring kernel's arrival counter.
+// Only the tests read it here (against the kernels' define); the kernels use the define.
+#[cfg_attr(not(test), allow(dead_code))]
 pub const ST_RING_ARRIVE: usize = 9;
 /// Word index of the fused pull kernel's finished-blocks counter.
+// Only the tests read it here (against the kernels' define); the kernels use the define.
+#[cfg_attr(not(test), allow(dead_code))]
 pub const ST_PULL_DONE: usize = 10;
 /// Word index of `bar_cnt[64]`: barriers shared with each rank.
 pub const ST_BAR_CNT: usize = 64;
@@ -55,6 +67,8 @@ pub const HEADER_BYTES: usize = 16;
 pub const STATE_BYTES: usize = 4096;
 
 /// Pad `OPS` slot of the subset barrier epochs.
+// Only the tests read it here (against the kernels' define); the kernels use the define.
+#[cfg_attr(not(test), allow(dead_code))]
 pub const OPS_BAR: usize = 0;
 /// Pad `OPS` slot of the barrier check word.
 pub const OPS_CHECK: usize = 1;

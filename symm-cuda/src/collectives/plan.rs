@@ -403,7 +403,9 @@ pub fn two_shot_shard(count: usize, world: usize, dtype: DType) -> usize {
     count.div_ceil(world).div_ceil(ve) * ve
 }
 
-/// Elements of shard `t` when `total` elements are cut in shards of `shard`.
+/// Elements of shard `t` when `total` elements are cut in shards of `shard` (the tests' check
+/// of the sharding).
+#[cfg(test)]
 pub fn shard_len(total: usize, shard: usize, t: usize) -> usize {
     total.saturating_sub(t.saturating_mul(shard)).min(shard)
 }
@@ -474,12 +476,14 @@ pub fn ce_rs_chunks(count: usize, dtype: DType, max_chunks: usize) -> ([usize; C
     (out, len)
 }
 
-/// A non-zero 32-bit check word (FNV-1a of the parts) the barrier compares across ranks.
+/// A non-zero 32-bit check word (FNV-1a of the parts) the barrier compares across ranks (the
+/// tests' form of [`check_word_of`]).
+#[cfg(test)]
 pub fn check_word(parts: &[u64]) -> u32 {
     check_word_of(parts.iter().copied())
 }
 
-/// [`check_word`] of parts given one at a time (no buffer to collect them in).
+/// `check_word` of parts given one at a time (no buffer to collect them in).
 pub fn check_word_of(parts: impl IntoIterator<Item = u64>) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
     for p in parts {

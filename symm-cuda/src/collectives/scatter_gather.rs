@@ -178,7 +178,6 @@ impl CudaCollectives {
     /// pull's 409 at 256 MiB on 2 x H200 (docs/benchmarks.md), so the planner does not pick it.
     /// `output` must not overlap `input` (in place: use the pull). Stream-ordered, allocates
     /// nothing, graph-capturable.
-    ///
     #[allow(clippy::too_many_arguments)]
     fn reduce_scatter_ce(
         &self,
