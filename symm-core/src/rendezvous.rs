@@ -121,6 +121,16 @@ pub fn once<M>(slot: &Mutex<Option<Arc<M>>>, make: impl FnOnce() -> Result<M>) -
     Ok(m)
 }
 
+/// The memory of a slot [`once`] filled, without waiting (`Allocation::symmetric_memory` of
+/// every backend): `None` before a rendezvous succeeded, and while one runs on another thread.
+pub fn current<M>(slot: &Mutex<Option<Arc<M>>>) -> Option<Arc<M>> {
+    match slot.try_lock() {
+        Ok(m) => m.clone(),
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().clone(),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 /// Process-wide table of handles published for rendezvous among threads of this process.
 type Table = Mutex<HashMap<u64, Weak<dyn Any + Send + Sync>>>;
 
@@ -267,6 +277,7 @@ fn exchange_and_map<B: RendezvousBackend>(
     let total = records[rank].total;
     let in_process = backend.hands_over_in_process() && same_process(records, rank).iter().all(|&b| b);
     fault_point("rendezvous.before_send")?;
+    backend.bind()?;
     let handles: Vec<Option<Arc<B::Handle>>> = if in_process {
         // Threads: hand the handle over through the process-wide table.
         *published = Some(Published::new(records[rank].key, backend.handle()));
@@ -310,7 +321,6 @@ fn exchange_and_map<B: RendezvousBackend>(
         drop(channel);
         drop(own);
         fault_point("rendezvous.after_send")?;
-        backend.bind()?;
         fds.into_iter()
             .enumerate()
             .map(|(r, fd)| {
@@ -324,7 +334,7 @@ fn exchange_and_map<B: RendezvousBackend>(
             })
             .collect::<Result<Vec<_>>>()?
     };
-    backend.bind()?;
+    // Imports (above) and mappings (below) run in the backend's context, bound once here.
     let mut peers = Vec::with_capacity(world);
     for (r, h) in handles.into_iter().enumerate() {
         peers.push(match h {

@@ -259,7 +259,7 @@ impl CudaAllocation {
 
     /// The rendezvoused memory as its concrete type, if rendezvous completed.
     pub fn cuda_memory(&self) -> Option<Arc<CudaSymmetricMemory>> {
-        self.mem.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        rendezvous::current(&self.mem)
     }
 
     fn do_rendezvous(&self, timeout: Duration) -> Result<CudaSymmetricMemory> {

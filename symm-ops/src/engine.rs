@@ -2,7 +2,7 @@
 //! written once and the communicator holds the engine it built as a `Box<dyn Engine>`. An engine
 //! resolves the op's buffers (where they lie, whether they are registered), asks the planner
 //! ([`Selector`], the one place that decides what runs) for the op's [`Plan`](crate::select::Plan),
-//! and runs exactly that. Engines: the generic host engine (`host.rs`, any backend's
+//! and runs exactly that. Engines: the generic host engine (`host/`, any backend's
 //! `SymmetricMemory`; ROCm devices run it until the shared kernels are launched there) and the
 //! CUDA engine (`cuda/`: symm-cuda's kernels and NCCL, which share the CUDA engine's stream
 //! ordering and buffer resolution; a plan names which of the two runs). The CUDA feature gates
@@ -32,10 +32,9 @@ pub(crate) struct Caps {
     pub symm: bool,
     /// NCCL is there as the fallback.
     pub nccl: bool,
-    /// Bytes one Lamport slot holds (0 without Lamport kernels).
+    /// Bytes one Lamport slot holds (0 without Lamport kernels): the largest all-reduce, and a
+    /// rank's largest part of a reduce-scatter or all-gather, the Lamport kernels take.
     pub lamport_slot: usize,
-    /// Largest all-reduce the Lamport kernel takes (0 without it).
-    pub lamport_max_bytes: usize,
     /// Why NCCL is not there although the config asked for it.
     pub nccl_missing: Option<String>,
 }
@@ -93,16 +92,18 @@ pub(crate) trait Engine: Send {
     /// An all-reduce epilogue (NOTE [fused-epilogue]) by `algo` (never `Auto`).
     fn epilogue(&self, cx: Cx<'_>, algo: EpilogueAlgo, a: EpiArgs<'_>, rows: Rows) -> Result<()>;
 
-    /// An op with nothing to move (NOTE [op-agreement]): `None` where the op runs its own
-    /// exchange with nothing to move (the host engine), else its place in the group's op
-    /// sequence.
-    fn empty_op(
-        &self,
-        stream: OpStream<'_>,
-        kind: OpKind,
-        dtype: DType,
-        reduce: Option<ReduceOp>,
-    ) -> Option<Result<()>>;
+    /// Whether an op with nothing to move takes its place in the group's op sequence through
+    /// [`Self::empty_op`] (NOTE [op-agreement]): the CUDA engine; not the host engine, whose op
+    /// runs its own exchange with nothing to move.
+    fn runs_empty_ops(&self) -> bool {
+        false
+    }
+
+    /// An op with nothing to move, where [`Self::runs_empty_ops`].
+    fn empty_op(&self, stream: OpStream<'_>, kind: OpKind, dtype: DType, reduce: Option<ReduceOp>) -> Result<()> {
+        let _ = (stream, kind, dtype, reduce);
+        Ok(())
+    }
 
     /// This rank refused `e`, its own arguments for an op: tells the peers where the engine can
     /// (NOTE [op-agreement]). True when the group is out of step from here on (the caller

@@ -227,7 +227,7 @@ impl OnStream<'_> {
     pub(crate) fn epilogue_with(&self, algo: EpilogueAlgo, a: EpiArgs<'_>) -> Result<()> {
         let rows = self.arg(a.rows())?;
         let algo = match algo {
-            EpilogueAlgo::Auto => self.comm().selector.epilogue(rows.bytes(), self.comm().world_size()),
+            EpilogueAlgo::Auto => self.comm().selector.epilogue(rows.bytes()),
             a => a,
         };
         if let EpilogueAlgo::Separate(ar) = algo {

@@ -217,11 +217,7 @@ impl Allocation for RocmAllocation {
         })?)
     }
     fn symmetric_memory(&self) -> Option<Arc<dyn SymmetricMemory>> {
-        self.sym
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .map(|s| s as Arc<dyn SymmetricMemory>)
+        rendezvous::current(&self.sym).map(|s| s as Arc<dyn SymmetricMemory>)
     }
     fn as_any(&self) -> &dyn Any {
         self

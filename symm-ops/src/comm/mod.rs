@@ -294,7 +294,7 @@ impl Communicator {
             .unwrap_or_else(|| SelectionThresholds::defaults(kind, world));
         if kind != EngineKind::Host {
             // Lamport takes what its buffers hold (the same on every rank).
-            thresholds.lamport_max_bytes = thresholds.lamport_max_bytes.min(caps.lamport_max_bytes);
+            thresholds.lamport_max_bytes = thresholds.lamport_max_bytes.min(caps.lamport_slot);
         }
         let selector = Selector {
             engine: kind,
@@ -389,7 +389,7 @@ impl Communicator {
     }
     /// How an all-reduce epilogue of `bytes` runs ([`EpilogueAlgo::Auto`]'s choice).
     pub fn select_epilogue(&self, bytes: usize) -> EpilogueAlgo {
-        self.selector.epilogue(bytes, self.world_size())
+        self.selector.epilogue(bytes)
     }
     /// The algorithm `reduce_scatter` picks for an input of `bytes`.
     pub fn select_reduce_scatter(&self, bytes: usize) -> ReduceScatterAlgo {
@@ -459,7 +459,7 @@ impl Communicator {
             human(self.config.staging_bytes),
         );
         let mut t = self.selector.table(&header);
-        t.push_str(&self.selector.epilogue_table(self.world_size()));
+        t.push_str(&self.selector.epilogue_table());
         if let Some(why) = self.engine.caps().nccl_missing {
             t.push_str(&format!("  (no nccl fallback: {why})\n"));
         }
@@ -509,7 +509,9 @@ impl Communicator {
         }
         let r = f();
         if let Err(e) = &r {
-            if is_fatal(e) || self.engine_told_peers() {
+            // The engine's flag is taken (cleared) whatever the error.
+            let told = self.engine_told_peers();
+            if is_fatal(e) || told {
                 self.poisoned.store(true, Ordering::Release);
             }
         }
@@ -534,12 +536,13 @@ impl Communicator {
         reduce: Option<ReduceOp>,
     ) -> Option<Result<()>> {
         self.engine
-            .empty_op(stream, kind, dtype, reduce)
-            .map(|r| self.run(|| r))
+            .runs_empty_ops()
+            .then(|| self.run(|| self.engine.empty_op(stream, kind, dtype, reduce)))
     }
 
     /// `r`, unless it is this rank's rejection of its own arguments for an op
-    /// (NOTE [op-agreement]): then, on the host engine, the rejection takes the
+    /// (NOTE [op-agreement]): then the engine tells its peers ([`Engine::reject`];
+    /// the engines' own refusals go the same way): on the host engine, the rejection takes the
     /// op's place in the group's sequence, so every peer's matching op fails
     /// with [`Error::Mismatch`] instead of pairing with this rank's next op;
     /// unless every rank rejected it, the communicator is poisoned. On the CUDA

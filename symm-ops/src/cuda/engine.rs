@@ -84,12 +84,10 @@ impl CudaEngine {
 
 impl Engine for CudaEngine {
     fn caps(&self) -> Caps {
-        let lamport = self.coll.as_ref().map_or(0, |c| c.lamport_max_bytes());
         Caps {
             symm: self.coll.is_some(),
             nccl: self.nccl.is_some(),
-            lamport_slot: lamport,
-            lamport_max_bytes: lamport,
+            lamport_slot: self.coll.as_ref().map_or(0, |c| c.lamport_max_bytes()),
             nccl_missing: self.nccl_missing.clone(),
         }
     }
@@ -188,21 +186,17 @@ impl Engine for CudaEngine {
         self.locked(cx.stream, |s| self.epilogue_locked(s, cx.planner, algo, a, rows))
     }
 
+    fn runs_empty_ops(&self) -> bool {
+        true
+    }
+
     /// An op with nothing to move: a checked barrier with the kernels, nothing without them.
-    fn empty_op(
-        &self,
-        stream: OpStream<'_>,
-        kind: OpKind,
-        dtype: DType,
-        reduce: Option<ReduceOp>,
-    ) -> Option<Result<()>> {
-        Some((|| {
-            let (_l, s) = self.begin(stream)?;
-            match &self.coll {
-                Some(c) => c.agree_empty(s, kind, dtype, reduce),
-                None => Ok(()),
-            }
-        })())
+    fn empty_op(&self, stream: OpStream<'_>, kind: OpKind, dtype: DType, reduce: Option<ReduceOp>) -> Result<()> {
+        let (_l, s) = self.begin(stream)?;
+        match &self.coll {
+            Some(c) => c.agree_empty(s, kind, dtype, reduce),
+            None => Ok(()),
+        }
     }
 
     /// `Unavailable` is not a rejection here: every rank decides availability alike.

@@ -2,7 +2,7 @@
 //! (which names the generic path: one-shot or two-shot for an all-reduce) and runs it.
 
 use symm_core::epilogue::Rows;
-use symm_core::{AllReduceKernel, DType, Error, OpKind, Rank, ReduceOp, Result};
+use symm_core::{AllReduceKernel, DType, Error, Rank, ReduceOp, Result};
 
 use super::{HostEngine, In};
 use crate::buf::{Buf, BufMut};
@@ -87,8 +87,9 @@ impl Engine for HostEngine {
         self.no_stream(cx.stream)?;
         let input = self.refuse(cx.stream, self.resolve_in(input))?;
         let mut out = self.refuse(cx.stream, self.resolve_out(output, false))?;
-        // One generic path (the planner names it the pull): every rank reads its segment.
-        let _ = cx.planner.plan_reduce_scatter(req, count * dtype.size(), &|| false);
+        // One generic path whatever the request (the planner's plan for it names the pull: every
+        // rank reads its segment).
+        let _ = req;
         self.reduce_scatter(&input, &mut out, count, dtype, op)
     }
 
@@ -104,7 +105,8 @@ impl Engine for HostEngine {
         self.no_stream(cx.stream)?;
         let input = self.refuse(cx.stream, self.resolve_in(input))?;
         let mut out = self.refuse(cx.stream, self.resolve_out(output, false))?;
-        let _ = (req, count * dtype.size());
+        // One generic path whatever the request (the plan names the pull).
+        let _ = req;
         self.all_gather(&input, &mut out, count, dtype)
     }
 
@@ -118,10 +120,6 @@ impl Engine for HostEngine {
         let mut p = self.refuse(cx.stream, HostEpi::resolve(self, a))?;
         self.refuse(cx.stream, p.check(&rows))?;
         p.run(self, &rows)
-    }
-
-    fn empty_op(&self, _: OpStream<'_>, _: OpKind, _: DType, _: Option<ReduceOp>) -> Option<Result<()>> {
-        None
     }
 
     fn reject(&self, _stream: OpStream<'_>, _e: &Error) -> bool {

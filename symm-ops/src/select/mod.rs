@@ -177,7 +177,7 @@ pub(crate) struct Bufs<'a> {
     /// Input and output are the same buffer (all-reduce), or the input is this rank's slice of
     /// the output (all-gather).
     pub in_place: bool,
-    /// Input and output do not overlap.
+    /// Input and output do not overlap (read by the all-reduce plan only).
     pub apart: bool,
     pub registered: &'a dyn Fn(Side) -> bool,
 }
@@ -232,15 +232,16 @@ impl Selector {
     /// How an all-reduce epilogue of `bytes` runs (NOTE [fused-epilogue]): the table's
     /// all-reduce then the epilogue kernel, except at world 1, where nothing is exchanged (the
     /// fused kernel, one kernel).
-    pub fn epilogue(&self, bytes: usize, world: usize) -> crate::EpilogueAlgo {
+    pub fn epilogue(&self, bytes: usize) -> crate::EpilogueAlgo {
         match self.all_reduce(bytes) {
-            _ if self.symm && self.engine == EngineKind::Cuda && world == 1 => crate::EpilogueAlgo::Fused,
+            _ if self.symm && self.engine == EngineKind::Cuda && self.world == 1 => crate::EpilogueAlgo::Fused,
             a => crate::EpilogueAlgo::Separate(a),
         }
     }
 
-    /// What runs instead of [`AllReduceAlgo::Pull`] when the input cannot be read in
-    /// place (not registered, or the output overlaps it): the table without the copy engine.
+    /// What runs instead of [`AllReduceAlgo::Pull`] / [`AllReduceAlgo::CopyEngine`] when the
+    /// buffers do not qualify (not registered, or overlapping): the table without its zero-copy
+    /// rows.
     pub fn fallback_all_reduce(&self, bytes: usize) -> AllReduceAlgo {
         self.without_zero_copy().all_reduce(bytes)
     }

@@ -36,6 +36,8 @@ impl Selector {
         };
         let k = match req {
             AllReduceAlgo::Nccl => return Plan::Nccl,
+            // One rank: nothing to exchange; the ring kernel reduces the rank's own data.
+            _ if self.world == 1 => AllReduceKernel::OneShot,
             AllReduceAlgo::Lamport => AllReduceKernel::Lamport,
             AllReduceAlgo::OneShot => AllReduceKernel::OneShot,
             AllReduceAlgo::TwoShot => AllReduceKernel::TwoShot,
@@ -98,6 +100,8 @@ impl Selector {
         }
         let zero_copy = match req {
             AllGatherAlgo::Nccl => return Plan::Nccl,
+            // One rank: the ring kernel's local copy.
+            _ if self.world == 1 => Some(AllGatherKernel::Ring),
             AllGatherAlgo::CopyEngine if (b.registered)(Side::Output) => Some(AllGatherKernel::CopyEnginePush),
             AllGatherAlgo::CopyEngine if (b.registered)(Side::Input) => Some(AllGatherKernel::CopyEnginePull),
             AllGatherAlgo::Pull if (b.in_place && (b.registered)(Side::Output)) || (b.registered)(Side::Input) => {

@@ -23,14 +23,14 @@ impl Selector {
 
     /// The all-reduce epilogues' lines of [`Self::table`] (NOTE [fused-epilogue]): the
     /// all-reduce rows' pick then the epilogue kernel, or the fused kernel ([`Self::epilogue`]).
-    pub fn epilogue_table(&self, world: usize) -> String {
+    pub fn epilogue_table(&self) -> String {
         let mut s = String::new();
         let edges = self.all_reduce_bounds();
         block(
             &mut s,
             "all_reduce_residual[_rms_norm] (bytes of x)",
             &bounds(&edges),
-            |bytes| match self.epilogue(bytes, world) {
+            |bytes| match self.epilogue(bytes) {
                 crate::EpilogueAlgo::Fused => "fused (lamport one-shot + epilogue, one kernel)".to_string(),
                 crate::EpilogueAlgo::Separate(_) => {
                     let row = |reg| format!("{}, then the epilogue", self.all_reduce_row(bytes, reg));
@@ -156,8 +156,6 @@ pub(crate) fn human(bytes: usize) -> String {
     }
 }
 
-/// One block of the table: rows `bytes <= bound` over the sorted upper
-/// bounds, then "larger"; adjacent rows with the same algorithm merge.
 /// The ranges' upper bounds of a table block, sorted and deduplicated; `usize::MAX` (and
 /// `MAX - 1` from "min" thresholds) mean "no limit" and are left out.
 fn bounds(extra: &[usize]) -> Vec<usize> {
@@ -167,6 +165,8 @@ fn bounds(extra: &[usize]) -> Vec<usize> {
     b
 }
 
+/// One block of the table: rows `bytes <= bound` over the sorted upper
+/// bounds, then "larger"; adjacent rows with the same algorithm merge.
 fn block(s: &mut String, title: &str, bounds: &[usize], pick: impl Fn(usize) -> String) {
     s.push_str("  ");
     s.push_str(title);

@@ -30,18 +30,10 @@ fn epilogues_fuse_at_world_1_and_follow_the_all_reduce_table() {
         for nccl in [true, false] {
             let s = sel(EngineKind::Cuda, world, nccl);
             for bytes in [8 * KIB, 512 * KIB, s.thresholds.lamport_max_bytes, 64 * MIB] {
-                assert_eq!(
-                    s.epilogue(bytes, world),
-                    Separate(s.all_reduce(bytes)),
-                    "{world} {bytes}"
-                );
+                assert_eq!(s.epilogue(bytes), Separate(s.all_reduce(bytes)), "{world} {bytes}");
             }
-            assert_eq!(
-                s.epilogue(512 * KIB, world),
-                Separate(AllReduceAlgo::Lamport),
-                "{world}"
-            );
-            let table = s.epilogue_table(world);
+            assert_eq!(s.epilogue(512 * KIB), Separate(AllReduceAlgo::Lamport), "{world}");
+            let table = s.epilogue_table();
             assert!(
                 table.contains("lamport (one-shot, data as flag), then the epilogue"),
                 "{table}"
@@ -50,9 +42,9 @@ fn epilogues_fuse_at_world_1_and_follow_the_all_reduce_table() {
         }
     }
     let one = sel(EngineKind::Cuda, 1, true);
-    assert_eq!(one.epilogue(8 * KIB, 1), Fused);
+    assert_eq!(one.epilogue(8 * KIB), Fused);
     let host = sel(EngineKind::Host, 2, false);
-    assert!(matches!(host.epilogue(8 * MIB, 2), Separate(_)));
+    assert!(matches!(host.epilogue(8 * MIB), Separate(_)));
 }
 
 #[test]

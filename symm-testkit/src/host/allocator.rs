@@ -197,11 +197,7 @@ impl Allocation for HostAllocation {
         Ok(rendezvous::once(&self.mem, || self.do_rendezvous(timeout))?)
     }
     fn symmetric_memory(&self) -> Option<Arc<dyn SymmetricMemory>> {
-        self.mem
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map(|m| m.clone() as Arc<dyn SymmetricMemory>)
+        rendezvous::current(&self.mem).map(|m| m as Arc<dyn SymmetricMemory>)
     }
     fn as_any(&self) -> &dyn Any {
         self

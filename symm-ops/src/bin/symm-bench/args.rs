@@ -46,10 +46,11 @@ impl Op {
             Op::AllGather => &["auto", "lamport", "sm", "pull", "copy_engine", "nccl"],
         }
     }
-    /// Algorithms run only when `--algos` names them.
+    /// Algorithms run only when `--algos` names them (all_gather `ring`: the kernel's name in
+    /// `symm_core::kernels`, the same as `sm`, which earlier results use).
     pub(crate) fn on_request(self) -> &'static [&'static str] {
         match self {
-            Op::AllGather => &["copy_engine_staged"],
+            Op::AllGather => &["copy_engine_staged", "ring"],
             _ => &[],
         }
     }

@@ -513,8 +513,12 @@ fn point(
         // The Lamport buffers bound its message (per peer: one rank's input for all-gather,
         // one shard for reduce-scatter): larger sizes have no Lamport row.
         .filter(|s| s.base != "lamport" || g.count * dtype.size() <= st.coll.lamport_max_bytes())
-        // The copy-engine two-shot all-reduce is a two-rank algorithm.
-        .filter(|s| s.base != "ce_two_shot" || st.world == 2)
+        // The copy-engine two-shot all-reduce and the copy-engine reduce-scatter are two-rank
+        // kernels (refused at other world sizes).
+        .filter(|s| {
+            let two_rank = s.base == "ce_two_shot" || (op == Op::ReduceScatter && s.base == "copy_engine");
+            !two_rank || st.world == 2
+        })
         .collect();
     let need_staged = specs.iter().any(|s| s.base == "copy_engine_staged");
     let ar = arena(st, &g, dtype, need_staged, st.coll.group())?;

@@ -30,7 +30,7 @@ fn host_algo(op: Op, base: &str) -> bool {
     match op {
         Op::AllReduce => matches!(base, "auto" | "one_shot" | "two_shot"),
         Op::ReduceScatter => matches!(base, "auto" | "ring"),
-        Op::AllGather => matches!(base, "auto" | "sm"),
+        Op::AllGather => matches!(base, "auto" | "sm" | "ring"),
     }
 }
 
