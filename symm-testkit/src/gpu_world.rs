@@ -121,7 +121,7 @@ pub fn summary(line: &str) {
 /// One `#[test]` per world of [`GPU_WORLDS`], in `mod $name`, each calling
 /// `$run(world)`:
 ///
-/// ```ignore
+/// ```text
 /// fn all_reduce(w: GpuWorld) { /* w.run_threads(...) */ }
 /// symm_testkit::gpu_world_tests!(coll_all_reduce, all_reduce);
 /// ```
