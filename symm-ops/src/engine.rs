@@ -8,7 +8,7 @@
 //! ordering and buffer resolution; a plan names which of the two runs). The CUDA feature gates
 //! where the CUDA engine is built (`comm/mod.rs`), not the ops.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use symm_core::epilogue::Rows;
 use symm_core::{DType, Error, OpKind, Rank, ReduceOp, Result, SymmTensor, SymmetricMemory};
@@ -17,6 +17,18 @@ use crate::buf::{Buf, BufMut};
 use crate::epilogue::{EpiArgs, EpilogueAlgo};
 use crate::ops::OpStream;
 use crate::select::{AllGatherAlgo, AllReduceAlgo, ReduceScatterAlgo, Selector};
+
+/// The engine's per-op state, taken by the op: a second op running at once on one communicator
+/// is refused (an engine's ops must not overlap), a poisoned lock taken over.
+pub(crate) fn op_lock<T>(m: &Mutex<T>) -> Result<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Ok(g),
+        Err(TryLockError::Poisoned(p)) => Ok(p.into_inner()),
+        Err(TryLockError::WouldBlock) => Err(Error::InvalidArgument(
+            "two ops ran at once on one communicator (use one communicator per thread)".into(),
+        )),
+    }
+}
 
 /// One op's context: the stream it was given and the planner.
 #[derive(Clone, Copy)]

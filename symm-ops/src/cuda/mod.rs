@@ -12,7 +12,7 @@ mod epilogue;
 pub(crate) mod nccl;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use cudarc::driver::sys::CUstreamCaptureStatus;
@@ -209,13 +209,7 @@ impl CudaEngine {
     }
 
     fn lock(&self) -> Result<MutexGuard<'_, Last>> {
-        match self.lock.try_lock() {
-            Ok(g) => Ok(g),
-            Err(TryLockError::Poisoned(p)) => Ok(p.into_inner()),
-            Err(TryLockError::WouldBlock) => Err(Error::InvalidArgument(
-                "two ops ran at once on one communicator (use one communicator per thread)".into(),
-            )),
-        }
+        crate::engine::op_lock(&self.lock)
     }
 
     fn coll(&self) -> Result<&CudaCollectives> {

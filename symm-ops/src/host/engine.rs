@@ -4,7 +4,7 @@
 use symm_core::epilogue::Rows;
 use symm_core::{AllReduceKernel, DType, Error, Rank, ReduceOp, Result};
 
-use super::{HostEngine, In};
+use super::{HostEngine, In, Out};
 use crate::buf::{Buf, BufMut};
 use crate::engine::{Caps, Cx, Engine};
 use crate::epilogue::{EpiArgs, EpilogueAlgo, HostEpi};
@@ -22,6 +22,14 @@ impl HostEngine {
                 self.told.store(true, std::sync::atomic::Ordering::Release);
             }
         })
+    }
+
+    /// An out-of-place op's buffers, resolved (refusals told to the peers).
+    fn resolve_apart<'i, 'o>(&self, cx: Cx<'_>, input: Buf<'i>, output: BufMut<'o>) -> Result<(In<'i>, Out<'o>)> {
+        self.no_stream(cx.stream)?;
+        let input = self.refuse(cx.stream, self.resolve_in(input))?;
+        let out = self.refuse(cx.stream, self.resolve_out(output, false))?;
+        Ok((input, out))
     }
 
     /// The host engine has no streams: an op given one is refused.
@@ -84,12 +92,10 @@ impl Engine for HostEngine {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        self.no_stream(cx.stream)?;
-        let input = self.refuse(cx.stream, self.resolve_in(input))?;
-        let mut out = self.refuse(cx.stream, self.resolve_out(output, false))?;
         // One generic path whatever the request (the planner's plan for it names the pull: every
         // rank reads its segment).
         let _ = req;
+        let (input, mut out) = self.resolve_apart(cx, input, output)?;
         self.reduce_scatter(&input, &mut out, count, dtype, op)
     }
 
@@ -102,11 +108,9 @@ impl Engine for HostEngine {
         count: usize,
         dtype: DType,
     ) -> Result<()> {
-        self.no_stream(cx.stream)?;
-        let input = self.refuse(cx.stream, self.resolve_in(input))?;
-        let mut out = self.refuse(cx.stream, self.resolve_out(output, false))?;
         // One generic path whatever the request (the plan names the pull).
         let _ = req;
+        let (input, mut out) = self.resolve_apart(cx, input, output)?;
         self.all_gather(&input, &mut out, count, dtype)
     }
 

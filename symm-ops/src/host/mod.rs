@@ -33,7 +33,7 @@
 //! barriers and rejected arguments run the same exchange alone (barrier,
 //! compare, barrier).
 
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use symm_core::{empty_p2p, get_symmetric_memory, Channel, DType, Device, Error, Group, Rank, ReduceOp, Result};
@@ -236,13 +236,7 @@ impl HostEngine {
     }
 
     fn lock(&self) -> Result<MutexGuard<'_, Scratch>> {
-        match self.scratch.try_lock() {
-            Ok(g) => Ok(g),
-            Err(TryLockError::Poisoned(p)) => Ok(p.into_inner()),
-            Err(TryLockError::WouldBlock) => Err(Error::InvalidArgument(
-                "two ops ran at once on one communicator (use one communicator per thread)".into(),
-            )),
-        }
+        crate::engine::op_lock(&self.scratch)
     }
 
     fn op_barrier(&self) -> Result<()> {
