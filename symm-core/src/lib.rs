@@ -25,7 +25,9 @@
 //!   driven through the small [`rendezvous::RendezvousBackend`] trait.
 //! - [`kernel_source`]: the collective kernels' source, one text for every
 //!   GPU vendor (each backend adds its vendor header and compiles it);
-//!   [`kernels`]: the explicit kernels in it that symm-ops' planner names.
+//!   [`kernels`]: the explicit kernels in it that symm-ops' planner names;
+//!   [`coll`]: their host side (argument lists, workspace layout, launch
+//!   plans, op agreement), which every GPU backend launches them with.
 //!
 //! symm-core depends on no backend. A program links one (symm-cuda,
 //! symm-rocm, or the host backend in symm-testkit) and finds it by
@@ -35,6 +37,7 @@
 
 pub mod agree;
 pub mod allocator;
+pub mod coll;
 pub mod connectivity;
 pub mod epilogue;
 pub mod error;

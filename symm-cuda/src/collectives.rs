@@ -23,14 +23,14 @@
 // (`unsafe fn`, NOTE [raw-addresses]); the driver layer does the rest.
 #![deny(unsafe_code)]
 
-mod agree;
 mod all_reduce;
-pub(crate) mod args;
 mod epilogue;
-pub(crate) mod layout;
-pub(crate) mod plan;
 mod scatter_gather;
 mod setup;
+
+// The host side of the shared kernels (arguments, workspace layout, launch plans, op
+// agreement) is symm-core's, written once for every vendor.
+use symm_core::coll::{agree, args, layout, plan};
 
 use std::sync::{Arc, Mutex, RwLock};
 

@@ -293,7 +293,8 @@ fn copy_args(dst: u64, src: u64, bytes: usize) -> [KernelArg; 3] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collectives::args::{arg_bytes, ptx_param_sizes};
+    use crate::kernels::ptx_param_sizes;
+    use symm_core::coll::arg::arg_bytes;
 
     #[test]
     fn probe_arguments_match_the_kernels() {

@@ -131,10 +131,8 @@ impl CudaCollectives {
                 self.all_reduce_pull_two_shot(stream, dt, dtype, op, input, output, &sym_out, count, tuning, hdr)
             }
             AllReduceKernel::Pull => {
-                let tuning = Tuning {
-                    ce_fraction: 0.0,
-                    ..*tuning
-                };
+                let mut tuning = *tuning;
+                tuning.ce_fraction = 0.0;
                 self.all_reduce_ce(stream, dt, dtype, op, input, output, count, &tuning, hdr)
             }
             AllReduceKernel::CopyEnginePull => {

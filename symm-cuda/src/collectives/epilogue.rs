@@ -391,7 +391,8 @@ mod tests {
     #[test]
     #[allow(unsafe_code)]
     fn fused_arguments_match_the_kernels() {
-        use crate::collectives::args::{arg_bytes, ptx_param_sizes};
+        use crate::kernels::ptx_param_sizes;
+        use symm_core::coll::arg::arg_bytes;
         if let Err(e) = kernels::nvrtc_available() {
             println!("SKIP fused_arguments_match_the_kernels: {e}");
             return;

@@ -195,3 +195,138 @@ fn kernel_defines_match_layout() {
         assert_eq!(kernel_op(*op), v);
     }
 }
+
+/// The argument lists against the PTX: CUDA's check of symm-core's `coll::args`.
+mod argument_lists {
+    use symm_core::coll::arg::{arg_bytes, KernelArg};
+    use symm_core::coll::args::*;
+    use symm_core::coll::layout::{WorkspaceLayout, MAX_WORLD};
+    use symm_core::coll::plan::{ring_plan, RingMode, Tuning};
+    use symm_core::DType;
+
+    use crate::kernels::ptx_param_sizes;
+
+    /// A two-rank layout, rank 0's common arguments and a bound, for the argument tests.
+    fn args_fixture() -> (WorkspaceLayout, Common, Bound) {
+        let layout = WorkspaceLayout::new(2, 10 << 20, 4 << 20, 64).unwrap();
+        let c = Common {
+            bufs_dev: 1,
+            pads_dev: 2,
+            rank: 0,
+            world: 2,
+        };
+        let bound = Bound {
+            timeout_ns: 1,
+            abort_host: 0,
+        };
+        (layout, c, bound)
+    }
+
+    #[test]
+    fn ptx_params_parse() {
+        let ptx = ".visible .entry k(\n\t.param .u64 k_param_0,\n\t.param .u32 k_param_1\n)\n{\n}";
+        assert_eq!(ptx_param_sizes(ptx, "k"), Some(vec![8, 4]));
+        assert_eq!(ptx_param_sizes(ptx, "nope"), None);
+    }
+
+    /// Every argument list (symm-core's `coll::args`, which every backend launches with) has the
+    /// arity and sizes of its kernel's parameters in the PTX NVRTC produces (when NVRTC is present).
+    #[test]
+    fn argument_lists_match_the_kernels() {
+        let (layout, c, bound) = args_fixture();
+        let plan = ring_plan(
+            RingMode::AllReduce,
+            1000,
+            1000,
+            DType::BF16,
+            &layout,
+            &Tuning::default(),
+            132,
+        )
+        .unwrap();
+        let sizes = |a: &[KernelArg]| a.iter().map(arg_bytes).collect::<Vec<_>>();
+        let mut cases: Vec<(String, Vec<usize>)> = vec![
+            ("symm_coll_init".into(), sizes(&init(0, &layout))),
+            ("symm_coll_barrier".into(), sizes(&barrier(&c, 3, &bound, 0))),
+            ("symm_coll_take_error".into(), sizes(&take_error(0, 0))),
+            ("symm_coll_reject".into(), sizes(&reject(&c))),
+        ];
+        for dt in ["f32", "f16", "bf16"] {
+            cases.push((
+                format!("symm_lamport_{dt}"),
+                sizes(&lamport(
+                    &c,
+                    &Direct::default(),
+                    RingMode::AllReduce,
+                    0,
+                    0,
+                    0,
+                    10,
+                    &layout,
+                    &bound,
+                    &OpHeader::default(),
+                )),
+            ));
+            cases.push((
+                format!("symm_ring_{dt}"),
+                sizes(&ring(&c, 0, 0, 0, &plan, &layout, &bound, 0, &OpHeader::default())),
+            ));
+            cases.push((
+                format!("symm_pull_{dt}"),
+                sizes(&pull(
+                    &c,
+                    &Direct::default(),
+                    0,
+                    &Pull {
+                        mode: RingMode::AllGather,
+                        op: 0,
+                        out: 0,
+                        n: 10,
+                        srcs: [0; MAX_WORLD],
+                        dsts: None,
+                        check: 0,
+                    },
+                    &bound,
+                )),
+            ));
+            cases.push((
+                format!("symm_reduce_ptrs_{dt}"),
+                sizes(&reduce_ptrs(0, 2, 0, 0, 10, &[1, 2])),
+            ));
+        }
+        // The two-rank Lamport and pull entries take the generic entries' arguments.
+        let generic: Vec<(String, Vec<usize>)> = cases
+            .iter()
+            .filter(|(n, _)| n.starts_with("symm_lamport_") || n.starts_with("symm_pull_"))
+            .cloned()
+            .collect();
+        for (name, sizes) in generic {
+            let (kind, dt) = name.trim_start_matches("symm_").split_once('_').unwrap();
+            for mode in ["ar", "rs"] {
+                for op in ["sum", "avg", "max", "min"] {
+                    cases.push((format!("symm_{kind}2_{mode}_{op}_{dt}"), sizes.clone()));
+                }
+            }
+            cases.push((format!("symm_{kind}2_ag_{dt}"), sizes));
+        }
+        // Every list fits the launcher (checked without NVRTC too).
+        for (name, got) in &cases {
+            assert!(
+                got.len() <= symm_core::coll::arg::MAX_ARGS,
+                "{name}: {} arguments, the launcher takes at most {}",
+                got.len(),
+                symm_core::coll::arg::MAX_ARGS
+            );
+        }
+        if let Err(e) = crate::kernels::nvrtc_available() {
+            println!("SKIP argument_lists_match_the_kernels (the PTX half): {e}");
+            return;
+        }
+        let src = crate::kernels::source("collectives").unwrap();
+        let ptx = crate::kernels::compile(src, "", "sm_90").unwrap();
+        for (name, got) in cases {
+            let want = ptx_param_sizes(&ptx, &name).unwrap_or_else(|| panic!("{name} not in the PTX"));
+            assert_eq!(got, want, "{name}: host arguments vs kernel parameters");
+        }
+    }
+}

@@ -5,7 +5,7 @@
 
 #![forbid(unsafe_code)]
 
-use symm_core::{DType, Error, ReduceOp, Result};
+use crate::{DType, Error, ReduceOp, Result};
 
 use super::layout::WorkspaceLayout;
 
@@ -15,8 +15,8 @@ pub const VEC_BYTES: usize = 16;
 pub const MAX_THREADS: u32 = 512;
 
 /// Ring kernel modes (`COLL_MODE_*`).
+// Exhaustive: the kernels' modes are fixed by their source, and backends match on every one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum RingMode {
     AllReduce = 0,
     ReduceScatter = 1,
@@ -206,11 +206,11 @@ impl KernelDtype {
 
 /// One value (a kernel entry, or a table of them) per [`KernelDtype`], indexed by it.
 #[derive(Debug, Clone)]
-pub(crate) struct PerDtype<T>([T; 3]);
+pub struct PerDtype<T>([T; 3]);
 
 impl<T> PerDtype<T> {
     /// The table of `load(d)` for every `d` of [`KernelDtype::ALL`], or the first error.
-    pub(crate) fn try_new(mut load: impl FnMut(KernelDtype) -> Result<T>) -> Result<Self> {
+    pub fn try_new(mut load: impl FnMut(KernelDtype) -> Result<T>) -> Result<Self> {
         let [a, b, c] = KernelDtype::ALL;
         Ok(PerDtype([load(a)?, load(b)?, load(c)?]))
     }

@@ -5,7 +5,7 @@
 
 #![forbid(unsafe_code)]
 
-use symm_core::{DType, Error, OpDescriptor, OpKind, ReduceOp};
+use crate::{DType, Error, OpDescriptor, OpKind, ReduceOp};
 
 use super::args::OpHeader;
 use super::layout::{MISMATCH_CHECK, MISMATCH_HEADER, MISMATCH_REJECTED, MISMATCH_WORDS};
@@ -195,6 +195,6 @@ mod tests {
         assert_ne!(checked(&base, &[1, 2]), checked(&base, &[1, 3]));
         let mut all: Vec<u64> = base.0.iter().map(|&w| u64::from(w)).collect();
         all.extend([1, 2]);
-        assert_eq!(checked(&base, &[1, 2]), super::super::plan::check_word(&all));
+        assert_eq!(checked(&base, &[1, 2]), crate::coll::plan::check_word(&all));
     }
 }

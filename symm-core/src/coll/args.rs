@@ -4,7 +4,7 @@
 
 #![forbid(unsafe_code)]
 
-use crate::driver::launch::KernelArg;
+use super::arg::KernelArg;
 
 use super::layout::{WorkspaceLayout, MAX_WORLD};
 use super::plan::{RingMode, RingPlan};
@@ -96,7 +96,7 @@ pub struct Pull {
 /// Every rank's address of one range of registered symmetric memory, indexed by rank: `own` (this
 /// rank's own address of the range, as its caller passed it) at `rank`, a peer's mapping
 /// `peers[s] + off` at every other `s < world`, 0 past `world`.
-pub(crate) fn per_rank(rank: usize, world: usize, own: u64, peers: &[u64; MAX_WORLD], off: u64) -> [u64; MAX_WORLD] {
+pub fn per_rank(rank: usize, world: usize, own: u64, peers: &[u64; MAX_WORLD], off: u64) -> [u64; MAX_WORLD] {
     let mut v = [0u64; MAX_WORLD];
     for (s, a) in v.iter_mut().enumerate().take(world) {
         *a = if s == rank { own } else { peers[s] + off };
@@ -163,7 +163,7 @@ pub fn pull(c: &Common, d: &Direct, state: u64, p: &Pull, bound: &Bound) -> [Ker
 pub struct OpHeader(pub [u32; 4]);
 
 impl OpHeader {
-    pub(crate) fn args(&self) -> [KernelArg; 2] {
+    pub fn args(&self) -> [KernelArg; 2] {
         let w = self.0;
         [
             KernelArg::U64(u64::from(w[0]) | (u64::from(w[1]) << 32)),
@@ -321,45 +321,9 @@ pub fn take_error(err_word: u64, out: u64) -> [KernelArg; 2] {
     [KernelArg::U64(err_word), KernelArg::U64(out)]
 }
 
-/// Bytes a kernel parameter of this argument takes.
-#[cfg(test)]
-pub fn arg_bytes(a: &KernelArg) -> usize {
-    match a {
-        KernelArg::U64(_) | KernelArg::I64(_) => 8,
-        KernelArg::U32(_) | KernelArg::I32(_) | KernelArg::F32(_) => 4,
-    }
-}
-
-/// Parameter sizes (bytes) of `.entry name(...)` in `ptx`, or None if the entry is missing.
-#[cfg(test)]
-pub fn ptx_param_sizes(ptx: &str, name: &str) -> Option<Vec<usize>> {
-    let start = ptx.find(&format!(".entry {name}("))?;
-    let rest = &ptx[start..];
-    let end = rest.find(')')?;
-    Some(
-        rest[..end]
-            .lines()
-            .filter_map(|l| {
-                let l = l.trim();
-                let ty = l.strip_prefix(".param .")?;
-                let ty = ty.split_whitespace().next()?;
-                Some(match &ty[1..] {
-                    "64" => 8,
-                    "32" => 4,
-                    "16" => 2,
-                    "8" => 1,
-                    _ => 0,
-                })
-            })
-            .collect(),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collectives::plan::{ring_plan, Tuning};
-    use symm_core::DType;
 
     /// A two-rank layout, rank 0's common arguments and a bound, for the argument tests.
     fn fixture() -> (WorkspaceLayout, Common, Bound) {
@@ -416,7 +380,7 @@ mod tests {
             &OpHeader::default(),
         );
         assert_eq!(a[8], KernelArg::U64(0x20_0000));
-        let src = crate::kernels::source("collectives").unwrap().source;
+        let src = crate::kernel_source::COLLECTIVES;
         assert!(src.contains(&format!("#define COLL_LAM_ACQREL_ARRIVE {LAMPORT_ACQREL_ARRIVE:#x}u")));
         assert!(src.contains(&format!(
             "#define COLL_LAM_HOST_EVERY_THREAD {LAMPORT_HOST_EVERY_THREAD:#x}u"
@@ -427,15 +391,6 @@ mod tests {
     }
 
     #[test]
-    fn ptx_params_parse() {
-        let ptx = ".visible .entry k(\n\t.param .u64 k_param_0,\n\t.param .u32 k_param_1\n)\n{\n}";
-        assert_eq!(ptx_param_sizes(ptx, "k"), Some(vec![8, 4]));
-        assert_eq!(ptx_param_sizes(ptx, "nope"), None);
-    }
-
-    /// Every argument list has the arity and sizes of its kernel's parameters in the PTX NVRTC
-    /// produces (when NVRTC is present).
-    #[test]
     fn per_rank_addresses() {
         let mut peers = [0u64; MAX_WORLD];
         for (s, p) in peers.iter_mut().enumerate() {
@@ -443,104 +398,5 @@ mod tests {
         }
         let v = per_rank(1, 3, 0xABC0, &peers, 0x40);
         assert_eq!(v[..4], [0x1040, 0xABC0, 0x3040, 0]);
-    }
-
-    #[test]
-    fn argument_lists_match_the_kernels() {
-        let (layout, c, bound) = fixture();
-        let plan = ring_plan(
-            RingMode::AllReduce,
-            1000,
-            1000,
-            DType::BF16,
-            &layout,
-            &Tuning::default(),
-            132,
-        )
-        .unwrap();
-        let sizes = |a: &[KernelArg]| a.iter().map(arg_bytes).collect::<Vec<_>>();
-        let mut cases: Vec<(String, Vec<usize>)> = vec![
-            ("symm_coll_init".into(), sizes(&init(0, &layout))),
-            ("symm_coll_barrier".into(), sizes(&barrier(&c, 3, &bound, 0))),
-            ("symm_coll_take_error".into(), sizes(&take_error(0, 0))),
-            ("symm_coll_reject".into(), sizes(&reject(&c))),
-        ];
-        for dt in ["f32", "f16", "bf16"] {
-            cases.push((
-                format!("symm_lamport_{dt}"),
-                sizes(&lamport(
-                    &c,
-                    &Direct::default(),
-                    RingMode::AllReduce,
-                    0,
-                    0,
-                    0,
-                    10,
-                    &layout,
-                    &bound,
-                    &OpHeader::default(),
-                )),
-            ));
-            cases.push((
-                format!("symm_ring_{dt}"),
-                sizes(&ring(&c, 0, 0, 0, &plan, &layout, &bound, 0, &OpHeader::default())),
-            ));
-            cases.push((
-                format!("symm_pull_{dt}"),
-                sizes(&pull(
-                    &c,
-                    &Direct::default(),
-                    0,
-                    &Pull {
-                        mode: RingMode::AllGather,
-                        op: 0,
-                        out: 0,
-                        n: 10,
-                        srcs: [0; MAX_WORLD],
-                        dsts: None,
-                        check: 0,
-                    },
-                    &bound,
-                )),
-            ));
-            cases.push((
-                format!("symm_reduce_ptrs_{dt}"),
-                sizes(&reduce_ptrs(0, 2, 0, 0, 10, &[1, 2])),
-            ));
-        }
-        // The two-rank Lamport and pull entries take the generic entries' arguments.
-        let generic: Vec<(String, Vec<usize>)> = cases
-            .iter()
-            .filter(|(n, _)| n.starts_with("symm_lamport_") || n.starts_with("symm_pull_"))
-            .cloned()
-            .collect();
-        for (name, sizes) in generic {
-            let (kind, dt) = name.trim_start_matches("symm_").split_once('_').unwrap();
-            for mode in ["ar", "rs"] {
-                for op in ["sum", "avg", "max", "min"] {
-                    cases.push((format!("symm_{kind}2_{mode}_{op}_{dt}"), sizes.clone()));
-                }
-            }
-            cases.push((format!("symm_{kind}2_ag_{dt}"), sizes));
-        }
-        // Every list fits the launcher (checked without NVRTC too).
-        for (name, got) in &cases {
-            assert!(
-                got.len() <= crate::driver::launch::MAX_ARGS,
-                "{name}: {} arguments, the launcher takes at most {}",
-                got.len(),
-                crate::driver::launch::MAX_ARGS
-            );
-        }
-        if let Err(e) = crate::kernels::nvrtc_available() {
-            println!("SKIP argument_lists_match_the_kernels (the PTX half): {e}");
-            return;
-        }
-        let src = crate::kernels::source("collectives").unwrap();
-        let ptx = crate::kernels::compile(src, "", "sm_90").unwrap();
-        for (name, got) in cases {
-            let want = ptx_param_sizes(&ptx, &name).unwrap_or_else(|| panic!("{name} not in the PTX"));
-            assert_eq!(got, want, "{name}: host arguments vs kernel parameters");
-        }
     }
 }

@@ -13,7 +13,7 @@
 
 #![forbid(unsafe_code)]
 
-use symm_core::{Error, Result};
+use crate::{Error, Result};
 
 /// Word index of the Lamport buffer rotation (0, 1, 2) in STATE.
 // Only the tests read it here (against the kernels' define); the kernels use the define.
@@ -85,14 +85,13 @@ pub const SLOT_ALIGN: usize = 256;
 /// Smallest ring slot the layout accepts (fewer slots are used before going below it).
 pub const MIN_SLOT_BYTES: usize = 16 * 1024;
 
-const _: () = assert!(
-    (ST_MISMATCH + MISMATCH_WORDS) * 4 <= STATE_BYTES && ST_BAR_CNT + symm_core::pad::MAX_WORLD_SIZE <= ST_ERR_OUT
-);
+const _: () =
+    assert!((ST_MISMATCH + MISMATCH_WORDS) * 4 <= STATE_BYTES && ST_BAR_CNT + crate::pad::MAX_WORLD_SIZE <= ST_ERR_OUT);
 const _: () =
     assert!(ST_MISMATCH + MISMATCH_WORDS <= ST_EPI_ROWS && (ST_EPI_ROWS + EPI_SPLIT_MAX_ROWS) * 4 <= STATE_BYTES);
-const _: () = assert!(OPS_CHECK < symm_core::pad::OPS_SLOTS && OPS_PULL64 + 1 < symm_core::pad::OPS_SLOTS);
+const _: () = assert!(OPS_CHECK < crate::pad::OPS_SLOTS && OPS_PULL64 + 1 < crate::pad::OPS_SLOTS);
 // The 64-bit words start 8-byte aligned.
-const _: () = assert!((symm_core::pad::OPS_BASE + OPS_PULL64 * symm_core::pad::MAX_WORLD_SIZE) % 2 == 0);
+const _: () = assert!((crate::pad::OPS_BASE + OPS_PULL64 * crate::pad::MAX_WORLD_SIZE) % 2 == 0);
 
 /// Offsets and sizes of one rank's workspace (identical on every rank).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,21 @@
+//! The host side of the collective kernels in [`crate::kernel_source`], written once for every
+//! GPU backend: what a backend needs besides its driver to launch them. Pure functions of
+//! values every rank agrees on (NOTE [collectives-protocols], NOTE [op-agreement]):
+//!
+//! - [`arg`]: one kernel argument and the packed parameter buffer;
+//! - [`args`]: the argument list of every entry, each mirroring its `extern "C"` signature;
+//! - [`layout`]: the collectives workspace (state words, flags, Lamport and ring slots),
+//!   mirrored by the kernels' `COLL_ST_*` defines;
+//! - [`plan`]: grid shapes, chunking and sharding of a launch (which kernel runs is symm-ops'
+//!   planner's choice, NOTE [one-planner]);
+//! - [`agree`]: the op header and check words every launch carries, and the error a recorded
+//!   disagreement becomes.
+//!
+//! symm-cuda and symm-rocm launch the same entries with these same lists; CUDA's unit tests
+//! check each list against the parameters NVRTC compiled.
+
+pub mod agree;
+pub mod arg;
+pub mod args;
+pub mod layout;
+pub mod plan;
