@@ -9,7 +9,10 @@
 //! - [`plan`]: grid shapes, chunking and sharding of a launch (which kernel runs is symm-ops'
 //!   planner's choice, NOTE [one-planner]);
 //! - [`agree`]: the op header and check words every launch carries, and the error a recorded
-//!   disagreement becomes.
+//!   disagreement becomes;
+//! - [`check`]: the checks on an op's device addresses (null, alignment, overflow, overlap);
+//! - [`launch`]: the launches of the in-kernel mechanisms (Lamport, ring, barrier, the empty
+//!   op's agreement) planned once, which a backend's `Launcher` runs.
 //!
 //! symm-cuda and symm-rocm launch the same entries with these same lists; CUDA's unit tests
 //! check each list against the parameters NVRTC compiled.
@@ -17,5 +20,7 @@
 pub mod agree;
 pub mod arg;
 pub mod args;
+pub mod check;
+pub mod launch;
 pub mod layout;
 pub mod plan;

@@ -30,7 +30,10 @@ mod setup;
 
 // The host side of the shared kernels (arguments, workspace layout, launch plans, op
 // agreement) is symm-core's, written once for every vendor.
-use symm_core::coll::{agree, args, layout, plan};
+use symm_core::coll::launch::{
+    self, all_gather_at, all_reduce_at, all_reduce_mechanism, reduce_scatter_at, Entry, Launcher, Rig,
+};
+use symm_core::coll::{agree, args, check, layout, plan};
 
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -40,7 +43,7 @@ use symm_core::{Allocation, DType, Device, DeviceType, Error, Group, OpKind, Ran
 use crate::driver::launch::{launch, launch_with, KernelArg, Launch};
 use crate::driver::mem::{dtod_async, dtoh_sync, memset_d32_async};
 use crate::driver::{self, bind, from_driver};
-use crate::knobs;
+use check::{ranges_overlap, ShardGeometry};
 
 pub use epilogue::{epilogue_threads, Epilogue, Epilogues};
 pub use layout::WorkspaceLayout;
@@ -51,15 +54,36 @@ pub use symm_core::kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKern
 use agree::{checked, header, Mechanism};
 use args::OpHeader;
 use layout::{peer_index, MAX_WORLD, MISMATCH_WORDS, ST_ERR_OUT, ST_MISMATCH};
-use plan::{
-    ce_rs_chunks, ce_split, kernel_dtype, kernel_op, lamport_plan, ring_plan, two_shot_shard, KernelDtype, RingPlan,
-};
+use plan::{ce_rs_chunks, ce_split, kernel_dtype, kernel_op, two_shot_shard, KernelDtype};
 use setup::{CeState, KernelTable, CE_EVENTS};
 use symm_core::pad::{ERR_MISMATCH, ERR_OP_MISMATCH, ERR_PEER_REJECTED};
 
 /// A kernel of symm-core's vocabulary this backend does not implement (one added after it).
 fn not_here(kernel: impl std::fmt::Display) -> Error {
-    Error::Unavailable(format!("the {kernel} kernel is not implemented by symm-cuda"))
+    launch::not_here(kernel, "symm-cuda")
+}
+
+/// Runs symm-core's planned launches ([`launch::Launch`]) on one stream of these collectives.
+struct On<'a> {
+    c: &'a CudaCollectives,
+    stream: &'a CudaStream,
+}
+
+impl launch::Launcher for On<'_> {
+    fn launch(&self, l: &launch::Launch) -> Result<()> {
+        let k = &self.c.kernels;
+        let f = match l.entry {
+            Entry::Barrier => &k.barrier,
+            Entry::Reject => &k.reject,
+            Entry::Lamport(dt) => &k.lamport[dt],
+            Entry::LamportTwoRank(dt, mode, op) => k.lamport_two_rank[dt].get(mode, op),
+            Entry::Ring(dt) => &k.ring[dt],
+            Entry::ReducePtrs(dt) => &k.reduce_ptrs[dt],
+            Entry::Pull(dt) => &k.pull[dt],
+            Entry::PullTwoRank(dt, mode, op) => k.pull_two_rank[dt].get(mode, op),
+        };
+        launch_with(self.stream, f, cfg(l.blocks, l.threads), &l.args, self.c.how)
+    }
 }
 
 /// One copy-engine pull-and-reduce ([`CudaCollectives::ce_pull_reduce`]), device addresses.
@@ -96,25 +120,17 @@ pub struct CudaCollectives {
     ctx: Arc<CudaContext>,
     mem: Arc<dyn SymmetricMemory>,
     _alloc: Arc<dyn Allocation>,
-    layout: WorkspaceLayout,
     config: CollectivesConfig,
-    rank: usize,
-    world: usize,
+    /// What every launch's arguments are built from (symm-core's `coll::launch`): rank, world,
+    /// the workspace layout and bases, every rank's workspace and pad, the wait bound, the
+    /// grid budget (NOTE [co-residency]) and the diagnostic switches.
+    rig: Rig,
     sm_count: u32,
-    /// Most blocks of one grid (NOTE [co-residency]).
-    grid: GridBudget,
     /// How the collective kernels are launched ([`CollectivesConfig::pdl`] where the device
     /// supports it).
     how: Launch,
     kernels: KernelTable,
-    ws: u64,
-    /// Every rank's workspace base and pad, passed to the Lamport and pull kernels by value.
-    direct: args::Direct,
-    bufs_dev: u64,
-    pads_dev: u64,
-    abort_host: u64,
     err_word: u64,
-    timeout_ns: u64,
     control: Arc<CudaStream>,
     ce: Mutex<CeState>,
     registered: RwLock<Vec<Registered>>,
@@ -125,69 +141,11 @@ impl std::fmt::Debug for CudaCollectives {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaCollectives")
             .field("group", &self.group.name())
-            .field("rank", &self.rank)
-            .field("world", &self.world)
-            .field("layout", &self.layout)
+            .field("rank", &self.rig.rank)
+            .field("world", &self.rig.world)
+            .field("layout", &self.rig.layout)
             .finish()
     }
-}
-
-/// A checked reduce-scatter / all-gather: `part` holds `count` elements, `whole` holds `count *
-/// world`; `own` is this rank's shard of the whole, `whole_bytes` the whole's size.
-struct ShardGeometry {
-    own: u64,
-    whole_bytes: usize,
-}
-
-/// Checks the buffers of a reduce-scatter (`whole` = input, `part` = output) or an all-gather
-/// (`part` = input, `whole` = output): aligned, sizes that do not overflow, and the part either
-/// this rank's shard of the whole (in place) or apart from it.
-fn shard_geometry(
-    op: &'static str,
-    (whole_name, whole): (&'static str, u64),
-    (part_name, part): (&'static str, u64),
-    count: usize,
-    dtype: DType,
-    (rank, world): (usize, usize),
-) -> Result<ShardGeometry> {
-    check_ptr(whole_name, whole, dtype)?;
-    check_ptr(part_name, part, dtype)?;
-    let bytes = byte_len(count, dtype)?;
-    let total = count
-        .checked_mul(world)
-        .ok_or_else(|| Error::InvalidArgument(format!("{op} count overflows")))?;
-    let whole_bytes = byte_len(total, dtype)?;
-    let own = whole + (rank * bytes) as u64;
-    if part != own && ranges_overlap(whole, whole_bytes, part, bytes) {
-        return Err(Error::InvalidArgument(format!(
-            "{part_name} overlaps the {whole_name} other than at this rank's shard"
-        )));
-    }
-    Ok(ShardGeometry { own, whole_bytes })
-}
-
-fn ranges_overlap(a: u64, a_len: usize, b: u64, b_len: usize) -> bool {
-    a_len > 0 && b_len > 0 && a < b.saturating_add(b_len as u64) && b < a.saturating_add(a_len as u64)
-}
-
-fn byte_len(count: usize, dtype: DType) -> Result<usize> {
-    count
-        .checked_mul(dtype.size())
-        .ok_or_else(|| Error::InvalidArgument(format!("{count} elements of {dtype} overflow")))
-}
-
-fn check_ptr(what: &'static str, ptr: u64, dtype: DType) -> Result<()> {
-    if ptr == 0 {
-        return Err(Error::InvalidArgument(format!("{what} is a null device address")));
-    }
-    if ptr % dtype.size() as u64 != 0 {
-        return Err(Error::Misaligned {
-            what,
-            value: ptr,
-            align: dtype.size() as u64,
-        });
-    }
-    Ok(())
 }
 
 fn cfg(blocks: u32, threads: u32) -> LaunchConfig {
@@ -210,7 +168,7 @@ impl CudaCollectives {
         &self.mem
     }
     pub fn layout(&self) -> &WorkspaceLayout {
-        &self.layout
+        &self.rig.layout
     }
     pub fn config(&self) -> &CollectivesConfig {
         &self.config
@@ -222,7 +180,7 @@ impl CudaCollectives {
     /// Most blocks of one collective grid: the SM count, or this rank's share of it when ranks of
     /// the group share the device (NOTE [co-residency]).
     pub fn grid_budget(&self) -> GridBudget {
-        self.grid
+        self.rig.grid
     }
     /// Whether the collective kernels are launched with programmatic dependent launch
     /// ([`CollectivesConfig::pdl`] and a device that supports it).
@@ -238,10 +196,10 @@ impl CudaCollectives {
     /// Largest message (bytes) [`AllReduceKernel::Lamport`] takes (per rank's part for the
     /// reduce-scatter and all-gather Lamport kernels).
     pub fn lamport_max_bytes(&self) -> usize {
-        if self.world == 1 {
+        if self.rig.world == 1 {
             usize::MAX
         } else {
-            self.layout.lamport_max_bytes()
+            self.rig.layout.lamport_max_bytes()
         }
     }
 
@@ -249,15 +207,15 @@ impl CudaCollectives {
     /// an input lying inside it is read by the peers in place (every rank must then pass the
     /// same offset; a mismatch latches an error). Local, not collective.
     pub fn register_symmetric(&self, mem: Arc<dyn SymmetricMemory>) -> Result<()> {
-        if mem.world_size() != self.world || mem.rank().get() != self.rank {
+        if mem.world_size() != self.rig.world || mem.rank().get() != self.rig.rank {
             return Err(Error::Mismatch {
                 what: "registered memory group",
                 detail: format!(
                     "rank {}/{} registered in collectives of rank {}/{}",
                     mem.rank().get(),
                     mem.world_size(),
-                    self.rank,
-                    self.world
+                    self.rig.rank,
+                    self.rig.world
                 ),
             });
         }
@@ -267,7 +225,7 @@ impl CudaCollectives {
                 detail: format!("{} is not this object's device", mem.device()),
             });
         }
-        let base = mem.buffer_ptrs()[self.rank];
+        let base = mem.buffer_ptrs()[self.rig.rank];
         let size = mem.buffer_size();
         let mut reg = self.registered.write().unwrap_or_else(|e| e.into_inner());
         if !reg.iter().any(|r| r.base == base) {
@@ -330,28 +288,9 @@ impl CudaCollectives {
         Ok(())
     }
 
-    fn common(&self) -> args::Common {
-        args::Common {
-            bufs_dev: self.bufs_dev,
-            pads_dev: self.pads_dev,
-            rank: self.rank as u32,
-            world: self.world as u32,
-        }
-    }
-
-    fn bound(&self) -> args::Bound {
-        args::Bound {
-            timeout_ns: self.timeout_ns,
-            abort_host: self.abort_host,
-        }
-    }
-
-    fn full_mask(&self) -> u64 {
-        if self.world >= 64 {
-            u64::MAX
-        } else {
-            (1u64 << self.world) - 1
-        }
+    /// The launcher of symm-core's planned launches on `stream`.
+    fn on<'a>(&'a self, stream: &'a CudaStream) -> On<'a> {
+        On { c: self, stream }
     }
 
     // ------------------------------------------------------------------ barrier, errors
@@ -362,23 +301,23 @@ impl CudaCollectives {
         self.check_stream(stream)?;
         let mut mask = 0u64;
         for r in ranks {
-            if r.world_size() != self.world || r.get() >= self.world {
+            if r.world_size() != self.rig.world || r.get() >= self.rig.world {
                 return Err(Error::OutOfRange {
                     what: "barrier rank",
                     value: r.get() as u64,
-                    limit: self.world as u64,
+                    limit: self.rig.world as u64,
                 });
             }
             mask |= 1u64 << r.get();
         }
-        if mask & (1u64 << self.rank) == 0 {
+        if mask & (1u64 << self.rig.rank) == 0 {
             return Err(Error::InvalidArgument(format!(
                 "barrier ranks {:?} do not include this rank ({})",
                 ranks.iter().map(|r| r.get()).collect::<Vec<_>>(),
-                self.rank
+                self.rig.rank
             )));
         }
-        if mask == 1u64 << self.rank {
+        if mask == 1u64 << self.rig.rank {
             return Ok(());
         }
         self.launch_barrier(stream, mask, 0)
@@ -390,11 +329,11 @@ impl CudaCollectives {
     /// the deadline), and ranks that all ran the same empty op stay in step.
     pub fn agree_empty(&self, stream: &CudaStream, kind: OpKind, dtype: DType, reduce: Option<ReduceOp>) -> Result<()> {
         self.check_stream(stream)?;
-        if self.world == 1 {
+        if self.rig.world == 1 {
             return Ok(());
         }
         let hdr = header(kind, dtype, 0, reduce, Mechanism::Empty);
-        let mask = self.full_mask();
+        let mask = self.rig.full_mask();
         self.launch_barrier(stream, mask, checked(&hdr, &[]))?;
         // A closing barrier without a check word, as every checked barrier has: a peer leaves the
         // first one as soon as it sees this rank's epoch, and its next checked barrier would
@@ -409,7 +348,7 @@ impl CudaCollectives {
     /// out of step afterwards: build a new object.
     pub fn reject(&self, stream: &CudaStream) -> Result<()> {
         self.check_stream(stream)?;
-        let a = args::reject(&self.common());
+        let a = args::reject(&self.rig.common);
         self.launch_coll(stream, &self.kernels.reject, cfg(1, 64), &a)
     }
 
@@ -429,7 +368,7 @@ impl CudaCollectives {
     /// streams the ops ran on.
     pub fn check_error(&self) -> Result<()> {
         bind(&self.ctx)?;
-        let out = self.ws + (ST_ERR_OUT * 4) as u64;
+        let out = self.rig.ws + (ST_ERR_OUT * 4) as u64;
         launch(
             &self.control,
             &self.kernels.take_error,
@@ -447,19 +386,19 @@ impl CudaCollectives {
                 what: format!(
                     "collective device wait (group {}, rank {})",
                     self.group.name(),
-                    self.rank
+                    self.rig.rank
                 ),
                 timeout: self.config.timeout,
             }),
             symm_core::pad::ERR_ABORTED => Err(Error::Aborted(format!(
                 "collective aborted (group {}, rank {})",
                 self.group.name(),
-                self.rank
+                self.rig.rank
             ))),
             ERR_MISMATCH | ERR_OP_MISMATCH | ERR_PEER_REJECTED => {
                 // What the kernel that latched it recorded (NOTE [op-agreement]); cleared for the
                 // next error.
-                let at = self.ws + (ST_MISMATCH * 4) as u64;
+                let at = self.rig.ws + (ST_MISMATCH * 4) as u64;
                 let mut raw = [0u8; MISMATCH_WORDS * 4];
                 dtoh_sync(&self.control, &mut raw, at)?;
                 memset_d32_async(&self.control, at, 0, MISMATCH_WORDS)?;
@@ -468,7 +407,7 @@ impl CudaCollectives {
                     *w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                 }
                 Err(
-                    agree::mismatch_error(self.rank, &record).unwrap_or_else(|| Error::Mismatch {
+                    agree::mismatch_error(self.rig.rank, &record).unwrap_or_else(|| Error::Mismatch {
                         what: "the collective op",
                         detail: "the ranks ran different ops, or passed symmetric buffers at different offsets \
                              (no record of which)"

@@ -201,6 +201,31 @@ pub fn load(ctx: &Arc<CudaContext>, src: &KernelSource, defines: &str) -> Result
         .clone())
 }
 
+/// Parameter sizes (bytes) of `.entry name(...)` in `ptx`, or None if the entry is missing.
+#[cfg(test)]
+pub(crate) fn ptx_param_sizes(ptx: &str, name: &str) -> Option<Vec<usize>> {
+    let start = ptx.find(&format!(".entry {name}("))?;
+    let rest = &ptx[start..];
+    let end = rest.find(')')?;
+    Some(
+        rest[..end]
+            .lines()
+            .filter_map(|l| {
+                let l = l.trim();
+                let ty = l.strip_prefix(".param .")?;
+                let ty = ty.split_whitespace().next()?;
+                Some(match &ty[1..] {
+                    "64" => 8,
+                    "32" => 4,
+                    "16" => 2,
+                    "8" => 1,
+                    _ => 0,
+                })
+            })
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -357,29 +382,4 @@ mod tests {
             }
         }
     }
-}
-
-/// Parameter sizes (bytes) of `.entry name(...)` in `ptx`, or None if the entry is missing.
-#[cfg(test)]
-pub(crate) fn ptx_param_sizes(ptx: &str, name: &str) -> Option<Vec<usize>> {
-    let start = ptx.find(&format!(".entry {name}("))?;
-    let rest = &ptx[start..];
-    let end = rest.find(')')?;
-    Some(
-        rest[..end]
-            .lines()
-            .filter_map(|l| {
-                let l = l.trim();
-                let ty = l.strip_prefix(".param .")?;
-                let ty = ty.split_whitespace().next()?;
-                Some(match &ty[1..] {
-                    "64" => 8,
-                    "32" => 4,
-                    "16" => 2,
-                    "8" => 1,
-                    _ => 0,
-                })
-            })
-            .collect(),
-    )
 }

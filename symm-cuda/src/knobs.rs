@@ -195,6 +195,29 @@ pub fn ring_unroll1() -> bool {
     *V.get_or_init(|| flag(RING_UNROLL1))
 }
 
+/// The kernels' diagnostic switches as symm-core's launch plans take them
+/// ([`LAMPORT_ACQREL_ARRIVE`], [`HOST_ABORT_EVERY_THREAD`], [`LAMPORT_LAG`], [`RING_UNROLL1`],
+/// [`LAMPORT_GENERIC`]).
+pub fn switches() -> symm_core::coll::launch::Switches {
+    use symm_core::coll::args::{LAMPORT_ACQREL_ARRIVE as ACQREL, LAMPORT_HOST_EVERY_THREAD, LAMPORT_LAG_SHIFT};
+    let mut lamport_bits = lamport_lag() << LAMPORT_LAG_SHIFT;
+    if lamport_acq_rel_arrive() {
+        lamport_bits |= ACQREL;
+    }
+    if host_abort_every_thread() {
+        lamport_bits |= LAMPORT_HOST_EVERY_THREAD;
+    }
+    symm_core::coll::launch::Switches {
+        lamport_bits,
+        ring_flags: if ring_unroll1() {
+            symm_core::coll::args::RING_UNROLL1
+        } else {
+            0
+        },
+        generic_two_rank: lamport_generic(),
+    }
+}
+
 /// [`EPI_SPLIT`].
 pub fn epi_split() -> bool {
     static V: OnceLock<bool> = OnceLock::new();

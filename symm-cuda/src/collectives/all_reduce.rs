@@ -59,72 +59,15 @@ impl CudaCollectives {
             return Ok(());
         };
         tuning.validate()?;
-        let in_place = input == output;
         // One rank: nothing to exchange; the ring kernel reduces the rank's own data (avg
         // divides by 1). The copy-engine two-shot is a two-rank kernel: refused below.
-        let kernel = if self.world == 1 && kernel != AllReduceKernel::CopyEngineTwoShot {
-            AllReduceKernel::OneShot
-        } else {
-            kernel
-        };
-        let mech = match kernel {
-            AllReduceKernel::Lamport => Mechanism::Lamport,
-            AllReduceKernel::OneShot => Mechanism::Ring,
-            AllReduceKernel::TwoShot => Mechanism::TwoShot,
-            AllReduceKernel::CopyEnginePull => Mechanism::CopyEngine,
-            AllReduceKernel::Pull | AllReduceKernel::PullTwoShot => Mechanism::Pull,
-            AllReduceKernel::CopyEngineTwoShot => Mechanism::CeTwoShot,
-            k => return Err(not_here(k)),
-        };
+        let kernel = all_reduce_at(kernel, self.rig.world);
+        let mech = all_reduce_mechanism(kernel).ok_or_else(|| not_here(kernel))?;
         let hdr = &header(OpKind::AllReduce, dtype, count, Some(op), mech);
         match kernel {
-            AllReduceKernel::Lamport => {
-                self.lamport(stream, dt, RingMode::AllReduce, op, input, output, count, tuning, hdr)
-            }
-            AllReduceKernel::OneShot => self.launch_ring(
-                stream,
-                dt,
-                op,
-                RingMode::AllReduce,
-                input,
-                output,
-                count,
-                count,
-                tuning,
-                in_place,
-                hdr,
-            ),
-            AllReduceKernel::TwoShot => {
-                let q = two_shot_shard(count, self.world, dtype);
-                let es = dtype.size() as u64;
-                let my_out = output + self.rank as u64 * q as u64 * es;
-                // Reduce-scatter into this rank's shard of the output, then all-gather in place.
-                self.launch_ring(
-                    stream,
-                    dt,
-                    op,
-                    RingMode::ReduceScatter,
-                    input,
-                    my_out,
-                    count,
-                    q,
-                    tuning,
-                    false,
-                    hdr,
-                )?;
-                self.launch_ring(
-                    stream,
-                    dt,
-                    op,
-                    RingMode::AllGather,
-                    my_out,
-                    output,
-                    count,
-                    q,
-                    tuning,
-                    false,
-                    hdr,
-                )
+            AllReduceKernel::Lamport | AllReduceKernel::OneShot | AllReduceKernel::TwoShot => {
+                self.rig
+                    .all_reduce(&self.on(stream), kernel, tuning, input, output, count, dtype, op)
             }
             AllReduceKernel::PullTwoShot => {
                 let sym_out = self.registered(output, bytes, "the two-shot pull needs its output")?;
@@ -145,89 +88,6 @@ impl CudaCollectives {
         }
     }
 
-    /// One Lamport launch; `count` elements per peer slot (AR: the message, RS: one shard, AG: one
-    /// rank's input).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn lamport(
-        &self,
-        stream: &CudaStream,
-        dt: KernelDtype,
-        mode: RingMode,
-        op: ReduceOp,
-        input: u64,
-        output: u64,
-        count: usize,
-        tuning: &Tuning,
-        hdr: &OpHeader,
-    ) -> Result<()> {
-        let dtype = dt.dtype();
-        let p = lamport_plan(count, dtype, &self.layout, tuning, self.grid.blocks)?;
-        // Two ranks: the entry specialised for this (mode, op) (NOTE in collectives.cu).
-        let f = if self.world == 2 && !knobs::lamport_generic() {
-            self.kernels.lamport_two_rank[dt].get(mode, kernel_op(op))
-        } else {
-            &self.kernels.lamport[dt]
-        };
-        let mut a = args::lamport(
-            &self.common(),
-            &self.direct,
-            mode,
-            kernel_op(op),
-            input,
-            output,
-            count,
-            &self.layout,
-            &self.bound(),
-            hdr,
-        );
-        let mut bits = mode as u32;
-        if knobs::lamport_acq_rel_arrive() {
-            bits |= args::LAMPORT_ACQREL_ARRIVE;
-        }
-        if knobs::host_abort_every_thread() {
-            bits |= args::LAMPORT_HOST_EVERY_THREAD;
-        }
-        bits |= knobs::lamport_lag() << args::LAMPORT_LAG_SHIFT;
-        a[args::LAMPORT_MODE_ARG] = KernelArg::U32(bits);
-        self.launch_coll(stream, f, cfg(p.blocks, p.threads), &a)
-    }
-
-    /// One ring launch (see NOTE [collectives-protocols]).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch_ring(
-        &self,
-        stream: &CudaStream,
-        dt: KernelDtype,
-        op: ReduceOp,
-        mode: RingMode,
-        input: u64,
-        output: u64,
-        total: usize,
-        shard: usize,
-        tuning: &Tuning,
-        in_place: bool,
-        hdr: &OpHeader,
-    ) -> Result<()> {
-        let dtype = dt.dtype();
-        let p: RingPlan = ring_plan(mode, total, shard, dtype, &self.layout, tuning, self.grid.blocks)?;
-        let mut flags = u32::from(in_place && mode == RingMode::AllReduce && self.world > 1);
-        if knobs::ring_unroll1() {
-            flags |= args::RING_UNROLL1;
-        }
-        let a = args::ring(
-            &self.common(),
-            kernel_op(op),
-            input,
-            output,
-            &p,
-            &self.layout,
-            &self.bound(),
-            flags,
-            hdr,
-        );
-        self.launch_coll(stream, &self.kernels.ring[dt], cfg(p.blocks(), p.threads), &a)
-    }
-
     /// `out[0..n] = reduce over ranks of srcs[r][0..n]` on `stream`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_reduce_ptrs(
@@ -240,26 +100,18 @@ impl CudaCollectives {
         srcs: &[u64],
         tuning: &Tuning,
     ) -> Result<()> {
-        if n == 0 {
-            return Ok(());
+        match self.rig.reduce_ptrs(dt, op, out, n, srcs, tuning) {
+            Some(l) => self.on(stream).launch(&l),
+            None => Ok(()),
         }
-        let dtype = dt.dtype();
-        let vectors = n.div_ceil(plan::vec_elems(dtype));
-        let threads = tuning.threads;
-        let blocks = vectors
-            .div_ceil(threads as usize)
-            .clamp(1, self.grid.independent(tuning.blocks(self.grid.blocks), 4) as usize) as u32;
-        let a = args::reduce_ptrs(self.rank as u32, self.world as u32, kernel_op(op), out, n, srcs);
-        self.launch_coll(stream, &self.kernels.reduce_ptrs[dt], cfg(blocks, threads), &a)
     }
 
     pub(super) fn launch_barrier(&self, stream: &CudaStream, mask: u64, check: u32) -> Result<()> {
-        let a = args::barrier(&self.common(), mask, &self.bound(), check);
-        self.launch_coll(stream, &self.kernels.barrier, cfg(1, 64), &a)
+        self.on(stream).launch(&self.rig.barrier(mask, check))
     }
 
     /// One fused zero-copy pull (opening barrier, pull, closing barrier in one kernel; NOTE
-    /// [collectives-protocols], "Fused pull"). One wave: at most one block per SM.
+    /// [collectives-protocols], "Fused pull").
     pub(super) fn launch_pull(
         &self,
         stream: &CudaStream,
@@ -267,20 +119,7 @@ impl CudaCollectives {
         p: &args::Pull,
         tuning: &Tuning,
     ) -> Result<()> {
-        let dtype = dt.dtype();
-        let vectors = p.n.div_ceil(plan::vec_elems(dtype)).max(1);
-        let threads = tuning.threads;
-        let blocks = vectors
-            .div_ceil(threads as usize)
-            .clamp(1, tuning.blocks(self.grid.blocks) as usize) as u32;
-        // The state words are at the start of the workspace.
-        let a = args::pull(&self.common(), &self.direct, self.ws, p, &self.bound());
-        let f = if self.world == 2 && !knobs::lamport_generic() && p.dsts.is_none() {
-            self.kernels.pull_two_rank[dt].get(p.mode, p.op)
-        } else {
-            &self.kernels.pull[dt]
-        };
-        self.launch_coll(stream, f, cfg(blocks, threads.max(64)), &a)
+        self.on(stream).launch(&self.rig.pull(dt, p, tuning))
     }
 
     /// The two-shot pull (3+ ranks; input and output both in registered symmetric memory, equal
@@ -308,8 +147,8 @@ impl CudaCollectives {
         let es = dtype.size();
         let bytes = count * es;
         let sym_in = self.registered(input, bytes, "the two-shot pull needs its input")?;
-        let q = two_shot_shard(count, self.world, dtype);
-        let start = (self.rank * q).min(count);
+        let q = two_shot_shard(count, self.rig.world, dtype);
+        let start = (self.rig.rank * q).min(count);
         let n = q.min(count - start);
         let off = (start * es) as u64;
         let check = checked(
@@ -327,8 +166,14 @@ impl CudaCollectives {
             op: kernel_op(op),
             out: output + off,
             n,
-            srcs: args::per_rank(self.rank, self.world, input + off, &sym_in.ptrs, off),
-            dsts: Some(args::per_rank(self.rank, self.world, output + off, &sym_out.ptrs, off)),
+            srcs: args::per_rank(self.rig.rank, self.rig.world, input + off, &sym_in.ptrs, off),
+            dsts: Some(args::per_rank(
+                self.rig.rank,
+                self.rig.world,
+                output + off,
+                &sym_out.ptrs,
+                off,
+            )),
             check,
         };
         self.launch_pull(stream, dt, &p, tuning)
@@ -356,11 +201,11 @@ impl CudaCollectives {
                     .into(),
             ));
         }
-        let (ce_elems, chunk, nchunks, slots) = ce_split(count, dtype, &self.layout, tuning)?;
+        let (ce_elems, chunk, nchunks, slots) = ce_split(count, dtype, &self.rig.layout, tuning)?;
         let check = checked(hdr, &[3, sym.offset as u64, sym.alloc_size as u64]);
         if ce_elems == 0 {
             // Pure SM pull: one fused kernel.
-            let srcs = args::per_rank(self.rank, self.world, input, &sym.ptrs, 0);
+            let srcs = args::per_rank(self.rig.rank, self.rig.world, input, &sym.ptrs, 0);
             let p = args::Pull {
                 mode: RingMode::AllReduce,
                 op: kernel_op(op),
@@ -372,7 +217,7 @@ impl CudaCollectives {
             };
             return self.launch_pull(stream, dt, &p, tuning);
         }
-        let mask = self.full_mask();
+        let mask = self.rig.full_mask();
         self.launch_barrier(stream, mask, check)?;
         let ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
         if ce_elems > 0 {
@@ -384,18 +229,18 @@ impl CudaCollectives {
         // The part the SMs pull directly runs while the copy engine copies the rest.
         if ce_elems < count {
             let off = (ce_elems * es) as u64;
-            let srcs = args::per_rank(self.rank, self.world, input + off, &sym.ptrs, off);
+            let srcs = args::per_rank(self.rig.rank, self.rig.world, input + off, &sym.ptrs, off);
             self.launch_reduce_ptrs(
                 stream,
                 dt,
                 op,
                 output + off,
                 count - ce_elems,
-                &srcs[..self.world],
+                &srcs[..self.rig.world],
                 tuning,
             )?;
         }
-        let w1 = self.world - 1;
+        let w1 = self.rig.world - 1;
         let chunk_bytes = chunk * es;
         for c in 0..nchunks {
             let k = c % slots.min(CE_EVENTS);
@@ -407,13 +252,13 @@ impl CudaCollectives {
                     .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
             }
             let mut srcs = [0u64; MAX_WORLD];
-            for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
-                if s == self.rank {
+            for (s, src) in srcs.iter_mut().enumerate().take(self.rig.world) {
+                if s == self.rig.rank {
                     *src = input + (start * es) as u64;
                     continue;
                 }
-                let l = peer_index(self.rank, s, self.world);
-                let scratch = self.ws + (self.layout.ring_off + (k * w1 + l) * chunk_bytes) as u64;
+                let l = peer_index(self.rig.rank, s, self.rig.world);
+                let scratch = self.rig.ws + (self.rig.layout.ring_off + (k * w1 + l) * chunk_bytes) as u64;
                 dtod_async(
                     ce.copy_stream(stream),
                     scratch,
@@ -434,7 +279,7 @@ impl CudaCollectives {
                 op,
                 output + (start * es) as u64,
                 n,
-                &srcs[..self.world],
+                &srcs[..self.rig.world],
                 tuning,
             )?;
             ce.reduced[k]
@@ -446,9 +291,8 @@ impl CudaCollectives {
         self.launch_barrier(stream, mask, 0)
     }
 
-    /// The checks every all-reduce entry makes: the stream, the dtype, the pointers' alignment,
-    /// and input and output either equal or apart. `None` for an empty message (nothing to do),
-    /// else the kernels' dtype index and the message's bytes.
+    /// The checks every all-reduce entry makes (the stream, then symm-core's `coll::check`);
+    /// `None` when there is nothing to move.
     pub(super) fn all_reduce_args(
         &self,
         stream: &CudaStream,
@@ -458,19 +302,7 @@ impl CudaCollectives {
         dtype: DType,
     ) -> Result<Option<(KernelDtype, usize)>> {
         self.check_stream(stream)?;
-        let dt = kernel_dtype(dtype, "all_reduce")?;
-        if count == 0 {
-            return Ok(None);
-        }
-        check_ptr("all_reduce input", input, dtype)?;
-        check_ptr("all_reduce output", output, dtype)?;
-        let bytes = byte_len(count, dtype)?;
-        if input != output && ranges_overlap(input, bytes, output, bytes) {
-            return Err(Error::InvalidArgument(
-                "all_reduce input and output overlap without being equal".into(),
-            ));
-        }
-        Ok(Some((dt, bytes)))
+        check::all_reduce(input, output, count, dtype)
     }
 
     /// Copy-engine two-shot all-reduce (two ranks; input and output both in registered
@@ -500,10 +332,10 @@ impl CudaCollectives {
     ) -> Result<()> {
         let bytes = count * dtype.size();
         let es = dtype.size();
-        if self.world != 2 {
+        if self.rig.world != 2 {
             return Err(Error::InvalidArgument(format!(
                 "the copy-engine two-shot all-reduce runs on two ranks, this group has {}",
-                self.world
+                self.rig.world
             )));
         }
         if ranges_overlap(input, bytes, output, bytes) {
@@ -513,9 +345,9 @@ impl CudaCollectives {
         }
         let sin = self.registered(input, bytes, "the copy-engine two-shot all-reduce needs its input")?;
         let sout = self.registered(output, bytes, "the copy-engine two-shot all-reduce needs its output")?;
-        let peer = 1 - self.rank;
+        let peer = 1 - self.rig.rank;
         let q = two_shot_shard(count, 2, dtype).min(count);
-        let (start, n) = if self.rank == 0 { (0, q) } else { (q, count - q) };
+        let (start, n) = if self.rig.rank == 0 { (0, q) } else { (q, count - q) };
         let check = checked(
             hdr,
             &[
@@ -528,7 +360,7 @@ impl CudaCollectives {
                 dt.index() as u64,
             ],
         );
-        let mask = self.full_mask();
+        let mask = self.rig.full_mask();
         self.launch_barrier(stream, mask, check)?;
         if n > 0 {
             let off = (start * es) as u64;
@@ -564,7 +396,7 @@ impl CudaCollectives {
         p: CePull,
     ) -> Result<()> {
         let es = dtype.size();
-        let peer = 1 - self.rank;
+        let peer = 1 - self.rig.rank;
         let tuning = self.config.tuning;
         let ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
         ce.fork.record(stream).map_err(|e| from_driver(e, "cuEventRecord"))?;
@@ -583,7 +415,7 @@ impl CudaCollectives {
                 .wait(&ce.copied[k])
                 .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
             let mut srcs = [0u64; 2];
-            srcs[self.rank] = p.own + off;
+            srcs[self.rig.rank] = p.own + off;
             srcs[peer] = p.out + off;
             self.launch_reduce_ptrs(stream, dt, op, p.out + off, m, &srcs, &tuning)?;
             if let Some(dst) = p.push_to {

@@ -342,11 +342,11 @@ impl CudaCollectives {
         self.check_stream(stream)?;
         let dt = kernel_dtype(e.rows.dtype(), "all_reduce_residual_rms_norm")?;
         let bytes = e.rows.bytes();
-        if self.world > 1 && bytes > self.layout.lamport_max_bytes() {
+        if self.rig.world > 1 && bytes > self.rig.layout.lamport_max_bytes() {
             return Err(Error::OutOfRange {
                 what: "fused all-reduce epilogue bytes (the Lamport buffers)",
                 value: bytes as u64,
-                limit: self.layout.lamport_max_bytes() as u64,
+                limit: self.rig.layout.lamport_max_bytes() as u64,
             });
         }
         if e.rows.rows() == 0 {
@@ -367,13 +367,20 @@ impl CudaCollectives {
         let g = fused_geometry(
             e.rows.rows(),
             e.rows.vectors_per_row(),
-            self.world,
-            self.grid.blocks,
+            self.rig.world,
+            self.rig.grid.blocks,
             knobs::epi_split(),
         );
-        let a = e.fused_args(&self.common(), &self.direct, &g, &self.layout, &self.bound(), &hdr);
+        let a = e.fused_args(
+            &self.rig.common,
+            &self.rig.direct,
+            &g,
+            &self.rig.layout,
+            &self.rig.bound,
+            &hdr,
+        );
         // At most the grid budget's blocks (all blocks resident: NOTE [co-residency]).
-        let f = if self.world == 2 && !knobs::lamport_generic() {
+        let f = if self.rig.world == 2 && !knobs::lamport_generic() {
             &self.kernels.lamport_epilogue_two_rank[dt]
         } else {
             &self.kernels.lamport_epilogue[dt]

@@ -51,49 +51,17 @@ impl CudaCollectives {
             return Ok(());
         };
         tuning.validate()?;
-        let total = count * self.world;
         // One rank: the Lamport kernel is the ring kernel's local copy (the zero-copy kernels keep
         // their preconditions).
-        let kernel = if self.world == 1 && kernel == ReduceScatterKernel::Lamport {
-            ReduceScatterKernel::Ring
-        } else {
-            kernel
-        };
-        match kernel {
-            ReduceScatterKernel::Lamport => {
-                let hdr = &header(OpKind::ReduceScatter, dtype, count, Some(op), Mechanism::Lamport);
-                self.lamport(
-                    stream,
-                    dt,
-                    RingMode::ReduceScatter,
-                    op,
-                    input,
-                    output,
-                    count,
-                    tuning,
-                    hdr,
-                )
+        match reduce_scatter_at(kernel, self.rig.world) {
+            k @ (ReduceScatterKernel::Lamport | ReduceScatterKernel::Ring) => {
+                self.rig
+                    .reduce_scatter(&self.on(stream), k, tuning, input, output, count, dtype, op)
             }
             ReduceScatterKernel::Pull => {
                 self.reduce_scatter_pull(stream, dt, &g, input, output, count, dtype, op, tuning)
             }
             ReduceScatterKernel::CopyEngine => self.reduce_scatter_ce(stream, dt, &g, input, output, count, dtype, op),
-            ReduceScatterKernel::Ring => {
-                let hdr = &header(OpKind::ReduceScatter, dtype, count, Some(op), Mechanism::Ring);
-                self.launch_ring(
-                    stream,
-                    dt,
-                    op,
-                    RingMode::ReduceScatter,
-                    input,
-                    output,
-                    total,
-                    count,
-                    tuning,
-                    false,
-                    hdr,
-                )
-            }
             k => Err(not_here(k)),
         }
     }
@@ -111,19 +79,7 @@ impl CudaCollectives {
         dtype: DType,
     ) -> Result<Option<(KernelDtype, ShardGeometry)>> {
         self.check_stream(stream)?;
-        let dt = kernel_dtype(dtype, "reduce_scatter")?;
-        if count == 0 {
-            return Ok(None);
-        }
-        let g = shard_geometry(
-            "reduce_scatter",
-            ("reduce_scatter input", input),
-            ("reduce_scatter output", output),
-            count,
-            dtype,
-            (self.rank, self.world),
-        )?;
-        Ok(Some((dt, g)))
+        check::reduce_scatter(input, output, count, dtype, (self.rig.rank, self.rig.world))
     }
 
     /// Zero-copy reduce-scatter for an input in registered symmetric memory (the same offset on
@@ -153,7 +109,7 @@ impl CudaCollectives {
         let sym = self.registered(input, g.whole_bytes, "the zero-copy reduce-scatter needs its input")?;
         let hdr = &header(OpKind::ReduceScatter, dtype, count, Some(op), Mechanism::Pull);
         let check = checked(hdr, &[4, sym.offset as u64, sym.alloc_size as u64]);
-        let srcs = args::per_rank(self.rank, self.world, own, &sym.ptrs, shard);
+        let srcs = args::per_rank(self.rig.rank, self.rig.world, own, &sym.ptrs, shard);
         let p = args::Pull {
             mode: RingMode::ReduceScatter,
             op: kernel_op(op),
@@ -190,10 +146,10 @@ impl CudaCollectives {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        if self.world != 2 {
+        if self.rig.world != 2 {
             return Err(Error::InvalidArgument(format!(
                 "the copy-engine reduce-scatter runs on two ranks, this group has {} (use the pull)",
-                self.world
+                self.rig.world
             )));
         }
         let es = dtype.size();
@@ -208,10 +164,10 @@ impl CudaCollectives {
         let own = g.own;
         let shard = own - input;
         let sym = self.registered(input, g.whole_bytes, "the copy-engine reduce-scatter needs its input")?;
-        let peer = 1 - self.rank;
+        let peer = 1 - self.rig.rank;
         let hdr = &header(OpKind::ReduceScatter, dtype, count, Some(op), Mechanism::CopyEngine);
         let check = checked(hdr, &[8, sym.offset as u64, sym.alloc_size as u64]);
-        let mask = self.full_mask();
+        let mask = self.rig.full_mask();
         self.launch_barrier(stream, mask, check)?;
         self.ce_pull_reduce(
             stream,
@@ -272,73 +228,24 @@ impl CudaCollectives {
         dtype: DType,
     ) -> Result<()> {
         self.check_stream(stream)?;
-        // The all-gather moves bits; any 2- or 4-byte type runs as f16 / f32 lanes.
-        let dt = match dtype.size() {
-            4 => KernelDtype::F32,
-            2 => KernelDtype::F16,
-            _ => {
-                return Err(Error::UnsupportedDType {
-                    dtype: dtype.name().to_string(),
-                    op: "all_gather",
-                })
-            }
-        };
-        if count == 0 {
+        let Some(dt) = check::all_gather(input, output, count, dtype, (self.rig.rank, self.rig.world))? else {
             return Ok(());
-        }
-        tuning.validate()?;
-        shard_geometry(
-            "all_gather",
-            ("all_gather output", output),
-            ("all_gather input", input),
-            count,
-            dtype,
-            (self.rank, self.world),
-        )?;
-        let total = count * self.world;
-        let kernel = if self.world == 1 { AllGatherKernel::Ring } else { kernel };
-        let mech = match kernel {
-            AllGatherKernel::CopyEnginePush | AllGatherKernel::CopyEnginePull | AllGatherKernel::CopyEngineStaged => {
-                Mechanism::CopyEngine
-            }
-            AllGatherKernel::Pull => Mechanism::Pull,
-            AllGatherKernel::Lamport => Mechanism::Lamport,
-            AllGatherKernel::Ring => Mechanism::Ring,
-            k => return Err(not_here(k)),
         };
-        let hdr = &header(OpKind::AllGather, dtype, count, None, mech);
+        tuning.validate()?;
+        let kernel = all_gather_at(kernel, self.rig.world);
         match kernel {
+            AllGatherKernel::Lamport | AllGatherKernel::Ring => {
+                self.rig
+                    .all_gather(&self.on(stream), kernel, tuning, dt, input, output, count, dtype)
+            }
             AllGatherKernel::CopyEnginePush | AllGatherKernel::CopyEnginePull | AllGatherKernel::CopyEngineStaged => {
+                let hdr = &header(OpKind::AllGather, dtype, count, None, Mechanism::CopyEngine);
                 self.all_gather_ce(stream, kernel, input, output, count, dtype, hdr)
             }
-            AllGatherKernel::Pull => self.all_gather_pull(stream, dt, tuning, input, output, count, dtype, hdr),
-            AllGatherKernel::Lamport => {
-                let dt = kernel_dtype(dtype, "the Lamport all-gather (f32, f16, bf16)")?;
-                self.lamport(
-                    stream,
-                    dt,
-                    RingMode::AllGather,
-                    ReduceOp::Sum,
-                    input,
-                    output,
-                    count,
-                    tuning,
-                    hdr,
-                )
+            AllGatherKernel::Pull => {
+                let hdr = &header(OpKind::AllGather, dtype, count, None, Mechanism::Pull);
+                self.all_gather_pull(stream, dt, tuning, input, output, count, dtype, hdr)
             }
-            AllGatherKernel::Ring => self.launch_ring(
-                stream,
-                dt,
-                ReduceOp::Sum,
-                RingMode::AllGather,
-                input,
-                output,
-                total,
-                count,
-                tuning,
-                false,
-                hdr,
-            ),
             k => Err(not_here(k)),
         }
     }
@@ -360,14 +267,14 @@ impl CudaCollectives {
     ) -> Result<()> {
         let bytes = count * dtype.size();
         let mut srcs = [0u64; MAX_WORLD];
-        let in_place = input == output + (self.rank * bytes) as u64;
+        let in_place = input == output + (self.rig.rank * bytes) as u64;
         let check = if let Some(sym) = in_place
-            .then(|| self.lookup_symmetric(output, bytes * self.world))
+            .then(|| self.lookup_symmetric(output, bytes * self.rig.world))
             .flatten()
         {
             // In place in a registered output: rank s's input is slice s of its output, at the
             // same offset on every rank.
-            for (s, src) in srcs.iter_mut().enumerate().take(self.world) {
+            for (s, src) in srcs.iter_mut().enumerate().take(self.rig.world) {
                 *src = sym.ptrs[s] + (s * bytes) as u64;
             }
             checked(hdr, &[6, sym.offset as u64, sym.alloc_size as u64])
@@ -377,7 +284,7 @@ impl CudaCollectives {
                 bytes,
                 "the zero-copy all-gather pull needs its input (or, in place, its output)",
             )?;
-            srcs = args::per_rank(self.rank, self.world, input, &sym.ptrs, 0);
+            srcs = args::per_rank(self.rig.rank, self.rig.world, input, &sym.ptrs, 0);
             checked(hdr, &[5, sym.offset as u64, sym.alloc_size as u64])
         };
         let p = args::Pull {
@@ -407,8 +314,8 @@ impl CudaCollectives {
         hdr: &OpHeader,
     ) -> Result<()> {
         let bytes = count * dtype.size();
-        let mask = self.full_mask();
-        let own = output + (self.rank * bytes) as u64;
+        let mask = self.rig.full_mask();
+        let own = output + (self.rig.rank * bytes) as u64;
         let ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
         let fork = |ce: &CeState| -> Result<()> {
             ce.fork.record(stream).map_err(|e| from_driver(e, "cuEventRecord"))?;
@@ -432,10 +339,10 @@ impl CudaCollectives {
                 // both GPUs copying, reads at ~370 (docs/benchmarks.md, bandwidth probes).
                 let o = self.registered(
                     output,
-                    bytes * self.world,
+                    bytes * self.rig.world,
                     "the copy-engine all-gather push needs its output",
                 )?;
-                let slice = (self.rank * bytes) as u64;
+                let slice = (self.rig.rank * bytes) as u64;
                 let check = checked(hdr, &[7, o.offset as u64, o.alloc_size as u64]);
                 Some((
                     check,
@@ -453,7 +360,7 @@ impl CudaCollectives {
         if let Some((check, copies)) = zero_copy {
             self.launch_barrier(stream, mask, check)?;
             fork(&ce)?;
-            for s in (0..self.world).filter(|&s| s != self.rank) {
+            for s in (0..self.rig.world).filter(|&s| s != self.rig.rank) {
                 dtod_async(ce.copy_stream(stream), copies[s].0, copies[s].1, bytes)?;
             }
             if own != input {
@@ -464,23 +371,23 @@ impl CudaCollectives {
             // Staged: rounds through the two halves of every rank's ring area. A round's barrier
             // also means every peer finished pulling the round before (its join precedes its
             // barrier), so the half written next is free.
-            let half = self.layout.ring_bytes() / 2 / 16 * 16;
+            let half = self.rig.layout.ring_bytes() / 2 / 16 * 16;
             if half == 0 {
                 return Err(Error::InvalidArgument(
                     "staging area too small for the copy-engine path".into(),
                 ));
             }
             let check = checked(hdr, &[2]);
-            let ring_base = |rank: usize| self.mem.buffer_ptrs()[rank] + self.layout.ring_off as u64;
+            let ring_base = |rank: usize| self.mem.buffer_ptrs()[rank] + self.rig.layout.ring_off as u64;
             let rounds = bytes.div_ceil(half);
             for r in 0..rounds {
                 let off = r * half;
                 let n = half.min(bytes - off);
                 let h = ((r % 2) * half) as u64;
-                dtod_async(stream, ring_base(self.rank) + h, input + off as u64, n)?;
+                dtod_async(stream, ring_base(self.rig.rank) + h, input + off as u64, n)?;
                 self.launch_barrier(stream, mask, check)?;
                 fork(&ce)?;
-                for s in (0..self.world).filter(|&s| s != self.rank) {
+                for s in (0..self.rig.world).filter(|&s| s != self.rig.rank) {
                     dtod_async(
                         ce.copy_stream(stream),
                         output + (s * bytes + off) as u64,

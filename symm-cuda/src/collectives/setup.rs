@@ -18,6 +18,7 @@ use super::{args, cfg, CudaCollectives, Epilogues, GridBudget, RingMode, Tuning,
 use crate::driver::launch::{launch, Launch};
 use crate::driver::{self, bind, from_driver};
 use crate::{kernels, knobs};
+use symm_core::coll::launch::{two_rank_index, two_rank_names, Rig};
 
 /// Default staging (ring) bytes.
 pub const DEFAULT_STAGING_BYTES: usize = 10 << 20;
@@ -165,28 +166,6 @@ impl TwoRankEntries {
     }
 }
 
-/// The names of the two-rank entries `symm_{kind}_...` (`lamport2`, `pull2`) of dtype suffix
-/// `dt`, in [`two_rank_index`] order.
-pub(super) fn two_rank_names(kind: &str, dt: &str) -> Vec<String> {
-    let mut v = Vec::with_capacity(9);
-    for mode in ["ar", "rs"] {
-        for op in ["sum", "avg", "max", "min"] {
-            v.push(format!("symm_{kind}_{mode}_{op}_{dt}"));
-        }
-    }
-    v.push(format!("symm_{kind}_ag_{dt}"));
-    v
-}
-
-/// Index of the two-rank Lamport / pull entry for (mode, kernel op) in a [`TwoRankEntries`].
-pub(super) fn two_rank_index(mode: RingMode, op: u32) -> usize {
-    match mode {
-        RingMode::AllReduce => op as usize,
-        RingMode::ReduceScatter => 4 + op as usize,
-        RingMode::AllGather => 8,
-    }
-}
-
 impl CudaCollectives {
     /// Collective setup with the default configuration and `staging_bytes` of staging.
     pub fn new(group: &Arc<Group>, ctx: &Arc<CudaContext>, staging_bytes: usize, timeout: Duration) -> Result<Self> {
@@ -299,7 +278,6 @@ impl CudaCollectives {
             copied: (0..CE_EVENTS).map(|_| new_event()).collect::<Result<_>>()?,
             reduced: (0..CE_EVENTS).map(|_| new_event()).collect::<Result<_>>()?,
         };
-        let timeout_ns = u64::try_from(config.timeout.as_nanos()).unwrap_or(u64::MAX);
         let mut direct = args::Direct::default();
         for (d, &b) in direct.ws.iter_mut().zip(mem.buffer_ptrs()) {
             *d = b;
@@ -309,26 +287,36 @@ impl CudaCollectives {
         }
         // The separate epilogue kernel waits on no peer: held to the grid budget on a shared GPU.
         let epilogues = Epilogues::load(ctx, config.pdl)?.with_max_blocks(grid.blocks);
-        Ok(CudaCollectives {
-            direct,
-            group: group.clone(),
-            ctx: ctx.clone(),
-            bufs_dev: mem.buffer_ptrs_dev(),
-            pads_dev: mem.signal_pad_ptrs_dev(),
-            mem,
-            _alloc: alloc,
-            layout,
-            config,
+        let rig = Rig {
             rank,
             world,
-            sm_count,
+            layout,
+            common: args::Common {
+                bufs_dev: mem.buffer_ptrs_dev(),
+                pads_dev: mem.signal_pad_ptrs_dev(),
+                rank: rank as u32,
+                world: world as u32,
+            },
+            direct,
+            bound: args::Bound {
+                timeout_ns: u64::try_from(config.timeout.as_nanos()).unwrap_or(u64::MAX),
+                abort_host,
+            },
+            ws,
             grid,
+            switches: knobs::switches(),
+        };
+        Ok(CudaCollectives {
+            group: group.clone(),
+            ctx: ctx.clone(),
+            mem,
+            _alloc: alloc,
+            config,
+            rig,
+            sm_count,
             how,
             kernels,
-            ws,
-            abort_host,
             err_word,
-            timeout_ns,
             control,
             ce: Mutex::new(ce),
             registered: RwLock::new(Vec::new()),

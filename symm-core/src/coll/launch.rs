@@ -1,0 +1,496 @@
+//! What a backend launches for the in-kernel mechanisms of the shared kernels, written once:
+//! [`Rig`] (one rank's facts about its workspace) turns an op into [`Launch`]es (which entry,
+//! what grid, which arguments), and a backend's [`Launcher`] runs each on its stream. The
+//! Lamport one-shot, the ring (one-shot, two-shot as reduce-scatter then all-gather, the
+//! reduce-scatter and all-gather), the barrier and the empty op's agreement are planned here
+//! for every vendor; the copy-engine paths, which need side streams and events, and the
+//! zero-copy pulls, which need registered memory, stay in the backend that has them
+//! (symm-cuda). Pure: nothing here allocates, so an op's path stays allocation-free.
+
+use crate::kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
+use crate::{DType, Error, OpKind, ReduceOp, Result};
+
+use super::agree::{checked, header, Mechanism};
+use super::arg::{KernelArg, MAX_ARGS};
+use super::args::{self, Bound, Common, Direct, OpHeader};
+use super::layout::WorkspaceLayout;
+use super::plan::{
+    kernel_dtype, kernel_op, lamport_plan, ring_plan, two_shot_shard, vec_elems, GridBudget, KernelDtype, RingMode,
+    Tuning,
+};
+
+/// An entry point of the shared kernel source (`COLLECTIVE_ENTRIES`), as the host names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// `symm_coll_barrier`.
+    Barrier,
+    /// `symm_coll_reject`.
+    Reject,
+    /// `symm_lamport_{dt}`.
+    Lamport(KernelDtype),
+    /// `symm_lamport2_{mode}_{op}_{dt}`: specialised for two ranks and one (mode, kernel op).
+    LamportTwoRank(KernelDtype, RingMode, u32),
+    /// `symm_ring_{dt}`.
+    Ring(KernelDtype),
+    /// `symm_reduce_ptrs_{dt}`.
+    ReducePtrs(KernelDtype),
+    /// `symm_pull_{dt}`.
+    Pull(KernelDtype),
+    /// `symm_pull2_{mode}_{op}_{dt}`.
+    PullTwoRank(KernelDtype, RingMode, u32),
+}
+
+/// The names of the two-rank entries of `kind` ("lamport2", "pull2") for one element type, in
+/// the order [`two_rank_index`] indexes them.
+pub fn two_rank_names(kind: &str, dt: &str) -> Vec<String> {
+    let mut v = Vec::with_capacity(9);
+    for mode in ["ar", "rs"] {
+        for op in ["sum", "avg", "max", "min"] {
+            v.push(format!("symm_{kind}_{mode}_{op}_{dt}"));
+        }
+    }
+    v.push(format!("symm_{kind}_ag_{dt}"));
+    v
+}
+
+/// Where the entry for (`mode`, kernel op `op`) lies in [`two_rank_names`] (the all-gather has
+/// one entry whatever the op).
+pub fn two_rank_index(mode: RingMode, op: u32) -> usize {
+    match mode {
+        RingMode::AllReduce => op as usize,
+        RingMode::ReduceScatter => 4 + op as usize,
+        RingMode::AllGather => 8,
+    }
+}
+
+/// A kernel's argument list, held inline (an op's path allocates nothing).
+#[derive(Debug, Clone, Copy)]
+pub struct ArgList {
+    args: [KernelArg; MAX_ARGS],
+    len: usize,
+}
+
+impl ArgList {
+    fn new(a: &[KernelArg]) -> ArgList {
+        debug_assert!(a.len() <= MAX_ARGS);
+        let mut args = [KernelArg::U64(0); MAX_ARGS];
+        let len = a.len().min(MAX_ARGS);
+        args[..len].copy_from_slice(&a[..len]);
+        ArgList { args, len }
+    }
+}
+
+impl std::ops::Deref for ArgList {
+    type Target = [KernelArg];
+    fn deref(&self) -> &[KernelArg] {
+        &self.args[..self.len]
+    }
+}
+
+/// One kernel launch: the entry, a one-dimensional grid, the arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct Launch {
+    pub entry: Entry,
+    pub blocks: u32,
+    pub threads: u32,
+    pub args: ArgList,
+}
+
+impl Launch {
+    fn new(entry: Entry, blocks: u32, threads: u32, args: &[KernelArg]) -> Launch {
+        Launch {
+            entry,
+            blocks: blocks.max(1),
+            threads,
+            args: ArgList::new(args),
+        }
+    }
+}
+
+/// Runs a [`Launch`] on a backend: finds the entry's loaded function and enqueues it on the
+/// stream this launcher was made for.
+pub trait Launcher {
+    fn launch(&self, l: &Launch) -> Result<()>;
+}
+
+/// The diagnostic switches a backend passes to the kernels (symm-cuda reads them from its
+/// environment table; defaults everywhere else).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Switches {
+    /// Bits or'ed into the Lamport `mode` argument (`args::LAMPORT_*`).
+    pub lamport_bits: u32,
+    /// Bits or'ed into the ring `flags` argument (`args::RING_UNROLL1`).
+    pub ring_flags: u32,
+    /// Run the generic Lamport and pull entries at two ranks too, not the specialised ones.
+    pub generic_two_rank: bool,
+}
+
+/// One rank's facts about its collectives workspace, everything a launch's arguments are built
+/// from: agreed at setup, fixed afterwards.
+#[derive(Debug, Clone)]
+pub struct Rig {
+    pub rank: usize,
+    pub world: usize,
+    pub layout: WorkspaceLayout,
+    pub common: Common,
+    pub direct: Direct,
+    pub bound: Bound,
+    /// This rank's base of its own workspace (the state words the pull kernel takes).
+    pub ws: u64,
+    pub grid: GridBudget,
+    pub switches: Switches,
+}
+
+/// The mechanism an all-reduce kernel runs, for its op header (`None`: not one of this
+/// vocabulary's kernels a backend knows).
+pub fn all_reduce_mechanism(kernel: AllReduceKernel) -> Option<Mechanism> {
+    Some(match kernel {
+        AllReduceKernel::Lamport => Mechanism::Lamport,
+        AllReduceKernel::OneShot => Mechanism::Ring,
+        AllReduceKernel::TwoShot => Mechanism::TwoShot,
+        AllReduceKernel::CopyEnginePull => Mechanism::CopyEngine,
+        AllReduceKernel::Pull | AllReduceKernel::PullTwoShot => Mechanism::Pull,
+        AllReduceKernel::CopyEngineTwoShot => Mechanism::CeTwoShot,
+    })
+}
+
+/// What one rank runs for an all-reduce `kernel` (NOTE [one-planner]): with one rank every
+/// kernel but the two-rank copy-engine two-shot is the ring kernel's local reduction.
+pub fn all_reduce_at(kernel: AllReduceKernel, world: usize) -> AllReduceKernel {
+    if world == 1 && kernel != AllReduceKernel::CopyEngineTwoShot {
+        AllReduceKernel::OneShot
+    } else {
+        kernel
+    }
+}
+
+/// As [`all_reduce_at`] for a reduce-scatter: with one rank the Lamport kernel is the ring
+/// kernel's local copy (the zero-copy kernels keep their preconditions).
+pub fn reduce_scatter_at(kernel: ReduceScatterKernel, world: usize) -> ReduceScatterKernel {
+    if world == 1 && kernel == ReduceScatterKernel::Lamport {
+        ReduceScatterKernel::Ring
+    } else {
+        kernel
+    }
+}
+
+/// As [`all_reduce_at`] for an all-gather: with one rank every kernel is the ring's copy.
+pub fn all_gather_at(kernel: AllGatherKernel, world: usize) -> AllGatherKernel {
+    if world == 1 {
+        AllGatherKernel::Ring
+    } else {
+        kernel
+    }
+}
+
+/// A kernel of symm-core's vocabulary `backend` does not implement.
+pub fn not_here(kernel: impl std::fmt::Display, backend: &str) -> Error {
+    Error::Unavailable(format!("the {kernel} kernel is not implemented by {backend}"))
+}
+
+impl Rig {
+    /// One Lamport launch; `count` elements per peer slot (AR: the message, RS: one shard, AG:
+    /// one rank's input).
+    #[allow(clippy::too_many_arguments)]
+    pub fn lamport(
+        &self,
+        dt: KernelDtype,
+        mode: RingMode,
+        op: ReduceOp,
+        input: u64,
+        output: u64,
+        count: usize,
+        tuning: &Tuning,
+        hdr: &OpHeader,
+    ) -> Result<Launch> {
+        let p = lamport_plan(count, dt.dtype(), &self.layout, tuning, self.grid.blocks)?;
+        // Two ranks: the entry specialised for this (mode, op) (NOTE in collectives.cu).
+        let entry = if self.world == 2 && !self.switches.generic_two_rank {
+            Entry::LamportTwoRank(dt, mode, kernel_op(op))
+        } else {
+            Entry::Lamport(dt)
+        };
+        let mut a = args::lamport(
+            &self.common,
+            &self.direct,
+            mode,
+            kernel_op(op),
+            input,
+            output,
+            count,
+            &self.layout,
+            &self.bound,
+            hdr,
+        );
+        a[args::LAMPORT_MODE_ARG] = KernelArg::U32(mode as u32 | self.switches.lamport_bits);
+        Ok(Launch::new(entry, p.blocks, p.threads, &a))
+    }
+
+    /// One ring launch (NOTE [collectives-protocols]): `total` elements of the whole vector,
+    /// `shard` per rank.
+    #[allow(clippy::too_many_arguments)]
+    pub fn ring(
+        &self,
+        dt: KernelDtype,
+        op: ReduceOp,
+        mode: RingMode,
+        input: u64,
+        output: u64,
+        total: usize,
+        shard: usize,
+        tuning: &Tuning,
+        in_place: bool,
+        hdr: &OpHeader,
+    ) -> Result<Launch> {
+        let p = ring_plan(mode, total, shard, dt.dtype(), &self.layout, tuning, self.grid.blocks)?;
+        let flags = u32::from(in_place && mode == RingMode::AllReduce && self.world > 1) | self.switches.ring_flags;
+        let a = args::ring(
+            &self.common,
+            kernel_op(op),
+            input,
+            output,
+            &p,
+            &self.layout,
+            &self.bound,
+            flags,
+            hdr,
+        );
+        Ok(Launch::new(Entry::Ring(dt), p.blocks(), p.threads, &a))
+    }
+
+    /// `out[0..n] = reduce over ranks of srcs[r][0..n]`; `None` when `n` is 0.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce_ptrs(
+        &self,
+        dt: KernelDtype,
+        op: ReduceOp,
+        out: u64,
+        n: usize,
+        srcs: &[u64],
+        tuning: &Tuning,
+    ) -> Option<Launch> {
+        if n == 0 {
+            return None;
+        }
+        let vectors = n.div_ceil(vec_elems(dt.dtype()));
+        let threads = tuning.threads;
+        let blocks = vectors
+            .div_ceil(threads as usize)
+            .clamp(1, self.grid.independent(tuning.blocks(self.grid.blocks), 4) as usize) as u32;
+        let a = args::reduce_ptrs(self.rank as u32, self.world as u32, kernel_op(op), out, n, srcs);
+        Some(Launch::new(Entry::ReducePtrs(dt), blocks, threads, &a))
+    }
+
+    /// One fused zero-copy pull (NOTE [collectives-protocols], "Fused pull"): one wave, at most
+    /// one block per SM.
+    pub fn pull(&self, dt: KernelDtype, p: &args::Pull, tuning: &Tuning) -> Launch {
+        let vectors = p.n.div_ceil(vec_elems(dt.dtype())).max(1);
+        let threads = tuning.threads;
+        let blocks = vectors
+            .div_ceil(threads as usize)
+            .clamp(1, tuning.blocks(self.grid.blocks) as usize) as u32;
+        // The state words are at the start of the workspace.
+        let a = args::pull(&self.common, &self.direct, self.ws, p, &self.bound);
+        let entry = if self.world == 2 && !self.switches.generic_two_rank && p.dsts.is_none() {
+            Entry::PullTwoRank(dt, p.mode, p.op)
+        } else {
+            Entry::Pull(dt)
+        };
+        Launch::new(entry, blocks, threads.max(64), &a)
+    }
+
+    /// The subset barrier over the ranks of `mask`; `check`: a word every rank must pass alike
+    /// (0: none).
+    pub fn barrier(&self, mask: u64, check: u32) -> Launch {
+        Launch::new(
+            Entry::Barrier,
+            1,
+            64,
+            &args::barrier(&self.common, mask, &self.bound, check),
+        )
+    }
+
+    /// Tells every peer this rank rejected its own arguments for its next op (NOTE
+    /// [op-agreement]).
+    pub fn reject(&self) -> Launch {
+        Launch::new(Entry::Reject, 1, 64, &args::reject(&self.common))
+    }
+
+    /// Every rank's bit.
+    pub fn full_mask(&self) -> u64 {
+        if self.world >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << self.world) - 1
+        }
+    }
+
+    /// An op with nothing to move takes its place in the group's op sequence (NOTE
+    /// [op-agreement]): a barrier over every rank whose check word is the op's header, so a peer
+    /// that ran an op with data never pairs with it, then a closing barrier without one (a peer
+    /// leaves the first as soon as it sees this rank's epoch, and its next checked barrier would
+    /// otherwise overwrite the check word this rank has not read yet). Nothing at one rank.
+    pub fn agree_empty(&self, to: &dyn Launcher, kind: OpKind, dtype: DType, reduce: Option<ReduceOp>) -> Result<()> {
+        if self.world == 1 {
+            return Ok(());
+        }
+        let hdr = header(kind, dtype, 0, reduce, Mechanism::Empty);
+        to.launch(&self.barrier(self.full_mask(), checked(&hdr, &[])))?;
+        to.launch(&self.barrier(self.full_mask(), 0))
+    }
+
+    /// The all-reduce kernels that run in kernels alone: [`AllReduceKernel::Lamport`],
+    /// [`AllReduceKernel::OneShot`] (the ring over the whole message) and
+    /// [`AllReduceKernel::TwoShot`] (ring reduce-scatter into this rank's shard of the output,
+    /// then ring all-gather in place), on buffers [`super::check::all_reduce`] accepted. `kernel`
+    /// is what runs at this world size ([`all_reduce_at`]); any other is refused.
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_reduce(
+        &self,
+        to: &dyn Launcher,
+        kernel: AllReduceKernel,
+        tuning: &Tuning,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let dt = kernel_dtype(dtype, "all_reduce")?;
+        let mech = all_reduce_mechanism(kernel).ok_or_else(|| not_here(kernel, "symm-core's launch plans"))?;
+        let hdr = &header(OpKind::AllReduce, dtype, count, Some(op), mech);
+        match kernel {
+            AllReduceKernel::Lamport => {
+                to.launch(&self.lamport(dt, RingMode::AllReduce, op, input, output, count, tuning, hdr)?)
+            }
+            AllReduceKernel::OneShot => to.launch(&self.ring(
+                dt,
+                op,
+                RingMode::AllReduce,
+                input,
+                output,
+                count,
+                count,
+                tuning,
+                input == output,
+                hdr,
+            )?),
+            AllReduceKernel::TwoShot => {
+                let q = two_shot_shard(count, self.world, dtype);
+                let my_out = output + (self.rank * q * dtype.size()) as u64;
+                to.launch(&self.ring(
+                    dt,
+                    op,
+                    RingMode::ReduceScatter,
+                    input,
+                    my_out,
+                    count,
+                    q,
+                    tuning,
+                    false,
+                    hdr,
+                )?)?;
+                to.launch(&self.ring(
+                    dt,
+                    op,
+                    RingMode::AllGather,
+                    my_out,
+                    output,
+                    count,
+                    q,
+                    tuning,
+                    false,
+                    hdr,
+                )?)
+            }
+            k => Err(not_here(k, "symm-core's in-kernel launch plans")),
+        }
+    }
+
+    /// The in-kernel reduce-scatters ([`ReduceScatterKernel::Lamport`],
+    /// [`ReduceScatterKernel::Ring`]) on buffers [`super::check::reduce_scatter`] accepted.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce_scatter(
+        &self,
+        to: &dyn Launcher,
+        kernel: ReduceScatterKernel,
+        tuning: &Tuning,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let dt = kernel_dtype(dtype, "reduce_scatter")?;
+        match kernel {
+            ReduceScatterKernel::Lamport => {
+                let hdr = &header(OpKind::ReduceScatter, dtype, count, Some(op), Mechanism::Lamport);
+                to.launch(&self.lamport(dt, RingMode::ReduceScatter, op, input, output, count, tuning, hdr)?)
+            }
+            ReduceScatterKernel::Ring => {
+                let hdr = &header(OpKind::ReduceScatter, dtype, count, Some(op), Mechanism::Ring);
+                to.launch(&self.ring(
+                    dt,
+                    op,
+                    RingMode::ReduceScatter,
+                    input,
+                    output,
+                    count * self.world,
+                    count,
+                    tuning,
+                    false,
+                    hdr,
+                )?)
+            }
+            k => Err(not_here(k, "symm-core's in-kernel launch plans")),
+        }
+    }
+
+    /// The in-kernel all-gathers ([`AllGatherKernel::Lamport`], [`AllGatherKernel::Ring`]) on
+    /// buffers [`super::check::all_gather`] accepted; `dt` the lanes it returned.
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_gather(
+        &self,
+        to: &dyn Launcher,
+        kernel: AllGatherKernel,
+        tuning: &Tuning,
+        dt: KernelDtype,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+    ) -> Result<()> {
+        match kernel {
+            AllGatherKernel::Lamport => {
+                let hdr = &header(OpKind::AllGather, dtype, count, None, Mechanism::Lamport);
+                let dt = kernel_dtype(dtype, "the Lamport all-gather (f32, f16, bf16)")?;
+                to.launch(&self.lamport(
+                    dt,
+                    RingMode::AllGather,
+                    ReduceOp::Sum,
+                    input,
+                    output,
+                    count,
+                    tuning,
+                    hdr,
+                )?)
+            }
+            AllGatherKernel::Ring => {
+                let hdr = &header(OpKind::AllGather, dtype, count, None, Mechanism::Ring);
+                to.launch(&self.ring(
+                    dt,
+                    ReduceOp::Sum,
+                    RingMode::AllGather,
+                    input,
+                    output,
+                    count * self.world,
+                    count,
+                    tuning,
+                    false,
+                    hdr,
+                )?)
+            }
+            k => Err(not_here(k, "symm-core's in-kernel launch plans")),
+        }
+    }
+}
