@@ -56,7 +56,6 @@ use args::OpHeader;
 use layout::{peer_index, MAX_WORLD, MISMATCH_WORDS, ST_ERR_OUT, ST_MISMATCH};
 use plan::{ce_rs_chunks, ce_split, kernel_dtype, kernel_op, two_shot_shard, KernelDtype};
 use setup::{CeState, KernelTable, CE_EVENTS};
-use symm_core::pad::{ERR_MISMATCH, ERR_OP_MISMATCH, ERR_PEER_REJECTED};
 
 /// A kernel of symm-core's vocabulary this backend does not implement (one added after it).
 fn not_here(kernel: impl std::fmt::Display) -> Error {
@@ -380,46 +379,27 @@ impl CudaCollectives {
         if let Some(cuda) = crate::as_cuda(self.mem.as_ref()) {
             cuda.clear_error_mirror();
         }
-        match u32::from_le_bytes(word) {
-            0 => Ok(()),
-            symm_core::pad::ERR_TIMEOUT => Err(Error::Timeout {
-                what: format!(
-                    "collective device wait (group {}, rank {})",
-                    self.group.name(),
-                    self.rig.rank
-                ),
-                timeout: self.config.timeout,
-            }),
-            symm_core::pad::ERR_ABORTED => Err(Error::Aborted(format!(
-                "collective aborted (group {}, rank {})",
-                self.group.name(),
-                self.rig.rank
-            ))),
-            ERR_MISMATCH | ERR_OP_MISMATCH | ERR_PEER_REJECTED => {
-                // What the kernel that latched it recorded (NOTE [op-agreement]); cleared for the
-                // next error.
-                let at = self.rig.ws + (ST_MISMATCH * 4) as u64;
-                let mut raw = [0u8; MISMATCH_WORDS * 4];
-                dtoh_sync(&self.control, &mut raw, at)?;
-                memset_d32_async(&self.control, at, 0, MISMATCH_WORDS)?;
-                let mut record = [0u32; MISMATCH_WORDS];
-                for (w, b) in record.iter_mut().zip(raw.chunks_exact(4)) {
-                    *w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                }
-                Err(
-                    agree::mismatch_error(self.rig.rank, &record).unwrap_or_else(|| Error::Mismatch {
-                        what: "the collective op",
-                        detail: "the ranks ran different ops, or passed symmetric buffers at different offsets \
-                             (no record of which)"
-                            .into(),
-                    }),
-                )
-            }
-            other => Err(Error::Backend {
-                backend: driver::BACKEND,
-                call: "collectives check_error".into(),
-                detail: format!("unknown code {other} in the ERROR word"),
-            }),
+        let code = u32::from_le_bytes(word);
+        // What the kernel that latched a mismatch recorded (NOTE [op-agreement]); cleared for the
+        // next error.
+        let record = if agree::is_mismatch(code) {
+            let at = self.rig.ws + (ST_MISMATCH * 4) as u64;
+            let mut raw = [0u8; MISMATCH_WORDS * 4];
+            dtoh_sync(&self.control, &mut raw, at)?;
+            memset_d32_async(&self.control, at, 0, MISMATCH_WORDS)?;
+            Some(agree::record_words(&raw))
+        } else {
+            None
+        };
+        match agree::collective_error(
+            code,
+            record.as_ref(),
+            (self.group.name(), self.rig.rank),
+            self.config.timeout,
+            driver::BACKEND,
+        ) {
+            None => Ok(()),
+            Some(e) => Err(e),
         }
     }
 

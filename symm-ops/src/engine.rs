@@ -3,9 +3,10 @@
 //! resolves the op's buffers (where they lie, whether they are registered), asks the planner
 //! ([`Selector`], the one place that decides what runs) for the op's [`Plan`](crate::select::Plan),
 //! and runs exactly that. Engines: the generic host engine (`host/`, any backend's
-//! `SymmetricMemory`; ROCm devices run it until the shared kernels are launched there) and the
+//! `SymmetricMemory`) and the
 //! CUDA engine (`cuda/`: symm-cuda's kernels and NCCL, which share the CUDA engine's stream
-//! ordering and buffer resolution; a plan names which of the two runs). The CUDA feature gates
+//! ordering and buffer resolution; a plan names which of the two runs) and the ROCm engine
+//! (`rocm.rs`: symm-rocm's launches of the same shared kernels). The CUDA feature gates
 //! where the CUDA engine is built (`comm/mod.rs`), not the ops.
 
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
@@ -28,6 +29,20 @@ pub(crate) fn op_lock<T>(m: &Mutex<T>) -> Result<MutexGuard<'_, T>> {
             "two ops ran at once on one communicator (use one communicator per thread)".into(),
         )),
     }
+}
+
+/// An error that means this rank refused its own arguments for an op its peers may be running.
+#[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
+pub(crate) fn is_refusal(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::InvalidArgument(_)
+            | Error::Misaligned { .. }
+            | Error::OutOfRange { .. }
+            | Error::UnsupportedDType { .. }
+            | Error::NotRendezvoused
+            | Error::OutOfMemory { .. }
+    )
 }
 
 /// One op's context: the stream it was given and the planner.

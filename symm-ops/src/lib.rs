@@ -42,6 +42,8 @@ mod ops;
 mod pool;
 pub mod prelude;
 mod reduce;
+#[cfg(feature = "rocm")]
+mod rocm;
 mod select;
 mod setup;
 

@@ -9,6 +9,11 @@
 //! - [`RocmSymmetricMemory`]: barrier / put_signal / wait_signal kernels
 //!   following NOTE [signal-pad-layout], bounded on the device by a
 //!   wall-clock deadline and the ABORT word; a one-shot all-reduce.
+//! - [`RocmCollectives`]: the collective kernels of symm-core's shared source (Lamport
+//!   one-shot, ring one-shot / two-shot / reduce-scatter / all-gather, subset barrier) on a
+//!   symmetric workspace, launched as symm-core's `coll` plans them (the same plans symm-cuda
+//!   runs); synchronous, bounded waits, errors decoded once in symm-core. Not run on AMD
+//!   hardware.
 //! - [`kernels`]: HIP C++ in `symm-rocm/kernels/*.hip`, compiled with hiprtc
 //!   (loaded with libloading) per gfx architecture and cached on disk.
 //! - [`connectivity`]: the xGMI link matrix from rocm-smi (libloading),
@@ -22,6 +27,7 @@
 #![deny(unsafe_code)]
 
 pub mod allocator;
+pub mod collectives;
 pub mod connectivity;
 #[allow(unsafe_code)]
 pub mod driver;
@@ -32,6 +38,7 @@ pub mod symm_mem;
 use std::sync::Arc;
 
 pub use allocator::{RocmAllocation, RocmAllocator};
+pub use collectives::{RocmCollectives, RocmCollectivesConfig};
 pub use symm_mem::RocmSymmetricMemory;
 
 use symm_core::{BackendRegistration, DeviceType, Result, SymmetricAllocator};

@@ -19,9 +19,10 @@ use std::time::Duration;
 use symm_core::{check_range, pad, Channel, DType, Device, Error, Group, Rank, ReduceOp, Result, SymmetricMemory};
 
 use crate::allocator::Local;
-use crate::driver::runtime::{self, Arg, DeviceBuffer, Function, Module, Stream};
+use crate::driver::runtime::{self, DeviceBuffer, Function, Module, Stream};
 use crate::driver::vmm::Mapping;
 use crate::kernels;
+use symm_core::coll::arg::KernelArg as Arg;
 
 /// Ticks per second of the device wall clock (`wall_clock64`): 100 MHz on
 /// CDNA2 / CDNA3 (MI200, MI300). `SYMM_ROCM_WALL_CLOCK_HZ` overrides it.

@@ -4,7 +4,7 @@
 //! (`-D warnings` on every target; library and binary code also
 //! `undocumented_unsafe_blocks`, `unwrap_used`, `expect_used`: [`LIB_LINTS`]);
 //! their tests (doc tests of docs/*.md included); NVRTC compile of every CUDA kernel;
-//! symm-rocm check, clippy + tests with HIP_PATH=/usr (when HIP headers exist; under
+//! symm-rocm check, clippy (with symm-ops' rocm engine) + tests with HIP_PATH=/usr (when HIP headers exist; under
 //! CI=true their absence is a failure); the benchmark smoke test on whatever
 //! backend the machine has. Every step runs even after a failure; the last line
 //! is `N passed, N failed` (with the skipped steps named after it) and the exit
@@ -71,7 +71,13 @@ fn rocm_step() -> Outcome {
             .args(["check", "-p", "symm-rocm", "--all-targets"])
             .env("HIP_PATH", "/usr"),
     )
-    .and_then(|_| clippy(&["-p", "symm-rocm"], true))
+    // symm-ops' rocm engine too (its `rocm` feature links symm-rocm).
+    .and_then(|_| {
+        clippy(
+            &["-p", "symm-rocm", "-p", "symm-ops", "--features", "symm-ops/rocm"],
+            true,
+        )
+    })
     .and_then(|_| util::run(util::cargo().args(["test", "-p", "symm-rocm"]).env("HIP_PATH", "/usr")));
     match r {
         Ok(()) => Outcome::Pass,

@@ -5,6 +5,9 @@
 
 #![forbid(unsafe_code)]
 
+use std::time::Duration;
+
+use crate::pad::{ERR_ABORTED, ERR_MISMATCH, ERR_OP_MISMATCH, ERR_PEER_REJECTED, ERR_TIMEOUT};
 use crate::{DType, Error, OpDescriptor, OpKind, ReduceOp};
 
 use super::args::OpHeader;
@@ -127,6 +130,54 @@ pub fn mismatch_error(me: usize, record: &[u32; MISMATCH_WORDS]) -> Option<Error
             ),
         },
         _ => return None,
+    })
+}
+
+/// Whether an `ERROR`-word code says the ranks disagreed (a mismatch record may hold which).
+pub fn is_mismatch(code: u32) -> bool {
+    matches!(code, ERR_MISMATCH | ERR_OP_MISMATCH | ERR_PEER_REJECTED)
+}
+
+/// The `MISMATCH_WORDS` STATE words of a mismatch record, from their little-endian bytes.
+pub fn record_words(raw: &[u8; MISMATCH_WORDS * 4]) -> [u32; MISMATCH_WORDS] {
+    let mut record = [0u32; MISMATCH_WORDS];
+    for (w, b) in record.iter_mut().zip(raw.chunks_exact(4)) {
+        *w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+    record
+}
+
+/// The error the collectives' `ERROR`-word `code` stands for (`None`: no error), written once for
+/// every backend: `(group, rank)` name where it happened, `timeout` the deadline the kernels ran
+/// under, `record` the mismatch record the backend read when [`is_mismatch`] (NOTE
+/// [op-agreement]); an unknown code names `backend`.
+pub fn collective_error(
+    code: u32,
+    record: Option<&[u32; MISMATCH_WORDS]>,
+    (group, rank): (&str, usize),
+    timeout: Duration,
+    backend: &'static str,
+) -> Option<Error> {
+    Some(match code {
+        0 => return None,
+        ERR_TIMEOUT => Error::Timeout {
+            what: format!("collective device wait (group {group}, rank {rank})"),
+            timeout,
+        },
+        ERR_ABORTED => Error::Aborted(format!("collective aborted (group {group}, rank {rank})")),
+        c if is_mismatch(c) => record
+            .and_then(|r| mismatch_error(rank, r))
+            .unwrap_or_else(|| Error::Mismatch {
+                what: "the collective op",
+                detail: "the ranks ran different ops, or passed symmetric buffers at different offsets \
+                         (no record of which)"
+                    .into(),
+            }),
+        other => Error::Backend {
+            backend,
+            call: "collectives check_error".into(),
+            detail: format!("unknown code {other} in the ERROR word"),
+        },
     })
 }
 

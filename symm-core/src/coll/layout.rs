@@ -15,6 +15,26 @@
 
 use crate::{Error, Result};
 
+/// Default staging (ring) bytes.
+pub const DEFAULT_STAGING_BYTES: usize = 10 << 20;
+/// Default largest Lamport message for two ranks (smaller for more ranks: 16 MiB / (world-1)).
+/// The workspace holds three such buffers (48 MiB per rank for two ranks): 2 x H200 measured the
+/// pipelined Lamport kernel ahead of the zero-copy pull up to 16 MiB all-reduce and 32 MiB
+/// reduce-scatter / all-gather (bench-notes.md, round 5).
+pub const DEFAULT_LAMPORT_BYTES: usize = 16 << 20;
+/// Default ring slots per peer.
+pub const DEFAULT_RING_SLOTS: usize = 64;
+
+/// Bytes of one Lamport slot: `asked`, else [`DEFAULT_LAMPORT_BYTES`] for two ranks and 16 MiB /
+/// (world - 1) for more.
+pub fn lamport_bytes_for(world: usize, asked: Option<usize>) -> usize {
+    match asked {
+        Some(b) => b,
+        None if world <= 2 => DEFAULT_LAMPORT_BYTES,
+        None => (16 << 20) / (world - 1),
+    }
+}
+
 /// Word index of the Lamport buffer rotation (0, 1, 2) in STATE.
 // Only the tests read it here (against the kernels' define); the kernels use the define.
 #[cfg_attr(not(test), allow(dead_code))]

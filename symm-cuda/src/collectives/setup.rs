@@ -20,15 +20,8 @@ use crate::driver::{self, bind, from_driver};
 use crate::{kernels, knobs};
 use symm_core::coll::launch::{two_rank_index, two_rank_names, Rig};
 
-/// Default staging (ring) bytes.
-pub const DEFAULT_STAGING_BYTES: usize = 10 << 20;
-/// Default largest Lamport message for two ranks (smaller for more ranks: 16 MiB / (world-1)).
-/// The workspace holds three such buffers (48 MiB per rank for two ranks): 2 x H200 measured the
-/// pipelined Lamport kernel ahead of the zero-copy pull up to 16 MiB all-reduce and 32 MiB
-/// reduce-scatter / all-gather (bench-notes.md, round 5).
-pub const DEFAULT_LAMPORT_BYTES: usize = 16 << 20;
-/// Default ring slots per peer.
-pub const DEFAULT_RING_SLOTS: usize = 64;
+pub use symm_core::coll::layout::{DEFAULT_LAMPORT_BYTES, DEFAULT_RING_SLOTS, DEFAULT_STAGING_BYTES};
+
 /// Copy-engine all-reduce scratch slots (events per kind).
 pub(super) const CE_EVENTS: usize = 16;
 
@@ -77,11 +70,7 @@ impl CollectivesConfig {
     }
 
     pub(super) fn lamport_bytes_for(&self, world: usize) -> usize {
-        match self.lamport_bytes {
-            Some(b) => b,
-            None if world <= 2 => DEFAULT_LAMPORT_BYTES,
-            None => (16 << 20) / (world - 1),
-        }
+        symm_core::coll::layout::lamport_bytes_for(world, self.lamport_bytes)
     }
 }
 

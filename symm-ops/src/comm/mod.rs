@@ -195,14 +195,20 @@ impl Communicator {
                 }
                 (EngineKind::Host, Topology::FullyConnected)
             }
-            DeviceType::Rocm => {
-                if matches!(config.force_engine, Some(k) if k != EngineKind::Host) {
-                    return Err(Error::Unavailable(
-                        "ROCm devices run the generic engine only (no ROCm collective kernels or RCCL yet)".into(),
-                    ));
+            DeviceType::Rocm => match config.force_engine {
+                Some(EngineKind::Host) => (EngineKind::Host, Topology::Unknown),
+                // symm-rocm's kernels need every rank on one host (peer mappings over xGMI;
+                // the rendezvous fails where a peer cannot be mapped). Without the `rocm`
+                // feature the engine is refused when it is built.
+                Some(EngineKind::Rocm) | None if same_host => (EngineKind::Rocm, Topology::Unknown),
+                None => (EngineKind::Host, Topology::Unknown),
+                Some(k) => {
+                    return Err(Error::Unavailable(format!(
+                        "engine {k} on ROCm devices: they run the rocm engine (every rank on one host) or \
+                         the host engine (no RCCL)"
+                    )))
                 }
-                (EngineKind::Host, Topology::Unknown)
-            }
+            },
             DeviceType::Cuda => {
                 let topology = if same_host {
                     // One entry per distinct device (ranks sharing a device reach each other
@@ -285,6 +291,20 @@ impl Communicator {
             EngineKind::Cuda | EngineKind::Nccl => {
                 return Err(Error::Unavailable(
                     "symm-ops was built without its `cuda` feature".into(),
+                ))
+            }
+            #[cfg(feature = "rocm")]
+            EngineKind::Rocm => Box::new(crate::rocm::RocmEngine::new(
+                group,
+                device,
+                &config,
+                timeout,
+                device_sharers,
+            )?),
+            #[cfg(not(feature = "rocm"))]
+            EngineKind::Rocm => {
+                return Err(Error::Unavailable(
+                    "symm-ops was built without its `rocm` feature".into(),
                 ))
             }
         };

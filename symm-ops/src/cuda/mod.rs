@@ -23,6 +23,7 @@ use symm_core::{DType, Device, Error, Group, Result, SymmTensor};
 
 use crate::buf::{check_symm_tensor, Buf, BufMut, Element};
 use crate::comm::CommConfig;
+use crate::engine::is_refusal;
 use crate::ops::{NewOutput, OnStream, OpStream};
 use nccl::Nccl;
 use symm_cuda::collectives::{CollectivesConfig, CudaCollectives, Epilogues};
@@ -112,19 +113,6 @@ pub(crate) struct CudaEngine {
     /// The separate epilogue kernels of an NCCL-only engine (the kernels' own otherwise), or
     /// why they could not be loaded.
     own_epilogues: Option<std::result::Result<Epilogues, String>>,
-}
-
-/// An error that means this rank refused its own arguments for an op its peers may be running.
-fn is_refusal(e: &Error) -> bool {
-    matches!(
-        e,
-        Error::InvalidArgument(_)
-            | Error::Misaligned { .. }
-            | Error::OutOfRange { .. }
-            | Error::UnsupportedDType { .. }
-            | Error::NotRendezvoused
-            | Error::OutOfMemory { .. }
-    )
 }
 
 impl CudaEngine {

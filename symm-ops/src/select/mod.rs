@@ -29,6 +29,18 @@ pub enum EngineKind {
     Cuda,
     /// NCCL only (chosen when the group spans hosts or is not fully connected).
     Nccl,
+    /// symm-rocm's collective kernels (symm-core's shared source, compiled by hiprtc): the
+    /// Lamport one-shot and the ring, no zero-copy pulls, no copy engine, no RCCL. The table's
+    /// defaults are the CUDA ones without those rows, provisional until measured on AMD
+    /// hardware. Not run on AMD hardware yet.
+    Rocm,
+}
+
+impl EngineKind {
+    /// Whether the engine runs symm's collective kernels (the planner's kernel rows apply).
+    pub(crate) fn runs_kernels(self) -> bool {
+        matches!(self, EngineKind::Cuda | EngineKind::Rocm)
+    }
 }
 
 impl fmt::Display for EngineKind {
@@ -37,6 +49,7 @@ impl fmt::Display for EngineKind {
             EngineKind::Host => "host",
             EngineKind::Cuda => "cuda",
             EngineKind::Nccl => "nccl",
+            EngineKind::Rocm => "rocm",
         })
     }
 }
@@ -204,7 +217,7 @@ impl Selector {
         if !self.symm {
             return AllReduceAlgo::Nccl;
         }
-        if self.engine != EngineKind::Cuda {
+        if !self.engine.runs_kernels() {
             return if bytes <= t.one_shot_max_bytes.max(t.lamport_max_bytes) {
                 AllReduceAlgo::OneShot
             } else {
@@ -250,14 +263,7 @@ impl Selector {
     /// buffers do not qualify for the zero-copy pick (not registered, or overlapping).
     fn without_zero_copy(&self) -> Selector {
         Selector {
-            thresholds: SelectionThresholds {
-                all_reduce_pull_min_bytes: usize::MAX,
-                all_reduce_ce_min_bytes: usize::MAX,
-                reduce_scatter_pull_min_bytes: usize::MAX,
-                all_gather_pull_min_bytes: usize::MAX,
-                all_gather_copy_engine_min_bytes: usize::MAX,
-                ..self.thresholds
-            },
+            thresholds: self.thresholds.without_zero_copy(),
             ..self.clone()
         }
     }

@@ -67,6 +67,20 @@ pub struct SelectionThresholds {
     pub all_gather_lamport_max_bytes: usize,
 }
 
+impl SelectionThresholds {
+    /// These thresholds without their zero-copy rows (pulls, copy engine).
+    pub(crate) fn without_zero_copy(self) -> Self {
+        SelectionThresholds {
+            all_reduce_pull_min_bytes: usize::MAX,
+            all_reduce_ce_min_bytes: usize::MAX,
+            reduce_scatter_pull_min_bytes: usize::MAX,
+            all_gather_pull_min_bytes: usize::MAX,
+            all_gather_copy_engine_min_bytes: usize::MAX,
+            ..self
+        }
+    }
+}
+
 pub(crate) const KIB: usize = 1024;
 pub(crate) const MIB: usize = 1024 * 1024;
 
@@ -82,6 +96,10 @@ impl SelectionThresholds {
     /// NCCL the kernels run every size.
     pub fn defaults(engine: EngineKind, world_size: usize) -> Self {
         match engine {
+            // The same kernels as CUDA's, launched the same way; no zero-copy rows (the ROCm
+            // engine has neither pulls nor copy-engine paths) and no NCCL. Provisional: every
+            // figure behind the CUDA bounds was measured on H100 / H200, none on AMD hardware.
+            EngineKind::Rocm => Self::defaults(EngineKind::Cuda, world_size).without_zero_copy(),
             EngineKind::Host => SelectionThresholds {
                 lamport_max_bytes: 0,
                 one_shot_max_bytes: 256 * KIB,

@@ -22,6 +22,9 @@ use std::ffi::CStr;
 
 use symm_core::Error;
 
+/// This backend's name in errors that name one.
+pub const BACKEND: &str = "rocm";
+
 /// Name of a HIP error code, for messages (works without a device).
 pub fn error_name(code: ffi::hipError) -> String {
     // SAFETY: hipGetErrorName returns a pointer to a static NUL-terminated

@@ -4,6 +4,7 @@ use std::ffi::{c_int, c_void, CString};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use symm_core::coll::arg::{KernelArg, MAX_ARGS};
 use symm_core::{check_range, Error};
 
 use super::ffi;
@@ -57,15 +58,15 @@ pub fn pci_bus_id(device: u32) -> Result<String, Error> {
         .into_owned())
 }
 
-/// The gfx architecture of `device` ("gfx90a", feature suffixes stripped).
-pub fn arch_name(device: u32) -> Result<String, Error> {
-    // hipDeviceProp_t of ROCm 5.x (hip-sys' layout; ROCm 6 keeps this symbol
-    // with this layout for old binaries), padded generously.
-    #[repr(C)]
-    struct Props {
-        p: hip_sys::hiprt::hipDeviceProp_t,
-        slack: [u8; 4096],
-    }
+/// `hipDeviceProp_t` of ROCm 5.x (hip-sys' layout; ROCm 6 keeps this symbol with this layout
+/// for old binaries), padded generously.
+#[repr(C)]
+struct Props {
+    p: hip_sys::hiprt::hipDeviceProp_t,
+    slack: [u8; 4096],
+}
+
+fn props(device: u32) -> Result<Box<Props>, Error> {
     // SAFETY: all-zero bytes are a valid value of this plain-data struct.
     let mut props: Box<Props> = Box::new(unsafe { std::mem::zeroed() });
     check(
@@ -78,6 +79,12 @@ pub fn arch_name(device: u32) -> Result<String, Error> {
         },
         "hipGetDeviceProperties",
     )?;
+    Ok(props)
+}
+
+/// The gfx architecture of `device` ("gfx90a", feature suffixes stripped).
+pub fn arch_name(device: u32) -> Result<String, Error> {
+    let props = props(device)?;
     let raw: Vec<u8> = props
         .p
         .gcnArchName
@@ -87,6 +94,11 @@ pub fn arch_name(device: u32) -> Result<String, Error> {
         .collect();
     let name = String::from_utf8_lossy(&raw).into_owned();
     Ok(crate::kernels::base_arch(&name).to_string())
+}
+
+/// Compute units of `device` (at least 1): the collectives' grid budget (NOTE [co-residency]).
+pub fn compute_units(device: u32) -> Result<u32, Error> {
+    Ok(u32::try_from(props(device)?.p.multiProcessorCount).unwrap_or(1).max(1))
 }
 
 /// Free and total bytes of the current device.
@@ -360,14 +372,6 @@ unsafe impl Send for Function {}
 // SAFETY: as above.
 unsafe impl Sync for Function {}
 
-/// One kernel argument, passed by value.
-#[derive(Debug, Clone, Copy)]
-pub enum Arg {
-    U64(u64),
-    I32(i32),
-    U32(u32),
-}
-
 impl Function {
     /// Launches `grid` x `block` threads (1-D) on `stream` with `args`.
     ///
@@ -376,23 +380,31 @@ impl Function {
     /// this crate passes its own device arrays and pad addresses (alive as long as the object
     /// that launches, which waits for the stream before it returns) or an address its own
     /// caller vouched for (`RocmSymmetricMemory::one_shot_all_reduce`, an `unsafe fn`).
-    pub(crate) fn launch(&self, stream: &Stream, grid: u32, block: u32, args: &[Arg]) -> Result<(), Error> {
-        let mut vals: Vec<[u8; 8]> = args
-            .iter()
-            .map(|a| {
-                let mut b = [0u8; 8];
-                match a {
-                    Arg::U64(v) => b.copy_from_slice(&v.to_ne_bytes()),
-                    Arg::I32(v) => b[..4].copy_from_slice(&v.to_ne_bytes()),
-                    Arg::U32(v) => b[..4].copy_from_slice(&v.to_ne_bytes()),
-                }
-                b
-            })
-            .collect();
-        let mut ptrs: Vec<*mut c_void> = vals.iter_mut().map(|v| v.as_mut_ptr().cast()).collect();
-        // SAFETY: `ptrs` holds one pointer per kernel parameter, each to 8
-        // bytes whose prefix is the parameter's value (the kernels' signatures
-        // match `args`: u64 / int / unsigned, the crate-private callers' duty);
+    pub(crate) fn launch(&self, stream: &Stream, grid: u32, block: u32, args: &[KernelArg]) -> Result<(), Error> {
+        if args.len() > MAX_ARGS {
+            return Err(Error::InvalidArgument(format!(
+                "kernel launch with {} arguments (at most {MAX_ARGS})",
+                args.len()
+            )));
+        }
+        // One 8-byte cell per parameter, on the stack (an op's launch allocates nothing).
+        let mut vals = [[0u8; 8]; MAX_ARGS];
+        for (v, a) in vals.iter_mut().zip(args) {
+            match *a {
+                KernelArg::U64(x) => v.copy_from_slice(&x.to_ne_bytes()),
+                KernelArg::I64(x) => v.copy_from_slice(&x.to_ne_bytes()),
+                KernelArg::U32(x) => v[..4].copy_from_slice(&x.to_ne_bytes()),
+                KernelArg::I32(x) => v[..4].copy_from_slice(&x.to_ne_bytes()),
+                KernelArg::F32(x) => v[..4].copy_from_slice(&x.to_ne_bytes()),
+            }
+        }
+        let mut ptrs = [std::ptr::null_mut::<c_void>(); MAX_ARGS];
+        for (p, v) in ptrs.iter_mut().zip(vals.iter_mut()) {
+            *p = v.as_mut_ptr().cast();
+        }
+        // SAFETY: `ptrs` holds one pointer per kernel parameter (the first
+        // `args.len()`), each to 8 bytes whose prefix is the parameter's value (the
+        // kernels' signatures match `args`, the crate-private callers' duty);
         // HIP copies the values at launch, while `vals` is alive. The device
         // addresses among them are valid for the kernel by the callers' duty
         // (see the doc).

@@ -1,0 +1,268 @@
+//! The ROCm engine: symm-rocm's collectives ([`RocmCollectives`]: the kernels of symm-core's
+//! shared source, compiled by hiprtc, launched as symm-core's `coll` plans them, the plans
+//! symm-cuda's GPU suites run) behind [`Engine`], with the one planner ([`Selector`]) choosing
+//! among the kernels ROCm has: the Lamport one-shot and the ring (one-shot, two-shot,
+//! reduce-scatter, all-gather). No zero-copy pulls, no copy engine, no RCCL, no fused
+//! epilogues yet.
+//!
+//! Ops take device buffers of the communicator's device: symmetric tensors or
+//! [`crate::RawDevicePtr`]s (host slices need the host engine). They run on the collectives'
+//! own HIP stream and return when done (a device error is the op's error; every wait is
+//! bounded): the caller orders its own streams around the call. No op is given a stream.
+//!
+//! Nothing here has run on AMD hardware (no AMD GPU exists on the project's machines).
+//!
+//! The unsafe boundary (NOTE [raw-addresses]): symm-rocm's op entries take raw device addresses,
+//! so they are `unsafe fn`s. Every address that reaches them here comes from [`RocmEngine::src`]
+//! / [`RocmEngine::dst`]: a symmetric tensor of the communicator (checked for its device and
+//! contiguity), or a `RawDevicePtr`, whose `unsafe` constructor carries the caller's promise;
+//! both checked for alignment, their lengths checked by the communicator against the op's
+//! count; the op returns only when its work is done.
+#![allow(unsafe_code)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use symm_core::epilogue::Rows;
+use symm_core::{DType, Device, Error, Group, OpKind, Rank, ReduceOp, Result};
+use symm_rocm::{RocmCollectives, RocmCollectivesConfig};
+
+use crate::buf::{check_symm_tensor, Buf, BufMut};
+use crate::comm::CommConfig;
+use crate::engine::{is_refusal, op_lock, Caps, Cx, Engine};
+use crate::epilogue::{EpiArgs, EpilogueAlgo};
+use crate::ops::OpStream;
+use crate::select::{AllGatherAlgo, AllReduceAlgo, Bufs, Plan, ReduceScatterAlgo};
+
+pub(crate) struct RocmEngine {
+    device: Device,
+    rank: usize,
+    coll: RocmCollectives,
+    /// Held by the op running.
+    lock: Mutex<()>,
+    /// Set when this engine told its peers it rejected an op ([`Engine::take_told_peers`]).
+    told_peers: AtomicBool,
+}
+
+fn check_align(what: &'static str, ptr: u64, dtype: DType) -> Result<()> {
+    if ptr % dtype.size() as u64 != 0 {
+        return Err(Error::Misaligned {
+            what,
+            value: ptr,
+            align: dtype.size() as u64,
+        });
+    }
+    Ok(())
+}
+
+/// What the ROCm engine cannot take, named.
+fn not_device(what: &str) -> Error {
+    Error::InvalidArgument(format!(
+        "{what}: the rocm engine takes device buffers of the communicator's device (symmetric tensors \
+         or RawDevicePtr); host slices need the host engine (CommConfig::with_engine(EngineKind::Host))"
+    ))
+}
+
+impl RocmEngine {
+    /// Collective setup on `device` (every rank of `group`, the same `config`), which
+    /// `device_sharers` ranks of the group use.
+    pub fn new(
+        group: &Arc<Group>,
+        device: Device,
+        config: &CommConfig,
+        timeout: Duration,
+        device_sharers: usize,
+    ) -> Result<Self> {
+        let mut c = RocmCollectivesConfig::new(config.staging_bytes, timeout);
+        c.lamport_bytes = config.lamport_bytes;
+        Ok(RocmEngine {
+            device,
+            rank: group.rank().get(),
+            coll: RocmCollectives::new(group, device.index, device_sharers, c)?,
+            lock: Mutex::new(()),
+            told_peers: AtomicBool::new(false),
+        })
+    }
+
+    fn src(&self, b: &Buf<'_>) -> Result<u64> {
+        match b {
+            Buf::Symm(t) => {
+                check_symm_tensor(t, self.device, "input tensor")?;
+                Ok(t.ptr())
+            }
+            Buf::Raw(r) => {
+                check_align("input pointer", r.ptr, r.dtype)?;
+                Ok(r.ptr)
+            }
+            _ => Err(not_device("the input")),
+        }
+    }
+
+    fn dst(&self, b: &BufMut<'_>) -> Result<u64> {
+        match b {
+            BufMut::Symm(t) => {
+                check_symm_tensor(t, self.device, "output tensor")?;
+                Ok(t.ptr())
+            }
+            BufMut::Raw(r) => {
+                check_align("output pointer", r.ptr, r.dtype)?;
+                Ok(r.ptr)
+            }
+            _ => Err(not_device("the output")),
+        }
+    }
+
+    /// One op: the lock (one op at a time), no stream given, then `f`; an argument this rank
+    /// refused is told to the peers (NOTE [op-agreement]).
+    fn locked(&self, stream: OpStream<'_>, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        let _l = op_lock(&self.lock)?;
+        let r = match stream {
+            None => f(),
+            Some(_) => Err(Error::InvalidArgument(
+                "a CUDA stream given to an op of a rocm-engine communicator".into(),
+            )),
+        };
+        if let Err(e) = &r {
+            if is_refusal(e) {
+                // The op's own error is what the caller needs; a failure to tell the peers
+                // surfaces on their side as a timeout.
+                let _ = self.tell_peers();
+            }
+        }
+        r
+    }
+
+    fn tell_peers(&self) -> Result<()> {
+        self.told_peers.store(true, Ordering::Release);
+        self.coll.reject()
+    }
+}
+
+impl Engine for RocmEngine {
+    fn caps(&self) -> Caps {
+        Caps {
+            symm: true,
+            nccl: false,
+            lamport_slot: self.coll.lamport_max_bytes(),
+            nccl_missing: None,
+        }
+    }
+
+    fn all_reduce(
+        &self,
+        cx: Cx<'_>,
+        req: AllReduceAlgo,
+        input: Option<Buf<'_>>,
+        output: BufMut<'_>,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.locked(cx.stream, || {
+            let out = self.dst(&output)?;
+            let inp = match &input {
+                Some(b) => self.src(b)?,
+                None => out,
+            };
+            let bytes = count * dtype.size();
+            let bufs = Bufs {
+                in_place: inp == out,
+                apart: inp.saturating_add(bytes as u64) <= out || out.saturating_add(bytes as u64) <= inp,
+                registered: &|_| false,
+            };
+            match cx.planner.plan_all_reduce(req, bytes, &bufs) {
+                // SAFETY: the addresses come from checked buffers (module docs).
+                Plan::Kernel(k) => unsafe { self.coll.all_reduce(k, inp, out, count, dtype, op) },
+                Plan::Nccl => Err(Error::Unavailable("NCCL on a rocm-engine communicator".into())),
+            }
+        })
+    }
+
+    fn reduce_scatter(
+        &self,
+        cx: Cx<'_>,
+        req: ReduceScatterAlgo,
+        input: Buf<'_>,
+        output: BufMut<'_>,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.locked(cx.stream, || {
+            let (inp, out) = (self.src(&input)?, self.dst(&output)?);
+            let whole = count * cx.planner.world * dtype.size();
+            match cx.planner.plan_reduce_scatter(req, whole, &|| false) {
+                // SAFETY: the addresses come from checked buffers (module docs).
+                Plan::Kernel(k) => unsafe { self.coll.reduce_scatter(k, inp, out, count, dtype, op) },
+                Plan::Nccl => Err(Error::Unavailable("NCCL on a rocm-engine communicator".into())),
+            }
+        })
+    }
+
+    fn all_gather(
+        &self,
+        cx: Cx<'_>,
+        req: AllGatherAlgo,
+        input: Buf<'_>,
+        output: BufMut<'_>,
+        count: usize,
+        dtype: DType,
+    ) -> Result<()> {
+        self.locked(cx.stream, || {
+            let (inp, out) = (self.src(&input)?, self.dst(&output)?);
+            let bytes = count * dtype.size();
+            let whole = bytes * cx.planner.world;
+            let bufs = Bufs {
+                in_place: inp == out.saturating_add((self.rank * bytes) as u64),
+                apart: inp.saturating_add(bytes as u64) <= out || out.saturating_add(whole as u64) <= inp,
+                registered: &|_| false,
+            };
+            match cx.planner.plan_all_gather(req, whole, dtype, &bufs) {
+                // SAFETY: the addresses come from checked buffers (module docs).
+                Plan::Kernel(k) => unsafe { self.coll.all_gather(k, inp, out, count, dtype) },
+                Plan::Nccl => Err(Error::Unavailable("NCCL on a rocm-engine communicator".into())),
+            }
+        })
+    }
+
+    fn barrier(&self, stream: OpStream<'_>, ranks: &[Rank]) -> Result<()> {
+        self.locked(stream, || self.coll.barrier(ranks))
+    }
+
+    fn epilogue(&self, cx: Cx<'_>, _algo: EpilogueAlgo, _a: EpiArgs<'_>, _rows: Rows) -> Result<()> {
+        // Every rank of a rocm-engine group refuses alike: not a rejection of its own arguments.
+        self.locked(cx.stream, || {
+            Err(Error::Unavailable(
+                "the all-reduce epilogues on the rocm engine (its kernels are in the shared source but not \
+                 launched on ROCm yet): run all_reduce, then the residual add and norm"
+                    .into(),
+            ))
+        })
+    }
+
+    fn runs_empty_ops(&self) -> bool {
+        true
+    }
+
+    fn empty_op(&self, stream: OpStream<'_>, kind: OpKind, dtype: DType, reduce: Option<ReduceOp>) -> Result<()> {
+        self.locked(stream, || self.coll.agree_empty(kind, dtype, reduce))
+    }
+
+    /// `Unavailable` is not a rejection here: every rank decides availability alike.
+    fn reject(&self, stream: OpStream<'_>, e: &Error) -> bool {
+        let _ = stream;
+        !matches!(e, Error::Unavailable(_))
+            && op_lock(&self.lock)
+                .and_then(|_l| self.tell_peers())
+                .map_or_else(|e2| crate::comm::is_fatal(&e2), |()| true)
+    }
+
+    fn take_told_peers(&self) -> bool {
+        self.told_peers.swap(false, Ordering::AcqRel)
+    }
+
+    fn set_abort(&self, abort: bool) -> Result<()> {
+        self.coll.set_abort(abort)
+    }
+}

@@ -1,0 +1,481 @@
+//! [`RocmCollectives`]: the collective kernels of symm-core's shared source
+//! (`symm_core::kernel_source`, compiled by hiprtc with `kernels/vendor.hip.h`) on a symmetric
+//! workspace, launched exactly as symm-cuda launches them: symm-core's `coll` plans every
+//! launch (argument lists, workspace layout, grids, op headers, NOTE [one-planner]) and this
+//! file only runs them on a HIP stream. The kernels here are the ones that need nothing but
+//! the kernels: the Lamport one-shot, the ring (one-shot, two-shot, reduce-scatter,
+//! all-gather), the subset barrier and the empty op's agreement. The zero-copy pulls and the
+//! copy-engine paths, which need registered memory and side streams, are symm-cuda's only: an
+//! entry asked for one refuses it ([`symm_core::Error::Unavailable`]).
+//!
+//! Every op is synchronous: its launches, then the `take_error` kernel, on this object's own
+//! stream, waited for within the timeout plus a margin (never an unbounded synchronise); a
+//! device error, a mismatch recorded by the kernels (NOTE [op-agreement]) or a wait the device
+//! did not end in time is the op's error. So a caller's buffers are free again when an op
+//! returns, and the caller orders its own streams around the call (synchronise before, as for
+//! any host-blocking call).
+//!
+//! Nothing here has run on AMD hardware (no AMD GPU exists on the project's machines): what is
+//! verified is that every entry compiles with hiprtc for gfx908 / gfx90a and that the launch
+//! plans are the ones symm-cuda's GPU suites run (NOTE [collectives-protocols], "On ROCm").
+
+// No unsafe code: the entries that take raw device addresses only declare their contract
+// (`unsafe fn`, NOTE [raw-addresses]); the driver layer does the rest.
+#![deny(unsafe_code)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use symm_core::coll::args;
+use symm_core::coll::launch::{
+    self, all_gather_at, all_reduce_at, reduce_scatter_at, two_rank_index, two_rank_names, Entry, Launch, Launcher,
+    Rig, Switches,
+};
+use symm_core::coll::layout::{self, WorkspaceLayout, MAX_WORLD, MISMATCH_WORDS, ST_ERR_OUT, ST_MISMATCH};
+use symm_core::coll::plan::{GridBudget, KernelDtype, PerDtype, Tuning};
+use symm_core::coll::{agree, check};
+use symm_core::kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
+use symm_core::{
+    get_allocator, Allocation, DType, Device, DeviceType, Error, Group, OpKind, Rank, ReduceOp, Result, SymmetricMemory,
+};
+
+use crate::driver::runtime::{self, Function, Module, Stream};
+use crate::kernels;
+use crate::symm_mem::HOST_MARGIN;
+
+/// How a [`RocmCollectives`] is built; every rank passes the same.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct RocmCollectivesConfig {
+    /// Bytes of the ring's staging area per peer and slot set (as symm-cuda's).
+    pub staging_bytes: usize,
+    /// Bytes of one Lamport slot (`None`: [`layout::lamport_bytes_for`]).
+    pub lamport_bytes: Option<usize>,
+    /// Ring slots (a power of two).
+    pub ring_slots: usize,
+    /// Every device wait's deadline (and, plus a margin, the host's wait for an op).
+    pub timeout: Duration,
+    /// Launch shapes (every rank the same). The defaults were measured on H100 / H200, not on
+    /// AMD hardware: provisional on ROCm.
+    pub tuning: Tuning,
+}
+
+impl RocmCollectivesConfig {
+    pub fn new(staging_bytes: usize, timeout: Duration) -> Self {
+        RocmCollectivesConfig {
+            staging_bytes,
+            lamport_bytes: None,
+            ring_slots: layout::DEFAULT_RING_SLOTS,
+            timeout,
+            tuning: Tuning::default(),
+        }
+    }
+}
+
+/// The entries this backend launches, loaded once (indexed as symm-cuda's table).
+struct KernelTable {
+    lamport: PerDtype<Function>,
+    lamport_two_rank: PerDtype<Vec<Function>>,
+    ring: PerDtype<Function>,
+    reduce_ptrs: PerDtype<Function>,
+    barrier: Function,
+    reject: Function,
+    take_error: Function,
+    _module: Arc<Module>,
+}
+
+/// Per (group, device) collectives over one symmetric workspace on an AMD GPU.
+pub struct RocmCollectives {
+    group: Arc<Group>,
+    device: u32,
+    mem: Arc<dyn SymmetricMemory>,
+    _alloc: Arc<dyn Allocation>,
+    config: RocmCollectivesConfig,
+    rig: Rig,
+    kernels: KernelTable,
+    err_word: u64,
+    /// The ops' stream; one op at a time (the lock).
+    stream: Mutex<Stream>,
+    /// Host copies of the error words.
+    ctl: Stream,
+}
+
+impl std::fmt::Debug for RocmCollectives {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RocmCollectives")
+            .field("group", &self.group.name())
+            .field("rank", &self.rig.rank)
+            .field("world", &self.rig.world)
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+/// Runs symm-core's planned launches on the ops' stream.
+struct On<'a> {
+    k: &'a KernelTable,
+    stream: &'a Stream,
+}
+
+impl Launcher for On<'_> {
+    fn launch(&self, l: &Launch) -> Result<()> {
+        let k = self.k;
+        let f = match l.entry {
+            Entry::Barrier => &k.barrier,
+            Entry::Reject => &k.reject,
+            Entry::Lamport(dt) => &k.lamport[dt],
+            Entry::LamportTwoRank(dt, mode, op) => k.lamport_two_rank[dt]
+                .get(two_rank_index(mode, op))
+                .ok_or_else(|| Error::InvalidArgument(format!("no two-rank Lamport entry for {mode:?}, op {op}")))?,
+            Entry::Ring(dt) => &k.ring[dt],
+            Entry::ReducePtrs(dt) => &k.reduce_ptrs[dt],
+            Entry::Pull(_) | Entry::PullTwoRank(..) => {
+                return Err(launch::not_here("zero-copy pull", crate::driver::BACKEND))
+            }
+        };
+        f.launch(self.stream, l.blocks, l.threads, &l.args)
+    }
+}
+
+impl RocmCollectives {
+    /// Collective setup: lays out, allocates, fills and rendezvouses the workspace, loads the
+    /// kernels. Every rank of `group` calls it with equal `config`, each on its `device`, which
+    /// `device_sharers` ranks of the group use (this one included; 1 unless the group shares
+    /// devices, NOTE [shared-device]): their grids share its compute units.
+    pub fn new(group: &Arc<Group>, device: u32, device_sharers: usize, config: RocmCollectivesConfig) -> Result<Self> {
+        let world = group.world_size();
+        let rank = group.rank().get();
+        if world > MAX_WORLD {
+            return Err(Error::OutOfRange {
+                what: "world size for the ROCm collectives",
+                value: world as u64,
+                limit: MAX_WORLD as u64,
+            });
+        }
+        config.tuning.validate()?;
+        let layout = WorkspaceLayout::new(
+            world,
+            config.staging_bytes,
+            layout::lamport_bytes_for(world, config.lamport_bytes),
+            config.ring_slots,
+        )?;
+        runtime::set_device(device)?;
+        let module = kernels::load(device, &kernels::COLLECTIVES, "")?;
+        let get = |name: &str| module.function(name);
+        let per_dtype = |kind: &str| PerDtype::try_new(|d: KernelDtype| get(&format!("symm_{kind}_{}", d.suffix())));
+        let kernels = KernelTable {
+            lamport: per_dtype("lamport")?,
+            lamport_two_rank: PerDtype::try_new(|d| {
+                two_rank_names("lamport2", d.suffix())
+                    .iter()
+                    .map(|n| get(n))
+                    .collect::<Result<Vec<_>>>()
+            })?,
+            ring: per_dtype("ring")?,
+            reduce_ptrs: per_dtype("reduce_ptrs")?,
+            barrier: get("symm_coll_barrier")?,
+            reject: get("symm_coll_reject")?,
+            take_error: get("symm_coll_take_error")?,
+            _module: module.clone(),
+        };
+        let init = get("symm_coll_init")?;
+
+        let alloc = get_allocator(DeviceType::Rocm)?.alloc(layout.total, Device::rocm(device), group)?;
+        if alloc.size() < layout.total {
+            return Err(Error::Mismatch {
+                what: "workspace size",
+                detail: format!("asked {} bytes, got {}", layout.total, alloc.size()),
+            });
+        }
+        let stream = Stream::new()?;
+        // Fill STATE/FLAGS with zeros and the Lamport buffers with the sentinel, and wait for it,
+        // before this rank publishes its handle in the rendezvous: no peer can write here earlier.
+        let ws = alloc.ptr();
+        let cus = runtime::compute_units(device)?;
+        init.launch(&stream, cus, 256, &args::init(ws, &layout))?;
+        stream.wait(HOST_MARGIN, "initialising the collectives workspace")?;
+        let mem = alloc.rendezvous(config.timeout)?;
+        if mem.buffer_ptrs()[rank] != ws {
+            return Err(Error::Mismatch {
+                what: "workspace address",
+                detail: format!("{:#x} after rendezvous, {ws:#x} before", mem.buffer_ptrs()[rank]),
+            });
+        }
+        // Ranks sharing a device (NOTE [shared-device]) split its compute units (NOTE
+        // [co-residency]); no programmatic dependent launch on HIP.
+        let grid = GridBudget::new(cus, device_sharers, false)?;
+        let mut direct = args::Direct::default();
+        for (d, &b) in direct.ws.iter_mut().zip(mem.buffer_ptrs()) {
+            *d = b;
+        }
+        for (d, &p) in direct.pads.iter_mut().zip(mem.signal_pad_ptrs()) {
+            *d = p;
+        }
+        let rig = Rig {
+            rank,
+            world,
+            layout,
+            common: args::Common {
+                bufs_dev: mem.buffer_ptrs_dev(),
+                pads_dev: mem.signal_pad_ptrs_dev(),
+                rank: rank as u32,
+                world: world as u32,
+            },
+            direct,
+            bound: args::Bound {
+                timeout_ns: u64::try_from(config.timeout.as_nanos()).unwrap_or(u64::MAX),
+                // No pinned host abort word: the kernels watch the pad's ABORT word, which
+                // `set_abort` writes from the host on a stream of its own.
+                abort_host: 0,
+            },
+            ws,
+            grid,
+            switches: Switches::default(),
+        };
+        let err_word = mem.signal_pad_ptrs()[rank] + (symm_core::pad::ERROR_WORD * 4) as u64;
+        Ok(RocmCollectives {
+            group: group.clone(),
+            device,
+            mem,
+            _alloc: alloc,
+            config,
+            rig,
+            kernels,
+            err_word,
+            stream: Mutex::new(stream),
+            ctl: Stream::new()?,
+        })
+    }
+
+    pub fn group(&self) -> &Arc<Group> {
+        &self.group
+    }
+
+    /// The workspace's symmetric memory.
+    pub fn workspace(&self) -> &Arc<dyn SymmetricMemory> {
+        &self.mem
+    }
+
+    pub fn config(&self) -> &RocmCollectivesConfig {
+        &self.config
+    }
+
+    /// Largest message (bytes) the Lamport kernels take (per rank's part for the
+    /// reduce-scatter and all-gather).
+    pub fn lamport_max_bytes(&self) -> usize {
+        if self.rig.world == 1 {
+            usize::MAX
+        } else {
+            self.rig.layout.lamport_max_bytes()
+        }
+    }
+
+    /// Runs `launches` on the ops' stream, then takes the error the kernels latched: waits
+    /// within the timeout plus a margin; a wait the device did not end in time is aborted
+    /// (the pad's ABORT word), drained, and reported as [`Error::Timeout`].
+    fn run(&self, what: &str, launches: impl FnOnce(&dyn Launcher) -> Result<()>) -> Result<()> {
+        runtime::set_device(self.device)?;
+        let stream = self
+            .stream
+            .try_lock()
+            .map_err(|_| Error::InvalidArgument("two ops ran at once on one set of ROCm collectives".into()))?;
+        let on = On {
+            k: &self.kernels,
+            stream: &stream,
+        };
+        let launched = launches(&on);
+        let out = self.rig.ws + (ST_ERR_OUT * 4) as u64;
+        self.kernels
+            .take_error
+            .launch(&stream, 1, 32, &args::take_error(self.err_word, out))?;
+        let timeout = self.config.timeout;
+        match stream.wait(timeout.saturating_add(HOST_MARGIN), what) {
+            Ok(()) => {}
+            Err(Error::Timeout { .. }) => {
+                self.mem.set_abort(true)?;
+                let drained = stream.wait(HOST_MARGIN, what);
+                self.mem.set_abort(false)?;
+                drained?;
+                return Err(Error::Timeout {
+                    what: format!("{what} (group {}, rank {})", self.group.name(), self.rig.rank),
+                    timeout,
+                });
+            }
+            Err(e) => return Err(e),
+        }
+        launched?;
+        self.take_error(out)
+    }
+
+    /// The error word the `take_error` kernel copied to `out` (and cleared), decoded.
+    fn take_error(&self, out: u64) -> Result<()> {
+        let mut word = [0u8; 4];
+        self.ctl.copy_from_device_sync(&mut word, out, HOST_MARGIN)?;
+        let code = u32::from_le_bytes(word);
+        let record = if agree::is_mismatch(code) {
+            let at = self.rig.ws + (ST_MISMATCH * 4) as u64;
+            let mut raw = [0u8; MISMATCH_WORDS * 4];
+            self.ctl.copy_from_device_sync(&mut raw, at, HOST_MARGIN)?;
+            self.ctl.memset_sync(at, 0, MISMATCH_WORDS * 4, HOST_MARGIN)?;
+            Some(agree::record_words(&raw))
+        } else {
+            None
+        };
+        match agree::collective_error(
+            code,
+            record.as_ref(),
+            (self.group.name(), self.rig.rank),
+            self.config.timeout,
+            crate::driver::BACKEND,
+        ) {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// All-reduce of `count` elements from `input` into `output` (equal: in place) by `kernel`,
+    /// exactly (NOTE [one-planner]): [`AllReduceKernel::Lamport`], [`AllReduceKernel::OneShot`]
+    /// or [`AllReduceKernel::TwoShot`]; any other is refused. Returns when the op is done.
+    ///
+    /// # Safety
+    /// NOTE [raw-addresses]: `input` and `output` each hold `count` elements of `dtype` in
+    /// device memory this rank's GPU can read and write, and stay allocated and untouched by
+    /// anything but this op until it returns.
+    #[allow(clippy::too_many_arguments)]
+    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
+    pub unsafe fn all_reduce(
+        &self,
+        kernel: AllReduceKernel,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        if check::all_reduce(input, output, count, dtype)?.is_none() {
+            return self.agree_empty(OpKind::AllReduce, dtype, Some(op));
+        }
+        let kernel = all_reduce_at(kernel, self.rig.world);
+        if !matches!(
+            kernel,
+            AllReduceKernel::Lamport | AllReduceKernel::OneShot | AllReduceKernel::TwoShot
+        ) {
+            return Err(launch::not_here(kernel, crate::driver::BACKEND));
+        }
+        let tuning = &self.config.tuning;
+        self.run("rocm all_reduce", |to| {
+            self.rig.all_reduce(to, kernel, tuning, input, output, count, dtype, op)
+        })
+    }
+
+    /// Reduce-scatter by `kernel` ([`ReduceScatterKernel::Lamport`] or
+    /// [`ReduceScatterKernel::Ring`]): `input` holds `count * world` elements, `output` receives
+    /// this rank's `count` (in place when `output == input + rank * count` elements).
+    ///
+    /// # Safety
+    /// As [`Self::all_reduce`], with `input` holding `count * world` elements and `output`
+    /// `count`.
+    #[allow(clippy::too_many_arguments)]
+    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
+    pub unsafe fn reduce_scatter(
+        &self,
+        kernel: ReduceScatterKernel,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        if check::reduce_scatter(input, output, count, dtype, (self.rig.rank, self.rig.world))?.is_none() {
+            return self.agree_empty(OpKind::ReduceScatter, dtype, Some(op));
+        }
+        let kernel = reduce_scatter_at(kernel, self.rig.world);
+        if !matches!(kernel, ReduceScatterKernel::Lamport | ReduceScatterKernel::Ring) {
+            return Err(launch::not_here(kernel, crate::driver::BACKEND));
+        }
+        let tuning = &self.config.tuning;
+        self.run("rocm reduce_scatter", |to| {
+            self.rig
+                .reduce_scatter(to, kernel, tuning, input, output, count, dtype, op)
+        })
+    }
+
+    /// All-gather by `kernel` ([`AllGatherKernel::Lamport`] or [`AllGatherKernel::Ring`]):
+    /// `input` holds `count` elements, `output` `count * world` (in place when `input` is this
+    /// rank's part of `output`).
+    ///
+    /// # Safety
+    /// As [`Self::all_reduce`], with `input` holding `count` elements and `output` `count *
+    /// world`.
+    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
+    pub unsafe fn all_gather(
+        &self,
+        kernel: AllGatherKernel,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+    ) -> Result<()> {
+        let Some(dt) = check::all_gather(input, output, count, dtype, (self.rig.rank, self.rig.world))? else {
+            return self.agree_empty(OpKind::AllGather, dtype, None);
+        };
+        let kernel = all_gather_at(kernel, self.rig.world);
+        if !matches!(kernel, AllGatherKernel::Lamport | AllGatherKernel::Ring) {
+            return Err(launch::not_here(kernel, crate::driver::BACKEND));
+        }
+        let tuning = &self.config.tuning;
+        self.run("rocm all_gather", |to| {
+            self.rig.all_gather(to, kernel, tuning, dt, input, output, count, dtype)
+        })
+    }
+
+    /// Barrier with the ranks listed (which must include this rank); ranks not listed do not
+    /// take part.
+    pub fn barrier(&self, ranks: &[Rank]) -> Result<()> {
+        let mut mask = 0u64;
+        for r in ranks {
+            if r.world_size() != self.rig.world || r.get() >= self.rig.world {
+                return Err(Error::OutOfRange {
+                    what: "barrier rank",
+                    value: r.get() as u64,
+                    limit: self.rig.world as u64,
+                });
+            }
+            mask |= 1u64 << r.get();
+        }
+        let me = 1u64 << self.rig.rank;
+        if mask & me == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "barrier ranks {:?} do not include this rank ({})",
+                ranks.iter().map(|r| r.get()).collect::<Vec<_>>(),
+                self.rig.rank
+            )));
+        }
+        if mask == me {
+            return Ok(());
+        }
+        self.run("rocm barrier", |to| to.launch(&self.rig.barrier(mask, 0)))
+    }
+
+    /// An op with nothing to move still takes its place in the group's op sequence (NOTE
+    /// [op-agreement]).
+    pub fn agree_empty(&self, kind: OpKind, dtype: DType, reduce: Option<ReduceOp>) -> Result<()> {
+        if self.rig.world == 1 {
+            return Ok(());
+        }
+        self.run("rocm empty op", |to| self.rig.agree_empty(to, kind, dtype, reduce))
+    }
+
+    /// Tells every peer that this rank rejected its own arguments for its next op (NOTE
+    /// [op-agreement]): each peer's matching op fails with a mismatch naming this rank. The group
+    /// is out of step afterwards: build a new object.
+    pub fn reject(&self) -> Result<()> {
+        self.run("rocm reject", |to| to.launch(&self.rig.reject()))
+    }
+
+    /// Sets (or clears) the abort flag: every device wait of this object gives up (latching
+    /// [`Error::Aborted`]) while it is set.
+    pub fn set_abort(&self, abort: bool) -> Result<()> {
+        self.mem.set_abort(abort)
+    }
+}
