@@ -248,4 +248,39 @@ mod tests {
         all.extend([1, 2]);
         assert_eq!(checked(&base, &[1, 2]), crate::coll::plan::check_word(&all));
     }
+
+    #[test]
+    fn collective_errors_decode_once() {
+        let t = Duration::from_millis(7);
+        let at = ("g", 1);
+        assert!(collective_error(0, None, at, t, "x").is_none());
+        assert!(matches!(
+            collective_error(ERR_TIMEOUT, None, at, t, "x"),
+            Some(Error::Timeout { timeout, .. }) if timeout == t
+        ));
+        assert!(matches!(
+            collective_error(ERR_ABORTED, None, at, t, "x"),
+            Some(Error::Aborted(_))
+        ));
+        assert!(matches!(
+            collective_error(0x7777, None, at, t, "rocm"),
+            Some(Error::Backend { backend: "rocm", .. })
+        ));
+        // A mismatch with a record names the peer; without one it is still a mismatch.
+        let mut raw = [0u8; MISMATCH_WORDS * 4];
+        raw[..4].copy_from_slice(&((MISMATCH_REJECTED << 16) | 1).to_le_bytes());
+        let record = record_words(&raw);
+        for code in [ERR_MISMATCH, ERR_OP_MISMATCH, ERR_PEER_REJECTED] {
+            assert!(is_mismatch(code));
+            match collective_error(code, Some(&record), at, t, "x") {
+                Some(Error::Mismatch { detail, .. }) => assert!(detail.contains("rank 0 rejected"), "{detail}"),
+                other => panic!("{other:?}"),
+            }
+            assert!(matches!(
+                collective_error(code, None, at, t, "x"),
+                Some(Error::Mismatch { .. })
+            ));
+        }
+        assert!(!is_mismatch(ERR_TIMEOUT));
+    }
 }

@@ -40,6 +40,35 @@ pub enum Entry {
     PullTwoRank(KernelDtype, RingMode, u32),
 }
 
+impl Entry {
+    /// The entry's name in the kernel source (one of `COLLECTIVE_ENTRIES`).
+    pub fn name(&self) -> String {
+        match *self {
+            Entry::Barrier => "symm_coll_barrier".into(),
+            Entry::Reject => "symm_coll_reject".into(),
+            Entry::Lamport(dt) => format!("symm_lamport_{}", dt.suffix()),
+            Entry::LamportTwoRank(dt, mode, op) => two_rank_name("lamport2", dt, mode, op),
+            Entry::Ring(dt) => format!("symm_ring_{}", dt.suffix()),
+            Entry::ReducePtrs(dt) => format!("symm_reduce_ptrs_{}", dt.suffix()),
+            Entry::Pull(dt) => format!("symm_pull_{}", dt.suffix()),
+            Entry::PullTwoRank(dt, mode, op) => two_rank_name("pull2", dt, mode, op),
+        }
+    }
+}
+
+fn two_rank_name(kind: &str, dt: KernelDtype, mode: RingMode, op: u32) -> String {
+    let mode = match mode {
+        RingMode::AllReduce => "ar",
+        RingMode::ReduceScatter => "rs",
+        RingMode::AllGather => return format!("symm_{kind}_ag_{}", dt.suffix()),
+    };
+    let op = ["sum", "avg", "max", "min"]
+        .get(op as usize)
+        .copied()
+        .unwrap_or("unknown_op");
+    format!("symm_{kind}_{mode}_{op}_{}", dt.suffix())
+}
+
 /// The names of the two-rank entries of `kind` ("lamport2", "pull2") for one element type, in
 /// the order [`two_rank_index`] indexes them.
 pub fn two_rank_names(kind: &str, dt: &str) -> Vec<String> {
@@ -494,3 +523,6 @@ impl Rig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

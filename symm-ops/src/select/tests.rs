@@ -7,13 +7,13 @@ use symm_core::{AllGatherKernel, AllReduceKernel, DType, ReduceScatterKernel};
 fn sel(engine: EngineKind, world: usize, nccl: bool) -> Selector {
     // symm-cuda's default Lamport slots: 16 MiB for two ranks, 16 MiB / (world - 1) above.
     let lamport_slot = match engine {
-        EngineKind::Cuda => (16 * MIB) / world.saturating_sub(1).max(1),
+        EngineKind::Cuda | EngineKind::Rocm => (16 * MIB) / world.saturating_sub(1).max(1),
         _ => 0,
     };
     Selector {
         engine,
         symm: engine != EngineKind::Nccl,
-        nccl,
+        nccl: nccl && engine != EngineKind::Rocm,
         thresholds: SelectionThresholds::defaults(engine, world),
         world,
         lamport_slot,
@@ -332,4 +332,75 @@ fn table_lists_every_boundary() {
     assert!(h.contains("any size host (read every peer's segment, reduce)"), "{h}");
     assert!(h.contains("host one-shot") && h.contains("host two-shot"), "{h}");
     assert_eq!(human(1000), "1000 B");
+}
+
+/// The rocm engine: CUDA's kernel rows, no zero-copy rows and no NCCL, so every size runs one of
+/// the kernels ROCm launches (Lamport, ring one-shot / two-shot / reduce-scatter / all-gather),
+/// whatever the request and the buffers.
+#[test]
+fn rocm_plans_only_the_kernels_rocm_launches() {
+    for world in [2, 3, 4, 8] {
+        let s = sel(EngineKind::Rocm, world, true);
+        let cuda = SelectionThresholds::defaults(EngineKind::Cuda, world);
+        let t = s.thresholds;
+        assert_eq!(
+            (t.lamport_max_bytes, t.one_shot_max_bytes, t.two_shot_max_bytes),
+            (cuda.lamport_max_bytes, cuda.one_shot_max_bytes, cuda.two_shot_max_bytes)
+        );
+        assert_eq!(t.all_reduce_pull_min_bytes, usize::MAX);
+        assert_eq!(t.all_gather_copy_engine_min_bytes, usize::MAX);
+        let registered = Bufs {
+            in_place: false,
+            apart: true,
+            registered: &|_| true,
+        };
+        for bytes in [1, 4 * KIB, 256 * KIB, MIB, 16 * MIB, 256 * MIB] {
+            assert_ne!(s.all_reduce(bytes), AllReduceAlgo::Nccl);
+            for req in [
+                s.all_reduce(bytes),
+                AllReduceAlgo::Lamport,
+                AllReduceAlgo::OneShot,
+                AllReduceAlgo::TwoShot,
+                AllReduceAlgo::Pull,
+                AllReduceAlgo::CopyEngine,
+            ] {
+                // The rocm engine never says its buffers are registered.
+                let b = Bufs {
+                    registered: &|_| false,
+                    ..registered
+                };
+                match s.plan_all_reduce(req, bytes, &b) {
+                    Plan::Kernel(AllReduceKernel::Lamport | AllReduceKernel::OneShot | AllReduceKernel::TwoShot) => {}
+                    other => panic!("world {world}, {bytes} B, {req:?}: {other:?}"),
+                }
+            }
+            for req in [
+                ReduceScatterAlgo::Push,
+                ReduceScatterAlgo::Pull,
+                s.reduce_scatter(bytes),
+            ] {
+                match s.plan_reduce_scatter(req, bytes, &|| false) {
+                    Plan::Kernel(ReduceScatterKernel::Lamport | ReduceScatterKernel::Ring) => {}
+                    other => panic!("world {world}, {bytes} B, {req:?}: {other:?}"),
+                }
+            }
+            for req in [
+                AllGatherAlgo::Push,
+                AllGatherAlgo::Pull,
+                AllGatherAlgo::CopyEngine,
+                s.all_gather(bytes),
+            ] {
+                let b = Bufs {
+                    registered: &|_| false,
+                    ..registered
+                };
+                match s.plan_all_gather(req, bytes, DType::BF16, &b) {
+                    Plan::Kernel(AllGatherKernel::Lamport | AllGatherKernel::Ring) => {}
+                    other => panic!("world {world}, {bytes} B, {req:?}: {other:?}"),
+                }
+            }
+        }
+        // Small all-reduces take Lamport, as on CUDA.
+        assert_eq!(s.all_reduce(4 * KIB), AllReduceAlgo::Lamport);
+    }
 }

@@ -1,0 +1,354 @@
+//! The launch plans without a GPU: which entries an op launches, in what order, with what
+//! grids and what arguments (the GPU suites of symm-cuda run these same plans).
+
+use std::cell::RefCell;
+
+use super::*;
+use crate::coll::args::LAMPORT_MODE_ARG;
+use crate::coll::layout::MAX_WORLD;
+use crate::kernel_source::COLLECTIVE_ENTRIES;
+
+/// A launcher that records what it was given.
+#[derive(Default)]
+struct Record(RefCell<Vec<Launch>>);
+
+impl Launcher for Record {
+    fn launch(&self, l: &Launch) -> Result<()> {
+        self.0.borrow_mut().push(*l);
+        Ok(())
+    }
+}
+
+impl Record {
+    fn entries(&self) -> Vec<Entry> {
+        self.0.borrow().iter().map(|l| l.entry).collect()
+    }
+}
+
+fn rig(rank: usize, world: usize) -> Rig {
+    let layout = WorkspaceLayout::new(world, 10 << 20, 4 << 20, 64).unwrap();
+    let mut direct = Direct::default();
+    for r in 0..world {
+        direct.ws[r] = 0x1000_0000 * (r as u64 + 1);
+        direct.pads[r] = 0x9000_0000 + 0x1_0000 * r as u64;
+    }
+    Rig {
+        rank,
+        world,
+        layout,
+        common: Common {
+            bufs_dev: 0x10,
+            pads_dev: 0x20,
+            rank: rank as u32,
+            world: world as u32,
+        },
+        direct,
+        bound: Bound {
+            timeout_ns: 1_000_000,
+            abort_host: 0,
+        },
+        ws: direct.ws[rank],
+        grid: GridBudget::new(132, 1, false).unwrap(),
+        switches: Switches::default(),
+    }
+}
+
+fn u64_arg(a: &KernelArg) -> u64 {
+    match *a {
+        KernelArg::U64(v) => v,
+        other => panic!("not a u64 argument: {other:?}"),
+    }
+}
+
+#[test]
+fn every_entry_is_in_the_shared_source() {
+    let mut all = vec![Entry::Barrier, Entry::Reject];
+    for dt in KernelDtype::ALL {
+        all.extend([
+            Entry::Lamport(dt),
+            Entry::Ring(dt),
+            Entry::ReducePtrs(dt),
+            Entry::Pull(dt),
+        ]);
+        for mode in [RingMode::AllReduce, RingMode::ReduceScatter, RingMode::AllGather] {
+            for op in 0..4 {
+                all.push(Entry::LamportTwoRank(dt, mode, op));
+                all.push(Entry::PullTwoRank(dt, mode, op));
+            }
+        }
+        // The names the backends load the two-rank tables by, at the index the plans use.
+        for kind in ["lamport2", "pull2"] {
+            let names = two_rank_names(kind, dt.suffix());
+            for (mode, op) in [
+                (RingMode::AllReduce, 2),
+                (RingMode::ReduceScatter, 1),
+                (RingMode::AllGather, 3),
+            ] {
+                let e = if kind == "lamport2" {
+                    Entry::LamportTwoRank(dt, mode, op)
+                } else {
+                    Entry::PullTwoRank(dt, mode, op)
+                };
+                assert_eq!(names[two_rank_index(mode, op)], e.name());
+            }
+        }
+    }
+    for e in all {
+        assert!(
+            COLLECTIVE_ENTRIES.contains(&e.name().as_str()),
+            "{e:?}: {} not in the source",
+            e.name()
+        );
+    }
+}
+
+#[test]
+fn two_ranks_take_the_specialised_lamport_entry() {
+    let to = Record::default();
+    let t = Tuning::default();
+    let r2 = rig(1, 2);
+    r2.all_reduce(
+        &to,
+        AllReduceKernel::Lamport,
+        &t,
+        0x100,
+        0x200,
+        1000,
+        DType::BF16,
+        ReduceOp::Max,
+    )
+    .unwrap();
+    let generic = Rig {
+        switches: Switches {
+            generic_two_rank: true,
+            lamport_bits: 0x100,
+            ring_flags: 0,
+        },
+        ..r2.clone()
+    };
+    generic
+        .all_reduce(
+            &to,
+            AllReduceKernel::Lamport,
+            &t,
+            0x100,
+            0x200,
+            1000,
+            DType::BF16,
+            ReduceOp::Max,
+        )
+        .unwrap();
+    rig(0, 3)
+        .all_reduce(
+            &to,
+            AllReduceKernel::Lamport,
+            &t,
+            0x100,
+            0x200,
+            1000,
+            DType::BF16,
+            ReduceOp::Max,
+        )
+        .unwrap();
+    assert_eq!(
+        to.entries(),
+        [
+            Entry::LamportTwoRank(KernelDtype::Bf16, RingMode::AllReduce, 2),
+            Entry::Lamport(KernelDtype::Bf16),
+            Entry::Lamport(KernelDtype::Bf16),
+        ]
+    );
+    let l = to.0.borrow();
+    // The mode argument carries the switches' bits; this rank's pad follows the eight bases.
+    assert_eq!(l[0].args[LAMPORT_MODE_ARG], KernelArg::U32(RingMode::AllReduce as u32));
+    assert_eq!(l[1].args[LAMPORT_MODE_ARG], KernelArg::U32(0x100));
+    assert_eq!(u64_arg(&l[0].args[MAX_WORLD]), r2.direct.pads[1]);
+    assert!(l[0].threads >= 64 && l[0].threads <= 512 && l[0].blocks >= 1);
+}
+
+#[test]
+fn two_shot_is_a_ring_reduce_scatter_then_all_gather_into_this_ranks_shard() {
+    let to = Record::default();
+    let (rank, world, count) = (2, 4, 1001);
+    let r = rig(rank, world);
+    r.all_reduce(
+        &to,
+        AllReduceKernel::TwoShot,
+        &Tuning::default(),
+        0x1_0000,
+        0x8_0000,
+        count,
+        DType::F32,
+        ReduceOp::Sum,
+    )
+    .unwrap();
+    let l = to.0.borrow();
+    assert_eq!(l.len(), 2);
+    assert_eq!(l[0].entry, Entry::Ring(KernelDtype::F32));
+    assert_eq!(l[1].entry, Entry::Ring(KernelDtype::F32));
+    let q = two_shot_shard(count, world, DType::F32);
+    let my_out = 0x8_0000 + (rank * q * 4) as u64;
+    // ring(bufs, pads, rank, world, mode, op, input, output, total, shard, ...)
+    assert_eq!(l[0].args[4], KernelArg::U32(RingMode::ReduceScatter as u32));
+    assert_eq!((u64_arg(&l[0].args[6]), u64_arg(&l[0].args[7])), (0x1_0000, my_out));
+    assert_eq!(l[1].args[4], KernelArg::U32(RingMode::AllGather as u32));
+    assert_eq!((u64_arg(&l[1].args[6]), u64_arg(&l[1].args[7])), (my_out, 0x8_0000));
+    assert_eq!(
+        (u64_arg(&l[1].args[8]), u64_arg(&l[1].args[9])),
+        (count as u64, q as u64)
+    );
+    // Both halves carry the same header (the op's agreement, NOTE [op-agreement]).
+    assert_eq!(l[0].args[22..24], l[1].args[22..24]);
+}
+
+#[test]
+fn one_shot_in_place_sets_the_ring_flag_and_kernels_not_planned_here_are_refused() {
+    let to = Record::default();
+    let t = Tuning::default();
+    let r = rig(0, 2);
+    r.all_reduce(
+        &to,
+        AllReduceKernel::OneShot,
+        &t,
+        0x100,
+        0x100,
+        64,
+        DType::F16,
+        ReduceOp::Sum,
+    )
+    .unwrap();
+    r.all_reduce(
+        &to,
+        AllReduceKernel::OneShot,
+        &t,
+        0x100,
+        0x900,
+        64,
+        DType::F16,
+        ReduceOp::Sum,
+    )
+    .unwrap();
+    let l = to.0.borrow();
+    assert_eq!(l[0].args[20], KernelArg::U32(1));
+    assert_eq!(l[1].args[20], KernelArg::U32(0));
+    drop(l);
+    for k in [AllReduceKernel::Pull, AllReduceKernel::CopyEngineTwoShot] {
+        let e = r.all_reduce(&to, k, &t, 0x100, 0x900, 64, DType::F16, ReduceOp::Sum);
+        assert!(matches!(e, Err(Error::Unavailable(_))), "{k:?}: {e:?}");
+    }
+    assert!(r
+        .reduce_scatter(
+            &to,
+            ReduceScatterKernel::Pull,
+            &t,
+            0x100,
+            0x900,
+            64,
+            DType::F16,
+            ReduceOp::Sum
+        )
+        .is_err());
+    assert!(r
+        .all_gather(
+            &to,
+            AllGatherKernel::CopyEnginePush,
+            &t,
+            KernelDtype::F16,
+            0x100,
+            0x900,
+            64,
+            DType::F16
+        )
+        .is_err());
+    assert_eq!(to.0.borrow().len(), 2, "a refused kernel launches nothing");
+}
+
+#[test]
+fn reduce_scatter_and_all_gather_shapes() {
+    let to = Record::default();
+    let t = Tuning::default();
+    let r = rig(1, 3);
+    r.reduce_scatter(
+        &to,
+        ReduceScatterKernel::Ring,
+        &t,
+        0x1000,
+        0x9000,
+        100,
+        DType::BF16,
+        ReduceOp::Avg,
+    )
+    .unwrap();
+    r.all_gather(
+        &to,
+        AllGatherKernel::Ring,
+        &t,
+        KernelDtype::F16,
+        0x1000,
+        0x9000,
+        100,
+        DType::BF16,
+    )
+    .unwrap();
+    r.all_gather(
+        &to,
+        AllGatherKernel::Lamport,
+        &t,
+        KernelDtype::F16,
+        0x1000,
+        0x9000,
+        100,
+        DType::BF16,
+    )
+    .unwrap();
+    let l = to.0.borrow();
+    assert_eq!(
+        l.iter().map(|l| l.entry).collect::<Vec<_>>(),
+        [
+            Entry::Ring(KernelDtype::Bf16),
+            Entry::Ring(KernelDtype::F16),
+            // The Lamport all-gather runs the op's own dtype.
+            Entry::Lamport(KernelDtype::Bf16),
+        ]
+    );
+    // total = count * world, shard = count.
+    assert_eq!((u64_arg(&l[0].args[8]), u64_arg(&l[0].args[9])), (300, 100));
+    assert_eq!((u64_arg(&l[1].args[8]), u64_arg(&l[1].args[9])), (300, 100));
+}
+
+#[test]
+fn the_empty_op_is_a_checked_barrier_then_a_plain_one() {
+    let to = Record::default();
+    rig(0, 1)
+        .agree_empty(&to, OpKind::AllReduce, DType::F32, Some(ReduceOp::Sum))
+        .unwrap();
+    assert!(to.entries().is_empty(), "nothing at one rank");
+    let r = rig(2, 3);
+    r.agree_empty(&to, OpKind::AllGather, DType::F32, None).unwrap();
+    let l = to.0.borrow();
+    assert_eq!(to.entries(), [Entry::Barrier, Entry::Barrier]);
+    // barrier(bufs, pads, rank, world, mask, state_off, timeout, abort, check)
+    assert_eq!(u64_arg(&l[0].args[4]), 0b111);
+    assert_ne!(l[0].args[8], KernelArg::U32(0));
+    assert_eq!(l[1].args[8], KernelArg::U32(0));
+}
+
+#[test]
+fn what_runs_at_one_rank() {
+    assert_eq!(all_reduce_at(AllReduceKernel::Lamport, 1), AllReduceKernel::OneShot);
+    assert_eq!(all_reduce_at(AllReduceKernel::PullTwoShot, 1), AllReduceKernel::OneShot);
+    assert_eq!(
+        all_reduce_at(AllReduceKernel::CopyEngineTwoShot, 1),
+        AllReduceKernel::CopyEngineTwoShot
+    );
+    assert_eq!(all_reduce_at(AllReduceKernel::Lamport, 2), AllReduceKernel::Lamport);
+    assert_eq!(
+        reduce_scatter_at(ReduceScatterKernel::Lamport, 1),
+        ReduceScatterKernel::Ring
+    );
+    assert_eq!(
+        reduce_scatter_at(ReduceScatterKernel::Pull, 1),
+        ReduceScatterKernel::Pull
+    );
+    assert_eq!(all_gather_at(AllGatherKernel::Pull, 1), AllGatherKernel::Ring);
+}
