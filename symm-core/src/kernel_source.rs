@@ -1,6 +1,7 @@
 //! The kernel text every GPU backend compiles: the collectives (Lamport one-shot, ring,
-//! reduction from pointers, fused pull, subset barrier, fused epilogues) and the device helpers
-//! they share, kept once in `symm-core/kernels/` so the vendors cannot drift (issue #22).
+//! reduction from pointers, fused pull, subset barrier, fused epilogues), the pad sync kernels
+//! (barrier, put_signal, wait_signal) and the device helpers they share, kept once in
+//! `symm-core/kernels/` so the vendors cannot drift (issue #22).
 //!
 //! Text only: symm-core compiles nothing. A backend compiles
 //! `pad::c_defines() + its vendor header + COMMON + defines + expand_includes(COLLECTIVES)`:
@@ -27,6 +28,13 @@ pub const COMMON: &str = include_str!("../kernels/common.cuh");
 /// `symm-core/kernels/collectives.cu` (NOTE [collectives-protocols]), before
 /// [`expand_includes`].
 pub const COLLECTIVES: &str = include_str!("../kernels/collectives.cu");
+
+/// `symm-core/kernels/sync.cu`: barrier, put_signal and wait_signal over the signal pads (NOTE
+/// [signal-pad-layout]), the kernels behind every backend's `SymmetricMemory` sync calls.
+pub const SYNC: &str = include_str!("../kernels/sync.cu");
+
+/// The entries of [`SYNC`].
+pub const SYNC_ENTRIES: &[&str] = &["symm_barrier", "symm_put_signal", "symm_wait_signal"];
 
 /// A [`KernelText`] of `symm-core/kernels/<file>`.
 macro_rules! kernel_text {

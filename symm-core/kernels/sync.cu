@@ -1,19 +1,23 @@
-// symm-cuda: barrier, put_signal and wait_signal over signal pads.
+// barrier, put_signal and wait_signal over signal pads: one source for every GPU vendor
+// (symm_core::kernel_source::SYNC), compiled after the pad defines, the backend's vendor header
+// and common.cuh, as the collectives are (symm-cuda with NVRTC, symm-rocm with hiprtc).
 //
 // Protocol: NOTE [signal-pad-layout] in symm-core/src/pad.rs (epoch counters,
 // no compare-and-swap). Each kernel runs one block; thread p handles peer p.
 //
 // Common arguments:
 //   pads        device array of `world` u64: every rank's pad base address as
-//               mapped in this process (CudaSymmetricMemory::signal_pad_ptrs_dev)
+//               mapped in this process (SymmetricMemory::signal_pad_ptrs_dev)
 //   rank, world this rank and the group size (world <= SYMM_MAX_WORLD_SIZE)
 //   channel     < SYMM_NUM_CHANNELS (checked on the host)
 //   timeout_ns  how long a wait may poll before it gives up (SYMM_ERR_TIMEOUT)
-//   abort_host  device address of the pinned host abort word (0: none)
+//   abort_host  device address of the pinned host abort word (0: none; symm-rocm
+//               has none: its host aborts through the pad's ABORT word)
 //   status      device address of a pinned host word that receives the
 //               outcome (0 or SYMM_ERR_*), for blocking calls; 0 for
 //               stream-ordered calls, whose failures are latched into the
-//               pad's ERROR word instead (see symm_report in common.cuh)
+//               pad's ERROR word instead (see symm_report in common.cuh;
+//               symm-rocm passes 0 and reads the ERROR word after its wait)
 //
 // Epochs live in this rank's LOCAL pad region (device memory) and are
 // advanced here (atomically), never passed in, so a captured CUDA graph
