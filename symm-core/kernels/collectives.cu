@@ -169,9 +169,17 @@
 //   - No PDL: symm_pdl_prologue is empty; HIP launches are plainly stream-ordered.
 //   - Deadlines: wall_clock64() ticks converted to ns at SYMM_WALL_CLOCK_KHZ (100 MHz unless the
 //     host defines otherwise); timeouts keep their nanosecond arguments on both vendors.
-//   - Co-residency: the kernels assume every block of a grid is resident at once (one wave);
-//     on CDNA a CU may hold fewer blocks of 512 threads than an SM at the register counts hiprtc
-//     chose (some entries use scratch), so the host must size grids by the device's occupancy.
+//   - Co-residency: the kernels assume every block of a grid is resident at once (one wave).
+//     symm-rocm sizes grids as symm-cuda does, from symm-core's GridBudget with the device's
+//     compute units in place of SMs: at most one block per CU (split among the ranks sharing
+//     the device). Assumed: one block of up to COLL_MAX_THREADS threads, which the launch
+//     bounds promise the compiler, always fits an otherwise idle CU, even where hiprtc spills
+//     registers to scratch. Not run.
+//   - Host side: symm-rocm launches exactly the argument lists, grids and op headers
+//     symm-cuda launches (symm-core's coll::launch plans both; symm-cuda's GPU suites run
+//     those plans), but only the Lamport, ring, barrier and rejection entries; the pull and
+//     epilogue entries compile and are not launched on ROCm. Its waits poll the pad's ABORT
+//     word only (no pinned host abort word: abort_host is null).
 //   - Numerics: f16 conversions are _Float16 (round to nearest even), bf16 rounding is done in
 //     integers (nearest even, NaN -> 0x7FFF); rsqrtf and NaN payloads may differ from NVIDIA's,
 //     so results are bitwise equal across ranks of one vendor, not across vendors.
