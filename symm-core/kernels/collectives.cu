@@ -1,10 +1,10 @@
 // symm: collective kernels (all-reduce, reduce-scatter, all-gather, barrier over a subset), one
 // source for both vendors (symm_core::kernel_source::COLLECTIVES).
 //
-// Compiled as pad #defines + the vendor header + common.cuh + defines + this file: by NVRTC
-// for CUDA (symm-cuda's kernels.rs, vendor header kernels/vendor.cuh; sm_80 or newer for the
-// bf16 conversions; launch configurations are sized for sm_90, H100/H200), and by hiprtc for
-// ROCm (symm-rocm's kernels.rs, vendor header kernels/vendor.hip.h; gfx908, gfx90a, gfx942).
+// Compiled as pad #defines + the vendor header + common.cuh + defines + this file: by NVRTC for
+// CUDA (symm-cuda's kernels.rs, vendor header kernels/vendor.cuh; sm_80 or newer for the bf16
+// conversions; launch configurations are sized for sm_90, H100/H200), and by hiprtc for ROCm
+// (symm-rocm's kernels.rs: defines first, then kernels/vendor.hip.h; gfx908, gfx90a, gfx942).
 // `#include "name.cuh"` lines are expanded with symm-core's embedded headers
 // (kernel_source::expand_includes: neither compiler gets an include path). Both backends build
 // the same entries, listed once in symm_core::kernel_source::COLLECTIVE_ENTRIES.

@@ -1,6 +1,6 @@
 // symm: device helpers shared by every kernel file of both vendors (symm_core::kernel_source).
 //
-// Each backend compiles a kernel as
+// Each backend compiles a kernel as (symm-rocm: caller defines before its vendor header)
 //     symm_core::pad::c_defines() + its vendor header + this file + caller defines + the file
 // (symm-cuda's kernels/vendor.cuh for NVRTC, symm-rocm's kernels/vendor.hip.h for hiprtc), so
 // the layout macros below are normally already defined (generated from symm-core/src/pad.rs).

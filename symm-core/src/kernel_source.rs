@@ -6,7 +6,8 @@
 //! Text only: symm-core compiles nothing. A backend compiles
 //! `pad::c_defines() + its vendor header + COMMON + defines + expand_includes(COLLECTIVES)`:
 //! symm-cuda with NVRTC (`symm-cuda/kernels/vendor.cuh`), symm-rocm with hiprtc
-//! (`symm-rocm/kernels/vendor.hip.h`). The vendor header defines every primitive the shared text
+//! (`symm-rocm/kernels/vendor.hip.h`; its defines come right after the pad defines, so they can
+//! set the vendor header's `#ifndef` defaults). The vendor header defines every primitive the shared text
 //! uses (atomics and memory orders, the clock, PDL, lanes and shuffles, vector loads and stores,
 //! half and bfloat16 conversions); the shared text holds no `asm` and no `#if` on the vendor.
 //! [`COLLECTIVE_ENTRIES`] lists the `extern "C" __global__` entries of [`COLLECTIVES`]; each

@@ -4,10 +4,11 @@
 //! ========================
 //! Every rank's allocation holds a buffer followed by a signal pad of
 //! [`SIGNAL_PAD_SIZE`] bytes. The pad is an array of `u32` words laid out as
-//! below (offsets in words). The same constants are `#define`d in
-//! `symm-core/kernels/common.cuh` and `symm-rocm/kernels/common.hip.h`; the host
-//! backend (symm-testkit) implements the same protocol with atomics. Change one,
-//! change all: `symm-cuda`'s tests compare the two sets.
+//! below (offsets in words). The kernels get them from [`c_defines`], compiled
+//! before every kernel file; `symm-core/kernels/common.cuh` keeps a hand copy
+//! (under `#ifndef`); the host backend (symm-testkit) implements the same
+//! protocol with atomics. Change one, change all: `symm-cuda`'s tests compare
+//! the two sets.
 //!
 //! Regions written by PEERS (each slot has exactly one writer, the peer `src`):
 //! - `BARRIER[channel][src]` at [`BARRIER_BASE`]: the last barrier epoch `src`

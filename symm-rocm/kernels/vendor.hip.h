@@ -1,9 +1,10 @@
 // symm-rocm: the ROCm side of the vendor header (AMD CDNA, compiled by hiprtc).
 //
-// kernels::full_source() compiles the shared collectives as
-//     symm_core::pad::c_defines() + this file + symm-core/kernels/common.cuh + defines
-//     + symm-core/kernels/collectives.cu (its #includes expanded)
-// exactly as symm-cuda does with its kernels/vendor.cuh: every name below is defined there too,
+// kernels::full_source() compiles every kernel file of symm-core (sync.cu, collectives.cu) as
+//     symm_core::pad::c_defines() + defines + this file + symm-core/kernels/common.cuh
+//     + the file (its #includes expanded)
+// as symm-cuda does with its kernels/vendor.cuh (which takes the defines after common.cuh; here
+// they come first, so they can set the #ifndef defaults below): every name below is defined there too,
 // with the same meaning, for NVIDIA. hiprtc pre-includes hip_runtime.h (atomics, uint4,
 // __shfl_xor, wall_clock64); nothing here includes a header.
 //
@@ -41,8 +42,9 @@
 #endif
 
 // Frequency of wall_clock64() in kHz (hipDeviceAttributeWallClockRate: 100 MHz on MI100,
-// MI200 and MI300). A host whose device reports another rate passes
-// `#define SYMM_WALL_CLOCK_KHZ <rate>` in the compile's defines (part of the cache key).
+// MI200 and MI300). A host whose device reports another rate sets SYMM_ROCM_WALL_CLOCK_HZ, which
+// kernels::clock_defines() turns into `#define SYMM_WALL_CLOCK_KHZ <rate>ull` in the compile's
+// defines (part of the cache key), which precede this file.
 #ifndef SYMM_WALL_CLOCK_KHZ
 #define SYMM_WALL_CLOCK_KHZ 100000ull
 #endif

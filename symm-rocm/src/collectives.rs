@@ -160,7 +160,7 @@ impl RocmCollectives {
             config.ring_slots,
         )?;
         runtime::set_device(device)?;
-        let module = kernels::load(device, &kernels::COLLECTIVES, "")?;
+        let module = kernels::load(device, &kernels::COLLECTIVES, &kernels::clock_defines()?)?;
         let get = |name: &str| module.function(name);
         let per_dtype = |kind: &str| PerDtype::try_new(|d: KernelDtype| get(&format!("symm_{kind}_{}", d.suffix())));
         let kernels = KernelTable {

@@ -3,15 +3,15 @@
 //! `$SYMM_KERNEL_CACHE`, else `~/.cache/symm/kernels`), keyed by (source, defines, options,
 //! architecture, hiprtc version).
 //!
-//! Two kinds of source ([`Prelude`]):
-//! - the collectives ([`COLLECTIVES`]): symm-core's one source for both vendors
-//!   (`symm_core::kernel_source`), compiled as `pad::c_defines() + kernels/vendor.hip.h +
-//!   symm-core's common.cuh + defines + collectives.cu` with its `#include`s expanded, exactly
-//!   as symm-cuda compiles it with NVRTC and its own vendor header;
-//! - the ROCm-only kernels in `symm-rocm/kernels/*.hip` ([`SYNC`], [`OPS`]), compiled as
-//!   `pad::c_defines() + common.hip.h + defines + source`.
-//!
-//! Either way the pad layout comes from [`symm_core::pad`], so the kernels cannot drift from it.
+//! Every source is symm-core's, shared with symm-cuda (`symm_core::kernel_source`): the pad sync
+//! kernels ([`SYNC`]: barrier, put_signal, wait_signal) and the collectives ([`COLLECTIVES`]).
+//! Each is compiled as `pad::c_defines() + defines + kernels/vendor.hip.h + symm-core's
+//! common.cuh + source` with its `#include`s expanded ([`full_source`]), as symm-cuda compiles
+//! it with NVRTC and its own vendor header, except that the caller's defines come before the
+//! vendor header, so they can set its `#ifndef` defaults (the wall clock's rate,
+//! [`clock_defines`]). `kernels/vendor.hip.h` is the only kernel text of this crate: the AMD
+//! definitions of the primitives the shared text uses. The pad layout comes from
+//! [`symm_core::pad`], so the kernels cannot drift from it.
 
 #![forbid(unsafe_code)]
 
@@ -24,48 +24,25 @@ use symm_core::{kernel_cache, kernel_source, pad, Error, Result};
 use crate::driver::hiprtc;
 use crate::driver::runtime::Module;
 
-/// What a source is compiled after (besides `pad::c_defines()` and the caller's defines).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Prelude {
-    /// `kernels/common.hip.h`: the ROCm-only kernels.
-    Rocm,
-    /// `kernels/vendor.hip.h` then symm-core's `common.cuh`: the kernel text shared with
-    /// symm-cuda (`symm_core::kernel_source`), whose `#include`s are expanded.
-    Shared,
-}
-
-/// One kernel source file.
+/// One kernel source file (symm-core's text).
 #[derive(Debug, Clone, Copy)]
 pub struct KernelSource {
-    /// File stem ("sync").
+    /// File stem ("sync"): the text is `symm-core/kernels/<name>.cu`.
     pub name: &'static str,
     pub source: &'static str,
     /// The `extern "C" __global__` functions it defines.
     pub kernels: &'static [&'static str],
-    /// What it is compiled after.
-    pub prelude: Prelude,
 }
-
-/// `kernels/common.hip.h` (the ROCm-only kernels' helpers).
-pub const COMMON: &str = include_str!("../kernels/common.hip.h");
 
 /// `kernels/vendor.hip.h`: the AMD definitions of the primitives the shared kernel text uses.
 pub const VENDOR: &str = include_str!("../kernels/vendor.hip.h");
 
-/// The sync kernels (barrier, put_signal, wait_signal).
+/// The sync kernels (barrier, put_signal, wait_signal): symm-core's shared source, the entries
+/// `symm_core::kernel_source::SYNC_ENTRIES`.
 pub const SYNC: KernelSource = KernelSource {
     name: "sync",
-    source: include_str!("../kernels/sync.hip"),
-    kernels: &["symm_barrier", "symm_put_signal", "symm_wait_signal"],
-    prelude: Prelude::Rocm,
-};
-
-/// The ops-slot barrier around [`crate::RocmSymmetricMemory::one_shot_all_reduce`]'s reduction.
-pub const OPS: KernelSource = KernelSource {
-    name: "ops",
-    source: include_str!("../kernels/ops.hip"),
-    kernels: &["symm_ops_barrier"],
-    prelude: Prelude::Rocm,
+    source: kernel_source::SYNC,
+    kernels: kernel_source::SYNC_ENTRIES,
 };
 
 /// The collective kernels: symm-core's shared source (Lamport one-shot, ring, reduction from
@@ -75,48 +52,76 @@ pub const COLLECTIVES: KernelSource = KernelSource {
     name: "collectives",
     source: kernel_source::COLLECTIVES,
     kernels: kernel_source::COLLECTIVE_ENTRIES,
-    prelude: Prelude::Shared,
 };
 
-/// Every kernel source: the `.hip` files in `symm-rocm/kernels` and the shared collectives.
+/// Every kernel source symm-rocm compiles (all of them symm-core's).
 pub fn sources() -> &'static [KernelSource] {
-    static ALL: [KernelSource; 3] = [SYNC, OPS, COLLECTIVES];
+    static ALL: [KernelSource; 2] = [SYNC, COLLECTIVES];
     &ALL
 }
 
-/// `pad::c_defines()` followed by `common.hip.h` (the ROCm-only kernels' prelude).
-pub fn common_header() -> String {
-    format!("{}\n{COMMON}\n", pad::c_defines())
-}
-
-/// `pad::c_defines()`, `vendor.hip.h`, then symm-core's `common.cuh` (the shared kernels'
-/// prelude, as symm-cuda's `common_header` with its own vendor header).
-pub fn shared_header() -> String {
+/// `pad::c_defines()`, `defines`, `vendor.hip.h`, then symm-core's `common.cuh`.
+fn prelude(defines: &str) -> String {
     format!(
-        "{}#line 1 \"vendor.hip.h\"\n{VENDOR}\n#line 1 \"common.cuh\"\n{}\n",
+        "{}#line 1 \"<defines>\"\n{defines}\n#line 1 \"vendor.hip.h\"\n{VENDOR}\n#line 1 \"common.cuh\"\n{}\n",
         pad::c_defines(),
         kernel_source::COMMON
     )
 }
 
-/// The complete text hiprtc compiles for `src` with extra `defines`.
+/// The prelude of every source without extra defines: `pad::c_defines()`, `vendor.hip.h`, then
+/// symm-core's `common.cuh` (as symm-cuda's `common_header` with its own vendor header).
+pub fn shared_header() -> String {
+    prelude("")
+}
+
+/// The complete text hiprtc compiles for `src` with extra `defines`: `pad::c_defines()`, the
+/// defines (before `vendor.hip.h`, whose `#ifndef` defaults such as `SYMM_WALL_CLOCK_KHZ` they
+/// may set; a define after it could no longer change the functions it defines), `vendor.hip.h`,
+/// `common.cuh`, then the source with its `#include`s expanded.
 pub fn full_source(src: &KernelSource, defines: &str) -> String {
-    match src.prelude {
-        Prelude::Rocm => format!(
-            "{}\n{defines}\n// ---- {}.hip ----\n{}",
-            common_header(),
-            src.name,
-            src.source
-        ),
-        Prelude::Shared => {
-            let file = format!("{}.cu", src.name);
-            format!(
-                "{}\n#line 1 \"<defines>\"\n{defines}\n#line 1 \"{file}\"\n{}",
-                shared_header(),
-                kernel_source::expand_includes(&file, src.source)
-            )
-        }
+    let file = format!("{}.cu", src.name);
+    format!(
+        "{}\n#line 1 \"{file}\"\n{}",
+        prelude(defines),
+        kernel_source::expand_includes(&file, src.source)
+    )
+}
+
+/// The rate `vendor.hip.h` assumes for `wall_clock64()` when no define says otherwise, in Hz
+/// (its `SYMM_WALL_CLOCK_KHZ` default: 100 MHz on MI100, MI200 and MI300).
+pub const DEFAULT_WALL_CLOCK_HZ: u64 = 100_000_000;
+
+/// The defines that set the device wall clock's rate from `SYMM_ROCM_WALL_CLOCK_HZ`
+/// ([`wall_clock_defines`]); pass them to [`load`] for every source.
+pub fn clock_defines() -> Result<String> {
+    wall_clock_defines(crate::knobs::get(crate::knobs::WALL_CLOCK_HZ))
+}
+
+/// `""` for `None` (`vendor.hip.h`'s default rate, [`DEFAULT_WALL_CLOCK_HZ`]), else
+/// `#define SYMM_WALL_CLOCK_KHZ <kHz>ull`: the kernels turn `wall_clock64()` ticks into the
+/// nanoseconds of their deadlines with it. The rate must be a positive multiple of 1000 Hz whose
+/// kHz value divides 1 GHz (`vendor.hip.h` static_asserts the latter), else
+/// `Error::InvalidArgument`.
+pub fn wall_clock_defines(hz: Option<&str>) -> Result<String> {
+    let Some(text) = hz else {
+        return Ok(String::new());
+    };
+    let bad = |why: &str| {
+        Error::InvalidArgument(format!(
+            "{}={text:?}: {why} (the device wall clock's rate in Hz, e.g. {DEFAULT_WALL_CLOCK_HZ})",
+            crate::knobs::WALL_CLOCK_HZ
+        ))
+    };
+    let hz: u64 = text.trim().parse().map_err(|_| bad("not an integer"))?;
+    if hz == 0 || hz % 1000 != 0 {
+        return Err(bad("not a positive multiple of 1000 Hz"));
     }
+    let khz = hz / 1000;
+    if 1_000_000 % khz != 0 {
+        return Err(bad("its kHz value does not divide 1 GHz (whole nanoseconds per tick)"));
+    }
+    Ok(format!("#define SYMM_WALL_CLOCK_KHZ {khz}ull\n"))
 }
 
 /// "gfx90a:sramecc+:xnack-" -> "gfx90a".
@@ -258,5 +263,28 @@ mod tests {
         assert!(check_hiprtc_knows("gfx942", (5, 2)).is_err());
         assert!(check_hiprtc_knows("gfx942", (6, 0)).is_ok());
         assert!(check_hiprtc_knows("gfx90a", (5, 2)).is_ok());
+    }
+
+    #[test]
+    fn wall_clock_rates_become_defines() {
+        assert_eq!(wall_clock_defines(None).unwrap(), "");
+        assert_eq!(
+            wall_clock_defines(Some("100000000")).unwrap(),
+            "#define SYMM_WALL_CLOCK_KHZ 100000ull\n"
+        );
+        assert_eq!(
+            wall_clock_defines(Some(" 25000000 ")).unwrap(),
+            "#define SYMM_WALL_CLOCK_KHZ 25000ull\n"
+        );
+        assert_eq!(
+            wall_clock_defines(Some("1000000000")).unwrap(),
+            "#define SYMM_WALL_CLOCK_KHZ 1000000ull\n"
+        );
+        for bad in ["", "fast", "-1", "0", "100000500", "3000000", "2000000000"] {
+            assert!(
+                matches!(wall_clock_defines(Some(bad)), Err(Error::InvalidArgument(_))),
+                "{bad:?} accepted"
+            );
+        }
     }
 }

@@ -17,8 +17,10 @@ pub const KNOBS: &[Knob] = &[
     },
     Knob {
         name: WALL_CLOCK_HZ,
-        meaning: "the device wall clock's rate the kernels' deadlines count in (`s_memrealtime`)",
-        default: "100000000 (100 MHz, CDNA)",
+        meaning: "the device wall clock's rate in Hz (`wall_clock64`, `s_memrealtime`), compiled into every \
+                  kernel as `SYMM_WALL_CLOCK_KHZ` to turn its ticks into the nanoseconds of the deadlines; \
+                  a positive multiple of 1000 whose kHz value divides 1 GHz, else loading the kernels fails",
+        default: "unset: 100000000 (100 MHz, CDNA; `kernels/vendor.hip.h`'s default)",
         measurement: false,
     },
 ];

@@ -7,15 +7,16 @@
 //!   handles) holding buffer + signal pad, exported, passed between ranks
 //!   with `FdChannel`, imported, mapped and made accessible.
 //! - [`RocmSymmetricMemory`]: barrier / put_signal / wait_signal kernels
-//!   following NOTE [signal-pad-layout], bounded on the device by a
-//!   wall-clock deadline and the ABORT word; a one-shot all-reduce.
+//!   following NOTE [signal-pad-layout] (symm-core's shared `sync.cu`),
+//!   bounded on the device by a wall-clock deadline and the ABORT word.
 //! - [`RocmCollectives`]: the collective kernels of symm-core's shared source (Lamport
 //!   one-shot, ring one-shot / two-shot / reduce-scatter / all-gather, subset barrier) on a
 //!   symmetric workspace, launched as symm-core's `coll` plans them (the same plans symm-cuda
 //!   runs); synchronous, bounded waits, errors decoded once in symm-core. Not run on AMD
 //!   hardware.
-//! - [`kernels`]: HIP C++ in `symm-rocm/kernels/*.hip`, compiled with hiprtc
-//!   (loaded with libloading) per gfx architecture and cached on disk.
+//! - [`kernels`]: symm-core's shared kernel source (sync and collectives) after
+//!   `symm-rocm/kernels/vendor.hip.h`, compiled with hiprtc (loaded with
+//!   libloading) per gfx architecture and cached on disk.
 //! - [`connectivity`]: the xGMI link matrix from rocm-smi (libloading),
 //!   registered for link kind `"xgmi"`.
 //!

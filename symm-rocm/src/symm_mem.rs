@@ -1,22 +1,26 @@
 //! [`RocmSymmetricMemory`]: one rank's handle on a rendezvoused ROCm
 //! allocation: every peer's buffer and pad mapped on this device, device
 //! arrays of their addresses, and the sync kernels (NOTE
-//! [signal-pad-layout]) launched on a stream of its own.
+//! [signal-pad-layout]; symm-core's shared `sync.cu`, the kernels symm-cuda
+//! runs) launched on a stream of its own.
 //!
-//! Waits are bounded twice: on the device (deadline in wall-clock ticks, the
-//! ABORT word) and on the host (the stream is polled, never synchronised
-//! without a limit). A device timeout is latched in the pad's ERROR word and
-//! returned as [`Error::Timeout`].
+//! Waits are bounded twice: on the device (a deadline in nanoseconds of the
+//! wall clock, the ABORT word) and on the host (the stream is polled, never
+//! synchronised without a limit). A device failure is latched in the pad's
+//! ERROR word (the kernels get no status word) and returned as
+//! [`Error::Timeout`] or [`Error::Aborted`].
+//!
+//! No collectives here: the all-reduce and the other collectives are
+//! [`crate::RocmCollectives`]'s, which runs symm-core's shared collective kernels on a
+//! symmetric workspace of its own.
 
-// No unsafe code: `one_shot_all_reduce` takes a raw device address, so it only declares its
-// contract (`unsafe fn`, NOTE [raw-addresses]); the driver layer does the rest.
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use std::any::Any;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use symm_core::{check_range, pad, Channel, DType, Device, Error, Group, Rank, ReduceOp, Result, SymmetricMemory};
+use symm_core::{check_range, pad, Channel, Device, Error, Group, Rank, Result, SymmetricMemory};
 
 use crate::allocator::Local;
 use crate::driver::runtime::{self, DeviceBuffer, Function, Module, Stream};
@@ -24,29 +28,19 @@ use crate::driver::vmm::Mapping;
 use crate::kernels;
 use symm_core::coll::arg::KernelArg as Arg;
 
-/// Ticks per second of the device wall clock (`wall_clock64`): 100 MHz on
-/// CDNA2 / CDNA3 (MI200, MI300). `SYMM_ROCM_WALL_CLOCK_HZ` overrides it.
-pub const DEFAULT_WALL_CLOCK_HZ: u64 = 100_000_000;
 /// Extra host-side patience beyond a device wait's own timeout.
 pub const HOST_MARGIN: Duration = Duration::from_secs(5);
-/// Most ranks [`RocmSymmetricMemory::one_shot_all_reduce`] handles: the shared reduction
-/// kernel takes one pointer per rank (`COLL_MAXW` in symm-core/kernels/collectives.cu).
-pub const REDUCE_PTRS_MAX_WORLD: usize = 8;
-/// Ops slots used by [`RocmSymmetricMemory::one_shot_all_reduce`].
-pub const ALL_REDUCE_SLOT: usize = 0;
-pub const ALL_REDUCE_EXIT_SLOT: usize = 1;
 
-/// Converts a timeout to device wall-clock ticks (saturating).
-pub fn timeout_ticks(timeout: Duration, hz: u64) -> u64 {
-    let t = timeout.as_nanos().saturating_mul(u128::from(hz)) / 1_000_000_000;
-    u64::try_from(t).unwrap_or(u64::MAX / 2).min(u64::MAX / 2)
+/// A timeout as the sync kernels' `timeout_ns` (saturating: the device's deadline saturates too,
+/// `symm_deadline` in common.cuh).
+pub fn timeout_ns(timeout: Duration) -> u64 {
+    u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX)
 }
 
-fn wall_clock_hz() -> u64 {
-    crate::knobs::get(crate::knobs::WALL_CLOCK_HZ)
-        .and_then(|v| v.parse().ok())
-        .filter(|&v: &u64| v > 0)
-        .unwrap_or(DEFAULT_WALL_CLOCK_HZ)
+/// Threads of a `symm_barrier` block for `world` ranks: at least one per rank, a multiple of 32
+/// (sync.cu's launch rule); at most 64, as a `Group` has at most `pad::MAX_WORLD_SIZE` ranks.
+pub fn barrier_threads(world: usize) -> u32 {
+    world.max(1).next_multiple_of(32) as u32
 }
 
 /// The error an ERROR-word code stands for (`None` for no error).
@@ -78,8 +72,6 @@ pub struct RocmSymmetricMemory {
     put_fn: Function,
     wait_fn: Function,
     _sync: Arc<Module>,
-    ops_epochs: Mutex<[u32; 2]>,
-    hz: u64,
     // Dropped last: the mappings outlive the streams and device arrays.
     _maps: PeerMaps,
 }
@@ -117,7 +109,7 @@ impl RocmSymmetricMemory {
             .zip(&maps.pad_offsets)
             .map(|(b, o)| b + *o as u64)
             .collect();
-        let sync = kernels::load(dev, &kernels::SYNC, "")?;
+        let sync = kernels::load(dev, &kernels::SYNC, &kernels::clock_defines()?)?;
         Ok(RocmSymmetricMemory {
             device: Device::rocm(dev),
             size: maps.local.layout.size,
@@ -131,8 +123,6 @@ impl RocmSymmetricMemory {
             put_fn: sync.function("symm_put_signal")?,
             wait_fn: sync.function("symm_wait_signal")?,
             _sync: sync,
-            ops_epochs: Mutex::new([0; 2]),
-            hz: wall_clock_hz(),
             group,
             _maps: maps,
         })
@@ -189,112 +179,6 @@ impl RocmSymmetricMemory {
         let r = self.group.rank().peer(rank.get())?;
         Ok(self.buffer_ptrs[r.get()])
     }
-
-    /// One-shot all-reduce of `count` elements at byte `in_offset` of every
-    /// rank's buffer into `out` (a device address on this rank's GPU holding
-    /// `count` elements). Collective; f32, f16 and bf16; at most [`REDUCE_PTRS_MAX_WORLD`]
-    /// ranks. An ops-slot barrier (`kernels/ops.hip`), the shared collectives'
-    /// `symm_reduce_ptrs_{dt}` (every rank's input read in place, f32 accumulation in rank
-    /// order), a second barrier. The input range is checked against the buffer; `out` cannot be
-    /// checked, hence `unsafe`.
-    ///
-    /// # Safety
-    /// NOTE [raw-addresses]: `out .. out + count * dtype.size()` is device memory this rank's
-    /// GPU can write (a `hipMalloc` allocation or a mapping made accessible to it), aligned to
-    /// the element size, and stays allocated and untouched by anything but this op until the
-    /// call returns; should it return an error after launching (a timeout the device did not
-    /// honour), until the device has gone idle, as the kernel may still be writing it.
-    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
-    pub unsafe fn one_shot_all_reduce(
-        &self,
-        in_offset: usize,
-        out: u64,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-        timeout: Duration,
-    ) -> Result<()> {
-        // The reduction is the shared collectives' symm_reduce_ptrs_{dt} (symm_core::kernel_source:
-        // the kernel symm-cuda's copy-engine all-reduce runs), between two ops-slot barriers.
-        let kernel = match dtype {
-            DType::F32 => "symm_reduce_ptrs_f32",
-            DType::F16 => "symm_reduce_ptrs_f16",
-            DType::BF16 => "symm_reduce_ptrs_bf16",
-            other => {
-                return Err(Error::UnsupportedDType {
-                    dtype: other.to_string(),
-                    op: "rocm one_shot_all_reduce",
-                })
-            }
-        };
-        let world = self.group.world_size();
-        if world > REDUCE_PTRS_MAX_WORLD {
-            return Err(Error::InvalidArgument(format!(
-                "rocm one_shot_all_reduce: {world} ranks, at most {REDUCE_PTRS_MAX_WORLD} (the shared reduction kernel's)"
-            )));
-        }
-        if in_offset % dtype.size() != 0 {
-            return Err(Error::Misaligned {
-                what: "all_reduce input offset",
-                value: in_offset as u64,
-                align: dtype.size() as u64,
-            });
-        }
-        let bytes = count.checked_mul(dtype.size()).ok_or(Error::OutOfRange {
-            what: "all_reduce count",
-            value: count as u64,
-            limit: self.size as u64,
-        })?;
-        check_range("all_reduce input", in_offset, bytes, self.size)?;
-        if count == 0 {
-            return Ok(());
-        }
-        let op_code = match op {
-            ReduceOp::Sum => 0u32,
-            ReduceOp::Avg => 1,
-            ReduceOp::Max => 2,
-            ReduceOp::Min => 3,
-        };
-        runtime::set_device(self.device.index)?;
-        let ops = kernels::load(self.device.index, &kernels::OPS, "")?;
-        let barrier = ops.function("symm_ops_barrier")?;
-        let reduce = kernels::load(self.device.index, &kernels::COLLECTIVES, "")?.function(kernel)?;
-        let (e_in, e_out) = {
-            let mut e = self.ops_epochs.lock().unwrap_or_else(|e| e.into_inner());
-            e[0] = e[0].wrapping_add(1);
-            e[1] = e[1].wrapping_add(1);
-            (e[0], e[1])
-        };
-        let rank = self.group.rank().get();
-        let ticks = timeout_ticks(timeout, self.hz);
-        let barrier_args = |slot: usize, epoch: u32| {
-            [
-                Arg::U64(self.pad_ptrs_dev.ptr()),
-                Arg::I32(rank as i32),
-                Arg::I32(world as i32),
-                Arg::I32(slot as i32),
-                Arg::U32(epoch),
-                Arg::U64(ticks),
-            ]
-        };
-        barrier.launch(&self.stream, 1, 64, &barrier_args(ALL_REDUCE_SLOT, e_in))?;
-        // symm_reduce_ptrs_{dt}(rank, world, op, out, n, s0..s7): every rank's input as mapped
-        // here (the unused ones null), 16-byte vectors, any grid (grid-stride).
-        let mut reduce_args = vec![
-            Arg::U32(rank as u32),
-            Arg::U32(world as u32),
-            Arg::U32(op_code),
-            Arg::U64(out),
-            Arg::U64(count as u64),
-        ];
-        reduce_args.extend(
-            (0..REDUCE_PTRS_MAX_WORLD).map(|r| Arg::U64(self.buffer_ptrs.get(r).map_or(0, |b| b + in_offset as u64))),
-        );
-        let blocks = bytes.div_ceil(16).div_ceil(256).clamp(1, 1024) as u32;
-        reduce.launch(&self.stream, blocks, 256, &reduce_args)?;
-        barrier.launch(&self.stream, 1, 64, &barrier_args(ALL_REDUCE_EXIT_SLOT, e_out))?;
-        self.finish("rocm one_shot_all_reduce", timeout)
-    }
 }
 
 impl SymmetricMemory for RocmSymmetricMemory {
@@ -324,16 +208,22 @@ impl SymmetricMemory for RocmSymmetricMemory {
     }
 
     fn barrier(&self, channel: Channel, timeout: Duration) -> Result<()> {
+        // symm_barrier(pads, rank, world, channel, timeout_ns, abort_host, status): no pinned
+        // abort or status word (0); the host aborts through the pad's ABORT word and reads the
+        // outcome from its ERROR word.
+        let world = self.group.world_size();
         let args = [
             Arg::U64(self.pad_ptrs_dev.ptr()),
-            Arg::I32(self.group.rank().get() as i32),
-            Arg::I32(self.group.world_size() as i32),
-            Arg::I32(channel.get() as i32),
-            Arg::U64(timeout_ticks(timeout, self.hz)),
+            Arg::U32(self.group.rank().get() as u32),
+            Arg::U32(world as u32),
+            Arg::U32(channel.get() as u32),
+            Arg::U64(timeout_ns(timeout)),
+            Arg::U64(0),
+            Arg::U64(0),
         ];
         self.run(
             &self.barrier_fn,
-            64,
+            barrier_threads(world),
             &args,
             &format!("rocm barrier on {channel}"),
             timeout,
@@ -342,11 +232,14 @@ impl SymmetricMemory for RocmSymmetricMemory {
 
     fn put_signal(&self, dst: Rank, channel: Channel, timeout: Duration) -> Result<()> {
         let dst = self.group.rank().peer(dst.get())?;
+        // symm_put_signal(pads, rank, world, dst, channel, status)
         let args = [
             Arg::U64(self.pad_ptrs_dev.ptr()),
-            Arg::I32(self.group.rank().get() as i32),
-            Arg::I32(dst.get() as i32),
-            Arg::I32(channel.get() as i32),
+            Arg::U32(self.group.rank().get() as u32),
+            Arg::U32(self.group.world_size() as u32),
+            Arg::U32(dst.get() as u32),
+            Arg::U32(channel.get() as u32),
+            Arg::U64(0),
         ];
         self.run(
             &self.put_fn,
@@ -359,12 +252,16 @@ impl SymmetricMemory for RocmSymmetricMemory {
 
     fn wait_signal(&self, src: Rank, channel: Channel, timeout: Duration) -> Result<()> {
         let src = self.group.rank().peer(src.get())?;
+        // symm_wait_signal(pads, rank, world, src, channel, timeout_ns, abort_host, status)
         let args = [
             Arg::U64(self.pad_ptrs_dev.ptr()),
-            Arg::I32(self.group.rank().get() as i32),
-            Arg::I32(src.get() as i32),
-            Arg::I32(channel.get() as i32),
-            Arg::U64(timeout_ticks(timeout, self.hz)),
+            Arg::U32(self.group.rank().get() as u32),
+            Arg::U32(self.group.world_size() as u32),
+            Arg::U32(src.get() as u32),
+            Arg::U32(channel.get() as u32),
+            Arg::U64(timeout_ns(timeout)),
+            Arg::U64(0),
+            Arg::U64(0),
         ];
         self.run(
             &self.wait_fn,
@@ -416,12 +313,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ticks_convert_and_saturate() {
-        assert_eq!(timeout_ticks(Duration::from_secs(1), 100_000_000), 100_000_000);
-        assert_eq!(timeout_ticks(Duration::from_micros(10), 100_000_000), 1000);
-        assert_eq!(timeout_ticks(Duration::ZERO, 100_000_000), 0);
-        // huge timeouts do not overflow the device's deadline arithmetic
-        assert_eq!(timeout_ticks(Duration::MAX, u64::MAX), u64::MAX / 2);
+    fn timeouts_convert_to_saturating_nanoseconds() {
+        assert_eq!(timeout_ns(Duration::from_secs(1)), 1_000_000_000);
+        assert_eq!(timeout_ns(Duration::from_micros(10)), 10_000);
+        assert_eq!(timeout_ns(Duration::ZERO), 0);
+        assert_eq!(timeout_ns(Duration::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn barrier_blocks_cover_every_rank_in_whole_warps() {
+        for world in 1..=pad::MAX_WORLD_SIZE {
+            let t = barrier_threads(world) as usize;
+            assert!(t >= world && t % 32 == 0 && t < world + 32, "{world}: {t}");
+        }
+        assert_eq!(barrier_threads(1), 32);
+        assert_eq!(barrier_threads(33), 64);
     }
 
     #[test]

@@ -24,5 +24,19 @@ fn compiled_code_objects_are_cached_on_disk_per_arch() {
         .unwrap()
         .to_string_lossy()
         .starts_with("sync-gfx90a-"));
+    // The defines are part of the key: another wall-clock rate is another code object.
+    let clock = kernels::wall_clock_defines(Some("25000000")).unwrap();
+    let other = kernels::compile(
+        &kernels::SYNC,
+        &format!("#define SYMM_CACHE_PROBE 1\n{clock}"),
+        "gfx90a",
+    )
+    .unwrap();
+    let count = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|e| e == "co"))
+        .count();
+    assert_eq!(count, 2);
+    assert_ne!(other, code);
     std::fs::remove_dir_all(&dir).unwrap();
 }

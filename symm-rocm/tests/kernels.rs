@@ -1,12 +1,11 @@
-//! Kernel sources: present, consistent with symm_core::pad, and compiled by
-//! hiprtc for real gfx targets (no GPU needed: hiprtc compiles offline),
-//! the collectives from the source symm-cuda compiles (symm_core::kernel_source)
-//! into the same list of entries.
+//! Kernel sources: every one symm-core's shared text (symm_core::kernel_source, the sources
+//! symm-cuda compiles), consistent with symm_core::pad, and compiled by hiprtc for real gfx
+//! targets (no GPU needed: hiprtc compiles offline) into code objects holding their entries.
 
 use std::collections::BTreeSet;
 
 use symm_core::kernel_source;
-use symm_rocm::kernels::{self, KernelSource, Prelude};
+use symm_rocm::kernels::{self, KernelSource};
 
 /// Identifiers starting with `SYMM_` in the code of `text` (`//` comments left out: they name
 /// environment knobs and families like `SYMM_ERR_*`).
@@ -75,43 +74,69 @@ fn code_object_entries(code: &[u8]) -> BTreeSet<String> {
     out
 }
 
+/// symm-core's entry list of a shared source (`kernel_source::*_ENTRIES`).
+fn shared_entries(src: &KernelSource) -> BTreeSet<String> {
+    let list = match src.name {
+        "sync" => kernel_source::SYNC_ENTRIES,
+        "collectives" => kernel_source::COLLECTIVE_ENTRIES,
+        other => panic!("{other} is not a shared source"),
+    };
+    list.iter().map(|s| s.to_string()).collect()
+}
+
 #[test]
-fn every_source_is_present_and_lists_its_kernels() {
+fn every_source_is_a_shared_one() {
     let srcs = kernels::sources();
     let names: Vec<&str> = srcs.iter().map(|s| s.name).collect();
-    assert_eq!(names, ["sync", "ops", "collectives"]);
+    assert_eq!(names, ["sync", "collectives"]);
+    // Each is symm-core's text and entry list, the ones symm-cuda compiles.
+    assert_eq!(kernels::SYNC.source, kernel_source::SYNC);
+    assert_eq!(kernels::SYNC.kernels, kernel_source::SYNC_ENTRIES);
+    assert_eq!(kernels::COLLECTIVES.source, kernel_source::COLLECTIVES);
+    assert_eq!(kernels::COLLECTIVES.kernels, kernel_source::COLLECTIVE_ENTRIES);
+    for s in srcs {
+        assert!(!s.source.trim().is_empty(), "{} is empty", s.name);
+        assert_eq!(
+            s.kernels.iter().map(|k| k.to_string()).collect::<BTreeSet<_>>(),
+            shared_entries(s),
+            "{}: not symm-core's entry list",
+            s.name
+        );
+    }
+    // sync.cu spells its entries out (no macros): the list is the text's.
+    assert_eq!(global_functions(&kernels::SYNC), shared_entries(&kernels::SYNC));
+    // No ROCm-only kernel text: the crate's kernels folder holds the vendor header alone.
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
     let on_disk: BTreeSet<String> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".hip"))
-        .map(|n| n.trim_end_matches(".hip").to_string())
         .collect();
-    let rocm_only: BTreeSet<String> = srcs
-        .iter()
-        .filter(|s| s.prelude == Prelude::Rocm)
-        .map(|s| s.name.to_string())
-        .collect();
-    assert_eq!(on_disk, rocm_only, "a .hip file is not embedded");
+    assert_eq!(on_disk, BTreeSet::from(["vendor.hip.h".to_string()]));
+    // Each compiles after the pad defines, vendor.hip.h and common.cuh, its includes expanded.
     for s in srcs {
-        assert!(!s.source.trim().is_empty(), "{} is empty", s.name);
-        if s.prelude == Prelude::Rocm {
-            assert_eq!(
-                global_functions(s),
-                s.kernels.iter().map(|k| k.to_string()).collect(),
-                "{}: kernel list out of date",
-                s.name
-            );
-        }
+        let full = kernels::full_source(s, "#define SYMM_PROBE_DEFINE 1");
+        let at = |needle: &str| {
+            full.find(needle)
+                .unwrap_or_else(|| panic!("{}: {needle:?} missing", s.name))
+        };
+        // The defines precede vendor.hip.h, so they can set its #ifndef defaults.
+        let order = [
+            at("#define SYMM_ERROR_WORD"),
+            at("SYMM_PROBE_DEFINE"),
+            at("#ifndef SYMM_WALL_CLOCK_KHZ"),
+            at("symm_ld_acquire_sys"),
+            at("symm_bounded_wait_code"),
+            at(&format!("#line 1 \"{}.cu\"", s.name)),
+        ];
+        assert!(order.is_sorted(), "{}: {order:?}", s.name);
+        assert!(
+            !full.lines().any(|l| l.trim_start().starts_with("#include")),
+            "{}",
+            s.name
+        );
+        assert!(full.ends_with(&kernel_source::expand_includes(&format!("{}.cu", s.name), s.source)));
     }
-    // The collectives are symm-core's text and list, the ones symm-cuda compiles.
-    assert_eq!(kernels::COLLECTIVES.source, kernel_source::COLLECTIVES);
-    assert_eq!(kernels::COLLECTIVES.kernels, kernel_source::COLLECTIVE_ENTRIES);
-    assert_eq!(kernels::COLLECTIVES.prelude, Prelude::Shared);
-    assert!(kernels::COMMON.contains("symm_bounded_wait"));
     let full = kernels::full_source(&kernels::COLLECTIVES, "");
-    assert!(full.find("symm_ld_acquire_sys") < full.find("symm_bounded_wait_code"));
-    assert!(!full.lines().any(|l| l.trim_start().starts_with("#include")));
     for h in kernel_source::HEADERS {
         assert!(full.contains(h.text), "{} not expanded", h.file);
     }
@@ -131,8 +156,7 @@ fn every_pad_macro_comes_from_symm_core() {
     ] {
         assert!(core.contains(name), "c_defines lacks {name}");
     }
-    let mut local = defined(kernels::COMMON);
-    local.extend(defined(kernels::VENDOR));
+    let mut local = defined(kernels::VENDOR);
     for s in kernels::sources() {
         local.extend(defined(s.source));
     }
@@ -151,8 +175,7 @@ fn every_pad_macro_comes_from_symm_core() {
             .collect::<Vec<_>>(),
     );
     // ...and use no SYMM_ macro that neither symm_core nor the kernels define.
-    let mut used = symm_macros(kernels::COMMON);
-    used.extend(symm_macros(kernels::VENDOR));
+    let mut used = symm_macros(kernels::VENDOR);
     used.extend(symm_macros(kernel_source::COMMON));
     for s in kernels::sources() {
         used.extend(symm_macros(s.source));
@@ -166,24 +189,21 @@ fn every_pad_macro_comes_from_symm_core() {
         .collect();
     assert!(unknown.is_empty(), "undefined macros {unknown:?}");
     // the generated header carries the values symm_core has
-    let h = kernels::common_header();
+    let h = kernels::shared_header();
     assert!(h.contains(&format!("#define SYMM_ERROR_WORD {}", symm_core::pad::ERROR_WORD)));
     assert!(h.find("#define SYMM_SIGNAL_PAD_SIZE") < h.find("symm_bounded_wait"));
 }
 
-/// Every source compiles for MI100 (gfx908), MI200 (gfx90a) and MI300 (gfx942), and the
-/// collectives' code object holds exactly the entries symm-cuda's PTX holds
-/// (`kernel_source::COLLECTIVE_ENTRIES`). gfx942 needs hiprtc from ROCm 6.0 on
+/// Every source compiles for MI100 (gfx908), MI200 (gfx90a) and MI300 (gfx942), and each code
+/// object holds exactly the entries symm-cuda's PTX holds (`kernel_source::SYNC_ENTRIES`,
+/// `kernel_source::COLLECTIVE_ENTRIES`). gfx942 needs hiprtc from ROCm 6.0 on
 /// (`kernels::min_hiprtc_for`): with an older one (Debian bookworm's 5.2, which crashes on it) it
 /// is skipped, loudly.
 #[test]
 fn every_kernel_compiles_for_cdna_targets() {
     // hiprtc comes with libamdhip64 (which this test binary links), so it must load.
     kernels::hiprtc_available().expect("hiprtc");
-    let listed: BTreeSet<String> = kernel_source::COLLECTIVE_ENTRIES
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let mut compiled = 0;
     for arch in ["gfx90a", "gfx908", "gfx942"] {
         if let Err(e) = kernels::compile(&kernels::SYNC, "", arch) {
             assert!(
@@ -201,13 +221,13 @@ fn every_kernel_compiles_for_cdna_targets() {
             for k in s.kernels {
                 assert!(entries.contains(*k), "{arch}: {k} missing from the code object");
             }
-            if s.prelude == Prelude::Shared {
-                assert_eq!(
-                    entries, listed,
-                    "{arch}: {} entries differ from symm-cuda's list",
-                    s.name
-                );
-            }
+            assert_eq!(
+                entries,
+                shared_entries(s),
+                "{arch}: {} entries differ from symm-cuda's list",
+                s.name
+            );
+            compiled += 1;
             println!(
                 "compiled {} for {arch}: {} bytes, {} entries",
                 s.name,
@@ -215,6 +235,26 @@ fn every_kernel_compiles_for_cdna_targets() {
                 entries.len()
             );
         }
+    }
+    // gfx90a and gfx908 compile with every hiprtc: never all skipped.
+    assert!(compiled >= 2 * kernels::sources().len(), "{compiled} code objects");
+}
+
+/// `SYMM_ROCM_WALL_CLOCK_HZ`'s define reaches the compiler: a rate the host accepts compiles,
+/// and one vendor.hip.h's static_assert refuses (a tick of no whole nanoseconds) is one the host
+/// refuses too.
+#[test]
+fn wall_clock_defines_compile() {
+    let ok = kernels::wall_clock_defines(Some("25000000")).unwrap();
+    assert!(ok.contains("SYMM_WALL_CLOCK_KHZ 25000ull"));
+    kernels::compile(&kernels::SYNC, &ok, "gfx90a").unwrap();
+    assert!(kernels::wall_clock_defines(Some("3000000")).is_err());
+    match kernels::compile(&kernels::SYNC, "#define SYMM_WALL_CLOCK_KHZ 3000ull\n", "gfx90a") {
+        Err(symm_core::Error::Backend { backend, detail, .. }) => {
+            assert_eq!(backend, "hiprtc");
+            assert!(detail.contains("SYMM_WALL_CLOCK_KHZ must divide 1 GHz"), "{detail}");
+        }
+        other => panic!("expected the static_assert, got {:?}", other.map(|c| c.len())),
     }
 }
 
@@ -224,7 +264,6 @@ fn a_broken_kernel_is_a_compile_error_with_the_log() {
         name: "broken",
         source: "extern \"C\" __global__ void k(int* p) { *p = undefined_symbol; }",
         kernels: &["k"],
-        prelude: Prelude::Rocm,
     };
     match kernels::compile(&broken, "", "gfx90a") {
         Err(symm_core::Error::Backend { backend, detail, .. }) => {
@@ -242,7 +281,6 @@ fn defines_reach_the_compiler() {
         name: "defines",
         source: "#ifndef SYMM_TEST_FLAG\n#error flag missing\n#endif\nextern \"C\" __global__ void k() {}",
         kernels: &["k"],
-        prelude: Prelude::Rocm,
     };
     assert!(kernels::compile(&src, "", "gfx90a").is_err());
     assert!(kernels::compile(&src, "#define SYMM_TEST_FLAG 1", "gfx90a").is_ok());

@@ -379,7 +379,7 @@ impl Function {
     /// [raw-addresses]), and `args` must match the kernel's parameter list. Every caller in
     /// this crate passes its own device arrays and pad addresses (alive as long as the object
     /// that launches, which waits for the stream before it returns) or an address its own
-    /// caller vouched for (`RocmSymmetricMemory::one_shot_all_reduce`, an `unsafe fn`).
+    /// caller vouched for (`RocmCollectives`' `unsafe fn` entries).
     pub(crate) fn launch(&self, stream: &Stream, grid: u32, block: u32, args: &[KernelArg]) -> Result<(), Error> {
         if args.len() > MAX_ARGS {
             return Err(Error::InvalidArgument(format!(
