@@ -298,28 +298,10 @@ impl CudaCollectives {
     /// listed do not take part. Ranks that share barriers must issue them in the same order.
     pub fn barrier(&self, stream: &CudaStream, ranks: &[Rank]) -> Result<()> {
         self.check_stream(stream)?;
-        let mut mask = 0u64;
-        for r in ranks {
-            if r.world_size() != self.rig.world || r.get() >= self.rig.world {
-                return Err(Error::OutOfRange {
-                    what: "barrier rank",
-                    value: r.get() as u64,
-                    limit: self.rig.world as u64,
-                });
-            }
-            mask |= 1u64 << r.get();
+        match self.rig.barrier_mask(ranks)? {
+            Some(mask) => self.launch_barrier(stream, mask, 0),
+            None => Ok(()),
         }
-        if mask & (1u64 << self.rig.rank) == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "barrier ranks {:?} do not include this rank ({})",
-                ranks.iter().map(|r| r.get()).collect::<Vec<_>>(),
-                self.rig.rank
-            )));
-        }
-        if mask == 1u64 << self.rig.rank {
-            return Ok(());
-        }
-        self.launch_barrier(stream, mask, 0)
     }
 
     /// An op with nothing to move (`kind` over zero elements of `dtype`) still takes its place in
@@ -379,28 +361,22 @@ impl CudaCollectives {
         if let Some(cuda) = crate::as_cuda(self.mem.as_ref()) {
             cuda.clear_error_mirror();
         }
-        let code = u32::from_le_bytes(word);
         // What the kernel that latched a mismatch recorded (NOTE [op-agreement]); cleared for the
         // next error.
-        let record = if agree::is_mismatch(code) {
+        let read_record = || {
             let at = self.rig.ws + (ST_MISMATCH * 4) as u64;
             let mut raw = [0u8; MISMATCH_WORDS * 4];
             dtoh_sync(&self.control, &mut raw, at)?;
             memset_d32_async(&self.control, at, 0, MISMATCH_WORDS)?;
-            Some(agree::record_words(&raw))
-        } else {
-            None
+            Ok(raw)
         };
-        match agree::collective_error(
-            code,
-            record.as_ref(),
+        agree::code_result(
+            u32::from_le_bytes(word),
+            read_record,
             (self.group.name(), self.rig.rank),
             self.config.timeout,
             driver::BACKEND,
-        ) {
-            None => Ok(()),
-            Some(e) => Err(e),
-        }
+        )
     }
 
     /// Sets (or clears) the abort flag: every device wait of this object gives up (latching

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use symm_core::coll::check::check_ptr;
 use symm_core::epilogue::Rows;
 use symm_core::{DType, Device, Error, Group, OpKind, Rank, ReduceOp, Result};
 use symm_rocm::{RocmCollectives, RocmCollectivesConfig};
@@ -43,17 +44,6 @@ pub(crate) struct RocmEngine {
     lock: Mutex<()>,
     /// Set when this engine told its peers it rejected an op ([`Engine::take_told_peers`]).
     told_peers: AtomicBool,
-}
-
-fn check_align(what: &'static str, ptr: u64, dtype: DType) -> Result<()> {
-    if ptr % dtype.size() as u64 != 0 {
-        return Err(Error::Misaligned {
-            what,
-            value: ptr,
-            align: dtype.size() as u64,
-        });
-    }
-    Ok(())
 }
 
 /// What the ROCm engine cannot take, named.
@@ -92,7 +82,7 @@ impl RocmEngine {
                 Ok(t.ptr())
             }
             Buf::Raw(r) => {
-                check_align("input pointer", r.ptr, r.dtype)?;
+                check_ptr("input pointer", r.ptr, r.dtype)?;
                 Ok(r.ptr)
             }
             _ => Err(not_device("the input")),
@@ -106,7 +96,7 @@ impl RocmEngine {
                 Ok(t.ptr())
             }
             BufMut::Raw(r) => {
-                check_align("output pointer", r.ptr, r.dtype)?;
+                check_ptr("output pointer", r.ptr, r.dtype)?;
                 Ok(r.ptr)
             }
             _ => Err(not_device("the output")),

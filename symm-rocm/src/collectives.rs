@@ -204,34 +204,9 @@ impl RocmCollectives {
         // Ranks sharing a device (NOTE [shared-device]) split its compute units (NOTE
         // [co-residency]); no programmatic dependent launch on HIP.
         let grid = GridBudget::new(cus, device_sharers, false)?;
-        let mut direct = args::Direct::default();
-        for (d, &b) in direct.ws.iter_mut().zip(mem.buffer_ptrs()) {
-            *d = b;
-        }
-        for (d, &p) in direct.pads.iter_mut().zip(mem.signal_pad_ptrs()) {
-            *d = p;
-        }
-        let rig = Rig {
-            rank,
-            world,
-            layout,
-            common: args::Common {
-                bufs_dev: mem.buffer_ptrs_dev(),
-                pads_dev: mem.signal_pad_ptrs_dev(),
-                rank: rank as u32,
-                world: world as u32,
-            },
-            direct,
-            bound: args::Bound {
-                timeout_ns: u64::try_from(config.timeout.as_nanos()).unwrap_or(u64::MAX),
-                // No pinned host abort word: the kernels watch the pad's ABORT word, which
-                // `set_abort` writes from the host on a stream of its own.
-                abort_host: 0,
-            },
-            ws,
-            grid,
-            switches: Switches::default(),
-        };
+        // No pinned host abort word (0): the kernels watch the pad's ABORT word, which
+        // `set_abort` writes from the host on a stream of its own.
+        let rig = Rig::new(mem.as_ref(), layout, config.timeout, 0, grid, Switches::default());
         let err_word = mem.signal_pad_ptrs()[rank] + (symm_core::pad::ERROR_WORD * 4) as u64;
         Ok(RocmCollectives {
             group: group.clone(),
@@ -311,26 +286,21 @@ impl RocmCollectives {
     fn take_error(&self, out: u64) -> Result<()> {
         let mut word = [0u8; 4];
         self.ctl.copy_from_device_sync(&mut word, out, HOST_MARGIN)?;
-        let code = u32::from_le_bytes(word);
-        let record = if agree::is_mismatch(code) {
+        // What the kernel that latched a mismatch recorded (NOTE [op-agreement]); cleared.
+        let read_record = || {
             let at = self.rig.ws + (ST_MISMATCH * 4) as u64;
             let mut raw = [0u8; MISMATCH_WORDS * 4];
             self.ctl.copy_from_device_sync(&mut raw, at, HOST_MARGIN)?;
             self.ctl.memset_sync(at, 0, MISMATCH_WORDS * 4, HOST_MARGIN)?;
-            Some(agree::record_words(&raw))
-        } else {
-            None
+            Ok(raw)
         };
-        match agree::collective_error(
-            code,
-            record.as_ref(),
+        agree::code_result(
+            u32::from_le_bytes(word),
+            read_record,
             (self.group.name(), self.rig.rank),
             self.config.timeout,
             crate::driver::BACKEND,
-        ) {
-            None => Ok(()),
-            Some(e) => Err(e),
-        }
+        )
     }
 
     /// All-reduce of `count` elements from `input` into `output` (equal: in place) by `kernel`,
@@ -432,29 +402,10 @@ impl RocmCollectives {
     /// Barrier with the ranks listed (which must include this rank); ranks not listed do not
     /// take part.
     pub fn barrier(&self, ranks: &[Rank]) -> Result<()> {
-        let mut mask = 0u64;
-        for r in ranks {
-            if r.world_size() != self.rig.world || r.get() >= self.rig.world {
-                return Err(Error::OutOfRange {
-                    what: "barrier rank",
-                    value: r.get() as u64,
-                    limit: self.rig.world as u64,
-                });
-            }
-            mask |= 1u64 << r.get();
+        match self.rig.barrier_mask(ranks)? {
+            Some(mask) => self.run("rocm barrier", |to| to.launch(&self.rig.barrier(mask, 0))),
+            None => Ok(()),
         }
-        let me = 1u64 << self.rig.rank;
-        if mask & me == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "barrier ranks {:?} do not include this rank ({})",
-                ranks.iter().map(|r| r.get()).collect::<Vec<_>>(),
-                self.rig.rank
-            )));
-        }
-        if mask == me {
-            return Ok(());
-        }
-        self.run("rocm barrier", |to| to.launch(&self.rig.barrier(mask, 0)))
     }
 
     /// An op with nothing to move still takes its place in the group's op sequence (NOTE

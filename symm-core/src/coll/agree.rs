@@ -147,6 +147,27 @@ pub fn record_words(raw: &[u8; MISMATCH_WORDS * 4]) -> [u32; MISMATCH_WORDS] {
     record
 }
 
+/// [`collective_error`] as a result, reading the mismatch record with `read_record` (the
+/// `MISMATCH_WORDS` STATE words' bytes, which the backend also clears) only when the code is a
+/// mismatch.
+pub fn code_result(
+    code: u32,
+    read_record: impl FnOnce() -> crate::Result<[u8; MISMATCH_WORDS * 4]>,
+    at: (&str, usize),
+    timeout: Duration,
+    backend: &'static str,
+) -> crate::Result<()> {
+    let record = if is_mismatch(code) {
+        Some(record_words(&read_record()?))
+    } else {
+        None
+    };
+    match collective_error(code, record.as_ref(), at, timeout, backend) {
+        None => Ok(()),
+        Some(e) => Err(e),
+    }
+}
+
 /// The error the collectives' `ERROR`-word `code` stands for (`None`: no error), written once for
 /// every backend: `(group, rank)` name where it happened, `timeout` the deadline the kernels ran
 /// under, `record` the mismatch record the backend read when [`is_mismatch`] (NOTE

@@ -8,7 +8,9 @@
 //! (symm-cuda). Pure: nothing here allocates, so an op's path stays allocation-free.
 
 use crate::kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
-use crate::{DType, Error, OpKind, ReduceOp, Result};
+use std::time::Duration;
+
+use crate::{DType, Error, OpKind, Rank, ReduceOp, Result, SymmetricMemory};
 
 use super::agree::{checked, header, Mechanism};
 use super::arg::{KernelArg, MAX_ARGS};
@@ -218,6 +220,71 @@ pub fn not_here(kernel: impl std::fmt::Display, backend: &str) -> Error {
 }
 
 impl Rig {
+    /// The facts of a rendezvoused workspace `mem` laid out as `layout`: this rank, every rank's
+    /// workspace and pad (as mapped here), the wait bound (`timeout`, and the pinned host abort
+    /// word `abort_host`, 0 for none), the grid budget and the switches.
+    pub fn new(
+        mem: &dyn SymmetricMemory,
+        layout: WorkspaceLayout,
+        timeout: Duration,
+        abort_host: u64,
+        grid: GridBudget,
+        switches: Switches,
+    ) -> Rig {
+        let (rank, world) = (mem.rank().get(), mem.world_size());
+        let mut direct = Direct::default();
+        for (d, &b) in direct.ws.iter_mut().zip(mem.buffer_ptrs()) {
+            *d = b;
+        }
+        for (d, &p) in direct.pads.iter_mut().zip(mem.signal_pad_ptrs()) {
+            *d = p;
+        }
+        Rig {
+            rank,
+            world,
+            layout,
+            common: Common {
+                bufs_dev: mem.buffer_ptrs_dev(),
+                pads_dev: mem.signal_pad_ptrs_dev(),
+                rank: rank as u32,
+                world: world as u32,
+            },
+            direct,
+            bound: Bound {
+                timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
+                abort_host,
+            },
+            ws: mem.buffer_ptrs().get(rank).copied().unwrap_or(0),
+            grid,
+            switches,
+        }
+    }
+
+    /// The barrier mask of `ranks` (which must include this rank; each of this group), or
+    /// `None` when this rank is the only one (nothing to wait for).
+    pub fn barrier_mask(&self, ranks: &[Rank]) -> Result<Option<u64>> {
+        let mut mask = 0u64;
+        for r in ranks {
+            if r.world_size() != self.world || r.get() >= self.world {
+                return Err(Error::OutOfRange {
+                    what: "barrier rank",
+                    value: r.get() as u64,
+                    limit: self.world as u64,
+                });
+            }
+            mask |= 1u64 << r.get();
+        }
+        let me = 1u64 << self.rank;
+        if mask & me == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "barrier ranks {:?} do not include this rank ({})",
+                ranks.iter().map(|r| r.get()).collect::<Vec<_>>(),
+                self.rank
+            )));
+        }
+        Ok((mask != me).then_some(mask))
+    }
+
     /// One Lamport launch; `count` elements per peer slot (AR: the message, RS: one shard, AG:
     /// one rank's input).
     #[allow(clippy::too_many_arguments)]

@@ -267,34 +267,16 @@ impl CudaCollectives {
             copied: (0..CE_EVENTS).map(|_| new_event()).collect::<Result<_>>()?,
             reduced: (0..CE_EVENTS).map(|_| new_event()).collect::<Result<_>>()?,
         };
-        let mut direct = args::Direct::default();
-        for (d, &b) in direct.ws.iter_mut().zip(mem.buffer_ptrs()) {
-            *d = b;
-        }
-        for (d, &p) in direct.pads.iter_mut().zip(mem.signal_pad_ptrs()) {
-            *d = p;
-        }
         // The separate epilogue kernel waits on no peer: held to the grid budget on a shared GPU.
         let epilogues = Epilogues::load(ctx, config.pdl)?.with_max_blocks(grid.blocks);
-        let rig = Rig {
-            rank,
-            world,
+        let rig = Rig::new(
+            mem.as_ref(),
             layout,
-            common: args::Common {
-                bufs_dev: mem.buffer_ptrs_dev(),
-                pads_dev: mem.signal_pad_ptrs_dev(),
-                rank: rank as u32,
-                world: world as u32,
-            },
-            direct,
-            bound: args::Bound {
-                timeout_ns: u64::try_from(config.timeout.as_nanos()).unwrap_or(u64::MAX),
-                abort_host,
-            },
-            ws,
+            config.timeout,
+            abort_host,
             grid,
-            switches: knobs::switches(),
-        };
+            knobs::switches(),
+        );
         Ok(CudaCollectives {
             group: group.clone(),
             ctx: ctx.clone(),

@@ -352,3 +352,23 @@ fn what_runs_at_one_rank() {
     );
     assert_eq!(all_gather_at(AllGatherKernel::Pull, 1), AllGatherKernel::Ring);
 }
+
+#[test]
+fn barrier_masks_check_their_ranks() {
+    let r = rig(1, 4);
+    let ranks = |v: &[usize], world: usize| v.iter().map(|&i| Rank::new(i, world).unwrap()).collect::<Vec<_>>();
+    assert_eq!(r.barrier_mask(&ranks(&[0, 1, 3], 4)).unwrap(), Some(0b1011));
+    assert_eq!(
+        r.barrier_mask(&ranks(&[1], 4)).unwrap(),
+        None,
+        "this rank alone waits for nobody"
+    );
+    assert!(matches!(
+        r.barrier_mask(&ranks(&[0, 2], 4)),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        r.barrier_mask(&ranks(&[1, 2], 3)),
+        Err(Error::OutOfRange { .. })
+    ));
+}
