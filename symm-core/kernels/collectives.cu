@@ -177,9 +177,9 @@
 //     registers to scratch. Not run.
 //   - Host side: symm-rocm launches exactly the argument lists, grids and op headers
 //     symm-cuda launches (symm-core's coll::launch plans both; symm-cuda's GPU suites run
-//     those plans), but only the Lamport, ring, barrier and rejection entries; the pull and
-//     epilogue entries compile and are not launched on ROCm. Its waits poll the pad's ABORT
-//     word only (no pinned host abort word: abort_host is null).
+//     those plans), but not the epilogue entries (they compile and are not launched on ROCm)
+//     nor the copy-engine paths (host code: copies on side streams). Its waits poll the pad's
+//     ABORT word only (no pinned host abort word: abort_host is null).
 //   - Numerics: f16 conversions are _Float16 (round to nearest even), bf16 rounding is done in
 //     integers (nearest even, NaN -> 0x7FFF); rsqrtf and NaN payloads may differ from NVIDIA's,
 //     so results are bitwise equal across ranks of one vendor, not across vendors.

@@ -11,8 +11,9 @@
 //! - [`agree`]: the op header and check words every launch carries, and the error a recorded
 //!   disagreement becomes;
 //! - [`check`]: the checks on an op's device addresses (null, alignment, overflow, overlap);
-//! - [`launch`]: the launches of the in-kernel mechanisms (Lamport, ring, barrier, the empty
-//!   op's agreement) planned once, which a backend's `Launcher` runs.
+//! - [`launch`]: the launches of the in-kernel mechanisms (Lamport, ring, the fused zero-copy
+//!   pulls, barrier, the empty op's agreement) planned once, which a backend's `Launcher` runs;
+//! - [`registry`]: the symmetric allocations registered for the zero-copy kernels.
 //!
 //! symm-cuda and symm-rocm launch the same entries with these same lists; CUDA's unit tests
 //! check each list against the parameters NVRTC compiled.
@@ -24,3 +25,4 @@ pub mod check;
 pub mod launch;
 pub mod layout;
 pub mod plan;
+pub mod registry;

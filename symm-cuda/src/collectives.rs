@@ -33,9 +33,10 @@ mod setup;
 use symm_core::coll::launch::{
     self, all_gather_at, all_reduce_at, all_reduce_mechanism, reduce_scatter_at, Entry, Launcher, Rig,
 };
+use symm_core::coll::registry::Registry;
 use symm_core::coll::{agree, args, check, layout, plan};
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use symm_core::{Allocation, DType, Device, DeviceType, Error, Group, OpKind, Rank, ReduceOp, Result, SymmetricMemory};
@@ -54,7 +55,7 @@ pub use symm_core::kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKern
 use agree::{checked, header, Mechanism};
 use args::OpHeader;
 use layout::{peer_index, MAX_WORLD, MISMATCH_WORDS, ST_ERR_OUT, ST_MISMATCH};
-use plan::{ce_rs_chunks, ce_split, kernel_dtype, kernel_op, two_shot_shard, KernelDtype};
+use plan::{ce_rs_chunks, ce_split, kernel_dtype, two_shot_shard, KernelDtype};
 use setup::{CeState, KernelTable, CE_EVENTS};
 
 /// A kernel of symm-core's vocabulary this backend does not implement (one added after it).
@@ -98,21 +99,6 @@ struct CePull {
     push_to: Option<u64>,
 }
 
-/// A symmetric allocation registered for zero-copy (copy-engine) paths.
-struct Registered {
-    mem: Arc<dyn SymmetricMemory>,
-    base: u64,
-    size: usize,
-}
-
-/// Where a zero-copy input lies: every rank's address of it (the first `world` entries), and its
-/// offset in the allocation. A fixed array, so an op's launch path allocates nothing.
-struct SymInput {
-    ptrs: [u64; MAX_WORLD],
-    offset: usize,
-    alloc_size: usize,
-}
-
 /// Per (group, device) collectives over one symmetric workspace.
 pub struct CudaCollectives {
     group: Arc<Group>,
@@ -132,7 +118,8 @@ pub struct CudaCollectives {
     err_word: u64,
     control: Arc<CudaStream>,
     ce: Mutex<CeState>,
-    registered: RwLock<Vec<Registered>>,
+    /// Allocations registered for the zero-copy kernels.
+    registry: Registry,
     epilogues: Epilogues,
 }
 
@@ -206,76 +193,19 @@ impl CudaCollectives {
     /// an input lying inside it is read by the peers in place (every rank must then pass the
     /// same offset; a mismatch latches an error). Local, not collective.
     pub fn register_symmetric(&self, mem: Arc<dyn SymmetricMemory>) -> Result<()> {
-        if mem.world_size() != self.rig.world || mem.rank().get() != self.rig.rank {
-            return Err(Error::Mismatch {
-                what: "registered memory group",
-                detail: format!(
-                    "rank {}/{} registered in collectives of rank {}/{}",
-                    mem.rank().get(),
-                    mem.world_size(),
-                    self.rig.rank,
-                    self.rig.world
-                ),
-            });
-        }
-        if mem.device() != Device::new(DeviceType::Cuda, self.ctx.ordinal() as u32) {
-            return Err(Error::Mismatch {
-                what: "registered memory device",
-                detail: format!("{} is not this object's device", mem.device()),
-            });
-        }
-        let base = mem.buffer_ptrs()[self.rig.rank];
-        let size = mem.buffer_size();
-        let mut reg = self.registered.write().unwrap_or_else(|e| e.into_inner());
-        if !reg.iter().any(|r| r.base == base) {
-            reg.push(Registered { mem, base, size });
-        }
-        Ok(())
+        let device = Device::new(DeviceType::Cuda, self.ctx.ordinal() as u32);
+        self.registry.register(mem, (self.rig.rank, self.rig.world), device)
     }
 
     /// Forgets the registered allocation whose local buffer starts at `base`; true if found.
     pub fn unregister_symmetric(&self, base: u64) -> bool {
-        let mut reg = self.registered.write().unwrap_or_else(|e| e.into_inner());
-        let before = reg.len();
-        reg.retain(|r| r.base != base);
-        reg.len() != before
+        self.registry.unregister(base)
     }
 
-    /// True if `bytes` at `ptr` lie inside a registered symmetric allocation (the copy-engine
+    /// True if `bytes` at `ptr` lie inside a registered symmetric allocation (the zero-copy
     /// paths then read them in place).
     pub fn is_registered(&self, ptr: u64, bytes: usize) -> bool {
-        self.lookup_symmetric(ptr, bytes).is_some()
-    }
-
-    /// [`Self::lookup_symmetric`], or an `InvalidArgument` that says `needs` ("the ... needs its
-    /// input") and what registration means.
-    fn registered(&self, ptr: u64, bytes: usize, needs: &str) -> Result<SymInput> {
-        self.lookup_symmetric(ptr, bytes).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "{needs} in symmetric memory registered with register_symmetric (the same offset on every rank)"
-            ))
-        })
-    }
-
-    fn lookup_symmetric(&self, ptr: u64, bytes: usize) -> Option<SymInput> {
-        let reg = self.registered.read().unwrap_or_else(|e| e.into_inner());
-        reg.iter().find_map(|r| {
-            let end = ptr.checked_add(bytes as u64)?;
-            if ptr >= r.base && end <= r.base + r.size as u64 {
-                let offset = (ptr - r.base) as usize;
-                let mut ptrs = [0u64; MAX_WORLD];
-                for (p, b) in ptrs.iter_mut().zip(r.mem.buffer_ptrs()) {
-                    *p = b + offset as u64;
-                }
-                Some(SymInput {
-                    ptrs,
-                    offset,
-                    alloc_size: r.size,
-                })
-            } else {
-                None
-            }
-        })
+        self.registry.lookup(ptr, bytes).is_some()
     }
 
     fn check_stream(&self, stream: &CudaStream) -> Result<()> {

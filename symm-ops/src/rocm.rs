@@ -1,9 +1,10 @@
 //! The ROCm engine: symm-rocm's collectives ([`RocmCollectives`]: the kernels of symm-core's
 //! shared source, compiled by hiprtc, launched as symm-core's `coll` plans them, the plans
 //! symm-cuda's GPU suites run) behind [`Engine`], with the one planner ([`Selector`]) choosing
-//! among the kernels ROCm has: the Lamport one-shot and the ring (one-shot, two-shot,
-//! reduce-scatter, all-gather). No zero-copy pulls, no copy engine, no RCCL, no fused
-//! epilogues yet.
+//! among the kernels ROCm has: the Lamport one-shot, the ring (one-shot, two-shot,
+//! reduce-scatter, all-gather) and the fused zero-copy pulls for registered symmetric memory
+//! (`Communicator::alloc`, `persistent_buffer`, `register_buffer`). No copy engine, no RCCL, no
+//! fused epilogues yet.
 //!
 //! Ops take device buffers of the communicator's device: symmetric tensors or
 //! [`crate::RawDevicePtr`]s (host slices need the host engine). They run on the collectives'
@@ -26,7 +27,9 @@ use std::time::Duration;
 
 use symm_core::coll::check::check_ptr;
 use symm_core::epilogue::Rows;
-use symm_core::{DType, Device, Error, Group, OpKind, Rank, ReduceOp, Result};
+use symm_core::{
+    get_symmetric_memory, DType, Device, Error, Group, OpKind, Rank, ReduceOp, Result, SymmTensor, SymmetricMemory,
+};
 use symm_rocm::{RocmCollectives, RocmCollectivesConfig};
 
 use crate::buf::{check_symm_tensor, Buf, BufMut};
@@ -34,7 +37,7 @@ use crate::comm::CommConfig;
 use crate::engine::{is_refusal, op_lock, Caps, Cx, Engine};
 use crate::epilogue::{EpiArgs, EpilogueAlgo};
 use crate::ops::OpStream;
-use crate::select::{AllGatherAlgo, AllReduceAlgo, Bufs, Plan, ReduceScatterAlgo};
+use crate::select::{AllGatherAlgo, AllReduceAlgo, Bufs, Plan, ReduceScatterAlgo, Side};
 
 pub(crate) struct RocmEngine {
     device: Device,
@@ -159,7 +162,10 @@ impl Engine for RocmEngine {
             let bufs = Bufs {
                 in_place: inp == out,
                 apart: inp.saturating_add(bytes as u64) <= out || out.saturating_add(bytes as u64) <= inp,
-                registered: &|_| false,
+                registered: &|side| match side {
+                    Side::Input => self.coll.is_registered(inp, bytes),
+                    Side::Output => self.coll.is_registered(out, bytes),
+                },
             };
             match cx.planner.plan_all_reduce(req, bytes, &bufs) {
                 // SAFETY: the addresses come from checked buffers (module docs).
@@ -182,7 +188,10 @@ impl Engine for RocmEngine {
         self.locked(cx.stream, || {
             let (inp, out) = (self.src(&input)?, self.dst(&output)?);
             let whole = count * cx.planner.world * dtype.size();
-            match cx.planner.plan_reduce_scatter(req, whole, &|| false) {
+            match cx
+                .planner
+                .plan_reduce_scatter(req, whole, &|| self.coll.is_registered(inp, whole))
+            {
                 // SAFETY: the addresses come from checked buffers (module docs).
                 Plan::Kernel(k) => unsafe { self.coll.reduce_scatter(k, inp, out, count, dtype, op) },
                 Plan::Nccl => Err(Error::Unavailable("NCCL on a rocm-engine communicator".into())),
@@ -206,7 +215,10 @@ impl Engine for RocmEngine {
             let bufs = Bufs {
                 in_place: inp == out.saturating_add((self.rank * bytes) as u64),
                 apart: inp.saturating_add(bytes as u64) <= out || out.saturating_add(whole as u64) <= inp,
-                registered: &|_| false,
+                registered: &|side| match side {
+                    Side::Input => self.coll.is_registered(inp, bytes),
+                    Side::Output => self.coll.is_registered(out, whole),
+                },
             };
             match cx.planner.plan_all_gather(req, whole, dtype, &bufs) {
                 // SAFETY: the addresses come from checked buffers (module docs).
@@ -254,5 +266,18 @@ impl Engine for RocmEngine {
 
     fn set_abort(&self, abort: bool) -> Result<()> {
         self.coll.set_abort(abort)
+    }
+
+    fn register(&self, t: &SymmTensor) -> Result<()> {
+        self.coll
+            .register_symmetric(get_symmetric_memory(t).ok_or(Error::NotRendezvoused)?)
+    }
+
+    fn register_memory(&self, mem: Arc<dyn SymmetricMemory>) -> Result<()> {
+        self.coll.register_symmetric(mem)
+    }
+
+    fn unregister_memory(&self, base: u64) -> bool {
+        self.coll.unregister_symmetric(base)
     }
 }

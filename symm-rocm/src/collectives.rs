@@ -2,11 +2,12 @@
 //! (`symm_core::kernel_source`, compiled by hiprtc with `kernels/vendor.hip.h`) on a symmetric
 //! workspace, launched exactly as symm-cuda launches them: symm-core's `coll` plans every
 //! launch (argument lists, workspace layout, grids, op headers, NOTE [one-planner]) and this
-//! file only runs them on a HIP stream. The kernels here are the ones that need nothing but
-//! the kernels: the Lamport one-shot, the ring (one-shot, two-shot, reduce-scatter,
-//! all-gather), the subset barrier and the empty op's agreement. The zero-copy pulls and the
-//! copy-engine paths, which need registered memory and side streams, are symm-cuda's only: an
-//! entry asked for one refuses it ([`symm_core::Error::Unavailable`]).
+//! file only runs them on a HIP stream: the Lamport one-shot, the ring (one-shot, two-shot,
+//! reduce-scatter, all-gather), the fused zero-copy pulls on allocations registered with
+//! [`RocmCollectives::register_symmetric`] (one-shot and two-shot all-reduce, reduce-scatter,
+//! all-gather), the subset barrier and the empty op's agreement. The copy-engine paths, which
+//! need side streams and events, are symm-cuda's only: an entry asked for one refuses it
+//! ([`symm_core::Error::Unavailable`]).
 //!
 //! Every op is synchronous: its launches, then the `take_error` kernel, on this object's own
 //! stream, waited for within the timeout plus a margin (never an unbounded synchronise); a
@@ -33,6 +34,7 @@ use symm_core::coll::launch::{
 };
 use symm_core::coll::layout::{self, WorkspaceLayout, MAX_WORLD, MISMATCH_WORDS, ST_ERR_OUT, ST_MISMATCH};
 use symm_core::coll::plan::{GridBudget, KernelDtype, PerDtype, Tuning};
+use symm_core::coll::registry::Registry;
 use symm_core::coll::{agree, check};
 use symm_core::kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
 use symm_core::{
@@ -77,6 +79,8 @@ struct KernelTable {
     lamport: PerDtype<Function>,
     lamport_two_rank: PerDtype<Vec<Function>>,
     ring: PerDtype<Function>,
+    pull: PerDtype<Function>,
+    pull_two_rank: PerDtype<Vec<Function>>,
     reduce_ptrs: PerDtype<Function>,
     barrier: Function,
     reject: Function,
@@ -93,6 +97,8 @@ pub struct RocmCollectives {
     config: RocmCollectivesConfig,
     rig: Rig,
     kernels: KernelTable,
+    /// Allocations registered for the zero-copy pulls.
+    registry: Registry,
     err_word: u64,
     /// The ops' stream; one op at a time (the lock).
     stream: Mutex<Stream>,
@@ -129,9 +135,10 @@ impl Launcher for On<'_> {
                 .ok_or_else(|| Error::InvalidArgument(format!("no two-rank Lamport entry for {mode:?}, op {op}")))?,
             Entry::Ring(dt) => &k.ring[dt],
             Entry::ReducePtrs(dt) => &k.reduce_ptrs[dt],
-            Entry::Pull(_) | Entry::PullTwoRank(..) => {
-                return Err(launch::not_here("zero-copy pull", crate::driver::BACKEND))
-            }
+            Entry::Pull(dt) => &k.pull[dt],
+            Entry::PullTwoRank(dt, mode, op) => k.pull_two_rank[dt]
+                .get(two_rank_index(mode, op))
+                .ok_or_else(|| Error::InvalidArgument(format!("no two-rank pull entry for {mode:?}, op {op}")))?,
         };
         f.launch(self.stream, l.blocks, l.threads, &l.args)
     }
@@ -163,15 +170,20 @@ impl RocmCollectives {
         let module = kernels::load(device, &kernels::COLLECTIVES, &kernels::clock_defines()?)?;
         let get = |name: &str| module.function(name);
         let per_dtype = |kind: &str| PerDtype::try_new(|d: KernelDtype| get(&format!("symm_{kind}_{}", d.suffix())));
-        let kernels = KernelTable {
-            lamport: per_dtype("lamport")?,
-            lamport_two_rank: PerDtype::try_new(|d| {
-                two_rank_names("lamport2", d.suffix())
+        let two_rank = |kind: &str| {
+            PerDtype::try_new(|d: KernelDtype| {
+                two_rank_names(kind, d.suffix())
                     .iter()
                     .map(|n| get(n))
                     .collect::<Result<Vec<_>>>()
-            })?,
+            })
+        };
+        let kernels = KernelTable {
+            lamport: per_dtype("lamport")?,
+            lamport_two_rank: two_rank("lamport2")?,
             ring: per_dtype("ring")?,
+            pull: per_dtype("pull")?,
+            pull_two_rank: two_rank("pull2")?,
             reduce_ptrs: per_dtype("reduce_ptrs")?,
             barrier: get("symm_coll_barrier")?,
             reject: get("symm_coll_reject")?,
@@ -216,6 +228,7 @@ impl RocmCollectives {
             config,
             rig,
             kernels,
+            registry: Registry::default(),
             err_word,
             stream: Mutex::new(stream),
             ctl: Stream::new()?,
@@ -304,8 +317,11 @@ impl RocmCollectives {
     }
 
     /// All-reduce of `count` elements from `input` into `output` (equal: in place) by `kernel`,
-    /// exactly (NOTE [one-planner]): [`AllReduceKernel::Lamport`], [`AllReduceKernel::OneShot`]
-    /// or [`AllReduceKernel::TwoShot`]; any other is refused. Returns when the op is done.
+    /// exactly (NOTE [one-planner]): [`AllReduceKernel::Lamport`], [`AllReduceKernel::OneShot`],
+    /// [`AllReduceKernel::TwoShot`], [`AllReduceKernel::Pull`] (input registered, apart from the
+    /// output) or [`AllReduceKernel::PullTwoShot`] (input and output registered); a copy-engine
+    /// kernel is refused, as is a zero-copy kernel whose buffers are not registered. Returns
+    /// when the op is done.
     ///
     /// # Safety
     /// NOTE [raw-addresses]: `input` and `output` each hold `count` elements of `dtype` in
@@ -325,21 +341,25 @@ impl RocmCollectives {
         if check::all_reduce(input, output, count, dtype)?.is_none() {
             return self.agree_empty(OpKind::AllReduce, dtype, Some(op));
         }
-        let kernel = all_reduce_at(kernel, self.rig.world);
-        if !matches!(
-            kernel,
-            AllReduceKernel::Lamport | AllReduceKernel::OneShot | AllReduceKernel::TwoShot
-        ) {
-            return Err(launch::not_here(kernel, crate::driver::BACKEND));
-        }
         let tuning = &self.config.tuning;
-        self.run("rocm all_reduce", |to| {
-            self.rig.all_reduce(to, kernel, tuning, input, output, count, dtype, op)
-        })
+        let (rig, reg) = (&self.rig, &self.registry);
+        match all_reduce_at(kernel, self.rig.world) {
+            k @ (AllReduceKernel::Lamport | AllReduceKernel::OneShot | AllReduceKernel::TwoShot) => self
+                .run("rocm all_reduce", |to| {
+                    rig.all_reduce(to, k, tuning, input, output, count, dtype, op)
+                }),
+            AllReduceKernel::Pull => self.run("rocm all_reduce (pull)", |to| {
+                rig.all_reduce_pull(to, reg, tuning, input, output, count, dtype, op)
+            }),
+            AllReduceKernel::PullTwoShot => self.run("rocm all_reduce (two-shot pull)", |to| {
+                rig.all_reduce_pull_two_shot(to, reg, tuning, input, output, count, dtype, op)
+            }),
+            k => Err(launch::not_here(k, crate::driver::BACKEND)),
+        }
     }
 
-    /// Reduce-scatter by `kernel` ([`ReduceScatterKernel::Lamport`] or
-    /// [`ReduceScatterKernel::Ring`]): `input` holds `count * world` elements, `output` receives
+    /// Reduce-scatter by `kernel` ([`ReduceScatterKernel::Lamport`], [`ReduceScatterKernel::Ring`]
+    /// or [`ReduceScatterKernel::Pull`], the input registered): `input` holds `count * world` elements, `output` receives
     /// this rank's `count` (in place when `output == input + rank * count` elements).
     ///
     /// # Safety
@@ -356,21 +376,24 @@ impl RocmCollectives {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        if check::reduce_scatter(input, output, count, dtype, (self.rig.rank, self.rig.world))?.is_none() {
+        let Some((_, g)) = check::reduce_scatter(input, output, count, dtype, (self.rig.rank, self.rig.world))? else {
             return self.agree_empty(OpKind::ReduceScatter, dtype, Some(op));
-        }
-        let kernel = reduce_scatter_at(kernel, self.rig.world);
-        if !matches!(kernel, ReduceScatterKernel::Lamport | ReduceScatterKernel::Ring) {
-            return Err(launch::not_here(kernel, crate::driver::BACKEND));
-        }
+        };
         let tuning = &self.config.tuning;
-        self.run("rocm reduce_scatter", |to| {
-            self.rig
-                .reduce_scatter(to, kernel, tuning, input, output, count, dtype, op)
-        })
+        let (rig, reg) = (&self.rig, &self.registry);
+        match reduce_scatter_at(kernel, self.rig.world) {
+            k @ (ReduceScatterKernel::Lamport | ReduceScatterKernel::Ring) => self.run("rocm reduce_scatter", |to| {
+                rig.reduce_scatter(to, k, tuning, input, output, count, dtype, op)
+            }),
+            ReduceScatterKernel::Pull => self.run("rocm reduce_scatter (pull)", |to| {
+                rig.reduce_scatter_pull(to, reg, tuning, &g, input, output, count, dtype, op)
+            }),
+            k => Err(launch::not_here(k, crate::driver::BACKEND)),
+        }
     }
 
-    /// All-gather by `kernel` ([`AllGatherKernel::Lamport`] or [`AllGatherKernel::Ring`]):
+    /// All-gather by `kernel` ([`AllGatherKernel::Lamport`], [`AllGatherKernel::Ring`] or
+    /// [`AllGatherKernel::Pull`], the input registered or in place in a registered output):
     /// `input` holds `count` elements, `output` `count * world` (in place when `input` is this
     /// rank's part of `output`).
     ///
@@ -389,14 +412,35 @@ impl RocmCollectives {
         let Some(dt) = check::all_gather(input, output, count, dtype, (self.rig.rank, self.rig.world))? else {
             return self.agree_empty(OpKind::AllGather, dtype, None);
         };
-        let kernel = all_gather_at(kernel, self.rig.world);
-        if !matches!(kernel, AllGatherKernel::Lamport | AllGatherKernel::Ring) {
-            return Err(launch::not_here(kernel, crate::driver::BACKEND));
-        }
         let tuning = &self.config.tuning;
-        self.run("rocm all_gather", |to| {
-            self.rig.all_gather(to, kernel, tuning, dt, input, output, count, dtype)
-        })
+        let (rig, reg) = (&self.rig, &self.registry);
+        match all_gather_at(kernel, self.rig.world) {
+            k @ (AllGatherKernel::Lamport | AllGatherKernel::Ring) => self.run("rocm all_gather", |to| {
+                rig.all_gather(to, k, tuning, dt, input, output, count, dtype)
+            }),
+            AllGatherKernel::Pull => self.run("rocm all_gather (pull)", |to| {
+                rig.all_gather_pull(to, reg, tuning, dt, input, output, count, dtype)
+            }),
+            k => Err(launch::not_here(k, crate::driver::BACKEND)),
+        }
+    }
+
+    /// Registers a symmetric allocation of the same group for the zero-copy pulls: an input
+    /// lying inside it is read by the peers in place (every rank must then pass the same offset;
+    /// a mismatch latches an error). Local, not collective.
+    pub fn register_symmetric(&self, mem: Arc<dyn SymmetricMemory>) -> Result<()> {
+        self.registry
+            .register(mem, (self.rig.rank, self.rig.world), Device::rocm(self.device))
+    }
+
+    /// Forgets the registered allocation whose local buffer starts at `base`; true if found.
+    pub fn unregister_symmetric(&self, base: u64) -> bool {
+        self.registry.unregister(base)
+    }
+
+    /// True if `bytes` at `ptr` lie inside a registered symmetric allocation.
+    pub fn is_registered(&self, ptr: u64, bytes: usize) -> bool {
+        self.registry.lookup(ptr, bytes).is_some()
     }
 
     /// Barrier with the ranks listed (which must include this rank); ranks not listed do not

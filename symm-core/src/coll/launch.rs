@@ -591,5 +591,6 @@ impl Rig {
     }
 }
 
+mod pull;
 #[cfg(test)]
 mod tests;

@@ -55,7 +55,7 @@ impl CudaCollectives {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        let Some((dt, bytes)) = self.all_reduce_args(stream, input, output, count, dtype)? else {
+        let Some((dt, _)) = self.all_reduce_args(stream, input, output, count, dtype)? else {
             return Ok(());
         };
         tuning.validate()?;
@@ -69,15 +69,26 @@ impl CudaCollectives {
                 self.rig
                     .all_reduce(&self.on(stream), kernel, tuning, input, output, count, dtype, op)
             }
-            AllReduceKernel::PullTwoShot => {
-                let sym_out = self.registered(output, bytes, "the two-shot pull needs its output")?;
-                self.all_reduce_pull_two_shot(stream, dt, dtype, op, input, output, &sym_out, count, tuning, hdr)
-            }
-            AllReduceKernel::Pull => {
-                let mut tuning = *tuning;
-                tuning.ce_fraction = 0.0;
-                self.all_reduce_ce(stream, dt, dtype, op, input, output, count, &tuning, hdr)
-            }
+            AllReduceKernel::PullTwoShot => self.rig.all_reduce_pull_two_shot(
+                &self.on(stream),
+                &self.registry,
+                tuning,
+                input,
+                output,
+                count,
+                dtype,
+                op,
+            ),
+            AllReduceKernel::Pull => self.rig.all_reduce_pull(
+                &self.on(stream),
+                &self.registry,
+                tuning,
+                input,
+                output,
+                count,
+                dtype,
+                op,
+            ),
             AllReduceKernel::CopyEnginePull => {
                 self.all_reduce_ce(stream, dt, dtype, op, input, output, count, tuning, hdr)
             }
@@ -122,63 +133,6 @@ impl CudaCollectives {
         self.on(stream).launch(&self.rig.pull(dt, p, tuning))
     }
 
-    /// The two-shot pull (3+ ranks; input and output both in registered symmetric memory, equal
-    /// or apart; NOTE [collectives-protocols], "Two-shot pull"): one fused kernel whose opening
-    /// barrier checks the geometry; then each rank reduces its shard of the message
-    /// ([`two_shot_shard`]) from every rank's input, read in place, and writes the result into
-    /// every rank's output; the closing barrier says every peer's shard has landed here and no
-    /// peer reads this input any more. Each rank reads 1 - 1/world of the message over NVLink
-    /// and writes as much, like NCCL's ring, in one launch and without staging. `sym_out`: the
-    /// output's registration (the caller looked it up).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn all_reduce_pull_two_shot(
-        &self,
-        stream: &CudaStream,
-        dt: KernelDtype,
-        dtype: DType,
-        op: ReduceOp,
-        input: u64,
-        output: u64,
-        sym_out: &SymInput,
-        count: usize,
-        tuning: &Tuning,
-        hdr: &OpHeader,
-    ) -> Result<()> {
-        let es = dtype.size();
-        let bytes = count * es;
-        let sym_in = self.registered(input, bytes, "the two-shot pull needs its input")?;
-        let q = two_shot_shard(count, self.rig.world, dtype);
-        let start = (self.rig.rank * q).min(count);
-        let n = q.min(count - start);
-        let off = (start * es) as u64;
-        let check = checked(
-            hdr,
-            &[
-                10,
-                sym_in.offset as u64,
-                sym_in.alloc_size as u64,
-                sym_out.offset as u64,
-                sym_out.alloc_size as u64,
-            ],
-        );
-        let p = args::Pull {
-            mode: RingMode::AllReduce,
-            op: kernel_op(op),
-            out: output + off,
-            n,
-            srcs: args::per_rank(self.rig.rank, self.rig.world, input + off, &sym_in.ptrs, off),
-            dsts: Some(args::per_rank(
-                self.rig.rank,
-                self.rig.world,
-                output + off,
-                &sym_out.ptrs,
-                off,
-            )),
-            check,
-        };
-        self.launch_pull(stream, dt, &p, tuning)
-    }
-
     #[allow(clippy::too_many_arguments)]
     pub(super) fn all_reduce_ce(
         &self,
@@ -194,7 +148,9 @@ impl CudaCollectives {
     ) -> Result<()> {
         let es = dtype.size();
         let bytes = count * es;
-        let sym = self.registered(input, bytes, "the copy-engine all-reduce needs its input")?;
+        let sym = self
+            .registry
+            .registered(input, bytes, "the copy-engine all-reduce needs its input")?;
         if ranges_overlap(input, bytes, output, bytes) {
             return Err(Error::InvalidArgument(
                 "the copy-engine all-reduce cannot run in place (peers read the input while the output is written)"
@@ -205,16 +161,7 @@ impl CudaCollectives {
         let check = checked(hdr, &[3, sym.offset as u64, sym.alloc_size as u64]);
         if ce_elems == 0 {
             // Pure SM pull: one fused kernel.
-            let srcs = args::per_rank(self.rig.rank, self.rig.world, input, &sym.ptrs, 0);
-            let p = args::Pull {
-                mode: RingMode::AllReduce,
-                op: kernel_op(op),
-                out: output,
-                n: count,
-                srcs,
-                dsts: None,
-                check,
-            };
+            let p = self.rig.all_reduce_pull_args(op, input, output, count, sym.ptrs, check);
             return self.launch_pull(stream, dt, &p, tuning);
         }
         let mask = self.rig.full_mask();
@@ -343,8 +290,12 @@ impl CudaCollectives {
                 "the copy-engine two-shot all-reduce runs out of place (the peer's half lands in the output)".into(),
             ));
         }
-        let sin = self.registered(input, bytes, "the copy-engine two-shot all-reduce needs its input")?;
-        let sout = self.registered(output, bytes, "the copy-engine two-shot all-reduce needs its output")?;
+        let sin = self
+            .registry
+            .registered(input, bytes, "the copy-engine two-shot all-reduce needs its input")?;
+        let sout = self
+            .registry
+            .registered(output, bytes, "the copy-engine two-shot all-reduce needs its output")?;
         let peer = 1 - self.rig.rank;
         let q = two_shot_shard(count, 2, dtype).min(count);
         let (start, n) = if self.rig.rank == 0 { (0, q) } else { (q, count - q) };

@@ -58,9 +58,17 @@ impl CudaCollectives {
                 self.rig
                     .reduce_scatter(&self.on(stream), k, tuning, input, output, count, dtype, op)
             }
-            ReduceScatterKernel::Pull => {
-                self.reduce_scatter_pull(stream, dt, &g, input, output, count, dtype, op, tuning)
-            }
+            ReduceScatterKernel::Pull => self.rig.reduce_scatter_pull(
+                &self.on(stream),
+                &self.registry,
+                tuning,
+                &g,
+                input,
+                output,
+                count,
+                dtype,
+                op,
+            ),
             ReduceScatterKernel::CopyEngine => self.reduce_scatter_ce(stream, dt, &g, input, output, count, dtype, op),
             k => Err(not_here(k)),
         }
@@ -80,46 +88,6 @@ impl CudaCollectives {
     ) -> Result<Option<(KernelDtype, ShardGeometry)>> {
         self.check_stream(stream)?;
         check::reduce_scatter(input, output, count, dtype, (self.rig.rank, self.rig.world))
-    }
-
-    /// Zero-copy reduce-scatter for an input in registered symmetric memory (the same offset on
-    /// every rank, see [`Self::register_symmetric`]): every rank reads its shard straight from
-    /// every peer's input and reduces it (PyTorch's `reduce_scatter_out` pattern). A barrier that
-    /// also checks every rank passed the same geometry, the pull (the SM-pull kernel of the
-    /// copy-engine all-reduce, on this rank's shard), and a closing barrier (peers read this
-    /// rank's input until then, so the caller may overwrite it afterwards). `output` may be this
-    /// rank's shard of `input` (in place: no peer reads that shard). Stream-ordered, allocates
-    /// nothing, graph-capturable.
-    ///
-    #[allow(clippy::too_many_arguments)]
-    fn reduce_scatter_pull(
-        &self,
-        stream: &CudaStream,
-        dt: KernelDtype,
-        g: &ShardGeometry,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-        tuning: &Tuning,
-    ) -> Result<()> {
-        let own = g.own;
-        let shard = own - input;
-        let sym = self.registered(input, g.whole_bytes, "the zero-copy reduce-scatter needs its input")?;
-        let hdr = &header(OpKind::ReduceScatter, dtype, count, Some(op), Mechanism::Pull);
-        let check = checked(hdr, &[4, sym.offset as u64, sym.alloc_size as u64]);
-        let srcs = args::per_rank(self.rig.rank, self.rig.world, own, &sym.ptrs, shard);
-        let p = args::Pull {
-            mode: RingMode::ReduceScatter,
-            op: kernel_op(op),
-            out: output,
-            n: count,
-            srcs,
-            dsts: None,
-            check,
-        };
-        self.launch_pull(stream, dt, &p, tuning)
     }
 
     /// Copy-engine reduce-scatter for an input in registered symmetric memory and an output
@@ -163,7 +131,9 @@ impl CudaCollectives {
         }
         let own = g.own;
         let shard = own - input;
-        let sym = self.registered(input, g.whole_bytes, "the copy-engine reduce-scatter needs its input")?;
+        let sym = self
+            .registry
+            .registered(input, g.whole_bytes, "the copy-engine reduce-scatter needs its input")?;
         let peer = 1 - self.rig.rank;
         let hdr = &header(OpKind::ReduceScatter, dtype, count, Some(op), Mechanism::CopyEngine);
         let check = checked(hdr, &[8, sym.offset as u64, sym.alloc_size as u64]);
@@ -242,61 +212,18 @@ impl CudaCollectives {
                 let hdr = &header(OpKind::AllGather, dtype, count, None, Mechanism::CopyEngine);
                 self.all_gather_ce(stream, kernel, input, output, count, dtype, hdr)
             }
-            AllGatherKernel::Pull => {
-                let hdr = &header(OpKind::AllGather, dtype, count, None, Mechanism::Pull);
-                self.all_gather_pull(stream, dt, tuning, input, output, count, dtype, hdr)
-            }
+            AllGatherKernel::Pull => self.rig.all_gather_pull(
+                &self.on(stream),
+                &self.registry,
+                tuning,
+                dt,
+                input,
+                output,
+                count,
+                dtype,
+            ),
             k => Err(not_here(k)),
         }
-    }
-
-    /// Zero-copy all-gather for an input in registered symmetric memory: one fused kernel copies
-    /// every peer's input straight into the output over NVLink between an opening barrier (with
-    /// a geometry check) and a closing one.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn all_gather_pull(
-        &self,
-        stream: &CudaStream,
-        dt: KernelDtype,
-        tuning: &Tuning,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DType,
-        hdr: &OpHeader,
-    ) -> Result<()> {
-        let bytes = count * dtype.size();
-        let mut srcs = [0u64; MAX_WORLD];
-        let in_place = input == output + (self.rig.rank * bytes) as u64;
-        let check = if let Some(sym) = in_place
-            .then(|| self.lookup_symmetric(output, bytes * self.rig.world))
-            .flatten()
-        {
-            // In place in a registered output: rank s's input is slice s of its output, at the
-            // same offset on every rank.
-            for (s, src) in srcs.iter_mut().enumerate().take(self.rig.world) {
-                *src = sym.ptrs[s] + (s * bytes) as u64;
-            }
-            checked(hdr, &[6, sym.offset as u64, sym.alloc_size as u64])
-        } else {
-            let sym = self.registered(
-                input,
-                bytes,
-                "the zero-copy all-gather pull needs its input (or, in place, its output)",
-            )?;
-            srcs = args::per_rank(self.rig.rank, self.rig.world, input, &sym.ptrs, 0);
-            checked(hdr, &[5, sym.offset as u64, sym.alloc_size as u64])
-        };
-        let p = args::Pull {
-            mode: RingMode::AllGather,
-            op: 0,
-            out: output,
-            n: count,
-            srcs,
-            dsts: None,
-            check,
-        };
-        self.launch_pull(stream, dt, &p, tuning)
     }
 
     /// The copy-engine all-gathers: `kernel` is one of [`AllGatherKernel::CopyEnginePush`]
@@ -337,7 +264,7 @@ impl CudaCollectives {
                 // opening one: every peer's output is free; the closing one: every write into
                 // this rank's output has landed). Writes ran at ~389 GB/s per direction with
                 // both GPUs copying, reads at ~370 (docs/benchmarks.md, bandwidth probes).
-                let o = self.registered(
+                let o = self.registry.registered(
                     output,
                     bytes * self.rig.world,
                     "the copy-engine all-gather push needs its output",
@@ -351,7 +278,9 @@ impl CudaCollectives {
             }
             AllGatherKernel::CopyEnginePull => {
                 // Pull: peers' inputs are read in place between two barriers.
-                let i = self.registered(input, bytes, "the copy-engine all-gather pull needs its input")?;
+                let i = self
+                    .registry
+                    .registered(input, bytes, "the copy-engine all-gather pull needs its input")?;
                 let check = checked(hdr, &[1, i.offset as u64, i.alloc_size as u64]);
                 Some((check, std::array::from_fn(|s| (output + (s * bytes) as u64, i.ptrs[s]))))
             }

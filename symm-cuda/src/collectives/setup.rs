@@ -5,7 +5,7 @@
 
 #![forbid(unsafe_code)]
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
@@ -19,6 +19,7 @@ use crate::driver::launch::{launch, Launch};
 use crate::driver::{self, bind, from_driver};
 use crate::{kernels, knobs};
 use symm_core::coll::launch::{two_rank_index, two_rank_names, Rig};
+use symm_core::coll::registry::Registry;
 
 pub use symm_core::coll::layout::{DEFAULT_LAMPORT_BYTES, DEFAULT_RING_SLOTS, DEFAULT_STAGING_BYTES};
 
@@ -290,7 +291,7 @@ impl CudaCollectives {
             err_word,
             control,
             ce: Mutex::new(ce),
-            registered: RwLock::new(Vec::new()),
+            registry: Registry::default(),
             epilogues,
         })
     }

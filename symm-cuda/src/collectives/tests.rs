@@ -3,6 +3,7 @@ use std::time::Duration;
 use super::*;
 use crate::kernels;
 use symm_core::coll::launch::{two_rank_index, two_rank_names};
+use symm_core::coll::plan::kernel_op;
 
 #[test]
 fn config_defaults() {

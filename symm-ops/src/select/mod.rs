@@ -30,9 +30,9 @@ pub enum EngineKind {
     /// NCCL only (chosen when the group spans hosts or is not fully connected).
     Nccl,
     /// symm-rocm's collective kernels (symm-core's shared source, compiled by hiprtc): the
-    /// Lamport one-shot and the ring, no zero-copy pulls, no copy engine, no RCCL. The table's
-    /// defaults are the CUDA ones without those rows, provisional until measured on AMD
-    /// hardware. Not run on AMD hardware yet.
+    /// Lamport one-shot, the ring and the zero-copy pulls; no copy engine, no RCCL. The table's
+    /// defaults are the CUDA ones without the copy-engine rows, provisional until measured on
+    /// AMD hardware. Not run on AMD hardware yet.
     Rocm,
 }
 
@@ -284,7 +284,7 @@ impl Selector {
     /// Symmetric memory up to `reduce_scatter_max_bytes`, NCCL above; the zero-copy pull from
     /// its bound on (CUDA; the engine runs NCCL, else the kernels, for unregistered inputs).
     pub fn reduce_scatter(&self, bytes: usize) -> ReduceScatterAlgo {
-        if self.symm && self.engine == EngineKind::Cuda && bytes >= self.thresholds.reduce_scatter_pull_min_bytes {
+        if self.symm && self.engine.runs_kernels() && bytes >= self.thresholds.reduce_scatter_pull_min_bytes {
             ReduceScatterAlgo::Pull
         } else if !self.symm || (self.nccl && bytes > self.thresholds.reduce_scatter_max_bytes) {
             ReduceScatterAlgo::Nccl
@@ -298,11 +298,13 @@ impl Selector {
     /// where available, for inputs outside registered symmetric memory).
     pub fn all_gather(&self, bytes: usize) -> AllGatherAlgo {
         let t = &self.thresholds;
-        let cuda = self.engine == EngineKind::Cuda;
-        let ce = cuda && bytes >= t.all_gather_copy_engine_min_bytes;
+        let kernels = self.engine.runs_kernels();
+        let ce = kernels && bytes >= t.all_gather_copy_engine_min_bytes;
         // The pulls' upper bounds hand sizes to NCCL; without it the pull beats the kernels.
-        let pull =
-            cuda && !ce && bytes >= t.all_gather_pull_min_bytes && (bytes <= t.all_gather_pull_max_bytes || !self.nccl);
+        let pull = kernels
+            && !ce
+            && bytes >= t.all_gather_pull_min_bytes
+            && (bytes <= t.all_gather_pull_max_bytes || !self.nccl);
         // A zero-copy bound above the NCCL bound takes the sizes from it back from NCCL.
         let zero_copy_over_nccl = (ce && t.all_gather_copy_engine_min_bytes > t.all_gather_max_bytes) || pull;
         if !self.symm || (self.nccl && bytes > t.all_gather_max_bytes && !zero_copy_over_nccl) {

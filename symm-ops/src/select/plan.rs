@@ -41,10 +41,13 @@ impl Selector {
             AllReduceAlgo::Lamport => AllReduceKernel::Lamport,
             AllReduceAlgo::OneShot => AllReduceKernel::OneShot,
             AllReduceAlgo::TwoShot => AllReduceKernel::TwoShot,
-            AllReduceAlgo::Pull | AllReduceAlgo::CopyEngine => match zero_copy(req == AllReduceAlgo::CopyEngine) {
-                Some(k) => k,
-                None => return self.plan_all_reduce(self.fallback_all_reduce(bytes), bytes, b),
-            },
+            // The copy engine is CUDA's; the rocm engine runs the pull for it.
+            AllReduceAlgo::Pull | AllReduceAlgo::CopyEngine => {
+                match zero_copy(req == AllReduceAlgo::CopyEngine && self.engine == EngineKind::Cuda) {
+                    Some(k) => k,
+                    None => return self.plan_all_reduce(self.fallback_all_reduce(bytes), bytes, b),
+                }
+            }
         };
         Plan::Kernel(k)
     }
@@ -98,6 +101,11 @@ impl Selector {
         if self.engine == EngineKind::Host {
             return Plan::Kernel(AllGatherKernel::Pull);
         }
+        // The copy engine is CUDA's; the rocm engine runs the pull for it.
+        let req = match req {
+            AllGatherAlgo::CopyEngine if self.engine != EngineKind::Cuda => AllGatherAlgo::Pull,
+            r => r,
+        };
         let zero_copy = match req {
             AllGatherAlgo::Nccl => return Plan::Nccl,
             // One rank: the ring kernel's local copy.

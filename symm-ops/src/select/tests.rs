@@ -334,9 +334,9 @@ fn table_lists_every_boundary() {
     assert_eq!(human(1000), "1000 B");
 }
 
-/// The rocm engine: CUDA's kernel rows, no zero-copy rows and no NCCL, so every size runs one of
-/// the kernels ROCm launches (Lamport, ring one-shot / two-shot / reduce-scatter / all-gather),
-/// whatever the request and the buffers.
+/// The rocm engine: CUDA's kernel and pull rows, no copy-engine rows and no NCCL, so every size
+/// runs one of the kernels ROCm launches (Lamport, ring one-shot / two-shot / reduce-scatter /
+/// all-gather, the pulls for registered buffers), whatever the request and the buffers.
 #[test]
 fn rocm_plans_only_the_kernels_rocm_launches() {
     for world in [2, 3, 4, 8] {
@@ -347,60 +347,83 @@ fn rocm_plans_only_the_kernels_rocm_launches() {
             (t.lamport_max_bytes, t.one_shot_max_bytes, t.two_shot_max_bytes),
             (cuda.lamport_max_bytes, cuda.one_shot_max_bytes, cuda.two_shot_max_bytes)
         );
-        assert_eq!(t.all_reduce_pull_min_bytes, usize::MAX);
-        assert_eq!(t.all_gather_copy_engine_min_bytes, usize::MAX);
-        let registered = Bufs {
+        assert_eq!(t.all_reduce_pull_min_bytes, cuda.all_reduce_pull_min_bytes);
+        assert_eq!(
+            (t.all_reduce_ce_min_bytes, t.all_gather_copy_engine_min_bytes),
+            (usize::MAX, usize::MAX)
+        );
+        for registered in [false, true] {
+            let reg = move |_: Side| registered;
+            for (in_place, apart) in [(false, true), (true, false)] {
+                let b = Bufs {
+                    in_place,
+                    apart,
+                    registered: &reg,
+                };
+                for bytes in [1, 4 * KIB, 256 * KIB, MIB, 16 * MIB, 256 * MIB] {
+                    assert_ne!(s.all_reduce(bytes), AllReduceAlgo::Nccl);
+                    for req in [
+                        s.all_reduce(bytes),
+                        AllReduceAlgo::Lamport,
+                        AllReduceAlgo::OneShot,
+                        AllReduceAlgo::TwoShot,
+                        AllReduceAlgo::Pull,
+                        AllReduceAlgo::CopyEngine,
+                    ] {
+                        match s.plan_all_reduce(req, bytes, &b) {
+                            Plan::Kernel(
+                                AllReduceKernel::Lamport | AllReduceKernel::OneShot | AllReduceKernel::TwoShot,
+                            ) => {}
+                            Plan::Kernel(AllReduceKernel::Pull | AllReduceKernel::PullTwoShot) if registered => {}
+                            other => panic!("world {world}, {bytes} B, {req:?}, registered {registered}: {other:?}"),
+                        }
+                    }
+                    for req in [
+                        ReduceScatterAlgo::Push,
+                        ReduceScatterAlgo::Pull,
+                        s.reduce_scatter(bytes),
+                    ] {
+                        match s.plan_reduce_scatter(req, bytes, &|| registered) {
+                            Plan::Kernel(ReduceScatterKernel::Lamport | ReduceScatterKernel::Ring) => {}
+                            Plan::Kernel(ReduceScatterKernel::Pull) if registered => {}
+                            other => panic!("world {world}, {bytes} B, {req:?}, registered {registered}: {other:?}"),
+                        }
+                    }
+                    for req in [
+                        AllGatherAlgo::Push,
+                        AllGatherAlgo::Pull,
+                        AllGatherAlgo::CopyEngine,
+                        s.all_gather(bytes),
+                    ] {
+                        match s.plan_all_gather(req, bytes, DType::BF16, &b) {
+                            Plan::Kernel(AllGatherKernel::Lamport | AllGatherKernel::Ring) => {}
+                            Plan::Kernel(AllGatherKernel::Pull) if registered => {}
+                            other => panic!("world {world}, {bytes} B, {req:?}, registered {registered}: {other:?}"),
+                        }
+                    }
+                }
+            }
+        }
+        // Small all-reduces take Lamport, as on CUDA; a copy-engine request with registered
+        // buffers runs the pull.
+        assert_eq!(s.all_reduce(4 * KIB), AllReduceAlgo::Lamport);
+        let reg = Bufs {
             in_place: false,
             apart: true,
             registered: &|_| true,
         };
-        for bytes in [1, 4 * KIB, 256 * KIB, MIB, 16 * MIB, 256 * MIB] {
-            assert_ne!(s.all_reduce(bytes), AllReduceAlgo::Nccl);
-            for req in [
-                s.all_reduce(bytes),
-                AllReduceAlgo::Lamport,
-                AllReduceAlgo::OneShot,
-                AllReduceAlgo::TwoShot,
-                AllReduceAlgo::Pull,
-                AllReduceAlgo::CopyEngine,
-            ] {
-                // The rocm engine never says its buffers are registered.
-                let b = Bufs {
-                    registered: &|_| false,
-                    ..registered
-                };
-                match s.plan_all_reduce(req, bytes, &b) {
-                    Plan::Kernel(AllReduceKernel::Lamport | AllReduceKernel::OneShot | AllReduceKernel::TwoShot) => {}
-                    other => panic!("world {world}, {bytes} B, {req:?}: {other:?}"),
-                }
-            }
-            for req in [
-                ReduceScatterAlgo::Push,
-                ReduceScatterAlgo::Pull,
-                s.reduce_scatter(bytes),
-            ] {
-                match s.plan_reduce_scatter(req, bytes, &|| false) {
-                    Plan::Kernel(ReduceScatterKernel::Lamport | ReduceScatterKernel::Ring) => {}
-                    other => panic!("world {world}, {bytes} B, {req:?}: {other:?}"),
-                }
-            }
-            for req in [
-                AllGatherAlgo::Push,
-                AllGatherAlgo::Pull,
-                AllGatherAlgo::CopyEngine,
-                s.all_gather(bytes),
-            ] {
-                let b = Bufs {
-                    registered: &|_| false,
-                    ..registered
-                };
-                match s.plan_all_gather(req, bytes, DType::BF16, &b) {
-                    Plan::Kernel(AllGatherKernel::Lamport | AllGatherKernel::Ring) => {}
-                    other => panic!("world {world}, {bytes} B, {req:?}: {other:?}"),
-                }
-            }
-        }
-        // Small all-reduces take Lamport, as on CUDA.
-        assert_eq!(s.all_reduce(4 * KIB), AllReduceAlgo::Lamport);
+        let want = if world >= 3 {
+            AllReduceKernel::PullTwoShot
+        } else {
+            AllReduceKernel::Pull
+        };
+        assert_eq!(
+            s.plan_all_reduce(AllReduceAlgo::CopyEngine, 64 * MIB, &reg),
+            Plan::Kernel(want)
+        );
+        assert_eq!(
+            s.plan_all_gather(AllGatherAlgo::CopyEngine, 64 * MIB, DType::BF16, &reg),
+            Plan::Kernel(AllGatherKernel::Pull)
+        );
     }
 }

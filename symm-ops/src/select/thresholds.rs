@@ -96,10 +96,14 @@ impl SelectionThresholds {
     /// NCCL the kernels run every size.
     pub fn defaults(engine: EngineKind, world_size: usize) -> Self {
         match engine {
-            // The same kernels as CUDA's, launched the same way; no zero-copy rows (the ROCm
-            // engine has neither pulls nor copy-engine paths) and no NCCL. Provisional: every
-            // figure behind the CUDA bounds was measured on H100 / H200, none on AMD hardware.
-            EngineKind::Rocm => Self::defaults(EngineKind::Cuda, world_size).without_zero_copy(),
+            // The same kernels as CUDA's, launched the same way; no copy-engine rows (the ROCm
+            // engine has no copy-engine paths) and no NCCL. Provisional: every figure behind
+            // the CUDA bounds was measured on H100 / H200, none on AMD hardware.
+            EngineKind::Rocm => SelectionThresholds {
+                all_reduce_ce_min_bytes: usize::MAX,
+                all_gather_copy_engine_min_bytes: usize::MAX,
+                ..Self::defaults(EngineKind::Cuda, world_size)
+            },
             EngineKind::Host => SelectionThresholds {
                 lamport_max_bytes: 0,
                 one_shot_max_bytes: 256 * KIB,
