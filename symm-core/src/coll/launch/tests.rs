@@ -372,3 +372,146 @@ fn barrier_masks_check_their_ranks() {
         Err(Error::OutOfRange { .. })
     ));
 }
+
+/// Addresses only: a registered allocation for the pull plans (nothing is read or written).
+struct FakeMem {
+    group: Arc<crate::Group>,
+    bufs: Vec<u64>,
+    size: usize,
+}
+
+impl crate::SymmetricMemory for FakeMem {
+    fn group(&self) -> &Arc<crate::Group> {
+        &self.group
+    }
+    fn device(&self) -> crate::Device {
+        crate::Device::new(crate::DeviceType::Rocm, 0)
+    }
+    fn buffer_size(&self) -> usize {
+        self.size
+    }
+    fn signal_pad_size(&self) -> usize {
+        0
+    }
+    fn buffer_ptrs(&self) -> &[u64] {
+        &self.bufs
+    }
+    fn signal_pad_ptrs(&self) -> &[u64] {
+        &self.bufs
+    }
+    fn buffer_ptrs_dev(&self) -> u64 {
+        0
+    }
+    fn signal_pad_ptrs_dev(&self) -> u64 {
+        0
+    }
+    fn barrier(&self, _: crate::Channel, _: std::time::Duration) -> Result<()> {
+        Ok(())
+    }
+    fn put_signal(&self, _: Rank, _: crate::Channel, _: std::time::Duration) -> Result<()> {
+        Ok(())
+    }
+    fn wait_signal(&self, _: Rank, _: crate::Channel, _: std::time::Duration) -> Result<()> {
+        Ok(())
+    }
+    fn read_bytes(&self, _: Rank, _: usize, _: &mut [u8]) -> Result<()> {
+        Ok(())
+    }
+    fn write_bytes(&self, _: Rank, _: usize, _: &[u8]) -> Result<()> {
+        Ok(())
+    }
+    fn read_signal_pad(&self, _: Rank, _: usize, _: &mut [u8]) -> Result<()> {
+        Ok(())
+    }
+    fn set_abort(&self, _: bool) -> Result<()> {
+        Ok(())
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+use std::sync::Arc;
+
+/// Rank 1 of 3 with an allocation of 1 MiB at `0x1000_0000 * (r + 1)` on every rank, registered.
+fn registered_rig() -> (Rig, crate::coll::registry::Registry) {
+    let r = rig(1, 3);
+    let store: Arc<dyn symm_store::Store> = symm_store::HashStore::new(std::time::Duration::from_secs(5));
+    let group = crate::Group::new("pull-plans", 1, 3, store).unwrap();
+    let mem = FakeMem {
+        group,
+        bufs: (0..3).map(|r| 0x1000_0000 * (r as u64 + 1)).collect(),
+        size: 1 << 20,
+    };
+    let reg = crate::coll::registry::Registry::default();
+    reg.register(Arc::new(mem), (1, 3), crate::Device::new(crate::DeviceType::Rocm, 0))
+        .unwrap();
+    (r, reg)
+}
+
+// The fused pull's arguments: 0-7 pads, 8-15 sources, 16-23 destinations, then state, rank,
+// world, mode, op, out, n, check.
+const SRCS: usize = 8;
+const DSTS: usize = 16;
+const OUT: usize = 29;
+const N_ARG: usize = 30;
+
+#[test]
+fn pulls_read_every_rank_at_the_same_offset_and_refuse_what_they_cannot() {
+    let (r, reg) = registered_rig();
+    let t = Tuning::default();
+    let to = Record::default();
+    let base = 0x2000_0000u64; // rank 1's allocation
+    let (input, output) = (base + 0x100, 0x9000_0000u64);
+    r.all_reduce_pull(&to, &reg, &t, input, output, 64, DType::F32, ReduceOp::Sum)
+        .unwrap();
+    {
+        let l = to.0.borrow();
+        assert_eq!(l[0].entry, Entry::Pull(KernelDtype::F32));
+        let srcs: Vec<u64> = (0..3).map(|i| u64_arg(&l[0].args[SRCS + i])).collect();
+        assert_eq!(srcs, [0x1000_0100, input, 0x3000_0100]);
+        assert_eq!(u64_arg(&l[0].args[OUT]), output);
+    }
+    // In place, or an input outside registered memory: refused, nothing launched.
+    assert!(r
+        .all_reduce_pull(&to, &reg, &t, input, input, 64, DType::F32, ReduceOp::Sum)
+        .is_err());
+    assert!(matches!(
+        r.all_reduce_pull(&to, &reg, &t, 0x5000, output, 64, DType::F32, ReduceOp::Sum),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert_eq!(to.0.borrow().len(), 1);
+
+    // Two-shot pull: rank 1 reduces its shard and writes it into every rank's output.
+    let count = 1000;
+    let out = base + 0x8_0000;
+    r.all_reduce_pull_two_shot(&to, &reg, &t, input, out, count, DType::F32, ReduceOp::Sum)
+        .unwrap();
+    let q = two_shot_shard(count, 3, DType::F32);
+    let off = (q * 4) as u64;
+    {
+        let l = to.0.borrow();
+        let dsts: Vec<u64> = (0..3).map(|i| u64_arg(&l[1].args[DSTS + i])).collect();
+        assert_eq!(dsts, [0x1008_0000 + off, out + off, 0x3008_0000 + off]);
+        assert_eq!(u64_arg(&l[1].args[N_ARG]), q.min(count - q) as u64);
+    }
+
+    // Reduce-scatter pull: every rank's shard 1 of its input.
+    let g = crate::coll::check::reduce_scatter(input, output, 16, DType::F32, (1, 3))
+        .unwrap()
+        .unwrap()
+        .1;
+    r.reduce_scatter_pull(&to, &reg, &t, &g, input, output, 16, DType::F32, ReduceOp::Sum)
+        .unwrap();
+    // All-gather in place in a registered output: rank s's input is slice s of its output.
+    let out = base + 0x1000;
+    r.all_gather_pull(&to, &reg, &t, KernelDtype::F32, out + 64, out, 16, DType::F32)
+        .unwrap();
+    let l = to.0.borrow();
+    let rs: Vec<u64> = (0..3).map(|i| u64_arg(&l[2].args[SRCS + i])).collect();
+    assert_eq!(rs, [0x1000_0140, input + 64, 0x3000_0140]);
+    let ag: Vec<u64> = (0..3).map(|i| u64_arg(&l[3].args[SRCS + i])).collect();
+    assert_eq!(ag, [0x1000_1000, 0x2000_1040, 0x3000_1080]);
+    // Three ranks: the generic entry (the two-rank ones are for two ranks only).
+    assert!(l.iter().all(|l| matches!(l.entry, Entry::Pull(_))));
+}
