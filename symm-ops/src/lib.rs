@@ -21,10 +21,13 @@
 //! staged through the communicator's persistent symmetric buffer, in chunks
 //! when larger. Engines: the generic host engine (any backend's
 //! `SymmetricMemory`; CI runs it on symm-testkit's host backend), CUDA
-//! (symm-cuda's kernels, feature `cuda`, default) and NCCL (cudarc).
+//! (symm-cuda's kernels, feature `cuda`, default), NCCL (cudarc) and ROCm
+//! (symm-rocm's launches of the same kernels, feature `rocm`; not run on AMD
+//! hardware).
 //! See `docs/user-guide.md` and `docs/ops.md`.
 
-// No unsafe code, except the declaration of `RawDevicePtr::new`'s contract (buf.rs).
+// No unsafe code, except the declaration of `RawDevicePtr::new`'s contract (buf.rs) and the
+// engines' calls into their backends' raw-address entries (`cuda/engine.rs`, `rocm.rs`).
 #![deny(unsafe_code)]
 
 mod buf;
