@@ -1,6 +1,6 @@
 //! The explicit collective kernels: the one vocabulary in which symm-ops' planner says what runs
-//! and in which a backend with collective kernels (symm-cuda; symm-rocm once it launches them)
-//! offers them. A backend runs exactly the kernel it is given, or fails with an error naming the
+//! and in which a backend with collective kernels (symm-cuda; symm-rocm, without the copy-engine
+//! ones) offers them. A backend runs exactly the kernel it is given, or fails with an error naming the
 //! precondition that does not hold (a zero-copy kernel whose buffer is not registered, say); it
 //! never picks another one (with one rank, where nothing is exchanged, a backend may run the
 //! ring kernel's local reduction for any kernel: NOTE [one-planner]). Choosing is the planner's alone (symm-ops' `select/`, NOTE

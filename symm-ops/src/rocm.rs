@@ -9,7 +9,9 @@
 //! Ops take device buffers of the communicator's device: symmetric tensors or
 //! [`crate::RawDevicePtr`]s (host slices need the host engine). They run on the collectives'
 //! own HIP stream and return when done (a device error is the op's error; every wait is
-//! bounded): the caller orders its own streams around the call. No op is given a stream.
+//! bounded): the caller orders its own streams around the call. No op is given a stream. An op
+//! whose kernels do not end even after the abort (a wedged device) returns a timeout that
+//! poisons the communicator; its buffers stay in use until the device is idle.
 //!
 //! Nothing here has run on AMD hardware (no AMD GPU exists on the project's machines).
 //!
@@ -28,7 +30,8 @@ use std::time::Duration;
 use symm_core::coll::check::check_ptr;
 use symm_core::epilogue::Rows;
 use symm_core::{
-    get_symmetric_memory, DType, Device, Error, Group, OpKind, Rank, ReduceOp, Result, SymmTensor, SymmetricMemory,
+    get_symmetric_memory, DType, Device, DeviceType, Error, Group, OpKind, Rank, ReduceOp, Result, SymmTensor,
+    SymmetricMemory,
 };
 use symm_rocm::{RocmCollectives, RocmCollectivesConfig};
 
@@ -67,6 +70,11 @@ impl RocmEngine {
         timeout: Duration,
         device_sharers: usize,
     ) -> Result<Self> {
+        if device.ty != DeviceType::Rocm {
+            return Err(Error::InvalidArgument(format!(
+                "the rocm engine on {device}: it runs on ROCm devices only"
+            )));
+        }
         let mut c = RocmCollectivesConfig::new(config.staging_bytes, timeout);
         c.lamport_bytes = config.lamport_bytes;
         Ok(RocmEngine {

@@ -24,6 +24,8 @@
 // (`unsafe fn`, NOTE [raw-addresses]); the driver layer does the rest.
 #![deny(unsafe_code)]
 
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -104,6 +106,11 @@ pub struct RocmCollectives {
     stream: Mutex<Stream>,
     /// Host copies of the error words.
     ctl: Stream,
+    /// The abort the caller asked for ([`Self::set_abort`]), restored after an op's own abort.
+    user_abort: AtomicBool,
+    /// Set when a timed-out op's kernels did not end even after the abort: the abort stays set,
+    /// every later op is refused, and dropping the object leaks the workspace.
+    wedged: AtomicBool,
 }
 
 impl std::fmt::Debug for RocmCollectives {
@@ -117,10 +124,11 @@ impl std::fmt::Debug for RocmCollectives {
     }
 }
 
-/// Runs symm-core's planned launches on the ops' stream.
+/// Runs symm-core's planned launches on the ops' stream, counting them.
 struct On<'a> {
     k: &'a KernelTable,
     stream: &'a Stream,
+    launched: Cell<usize>,
 }
 
 impl Launcher for On<'_> {
@@ -140,7 +148,9 @@ impl Launcher for On<'_> {
                 .get(two_rank_index(mode, op))
                 .ok_or_else(|| Error::InvalidArgument(format!("no two-rank pull entry for {mode:?}, op {op}")))?,
         };
-        f.launch(self.stream, l.blocks, l.threads, &l.args)
+        f.launch(self.stream, l.blocks, l.threads, &l.args)?;
+        self.launched.set(self.launched.get() + 1);
+        Ok(())
     }
 }
 
@@ -232,6 +242,8 @@ impl RocmCollectives {
             err_word,
             stream: Mutex::new(stream),
             ctl: Stream::new()?,
+            user_abort: AtomicBool::new(false),
+            wedged: AtomicBool::new(false),
         })
     }
 
@@ -259,9 +271,19 @@ impl RocmCollectives {
     }
 
     /// Runs `launches` on the ops' stream, then takes the error the kernels latched: waits
-    /// within the timeout plus a margin; a wait the device did not end in time is aborted
-    /// (the pad's ABORT word), drained, and reported as [`Error::Timeout`].
+    /// within the timeout plus a margin. A wait the device did not end in time is aborted (the
+    /// pad's ABORT word), drained and reported as [`Error::Timeout`]; should the kernels not end
+    /// even then, the abort stays set and the object is wedged (every later op refused, the
+    /// workspace leaked when it drops). A refusal before anything was launched returns at once,
+    /// leaving any error latched by the device for the next op.
     fn run(&self, what: &str, launches: impl FnOnce(&dyn Launcher) -> Result<()>) -> Result<()> {
+        if self.wedged.load(Ordering::Acquire) {
+            return Err(Error::Aborted(format!(
+                "{what}: an earlier op of these ROCm collectives never ended (group {}, rank {}); build new ones",
+                self.group.name(),
+                self.rig.rank
+            )));
+        }
         runtime::set_device(self.device)?;
         let stream = self
             .stream
@@ -270,8 +292,12 @@ impl RocmCollectives {
         let on = On {
             k: &self.kernels,
             stream: &stream,
+            launched: Cell::new(0),
         };
         let launched = launches(&on);
+        if on.launched.get() == 0 {
+            return launched;
+        }
         let out = self.rig.ws + (ST_ERR_OUT * 4) as u64;
         self.kernels
             .take_error
@@ -281,9 +307,20 @@ impl RocmCollectives {
             Ok(()) => {}
             Err(Error::Timeout { .. }) => {
                 self.mem.set_abort(true)?;
-                let drained = stream.wait(HOST_MARGIN, what);
-                self.mem.set_abort(false)?;
-                drained?;
+                if stream.wait(HOST_MARGIN, what).is_err() {
+                    self.wedged.store(true, Ordering::Release);
+                    return Err(Error::Timeout {
+                        what: format!(
+                            "{what} (group {}, rank {}): the device did not end its waits even after the abort; \
+                             the abort stays set, these collectives refuse further ops, and the op's buffers \
+                             stay in use until the device is idle",
+                            self.group.name(),
+                            self.rig.rank
+                        ),
+                        timeout,
+                    });
+                }
+                self.mem.set_abort(self.user_abort.load(Ordering::Acquire))?;
                 return Err(Error::Timeout {
                     what: format!("{what} (group {}, rank {})", self.group.name(), self.rig.rank),
                     timeout,
@@ -291,8 +328,10 @@ impl RocmCollectives {
             }
             Err(e) => return Err(e),
         }
+        // The ERROR word is taken (and cleared) either way; a failed launch is the op's error.
+        let device = self.take_error(out);
         launched?;
-        self.take_error(out)
+        device
     }
 
     /// The error word the `take_error` kernel copied to `out` (and cleared), decoded.
@@ -326,7 +365,9 @@ impl RocmCollectives {
     /// # Safety
     /// NOTE [raw-addresses]: `input` and `output` each hold `count` elements of `dtype` in
     /// device memory this rank's GPU can read and write, and stay allocated and untouched by
-    /// anything but this op until it returns.
+    /// anything but this op until it returns; should it return an error after launching (a
+    /// timeout the device did not end), until the device has gone idle, as its kernels may
+    /// still read and write them.
     #[allow(clippy::too_many_arguments)]
     #[allow(unsafe_code)] // the contract is declared here; the body is safe code
     pub unsafe fn all_reduce(
@@ -471,6 +512,28 @@ impl RocmCollectives {
     /// Sets (or clears) the abort flag: every device wait of this object gives up (latching
     /// [`Error::Aborted`]) while it is set.
     pub fn set_abort(&self, abort: bool) -> Result<()> {
+        self.user_abort.store(abort, Ordering::Release);
         self.mem.set_abort(abort)
+    }
+}
+
+impl Drop for RocmCollectives {
+    fn drop(&mut self) {
+        // Ops return when done, but a wedged one (or one still draining) may have kernels on the
+        // stream that read and write the workspace: never free it under them.
+        let busy = self.wedged.load(Ordering::Acquire)
+            || match self.stream.get_mut() {
+                Ok(s) => s.wait(HOST_MARGIN, "dropping ROCm collectives").is_err(),
+                Err(_) => true,
+            };
+        if busy {
+            eprintln!(
+                "symm-rocm collectives (group {}, rank {}): kernels still running at drop; the workspace is leaked",
+                self.group.name(),
+                self.rig.rank
+            );
+            std::mem::forget(self.mem.clone());
+            std::mem::forget(self._alloc.clone());
+        }
     }
 }

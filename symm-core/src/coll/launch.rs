@@ -2,10 +2,11 @@
 //! [`Rig`] (one rank's facts about its workspace) turns an op into [`Launch`]es (which entry,
 //! what grid, which arguments), and a backend's [`Launcher`] runs each on its stream. The
 //! Lamport one-shot, the ring (one-shot, two-shot as reduce-scatter then all-gather, the
-//! reduce-scatter and all-gather), the barrier and the empty op's agreement are planned here
-//! for every vendor; the copy-engine paths, which need side streams and events, and the
-//! zero-copy pulls, which need registered memory, stay in the backend that has them
-//! (symm-cuda). Pure: nothing here allocates, so an op's path stays allocation-free.
+//! reduce-scatter and all-gather), the fused zero-copy pulls (`pull.rs`, over a backend's
+//! [`crate::coll::registry::Registry`]), the barrier and the empty op's agreement are planned
+//! here for every vendor; the copy-engine paths, which need side streams and events, stay in
+//! the backend that has them (symm-cuda). Nothing here allocates, so an op's path stays
+//! allocation-free.
 
 use crate::kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
 use std::time::Duration;

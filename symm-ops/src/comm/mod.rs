@@ -198,9 +198,14 @@ impl Communicator {
             DeviceType::Rocm => match config.force_engine {
                 Some(EngineKind::Host) => (EngineKind::Host, Topology::Unknown),
                 // symm-rocm's kernels need every rank on one host (peer mappings over xGMI;
-                // the rendezvous fails where a peer cannot be mapped). Without the `rocm`
-                // feature the engine is refused when it is built.
-                Some(EngineKind::Rocm) | None if same_host => (EngineKind::Rocm, Topology::Unknown),
+                // the rendezvous fails where a peer cannot be mapped) and at most
+                // `coll::layout::MAX_WORLD` ranks; by default the generic engine serves the rest
+                // (and every group when symm-ops is built without its `rocm` feature, where a
+                // forced rocm engine is refused when it is built).
+                Some(EngineKind::Rocm) if same_host => (EngineKind::Rocm, Topology::Unknown),
+                None if same_host && cfg!(feature = "rocm") && world <= symm_core::coll::layout::MAX_WORLD => {
+                    (EngineKind::Rocm, Topology::Unknown)
+                }
                 None => (EngineKind::Host, Topology::Unknown),
                 Some(k) => {
                     return Err(Error::Unavailable(format!(
@@ -252,6 +257,11 @@ impl Communicator {
                     Some(EngineKind::Host) => {
                         return Err(Error::Unavailable(
                             "the host engine on CUDA devices: use the cuda or nccl engine".into(),
+                        ))
+                    }
+                    Some(EngineKind::Rocm) => {
+                        return Err(Error::Unavailable(
+                            "the rocm engine on CUDA devices: use the cuda or nccl engine".into(),
                         ))
                     }
                     Some(EngineKind::Nccl) if shared => {
