@@ -13,8 +13,10 @@
 //! stream, waited for within the timeout plus a margin (never an unbounded synchronise); a
 //! device error, a mismatch recorded by the kernels (NOTE [op-agreement]) or a wait the device
 //! did not end in time is the op's error. So a caller's buffers are free again when an op
-//! returns, and the caller orders its own streams around the call (synchronise before, as for
-//! any host-blocking call).
+//! returns (unless its kernels did not end even after the abort: then the object is wedged,
+//! refuses every later op, and the buffers stay in use until the device is idle), and the
+//! caller orders its own streams around the call (synchronise before, as for any host-blocking
+//! call).
 //!
 //! Nothing here has run on AMD hardware (no AMD GPU exists on the project's machines): what is
 //! verified is that every entry compiles with hiprtc for gfx908 / gfx90a and that the launch
