@@ -4,7 +4,8 @@
 //! (`-D warnings` on every target; library and binary code also
 //! `undocumented_unsafe_blocks`, `unwrap_used`, `expect_used`: [`LIB_LINTS`]);
 //! their tests (doc tests of docs/*.md included); NVRTC compile of every CUDA kernel;
-//! symm-rocm check, clippy (with symm-ops' rocm engine) + tests with HIP_PATH=/usr (when HIP headers exist; under
+//! symm-rocm check, clippy (with symm-ops' rocm engine) + tests (symm-ops' unit tests with its
+//! rocm feature too) with HIP_PATH=/usr (when HIP headers exist; under
 //! CI=true their absence is a failure); the benchmark smoke test on whatever
 //! backend the machine has. Every step runs even after a failure; the last line
 //! is `N passed, N failed` (with the skipped steps named after it) and the exit
@@ -78,7 +79,15 @@ fn rocm_step() -> Outcome {
             true,
         )
     })
-    .and_then(|_| util::run(util::cargo().args(["test", "-p", "symm-rocm"]).env("HIP_PATH", "/usr")));
+    .and_then(|_| util::run(util::cargo().args(["test", "-p", "symm-rocm"]).env("HIP_PATH", "/usr")))
+    // symm-ops' unit tests with the rocm engine compiled in (the planner's rocm rows among them).
+    .and_then(|_| {
+        util::run(
+            util::cargo()
+                .args(["test", "-p", "symm-ops", "--features", "rocm", "--lib"])
+                .env("HIP_PATH", "/usr"),
+        )
+    });
     match r {
         Ok(()) => Outcome::Pass,
         Err(e) => Outcome::Fail(e),
