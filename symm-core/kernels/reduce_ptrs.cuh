@@ -7,35 +7,42 @@
 
 // out[i] = reduce over ranks s = 0..world-1 of src_s[i] (src_rank = this rank's input, the others
 // are peers' symmetric inputs read directly over NVLink, or copies of them in the workspace).
-struct CollSrcs {
-    const char* s0;
-    const char* s1;
-    const char* s2;
-    const char* s3;
-    const char* s4;
-    const char* s5;
-    const char* s6;
-    const char* s7;
+// Eight per-rank pointers as plain values (index = rank; unused entries null): kernel arguments
+// of their own, picked with a switch, so they stay in registers (an array indexed at run time
+// would go to local memory). CollSrcs: what is read; CollDsts: where the two-shot pull writes.
+template <typename P>
+struct CollPtrs8 {
+    P p0;
+    P p1;
+    P p2;
+    P p3;
+    P p4;
+    P p5;
+    P p6;
+    P p7;
 };
+typedef CollPtrs8<const char*> CollSrcs;
+typedef CollPtrs8<char*> CollDsts;
 
-__device__ __forceinline__ const char* coll_pick(const CollSrcs& p, int s) {
+template <typename P>
+__device__ __forceinline__ P coll_pick(const CollPtrs8<P>& p, int s) {
     switch (s) {
         case 0:
-            return p.s0;
+            return p.p0;
         case 1:
-            return p.s1;
+            return p.p1;
         case 2:
-            return p.s2;
+            return p.p2;
         case 3:
-            return p.s3;
+            return p.p3;
         case 4:
-            return p.s4;
+            return p.p4;
         case 5:
-            return p.s5;
+            return p.p5;
         case 6:
-            return p.s6;
+            return p.p6;
         default:
-            return p.s7;
+            return p.p7;
     }
 }
 
@@ -119,39 +126,6 @@ __device__ __forceinline__ void coll_reduce_ptrs(unsigned int rank, unsigned int
     }
 }
 
-// Every rank's destination of the two-shot pull (index = rank; peers' are mapped addresses).
-struct CollDsts {
-    char* d0;
-    char* d1;
-    char* d2;
-    char* d3;
-    char* d4;
-    char* d5;
-    char* d6;
-    char* d7;
-};
-
-__device__ __forceinline__ char* coll_pick_dst(const CollDsts& p, int s) {
-    switch (s) {
-        case 0:
-            return p.d0;
-        case 1:
-            return p.d1;
-        case 2:
-            return p.d2;
-        case 3:
-            return p.d3;
-        case 4:
-            return p.d4;
-        case 5:
-            return p.d5;
-        case 6:
-            return p.d6;
-        default:
-            return p.d7;
-    }
-}
-
 // The two-shot pull's work (COLL_MODE_AR2): for its shard of n elements, each thread loads the
 // vector from every rank's input (peers' over NVLink), reduces them in rank order (the bits
 // every other all-reduce kernel gives) and stores the result into every rank's output, peers
@@ -162,7 +136,7 @@ __device__ __forceinline__ void coll_reduce_push_ptrs(unsigned int rank, unsigne
                                                       CollSrcs src, CollDsts dst) {
     constexpr int VE = CollT<DT>::VE;
     const char* own_src = coll_pick(src, (int)rank);
-    char* own_dst = coll_pick_dst(dst, (int)rank);
+    char* own_dst = coll_pick(dst, (int)rank);
     const char* peer_src[COLL_MAXW - 1];
     char* peer_dst[COLL_MAXW - 1];
     bool al = ((reinterpret_cast<unsigned long long>(own_dst) | reinterpret_cast<unsigned long long>(own_src)) & 15ull) == 0;
@@ -173,7 +147,7 @@ __device__ __forceinline__ void coll_reduce_push_ptrs(unsigned int rank, unsigne
         if (l < (int)world - 1) {
             const int s = (int)((rank + 1 + l) % world);
             peer_src[l] = coll_pick(src, s);
-            peer_dst[l] = coll_pick_dst(dst, s);
+            peer_dst[l] = coll_pick(dst, s);
             al = al && ((reinterpret_cast<unsigned long long>(peer_src[l]) |
                          reinterpret_cast<unsigned long long>(peer_dst[l])) & 15ull) == 0;
         }

@@ -279,7 +279,7 @@ impl CudaCollectives {
     /// streams the ops ran on.
     pub fn check_error(&self) -> Result<()> {
         bind(&self.ctx)?;
-        let out = self.rig.ws + (ST_ERR_OUT * 4) as u64;
+        let out = self.rig.ws() + (ST_ERR_OUT * 4) as u64;
         launch(
             &self.control,
             &self.kernels.take_error,
@@ -294,7 +294,7 @@ impl CudaCollectives {
         // What the kernel that latched a mismatch recorded (NOTE [op-agreement]); cleared for the
         // next error.
         let read_record = || {
-            let at = self.rig.ws + (ST_MISMATCH * 4) as u64;
+            let at = self.rig.ws() + (ST_MISMATCH * 4) as u64;
             let mut raw = [0u8; MISMATCH_WORDS * 4];
             dtoh_sync(&self.control, &mut raw, at)?;
             memset_d32_async(&self.control, at, 0, MISMATCH_WORDS)?;

@@ -36,7 +36,7 @@ use symm_core::coll::launch::{
     self, all_gather_at, all_reduce_at, reduce_scatter_at, two_rank_index, two_rank_names, Entry, Launch, Launcher,
     Rig, Switches,
 };
-use symm_core::coll::layout::{self, WorkspaceLayout, MAX_WORLD, MISMATCH_WORDS, ST_ERR_OUT, ST_MISMATCH};
+use symm_core::coll::layout::{self, WorkspaceLayout, MISMATCH_WORDS, ST_ERR_OUT, ST_MISMATCH};
 use symm_core::coll::plan::{GridBudget, KernelDtype, PerDtype, Tuning};
 use symm_core::coll::registry::Registry;
 use symm_core::coll::{agree, check};
@@ -164,18 +164,12 @@ impl RocmCollectives {
     pub fn new(group: &Arc<Group>, device: u32, device_sharers: usize, config: RocmCollectivesConfig) -> Result<Self> {
         let world = group.world_size();
         let rank = group.rank().get();
-        if world > MAX_WORLD {
-            return Err(Error::OutOfRange {
-                what: "world size for the ROCm collectives",
-                value: world as u64,
-                limit: MAX_WORLD as u64,
-            });
-        }
         config.tuning.validate()?;
-        let layout = WorkspaceLayout::new(
+        let layout = WorkspaceLayout::for_group(
+            "world size for the ROCm collectives",
             world,
             config.staging_bytes,
-            layout::lamport_bytes_for(world, config.lamport_bytes),
+            config.lamport_bytes,
             config.ring_slots,
         )?;
         runtime::set_device(device)?;
@@ -300,7 +294,7 @@ impl RocmCollectives {
         if on.launched.get() == 0 {
             return launched;
         }
-        let out = self.rig.ws + (ST_ERR_OUT * 4) as u64;
+        let out = self.rig.ws() + (ST_ERR_OUT * 4) as u64;
         self.kernels
             .take_error
             .launch(&stream, 1, 32, &args::take_error(self.err_word, out))?;
@@ -342,7 +336,7 @@ impl RocmCollectives {
         self.ctl.copy_from_device_sync(&mut word, out, HOST_MARGIN)?;
         // What the kernel that latched a mismatch recorded (NOTE [op-agreement]); cleared.
         let read_record = || {
-            let at = self.rig.ws + (ST_MISMATCH * 4) as u64;
+            let at = self.rig.ws() + (ST_MISMATCH * 4) as u64;
             let mut raw = [0u8; MISMATCH_WORDS * 4];
             self.ctl.copy_from_device_sync(&mut raw, at, HOST_MARGIN)?;
             self.ctl.memset_sync(at, 0, MISMATCH_WORDS * 4, HOST_MARGIN)?;

@@ -167,8 +167,6 @@ pub struct Rig {
     pub common: Common,
     pub direct: Direct,
     pub bound: Bound,
-    /// This rank's base of its own workspace (the state words the pull kernel takes).
-    pub ws: u64,
     pub grid: GridBudget,
     pub switches: Switches,
 }
@@ -255,10 +253,14 @@ impl Rig {
                 timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
                 abort_host,
             },
-            ws: mem.buffer_ptrs().get(rank).copied().unwrap_or(0),
             grid,
             switches,
         }
+    }
+
+    /// This rank's base of its own workspace (where the state words are).
+    pub fn ws(&self) -> u64 {
+        self.direct.ws.get(self.rank).copied().unwrap_or(0)
     }
 
     /// The barrier mask of `ranks` (which must include this rank; each of this group), or
@@ -387,7 +389,7 @@ impl Rig {
             .div_ceil(threads as usize)
             .clamp(1, tuning.blocks(self.grid.blocks) as usize) as u32;
         // The state words are at the start of the workspace.
-        let a = args::pull(&self.common, &self.direct, self.ws, p, &self.bound);
+        let a = args::pull(&self.common, &self.direct, self.ws(), p, &self.bound);
         let entry = if self.world == 2 && !self.switches.generic_two_rank && p.dsts.is_none() {
             Entry::PullTwoRank(dt, p.mode, p.op)
         } else {

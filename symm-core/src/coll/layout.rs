@@ -144,6 +144,31 @@ fn too_big(what: &'static str, value: usize) -> Error {
 }
 
 impl WorkspaceLayout {
+    /// The workspace of a backend's collectives (`who` names them in the error) for a group of
+    /// `world` ranks: at most [`MAX_WORLD`] ranks, Lamport slots of `lamport_bytes` or
+    /// [`lamport_bytes_for`]'s default, then [`Self::new`].
+    pub fn for_group(
+        who: &'static str,
+        world: usize,
+        staging_bytes: usize,
+        lamport_bytes: Option<usize>,
+        ring_slots: usize,
+    ) -> Result<Self> {
+        if world > MAX_WORLD {
+            return Err(Error::OutOfRange {
+                what: who,
+                value: world as u64,
+                limit: MAX_WORLD as u64,
+            });
+        }
+        Self::new(
+            world,
+            staging_bytes,
+            lamport_bytes_for(world, lamport_bytes),
+            ring_slots,
+        )
+    }
+
     /// Lays out a workspace for `world` ranks with `staging_bytes` of ring (split over the
     /// `world - 1` peers and up to `ring_slots` slots each, fewer when slots would fall below
     /// [`MIN_SLOT_BYTES`]) and Lamport buffers for messages up to `lamport_bytes`.

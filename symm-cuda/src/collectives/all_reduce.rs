@@ -205,7 +205,7 @@ impl CudaCollectives {
                     continue;
                 }
                 let l = peer_index(self.rig.rank, s, self.rig.world);
-                let scratch = self.rig.ws + (self.rig.layout.ring_off + (k * w1 + l) * chunk_bytes) as u64;
+                let scratch = self.rig.ws() + (self.rig.layout.ring_off + (k * w1 + l) * chunk_bytes) as u64;
                 dtod_async(
                     ce.copy_stream(stream),
                     scratch,

@@ -12,7 +12,6 @@ use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream};
 use symm_core::{get_allocator, Device, DeviceType, Error, Group, Result};
 
-use super::layout::MAX_WORLD;
 use super::plan::PerDtype;
 use super::{args, cfg, CudaCollectives, Epilogues, GridBudget, RingMode, Tuning, WorkspaceLayout};
 use crate::driver::launch::{launch, Launch};
@@ -68,10 +67,6 @@ impl CollectivesConfig {
             tuning: Tuning::default(),
             pdl: knobs::pdl(),
         }
-    }
-
-    pub(super) fn lamport_bytes_for(&self, world: usize) -> usize {
-        symm_core::coll::layout::lamport_bytes_for(world, self.lamport_bytes)
     }
 }
 
@@ -167,18 +162,12 @@ impl CudaCollectives {
     pub fn with_config(group: &Arc<Group>, ctx: &Arc<CudaContext>, config: CollectivesConfig) -> Result<Self> {
         let world = group.world_size();
         let rank = group.rank().get();
-        if world > MAX_WORLD {
-            return Err(Error::OutOfRange {
-                what: "world size for the CUDA collectives",
-                value: world as u64,
-                limit: MAX_WORLD as u64,
-            });
-        }
         config.tuning.validate()?;
-        let layout = WorkspaceLayout::new(
+        let layout = WorkspaceLayout::for_group(
+            "world size for the CUDA collectives",
             world,
             config.staging_bytes,
-            config.lamport_bytes_for(world),
+            config.lamport_bytes,
             config.ring_slots,
         )?;
         bind(ctx)?;

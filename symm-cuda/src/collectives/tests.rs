@@ -8,8 +8,11 @@ use symm_core::coll::plan::kernel_op;
 #[test]
 fn config_defaults() {
     let c = CollectivesConfig::new(DEFAULT_STAGING_BYTES, Duration::from_secs(10));
-    assert_eq!(c.lamport_bytes_for(2), 16 << 20);
-    assert_eq!(c.lamport_bytes_for(8), (16 << 20) / 7);
+    assert_eq!(symm_core::coll::layout::lamport_bytes_for(2, c.lamport_bytes), 16 << 20);
+    assert_eq!(
+        symm_core::coll::layout::lamport_bytes_for(8, c.lamport_bytes),
+        (16 << 20) / 7
+    );
 }
 
 /// The kernel file compiles with NVRTC (when present; SYMM_REQUIRE_NVRTC=1 makes its absence

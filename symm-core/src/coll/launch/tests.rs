@@ -47,7 +47,6 @@ fn rig(rank: usize, world: usize) -> Rig {
             timeout_ns: 1_000_000,
             abort_host: 0,
         },
-        ws: direct.ws[rank],
         grid: GridBudget::new(132, 1, false).unwrap(),
         switches: Switches::default(),
     }
