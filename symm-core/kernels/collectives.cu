@@ -602,7 +602,9 @@ __device__ __forceinline__ float coll_apply(float a, float b) {
 
 // Reduces world vectors in rank order 0..world-1. `own` is rank `rank`'s vector; peer vectors
 // are pv[l] for the l-th peer (rank (rank+1+l) % world).
-template <int DT, int OP>
+// NP: the peer vectors pv may hold (the world-specialised Lamport entries pass world - 1, so the
+// selects below stop there).
+template <int DT, int OP, int NP = COLL_MAXW - 1>
 __device__ __forceinline__ uint4 coll_reduce_ranks(const uint4& own, const uint4* pv, int rank, int world) {
     constexpr int VE = CollT<DT>::VE;
     float acc[VE];
@@ -614,7 +616,7 @@ __device__ __forceinline__ uint4 coll_reduce_ranks(const uint4& own, const uint4
             if (s != rank) {
                 int l = (s - rank - 1 + world) % world;
 #pragma unroll
-                for (int k = 0; k < COLL_MAXW - 1; ++k) {
+                for (int k = 0; k < NP; ++k) {
                     if (k == l) {
                         x = pv[k];
                     }
@@ -659,6 +661,50 @@ extern "C" __global__ void symm_coll_init(unsigned long long ws, unsigned long l
         f[i] = s;
     }
 }
+
+// NOTE [device-trace]: a diagnostic build (symm-cuda's `SYMM_TRACE` switch adds
+// `#define SYMM_TRACE 1`) stamps %globaltimer at the phases of every Lamport launch: entry
+// (before the PDL wait), start (after it), thread 0's first vector pushed to every peer, thread
+// 0's first vector received from every peer (the last peer's data arrived), and thread 0's exit.
+// Thread 0 of block 0 writes one record of COLL_TRACE_WORDS u64 into the buffer at
+// `symm_trace_buf` (0: nothing recorded): word 0 of the buffer counts records, records start at
+// word COLL_TRACE_WORDS, a full buffer (COLL_TRACE_CAP) drops them. Record: [kind | world << 8 |
+// rank << 16 | mode << 24, count, own workspace base, the five stamps]; kind 1 the generic entry,
+// 2 an entry specialised for its world size (symm-cuda's trace.rs reads them). Without
+// SYMM_TRACE none of this is compiled, so the kernels' code is unchanged.
+#ifdef SYMM_TRACE
+__device__ unsigned long long symm_trace_buf;
+#define COLL_TRACE_WORDS 8
+#define COLL_TRACE_CAP 65536u
+__device__ __forceinline__ void coll_trace_write(unsigned int kind, unsigned int world, unsigned int rank,
+                                                 unsigned int mode, unsigned long long count, const char* ws,
+                                                 const unsigned long long (&t)[5]) {
+    unsigned long long* b = reinterpret_cast<unsigned long long*>(symm_trace_buf);
+    if (b == nullptr) {
+        return;
+    }
+    const unsigned int slot = atomicAdd(reinterpret_cast<unsigned int*>(b), 1u);
+    if (slot >= COLL_TRACE_CAP) {
+        return;
+    }
+    unsigned long long* r = b + COLL_TRACE_WORDS * (1ull + slot);
+    r[0] = (unsigned long long)(kind | (world << 8) | (rank << 16) | ((mode & 0xFFu) << 24));
+    r[1] = count;
+    r[2] = reinterpret_cast<unsigned long long>(ws);
+#pragma unroll
+    for (int i = 0; i < 5; ++i) {
+        r[3 + i] = t[i];
+    }
+}
+#define COLL_TRACE_DECL unsigned long long coll_tr[5] = {0ull, 0ull, 0ull, 0ull, 0ull};
+#define COLL_TRACE_AT(i, cond)              \
+    if (cond) {                             \
+        coll_tr[i] = symm_globaltimer();    \
+    }
+#else
+#define COLL_TRACE_DECL
+#define COLL_TRACE_AT(i, cond)
+#endif
 
 #include "lamport.cuh"
 #include "ring.cuh"

@@ -83,8 +83,8 @@ __device__ __forceinline__ bool coll_lam_poll(uint4 (&pv)[COLL_MAXW - 1], const 
 }
 
 // MODE >= 0 and W > 0 fix the mode and the world size at compile time (the specialised
-// two-rank entries: a fraction of the generic kernel's code, so a cold instruction cache costs
-// less at every launch); MODE < 0 / W == 0 take them from the arguments.
+// entries, NOTE [lamport-world-entries]: a fraction of the generic kernel's code, so a cold
+// instruction cache costs less at every launch); MODE < 0 / W == 0 take them from the arguments.
 template <int DT, int OP, int MODE, int W>
 __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pad,
                                              unsigned int rank, unsigned int world_arg, unsigned int mode_arg,
@@ -93,7 +93,10 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
                                              unsigned long long state_off, unsigned long long timeout_ns,
                                              const unsigned int* abort_host, unsigned long long hdr_off,
                                              const uint4 hdr) {
+    COLL_TRACE_DECL
+    COLL_TRACE_AT(0, true)
     symm_pdl_prologue();
+    COLL_TRACE_AT(1, true)
     // count: AR the message's elements; RS the elements of one shard (the output); AG the
     // elements of one rank's input. Every slot holds nv = ceil(count / VE) vectors.
     // Latency: the workspace bases and the own pad come as kernel arguments (no dependent global
@@ -187,6 +190,7 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
                 coll_st_v4(cb + j * slot_bytes + v * 16, sentinel);
             }
         }
+        COLL_TRACE_AT(2, v == 0ull)
     };
     // 3. poll vector v of the own buffer idx until no lane is the sentinel, then reduce (AR, RS)
     //    or place (AG). False when the wait gave up.
@@ -208,9 +212,10 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
                 }
             }
         } else {
-            const uint4 r = coll_reduce_ranks<DT, OP>(own, pv, (int)rank, (int)world);
+            const uint4 r = coll_reduce_ranks<DT, OP, NP>(own, pv, (int)rank, (int)world);
             coll_store<DT>(output + v * 16, r, nvalid, al_out);
         }
+        COLL_TRACE_AT(3, v == 0ull)
         return true;
     };
 
@@ -270,6 +275,12 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
         st[COLL_ST_LAM_USED] = (unsigned int)nv;
         st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
     }
+#ifdef SYMM_TRACE
+    if (tid == 0ull) {
+        coll_tr[4] = symm_globaltimer();
+        coll_trace_write(W > 0 ? 2u : 1u, world, rank, mode, count, ws, coll_tr);
+    }
+#endif
 }
 
 #define COLL_LAMPORT_ARGS                                                                                        \
@@ -285,46 +296,57 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
         state_off, timeout_ns, abort_host, hdr_off,                                                             \
         make_uint4((unsigned int)oph0, (unsigned int)(oph0 >> 32), (unsigned int)oph1, (unsigned int)(oph1 >> 32))
 
-// mode: COLL_MODE_AR / RS / AG (the op is ignored for AG).
-#define COLL_LAMPORT_ENTRY(NAME, DT)                                                          \
+// mode: COLL_MODE_AR / RS / AG (the op is ignored for AG). W: 0 for any world (the generic
+// entry), else the world size the entry is specialised for.
+#define COLL_LAMPORT_ENTRY(NAME, DT, W)                                                       \
     extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1) NAME(COLL_LAMPORT_ARGS) { \
         const CollWs8 wsv = {ws0, ws1, ws2, ws3, ws4, ws5, ws6, ws7};                          \
         if (mode == COLL_MODE_AG) {                                                            \
-            coll_lamport<DT, COLL_SUM, -1, 0>(COLL_LAMPORT_PASS);                              \
+            coll_lamport<DT, COLL_SUM, -1, W>(COLL_LAMPORT_PASS);                              \
             return;                                                                            \
         }                                                                                      \
         switch (op) {                                                                          \
             case COLL_SUM:                                                                     \
-                coll_lamport<DT, COLL_SUM, -1, 0>(COLL_LAMPORT_PASS);                          \
+                coll_lamport<DT, COLL_SUM, -1, W>(COLL_LAMPORT_PASS);                          \
                 break;                                                                         \
             case COLL_AVG:                                                                     \
-                coll_lamport<DT, COLL_AVG, -1, 0>(COLL_LAMPORT_PASS);                          \
+                coll_lamport<DT, COLL_AVG, -1, W>(COLL_LAMPORT_PASS);                          \
                 break;                                                                         \
             case COLL_MAX:                                                                     \
-                coll_lamport<DT, COLL_MAX, -1, 0>(COLL_LAMPORT_PASS);                          \
+                coll_lamport<DT, COLL_MAX, -1, W>(COLL_LAMPORT_PASS);                          \
                 break;                                                                         \
             default:                                                                           \
-                coll_lamport<DT, COLL_MIN, -1, 0>(COLL_LAMPORT_PASS);                          \
+                coll_lamport<DT, COLL_MIN, -1, W>(COLL_LAMPORT_PASS);                          \
                 break;                                                                         \
         }                                                                                      \
     }
 
-COLL_LAMPORT_ENTRY(symm_lamport_f32, COLL_F32)
-COLL_LAMPORT_ENTRY(symm_lamport_f16, COLL_F16)
-COLL_LAMPORT_ENTRY(symm_lamport_bf16, COLL_BF16)
+COLL_LAMPORT_ENTRY(symm_lamport_f32, COLL_F32, 0)
+COLL_LAMPORT_ENTRY(symm_lamport_f16, COLL_F16, 0)
+COLL_LAMPORT_ENTRY(symm_lamport_bf16, COLL_BF16, 0)
 
-// Two ranks, one (mode, op) per entry: symm_lamport2_{ar,rs}_{sum,avg,max,min}_{dt} and
-// symm_lamport2_ag_{dt} (same arguments as the generic entry; `world`, `mode` and `op` are
-// ignored).
-#define COLL_LAMPORT2(NAME, DT, MODE, OP)                                                     \
+// NOTE [lamport-world-entries]: entries specialised for one world size 2..8 and one (mode, op),
+// symm_lamport{W}_{ar,rs}_{sum,avg,max,min}_{dt} and symm_lamport{W}_ag_{dt} (same arguments as
+// the generic entry; `world`, `mode` and `op` are ignored). With the world fixed at compile time
+// every loop over the peers is unrolled to exactly world - 1 iterations, the peer index
+// arithmetic is by a constant and the reduction selects among world - 1 vectors, not seven; with
+// the mode and op fixed, one entry holds one path. Their code is a fraction of the generic
+// entry's, and they fit in the registers that COLL_MAX_THREADS leaves a thread (ptxas for sm_90:
+// the generic entry spills 248 bytes, an entry of one world but every (mode, op) spills up to
+// 1.9 KiB at 8 ranks; these none). Inside a model step the GEMMs between two all-reduces leave
+// the instruction cache and L2 cold, so each line of code and each spill a launch touches can
+// cost a trip to memory (bench-notes round 18 measures it). symm_core::coll::launch's
+// Entry::LamportWorld names them, mode_op_names lists them in its order; the generic entry stays
+// for the SYMM_LAMPORT_GENERIC comparison.
+#define COLL_LAMPORTW(NAME, DT, MODE, OP, W)                                                  \
     extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1) NAME(COLL_LAMPORT_ARGS) { \
         const CollWs8 wsv = {ws0, ws1, ws2, ws3, ws4, ws5, ws6, ws7};                          \
-        coll_lamport<DT, OP, MODE, 2>(COLL_LAMPORT_PASS);                                      \
+        coll_lamport<DT, OP, MODE, W>(COLL_LAMPORT_PASS);                                      \
     }
-// The nine two-rank entries of one kernel KIND and dtype, named symm_KIND_{ar,rs}_{op}_SUFFIX and
-// symm_KIND_ag_SUFFIX; ENTRY(NAME, DT, MODE, OP) defines one. symm-cuda's `two_rank_names` lists
+// The nine (mode, op) entries of one kernel KIND and dtype, named symm_KIND_{ar,rs}_{op}_SUFFIX and
+// symm_KIND_ag_SUFFIX; ENTRY(NAME, DT, MODE, OP) defines one. symm-core's `mode_op_names` lists
 // the same names in the same order.
-#define COLL_TWO_RANK_ENTRIES(ENTRY, KIND, SUFFIX, DT)                 \
+#define COLL_MODE_OP_ENTRIES(ENTRY, KIND, SUFFIX, DT)                  \
     ENTRY(symm_##KIND##_ar_sum_##SUFFIX, DT, COLL_MODE_AR, COLL_SUM)   \
     ENTRY(symm_##KIND##_ar_avg_##SUFFIX, DT, COLL_MODE_AR, COLL_AVG)   \
     ENTRY(symm_##KIND##_ar_max_##SUFFIX, DT, COLL_MODE_AR, COLL_MAX)   \
@@ -335,6 +357,22 @@ COLL_LAMPORT_ENTRY(symm_lamport_bf16, COLL_BF16)
     ENTRY(symm_##KIND##_rs_min_##SUFFIX, DT, COLL_MODE_RS, COLL_MIN)   \
     ENTRY(symm_##KIND##_ag_##SUFFIX, DT, COLL_MODE_AG, COLL_SUM)
 
-COLL_TWO_RANK_ENTRIES(COLL_LAMPORT2, lamport2, f32, COLL_F32)
-COLL_TWO_RANK_ENTRIES(COLL_LAMPORT2, lamport2, f16, COLL_F16)
-COLL_TWO_RANK_ENTRIES(COLL_LAMPORT2, lamport2, bf16, COLL_BF16)
+// The entries of world W for every element type.
+#define COLL_LAMPORT_WORLD(W)                                                        \
+    COLL_MODE_OP_ENTRIES(COLL_LAMPORT_W##W, lamport##W, f32, COLL_F32)               \
+    COLL_MODE_OP_ENTRIES(COLL_LAMPORT_W##W, lamport##W, f16, COLL_F16)               \
+    COLL_MODE_OP_ENTRIES(COLL_LAMPORT_W##W, lamport##W, bf16, COLL_BF16)
+#define COLL_LAMPORT_W2(NAME, DT, MODE, OP) COLL_LAMPORTW(NAME, DT, MODE, OP, 2)
+#define COLL_LAMPORT_W3(NAME, DT, MODE, OP) COLL_LAMPORTW(NAME, DT, MODE, OP, 3)
+#define COLL_LAMPORT_W4(NAME, DT, MODE, OP) COLL_LAMPORTW(NAME, DT, MODE, OP, 4)
+#define COLL_LAMPORT_W5(NAME, DT, MODE, OP) COLL_LAMPORTW(NAME, DT, MODE, OP, 5)
+#define COLL_LAMPORT_W6(NAME, DT, MODE, OP) COLL_LAMPORTW(NAME, DT, MODE, OP, 6)
+#define COLL_LAMPORT_W7(NAME, DT, MODE, OP) COLL_LAMPORTW(NAME, DT, MODE, OP, 7)
+#define COLL_LAMPORT_W8(NAME, DT, MODE, OP) COLL_LAMPORTW(NAME, DT, MODE, OP, 8)
+COLL_LAMPORT_WORLD(2)
+COLL_LAMPORT_WORLD(3)
+COLL_LAMPORT_WORLD(4)
+COLL_LAMPORT_WORLD(5)
+COLL_LAMPORT_WORLD(6)
+COLL_LAMPORT_WORLD(7)
+COLL_LAMPORT_WORLD(8)

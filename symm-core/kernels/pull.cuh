@@ -215,6 +215,6 @@ COLL_PULL_ENTRY(symm_pull_bf16, COLL_BF16)
         coll_pull<DT, OP, MODE, 2>(pads, src, dst, reinterpret_cast<unsigned int*>(state), rank, world, mode, out, n, \
                                    check, timeout_ns, abort_host);                                                  \
     }
-COLL_TWO_RANK_ENTRIES(COLL_PULL2, pull2, f32, COLL_F32)
-COLL_TWO_RANK_ENTRIES(COLL_PULL2, pull2, f16, COLL_F16)
-COLL_TWO_RANK_ENTRIES(COLL_PULL2, pull2, bf16, COLL_BF16)
+COLL_MODE_OP_ENTRIES(COLL_PULL2, pull2, f32, COLL_F32)
+COLL_MODE_OP_ENTRIES(COLL_PULL2, pull2, f16, COLL_F16)
+COLL_MODE_OP_ENTRIES(COLL_PULL2, pull2, bf16, COLL_BF16)

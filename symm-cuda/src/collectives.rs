@@ -76,7 +76,10 @@ impl launch::Launcher for On<'_> {
             Entry::Barrier => &k.barrier,
             Entry::Reject => &k.reject,
             Entry::Lamport(dt) => &k.lamport[dt],
-            Entry::LamportTwoRank(dt, mode, op) => k.lamport_two_rank[dt].get(mode, op),
+            Entry::LamportWorld(dt, w, mode, op) => match &k.lamport_world {
+                Some((loaded, f)) if *loaded == w => f[dt].get(mode, op),
+                _ => return Err(not_here(l.entry.name())),
+            },
             Entry::Ring(dt) => &k.ring[dt],
             Entry::ReducePtrs(dt) => &k.reduce_ptrs[dt],
             Entry::Pull(dt) => &k.pull[dt],

@@ -19,6 +19,7 @@ pub const LAMPORT_GENERIC: &str = "SYMM_LAMPORT_GENERIC";
 pub const EPI_SPLIT: &str = "SYMM_EPI_SPLIT";
 pub const HOST_ABORT_EVERY_THREAD: &str = "SYMM_HOST_ABORT_EVERY_THREAD";
 pub const RING_UNROLL1: &str = "SYMM_RING_UNROLL1";
+pub const TRACE: &str = "SYMM_TRACE";
 
 /// The table: name, meaning, default, measurement switch or not.
 pub const KNOBS: &[Knob] = &[
@@ -69,8 +70,16 @@ pub const KNOBS: &[Knob] = &[
         measurement: true,
     },
     Knob {
+        name: TRACE,
+        meaning: "`1`: the collectives are compiled with NOTE [device-trace]: every Lamport launch stamps its \
+                  phases into a per-context buffer that `symm_cuda::trace::take` reads (a diagnostic build)",
+        default: "off",
+        measurement: true,
+    },
+    Knob {
         name: LAMPORT_GENERIC,
-        meaning: "`1`: two ranks run the generic Lamport and pull entries instead of the two-rank ones",
+        meaning: "`1`: the generic Lamport and pull entries run at every world size instead of the ones specialised \
+                  for two ranks (Lamport, pull) and for 3-8 ranks (Lamport)",
         default: "off",
         measurement: true,
     },
@@ -183,6 +192,12 @@ pub fn lamport_generic() -> bool {
     *V.get_or_init(|| flag(LAMPORT_GENERIC))
 }
 
+/// [`TRACE`].
+pub fn trace() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| flag(TRACE))
+}
+
 /// [`HOST_ABORT_EVERY_THREAD`].
 pub fn host_abort_every_thread() -> bool {
     static V: OnceLock<bool> = OnceLock::new();
@@ -214,7 +229,7 @@ pub fn switches() -> symm_core::coll::launch::Switches {
         } else {
             0
         },
-        generic_two_rank: lamport_generic(),
+        generic_entries: lamport_generic(),
     }
 }
 

@@ -46,6 +46,7 @@ pub mod knobs;
 pub mod probe;
 pub mod streams;
 pub mod symm_mem;
+pub mod trace;
 
 pub use allocator::{CudaAllocation, CudaAllocator};
 pub use symm_mem::{CudaSymmetricMemory, SymmView};

@@ -965,6 +965,21 @@ fn rs_ag_matrix(w: GpuWorld) {
 }
 symm_testkit::gpu_world_tests!(coll_rs_ag_matrix, rs_ag_matrix);
 
+/// The worlds `gpu_world_tests!` has no case for, ranks sharing one GPU: every world size runs
+/// Lamport entries of its own (NOTE [lamport-world-entries]), so 5, 6 and 7 ranks run the
+/// all-reduce, reduce-scatter and all-gather matrices too.
+mod coll_other_worlds {
+    use super::*;
+
+    #[test]
+    fn shared_w5_w6_w7() {
+        for w in 5..=7 {
+            all_reduce_matrix(GpuWorld::shared(w));
+            rs_ag_matrix(GpuWorld::shared(w));
+        }
+    }
+}
+
 /// Where `got` differs from `want` (elements of `dtype`): how many elements, the first one, and
 /// how many of the wrong ones are the all-ones pattern (NaN written into an input).
 fn describe_mismatch(what: &str, dtype: DType, got: &[u8], want: &[u8]) -> String {

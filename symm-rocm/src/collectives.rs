@@ -33,8 +33,8 @@ use std::time::Duration;
 
 use symm_core::coll::args;
 use symm_core::coll::launch::{
-    self, all_gather_at, all_reduce_at, reduce_scatter_at, two_rank_index, two_rank_names, Entry, Launch, Launcher,
-    Rig, Switches,
+    self, all_gather_at, all_reduce_at, reduce_scatter_at, mode_op_index, mode_op_names, Entry, Launch, Launcher,
+    Rig, Switches, LAMPORT_WORLD_MAX, LAMPORT_WORLD_MIN,
 };
 use symm_core::coll::layout::{self, WorkspaceLayout, MISMATCH_WORDS, ST_ERR_OUT, ST_MISMATCH};
 use symm_core::coll::plan::{GridBudget, KernelDtype, PerDtype, Tuning};
@@ -81,7 +81,9 @@ impl RocmCollectivesConfig {
 /// The entries this backend launches, loaded once (indexed as symm-cuda's table).
 struct KernelTable {
     lamport: PerDtype<Function>,
-    lamport_two_rank: PerDtype<Vec<Function>>,
+    /// `symm_lamport{w}_{mode}_{op}_{dt}` for this object's world `w` (2..=8), NOTE
+    /// [lamport-world-entries].
+    lamport_world: Option<(u8, PerDtype<Vec<Function>>)>,
     ring: PerDtype<Function>,
     pull: PerDtype<Function>,
     pull_two_rank: PerDtype<Vec<Function>>,
@@ -140,14 +142,17 @@ impl Launcher for On<'_> {
             Entry::Barrier => &k.barrier,
             Entry::Reject => &k.reject,
             Entry::Lamport(dt) => &k.lamport[dt],
-            Entry::LamportTwoRank(dt, mode, op) => k.lamport_two_rank[dt]
-                .get(two_rank_index(mode, op))
-                .ok_or_else(|| Error::InvalidArgument(format!("no two-rank Lamport entry for {mode:?}, op {op}")))?,
+            Entry::LamportWorld(dt, w, mode, op) => k
+                .lamport_world
+                .as_ref()
+                .filter(|(loaded, _)| *loaded == w)
+                .and_then(|(_, f)| f[dt].get(mode_op_index(mode, op)))
+                .ok_or_else(|| Error::InvalidArgument(format!("no {w}-rank Lamport entry for {mode:?}, op {op}")))?,
             Entry::Ring(dt) => &k.ring[dt],
             Entry::ReducePtrs(dt) => &k.reduce_ptrs[dt],
             Entry::Pull(dt) => &k.pull[dt],
             Entry::PullTwoRank(dt, mode, op) => k.pull_two_rank[dt]
-                .get(two_rank_index(mode, op))
+                .get(mode_op_index(mode, op))
                 .ok_or_else(|| Error::InvalidArgument(format!("no two-rank pull entry for {mode:?}, op {op}")))?,
         };
         f.launch(self.stream, l.blocks, l.threads, &l.args)?;
@@ -178,7 +183,7 @@ impl RocmCollectives {
         let per_dtype = |kind: &str| PerDtype::try_new(|d: KernelDtype| get(&format!("symm_{kind}_{}", d.suffix())));
         let two_rank = |kind: &str| {
             PerDtype::try_new(|d: KernelDtype| {
-                two_rank_names(kind, d.suffix())
+                mode_op_names(kind, d.suffix())
                     .iter()
                     .map(|n| get(n))
                     .collect::<Result<Vec<_>>>()
@@ -186,7 +191,10 @@ impl RocmCollectives {
         };
         let kernels = KernelTable {
             lamport: per_dtype("lamport")?,
-            lamport_two_rank: two_rank("lamport2")?,
+            lamport_world: match world {
+                w @ LAMPORT_WORLD_MIN..=LAMPORT_WORLD_MAX => Some((w as u8, two_rank(&format!("lamport{w}"))?)),
+                _ => None,
+            },
             ring: per_dtype("ring")?,
             pull: per_dtype("pull")?,
             pull_two_rank: two_rank("pull2")?,

@@ -22,6 +22,11 @@ use super::plan::{
     Tuning,
 };
 
+/// The world sizes with Lamport entries of their own ([`Entry::LamportWorld`]).
+pub const LAMPORT_WORLD_MIN: usize = 2;
+/// See [`LAMPORT_WORLD_MIN`].
+pub const LAMPORT_WORLD_MAX: usize = 8;
+
 /// An entry point of the shared kernel source (`COLLECTIVE_ENTRIES`), as the host names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Entry {
@@ -31,8 +36,10 @@ pub enum Entry {
     Reject,
     /// `symm_lamport_{dt}`.
     Lamport(KernelDtype),
-    /// `symm_lamport2_{mode}_{op}_{dt}`: specialised for two ranks and one (mode, kernel op).
-    LamportTwoRank(KernelDtype, RingMode, u32),
+    /// `symm_lamport{w}_{mode}_{op}_{dt}`: specialised for a world of `w` ranks
+    /// ([`LAMPORT_WORLD_MIN`]..=[`LAMPORT_WORLD_MAX`]) and one (mode, kernel op) (NOTE
+    /// [lamport-world-entries]).
+    LamportWorld(KernelDtype, u8, RingMode, u32),
     /// `symm_ring_{dt}`.
     Ring(KernelDtype),
     /// `symm_reduce_ptrs_{dt}`.
@@ -50,16 +57,16 @@ impl Entry {
             Entry::Barrier => "symm_coll_barrier".into(),
             Entry::Reject => "symm_coll_reject".into(),
             Entry::Lamport(dt) => format!("symm_lamport_{}", dt.suffix()),
-            Entry::LamportTwoRank(dt, mode, op) => two_rank_name("lamport2", dt, mode, op),
+            Entry::LamportWorld(dt, w, mode, op) => mode_op_name(&format!("lamport{w}"), dt, mode, op),
             Entry::Ring(dt) => format!("symm_ring_{}", dt.suffix()),
             Entry::ReducePtrs(dt) => format!("symm_reduce_ptrs_{}", dt.suffix()),
             Entry::Pull(dt) => format!("symm_pull_{}", dt.suffix()),
-            Entry::PullTwoRank(dt, mode, op) => two_rank_name("pull2", dt, mode, op),
+            Entry::PullTwoRank(dt, mode, op) => mode_op_name("pull2", dt, mode, op),
         }
     }
 }
 
-fn two_rank_name(kind: &str, dt: KernelDtype, mode: RingMode, op: u32) -> String {
+fn mode_op_name(kind: &str, dt: KernelDtype, mode: RingMode, op: u32) -> String {
     let mode = match mode {
         RingMode::AllReduce => "ar",
         RingMode::ReduceScatter => "rs",
@@ -73,8 +80,8 @@ fn two_rank_name(kind: &str, dt: KernelDtype, mode: RingMode, op: u32) -> String
 }
 
 /// The names of the two-rank entries of `kind` ("lamport2", "pull2") for one element type, in
-/// the order [`two_rank_index`] indexes them.
-pub fn two_rank_names(kind: &str, dt: &str) -> Vec<String> {
+/// the order [`mode_op_index`] indexes them.
+pub fn mode_op_names(kind: &str, dt: &str) -> Vec<String> {
     let mut v = Vec::with_capacity(9);
     for mode in ["ar", "rs"] {
         for op in ["sum", "avg", "max", "min"] {
@@ -85,9 +92,9 @@ pub fn two_rank_names(kind: &str, dt: &str) -> Vec<String> {
     v
 }
 
-/// Where the entry for (`mode`, kernel op `op`) lies in [`two_rank_names`] (the all-gather has
+/// Where the entry for (`mode`, kernel op `op`) lies in [`mode_op_names`] (the all-gather has
 /// one entry whatever the op).
-pub fn two_rank_index(mode: RingMode, op: u32) -> usize {
+pub fn mode_op_index(mode: RingMode, op: u32) -> usize {
     match mode {
         RingMode::AllReduce => op as usize,
         RingMode::ReduceScatter => 4 + op as usize,
@@ -153,8 +160,9 @@ pub struct Switches {
     pub lamport_bits: u32,
     /// Bits or'ed into the ring `flags` argument (`args::RING_UNROLL1`).
     pub ring_flags: u32,
-    /// Run the generic Lamport and pull entries at two ranks too, not the specialised ones.
-    pub generic_two_rank: bool,
+    /// Run the generic Lamport and pull entries, not the ones specialised for two ranks (Lamport
+    /// and pull) and for 3..=8 ranks (Lamport).
+    pub generic_entries: bool,
 }
 
 /// One rank's facts about its collectives workspace, everything a launch's arguments are built
@@ -303,11 +311,12 @@ impl Rig {
         hdr: &OpHeader,
     ) -> Result<Launch> {
         let p = lamport_plan(count, dt.dtype(), &self.layout, tuning, self.grid.blocks)?;
-        // Two ranks: the entry specialised for this (mode, op) (NOTE in collectives.cu).
-        let entry = if self.world == 2 && !self.switches.generic_two_rank {
-            Entry::LamportTwoRank(dt, mode, kernel_op(op))
-        } else {
-            Entry::Lamport(dt)
+        // The entry specialised for this world and (mode, op) (NOTE [lamport-world-entries]).
+        let entry = match self.world {
+            w @ LAMPORT_WORLD_MIN..=LAMPORT_WORLD_MAX if !self.switches.generic_entries => {
+                Entry::LamportWorld(dt, w as u8, mode, kernel_op(op))
+            }
+            _ => Entry::Lamport(dt),
         };
         let mut a = args::lamport(
             &self.common,
@@ -390,7 +399,7 @@ impl Rig {
             .clamp(1, tuning.blocks(self.grid.blocks) as usize) as u32;
         // The state words are at the start of the workspace.
         let a = args::pull(&self.common, &self.direct, self.ws(), p, &self.bound);
-        let entry = if self.world == 2 && !self.switches.generic_two_rank && p.dsts.is_none() {
+        let entry = if self.world == 2 && !self.switches.generic_entries && p.dsts.is_none() {
             Entry::PullTwoRank(dt, p.mode, p.op)
         } else {
             Entry::Pull(dt)

@@ -17,7 +17,7 @@ use super::{args, cfg, CudaCollectives, Epilogues, GridBudget, RingMode, Tuning,
 use crate::driver::launch::{launch, Launch};
 use crate::driver::{self, bind, from_driver};
 use crate::{kernels, knobs};
-use symm_core::coll::launch::{two_rank_index, two_rank_names, Rig};
+use symm_core::coll::launch::{mode_op_index, mode_op_names, Rig, LAMPORT_WORLD_MAX, LAMPORT_WORLD_MIN};
 use symm_core::coll::registry::Registry;
 
 pub use symm_core::coll::layout::{DEFAULT_LAMPORT_BYTES, DEFAULT_RING_SLOTS, DEFAULT_STAGING_BYTES};
@@ -74,13 +74,14 @@ impl CollectivesConfig {
 /// `kernels::load`; every function is loaded here, NOTE [co-residency]). Entries
 /// compiled per element type are [`PerDtype`] tables, indexed by [`KernelDtype`] (from
 /// [`super::plan::kernel_dtype`]); the two-rank specialisations are in turn indexed by (mode,
-/// op) ([`TwoRankEntries`]).
+/// op) ([`ModeOpEntries`]).
 pub(super) struct KernelTable {
     /// `symm_lamport_{dt}`: the Lamport one-shot (data as flag), any world, mode and op.
     pub(super) lamport: PerDtype<CudaFunction>,
-    /// `symm_lamport2_{mode}_{op}_{dt}`: the Lamport entries specialised for two ranks and one
-    /// (mode, op), which avoid the generic kernel's instruction-cache misses.
-    pub(super) lamport_two_rank: PerDtype<TwoRankEntries>,
+    /// `symm_lamport{w}_{mode}_{op}_{dt}` for this object's world `w` (2..=8, else `None`): the
+    /// Lamport entries specialised for it and one (mode, op), which avoid the generic kernel's
+    /// register spills and instruction-cache misses (NOTE [lamport-world-entries]).
+    pub(super) lamport_world: Option<(u8, PerDtype<ModeOpEntries>)>,
     /// `symm_ring_{dt}`: the chunked ring (one-shot, two-shot, ring reduce-scatter, SM
     /// all-gather).
     pub(super) ring: PerDtype<CudaFunction>,
@@ -90,7 +91,7 @@ pub(super) struct KernelTable {
     pub(super) pull: PerDtype<CudaFunction>,
     /// `symm_pull2_{mode}_{op}_{dt}`: the pull entries specialised for two ranks and one (mode,
     /// op).
-    pub(super) pull_two_rank: PerDtype<TwoRankEntries>,
+    pub(super) pull_two_rank: PerDtype<ModeOpEntries>,
     /// `symm_lamport_add_rms_{dt}`: the Lamport one-shot with the residual / RMSNorm epilogue
     /// (NOTE [fused-epilogue]).
     pub(super) lamport_epilogue: PerDtype<CudaFunction>,
@@ -139,15 +140,15 @@ impl CeState {
 }
 
 /// Two-rank entries of one kernel kind and element type, one per (mode, reduce op) in
-/// [`two_rank_index`] order: all-reduce sum / avg / max / min, reduce-scatter sum / avg / max /
-/// min, all-gather (`COLL_TWO_RANK_ENTRIES` in the kernels).
-pub(super) struct TwoRankEntries(Vec<CudaFunction>);
+/// [`mode_op_index`] order: all-reduce sum / avg / max / min, reduce-scatter sum / avg / max /
+/// min, all-gather (`COLL_MODE_OP_ENTRIES` in the kernels).
+pub(super) struct ModeOpEntries(Vec<CudaFunction>);
 
-impl TwoRankEntries {
+impl ModeOpEntries {
     /// The entry for `mode` and kernel op `op` ([`super::plan::kernel_op`]; the all-gather has
     /// one entry whatever `op`).
     pub(super) fn get(&self, mode: RingMode, op: u32) -> &CudaFunction {
-        &self.0[two_rank_index(mode, op)]
+        &self.0[mode_op_index(mode, op)]
     }
 }
 
@@ -180,21 +181,25 @@ impl CudaCollectives {
             pdl: config.pdl && driver::supports_pdl(ctx.cu_device())?,
         };
 
-        let module = kernels::load(ctx, kernels::source("collectives")?, "")?;
+        let module = kernels::load(ctx, kernels::source("collectives")?, crate::trace::defines())?;
+        crate::trace::install(ctx, &module)?;
         let get = |name: &str| driver::load_function(&module, name);
         let per_dtype = |kind: &str| PerDtype::try_new(|d| get(&format!("symm_{kind}_{}", d.suffix())));
         let two_rank = |kind: &str| {
             PerDtype::try_new(|d| {
-                two_rank_names(kind, d.suffix())
+                mode_op_names(kind, d.suffix())
                     .iter()
                     .map(|n| get(n))
                     .collect::<Result<Vec<_>>>()
-                    .map(TwoRankEntries)
+                    .map(ModeOpEntries)
             })
         };
         let kernels = KernelTable {
             lamport: per_dtype("lamport")?,
-            lamport_two_rank: two_rank("lamport2")?,
+            lamport_world: match world {
+                w @ LAMPORT_WORLD_MIN..=LAMPORT_WORLD_MAX => Some((w as u8, two_rank(&format!("lamport{w}"))?)),
+                _ => None,
+            },
             ring: per_dtype("ring")?,
             reduce_ptrs: per_dtype("reduce_ptrs")?,
             pull: per_dtype("pull")?,

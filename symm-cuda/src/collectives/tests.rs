@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::kernels;
-use symm_core::coll::launch::{two_rank_index, two_rank_names};
+use symm_core::coll::launch::{mode_op_index, mode_op_names};
 use symm_core::coll::plan::kernel_op;
 
 #[test]
@@ -40,24 +40,24 @@ fn collectives_kernels_compile_with_nvrtc() {
     ] {
         assert!(ptx.contains(&format!(".entry {k}(")), "{k} missing");
     }
-    // Every two-rank entry the host loads (COLL_TWO_RANK_ENTRIES), in `two_rank_index` order.
+    // Every two-rank entry the host loads (COLL_MODE_OP_ENTRIES), in `mode_op_index` order.
     for kind in ["lamport2", "pull2"] {
         for dt in ["f32", "f16", "bf16"] {
-            let names = two_rank_names(kind, dt);
+            let names = mode_op_names(kind, dt);
             assert_eq!(names.len(), 9);
             for n in &names {
                 assert!(ptx.contains(&format!(".entry {n}(")), "{n} missing");
             }
             assert_eq!(
-                names[two_rank_index(RingMode::AllReduce, 2)],
+                names[mode_op_index(RingMode::AllReduce, 2)],
                 format!("symm_{kind}_ar_max_{dt}")
             );
             assert_eq!(
-                names[two_rank_index(RingMode::ReduceScatter, 1)],
+                names[mode_op_index(RingMode::ReduceScatter, 1)],
                 format!("symm_{kind}_rs_avg_{dt}")
             );
             assert_eq!(
-                names[two_rank_index(RingMode::AllGather, 0)],
+                names[mode_op_index(RingMode::AllGather, 0)],
                 format!("symm_{kind}_ag_{dt}")
             );
         }

@@ -14,6 +14,7 @@ use crate::gpu::Kernels;
 use crate::model::Shape;
 use crate::rank::{Exec, Mode, Outputs, Rank};
 use crate::Res;
+use symm_ops::symm_cuda::trace::{self, TraceRecord};
 
 /// What one group runs.
 #[derive(Clone, Debug)]
@@ -52,6 +53,8 @@ pub struct Record {
     pub diverged: Vec<usize>,
     /// Rank 0's microseconds per layer, per round, for each timed execution.
     pub times: Vec<(Exec, Vec<f64>)>,
+    /// Every rank's Lamport timeline records of each timed execution (`SYMM_TRACE=1` only).
+    pub traces: Vec<(Exec, Vec<TraceRecord>)>,
 }
 
 /// The contexts of `devices`' GPUs: one object per GPU for the whole process, so that every
@@ -128,9 +131,26 @@ pub fn run(plan: &Plan) -> Res<Vec<Record>> {
     }
     let mut rank0 = ranks.remove(0);
     for (i, (rec, fp0)) in rank0.iter_mut().enumerate() {
-        for (r, other) in ranks.iter().enumerate() {
+        for (r, other) in ranks.iter_mut().enumerate() {
             if other[i].1 != *fp0 {
                 rec.diverged.push(r + 1);
+            }
+            for ((_, mine), (_, theirs)) in rec.traces.iter_mut().zip(&mut other[i].0.traces) {
+                mine.append(theirs);
+            }
+        }
+        for (exec, recs) in &rec.traces {
+            if let Some(sum) = crate::trace::summarise(recs) {
+                eprintln!(
+                    "tp-layer trace: {} TP {} {} tokens {} kv {} {}: {}",
+                    plan.shape.name,
+                    plan.tp(),
+                    rec.mode.name(),
+                    rec.tokens,
+                    rec.kv_len,
+                    exec.name(),
+                    sum.line()
+                );
             }
         }
     }
@@ -158,6 +178,7 @@ fn worker(
     let mut rank = Rank::new(comm, stream, kernels, plan.shape, plan.lmax, plan.seed, fence)?;
     barrier.wait()?;
     let layer_fn = plan.tp() == 1;
+    let tracing = symm_ops::symm_cuda::knobs::trace();
     let mut out = Vec::new();
     for &tokens in &plan.tokens {
         let mut acts = rank.acts(tokens)?; // a collective step when the pool grows
@@ -166,19 +187,29 @@ fn worker(
         barrier.wait()?;
         for &kv_len in &plan.kv_lens {
             for &mode in &plan.modes {
-                let checked = layer_fn || mode != Mode::None;
+                let checked = layer_fn || mode.is_layer();
                 let outputs = if checked {
                     Some(rank.check(&mut acts, mode, kv_len)?)
                 } else {
                     None
                 };
                 let fp = outputs.as_ref().map(fingerprint);
-                let mut times = Vec::new();
+                let (mut times, mut traces) = (Vec::new(), Vec::new());
                 for &exec in &plan.execs {
+                    if tracing {
+                        // Drop what the check ran; every rank's stream is idle here.
+                        barrier.wait()?;
+                        trace::take(ctx)?;
+                        barrier.wait()?;
+                    }
                     times.push((
                         exec,
                         rank.time(&mut acts, mode, kv_len, exec, plan.layers, plan.rounds)?,
                     ));
+                    if tracing {
+                        barrier.wait()?;
+                        traces.push((exec, trace::take(ctx)?));
+                    }
                 }
                 let record = Record {
                     tokens,
@@ -188,6 +219,7 @@ fn worker(
                     out: if rank.comm.rank().get() == 0 { outputs } else { None },
                     diverged: Vec::new(),
                     times,
+                    traces,
                 };
                 out.push((record, fp));
             }

@@ -10,8 +10,12 @@
 //!
 //! Communication modes (`--modes`): `nccl` (NCCL all-reduce + the separate residual/norm
 //! kernel), `symm` (symm's all-reduce + the same kernel), `fused` (one kernel), `auto` (what
-//! the op picks). `none` (no collective) runs by itself: at TP 1 it is the layer, above it the
-//! compute floor behind the `coll%` column.
+//! the op picks), `barrier` (a signal-pad barrier where each all-reduce was, then the separate
+//! kernel: not the layer; its time over `none` is the ranks' skew plus one synchronisation).
+//! `none` (no collective) runs by itself: at TP 1 it is the layer, above it the compute floor
+//! behind the `coll%` column. With `SYMM_TRACE=1` in the environment (symm-cuda's NOTE
+//! [device-trace]) every timed symm run also prints the Lamport kernels' timeline inside the
+//! layer (trace.rs).
 //!
 //! Every configuration is checked before it is timed: the TP = t output against the TP = 1
 //! output within NOTE [tp-tolerance], every rank's output bit for bit against rank 0's, and
@@ -30,6 +34,7 @@ mod model;
 mod rank;
 mod reference;
 mod report;
+mod trace;
 
 use std::process::ExitCode;
 
@@ -45,7 +50,7 @@ const USAGE: &str = "usage: tp-layer [options]
   --kv 1024,4096           cached positions before the step
   --tp 1,2,4,8             tensor-parallel sizes (over the GPU count: ranks share GPU 0, checked only)
   --modes nccl,symm,fused,auto
-                           communication modes besides `none` (always run)
+                           communication modes besides `none` (always run); also `barrier`
   --exec graph,eager       timed executions
   --layers 4               layers per CUDA graph (and per eager round)
   --rounds 7               timed rounds (median reported)

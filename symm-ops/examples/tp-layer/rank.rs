@@ -41,10 +41,21 @@ pub enum Mode {
     Fused,
     /// What `all_reduce_residual_rms_norm` picks by itself.
     Auto,
+    /// A signal-pad barrier of the group where each all-reduce was, then the separate kernel on
+    /// this rank's partial sums: not the layer (nothing is reduced), but its time over `none`
+    /// is what the ranks' skew and one synchronisation cost, without moving data.
+    Barrier,
 }
 
 impl Mode {
-    pub const ALL: [Mode; 5] = [Mode::None, Mode::Nccl, Mode::Symm, Mode::Fused, Mode::Auto];
+    pub const ALL: [Mode; 6] = [
+        Mode::None,
+        Mode::Nccl,
+        Mode::Symm,
+        Mode::Fused,
+        Mode::Auto,
+        Mode::Barrier,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -53,7 +64,13 @@ impl Mode {
             Mode::Symm => "symm",
             Mode::Fused => "fused",
             Mode::Auto => "auto",
+            Mode::Barrier => "barrier",
         }
+    }
+
+    /// Whether the mode computes the layer (above TP 1 `none` and `barrier` do not reduce).
+    pub fn is_layer(self) -> bool {
+        !matches!(self, Mode::None | Mode::Barrier)
     }
 
     pub fn parse(s: &str) -> Option<Mode> {
@@ -217,6 +234,7 @@ impl Rank {
     pub fn algo_name(&self, mode: Mode, acts: &Acts) -> String {
         let bytes = acts.tokens * self.s.hidden * 2;
         match self.epilogue_algo(mode, bytes) {
+            None if mode == Mode::Barrier => "barrier+norm kernel".into(),
             None => "add+norm kernel".into(),
             Some(EpilogueAlgo::Separate(a)) => format!("{a:?}+norm"),
             Some(EpilogueAlgo::Auto) => format!("auto={:?}", self.comm.select_epilogue(bytes)),
@@ -226,7 +244,7 @@ impl Rank {
 
     fn epilogue_algo(&self, mode: Mode, bytes: usize) -> Option<EpilogueAlgo> {
         Some(match mode {
-            Mode::None => return None,
+            Mode::None | Mode::Barrier => return None,
             Mode::Nccl => EpilogueAlgo::Separate(AllReduceAlgo::Nccl),
             Mode::Symm => EpilogueAlgo::Separate(self.comm.select_all_reduce(bytes)),
             Mode::Fused => EpilogueAlgo::Fused,
@@ -248,9 +266,12 @@ impl Rank {
     ) -> Res {
         let (st, s) = (&self.stream, &self.s);
         let algo = self.epilogue_algo(mode, tokens * s.hidden * 2);
-        if let (Some(_), Some(fence)) = (algo, &self.fence) {
+        if let (true, Some(fence)) = (algo.is_some() || mode == Mode::Barrier, &self.fence) {
             drain(st, "before a collective")?;
             fence.wait()?;
+        }
+        if mode == Mode::Barrier {
+            self.comm.on(st).barrier(None)?;
         }
         match algo {
             None => self.k.add_rms_norm(

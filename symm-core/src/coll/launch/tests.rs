@@ -71,24 +71,26 @@ fn every_entry_is_in_the_shared_source() {
         ]);
         for mode in [RingMode::AllReduce, RingMode::ReduceScatter, RingMode::AllGather] {
             for op in 0..4 {
-                all.push(Entry::LamportTwoRank(dt, mode, op));
+                for w in LAMPORT_WORLD_MIN..=LAMPORT_WORLD_MAX {
+                    all.push(Entry::LamportWorld(dt, w as u8, mode, op));
+                }
                 all.push(Entry::PullTwoRank(dt, mode, op));
             }
         }
         // The names the backends load the two-rank tables by, at the index the plans use.
         for kind in ["lamport2", "pull2"] {
-            let names = two_rank_names(kind, dt.suffix());
+            let names = mode_op_names(kind, dt.suffix());
             for (mode, op) in [
                 (RingMode::AllReduce, 2),
                 (RingMode::ReduceScatter, 1),
                 (RingMode::AllGather, 3),
             ] {
                 let e = if kind == "lamport2" {
-                    Entry::LamportTwoRank(dt, mode, op)
+                    Entry::LamportWorld(dt, 2, mode, op)
                 } else {
                     Entry::PullTwoRank(dt, mode, op)
                 };
-                assert_eq!(names[two_rank_index(mode, op)], e.name());
+                assert_eq!(names[mode_op_index(mode, op)], e.name());
             }
         }
     }
@@ -102,7 +104,7 @@ fn every_entry_is_in_the_shared_source() {
 }
 
 #[test]
-fn two_ranks_take_the_specialised_lamport_entry() {
+fn each_world_takes_its_specialised_lamport_entry() {
     let to = Record::default();
     let t = Tuning::default();
     let r2 = rig(1, 2);
@@ -119,7 +121,7 @@ fn two_ranks_take_the_specialised_lamport_entry() {
     .unwrap();
     let generic = Rig {
         switches: Switches {
-            generic_two_rank: true,
+            generic_entries: true,
             lamport_bits: 0x100,
             ring_flags: 0,
         },
@@ -149,11 +151,45 @@ fn two_ranks_take_the_specialised_lamport_entry() {
             ReduceOp::Max,
         )
         .unwrap();
+    rig(7, 8)
+        .all_reduce(
+            &to,
+            AllReduceKernel::Lamport,
+            &t,
+            0x100,
+            0x200,
+            1000,
+            DType::BF16,
+            ReduceOp::Sum,
+        )
+        .unwrap();
+    Rig {
+        switches: Switches {
+            generic_entries: true,
+            ..Switches::default()
+        },
+        ..rig(2, 4)
+    }
+    .all_reduce(
+        &to,
+        AllReduceKernel::Lamport,
+        &t,
+        0x100,
+        0x200,
+        1000,
+        DType::BF16,
+        ReduceOp::Sum,
+    )
+    .unwrap();
+    // Two ranks: the (mode, op) entry; 3..=8 ranks: the world's entry (NOTE
+    // [lamport-world-entries]); the switch: the generic entry at every world.
     assert_eq!(
         to.entries(),
         [
-            Entry::LamportTwoRank(KernelDtype::Bf16, RingMode::AllReduce, 2),
+            Entry::LamportWorld(KernelDtype::Bf16, 2, RingMode::AllReduce, 2),
             Entry::Lamport(KernelDtype::Bf16),
+            Entry::LamportWorld(KernelDtype::Bf16, 3, RingMode::AllReduce, 2),
+            Entry::LamportWorld(KernelDtype::Bf16, 8, RingMode::AllReduce, 0),
             Entry::Lamport(KernelDtype::Bf16),
         ]
     );
@@ -306,8 +342,8 @@ fn reduce_scatter_and_all_gather_shapes() {
         [
             Entry::Ring(KernelDtype::Bf16),
             Entry::Ring(KernelDtype::F16),
-            // The Lamport all-gather runs the op's own dtype.
-            Entry::Lamport(KernelDtype::Bf16),
+            // The Lamport all-gather runs the op's own dtype, in the entry of its world.
+            Entry::LamportWorld(KernelDtype::Bf16, 3, RingMode::AllGather, 0),
         ]
     );
     // total = count * world, shard = count.

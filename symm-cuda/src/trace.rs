@@ -1,0 +1,149 @@
+//! The host side of NOTE [device-trace] (symm-core's `kernels/collectives.cu`): with
+//! `SYMM_TRACE=1` ([`knobs::trace`]) the collectives module is compiled with `SYMM_TRACE` and
+//! every Lamport launch stamps `%globaltimer` at its phases into one buffer per context. A
+//! diagnostic for timelines inside a model step (bench-notes round 18), not a feature: without
+//! the switch nothing here runs and the kernels' code is unchanged.
+//!
+//! [`take`] waits for the context's control stream, reads the records and empties the buffer
+//! (take once before the work of interest, to drop what ran earlier, and once after). Timestamps
+//! are the device's `%globaltimer` in nanoseconds; GPUs of one host keep it within about a
+//! microsecond of each other (the reader can bound the offset from the stamps themselves: a
+//! rank's data arrives after its peers pushed it).
+
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use symm_core::{Error, Result};
+
+use crate::driver::from_driver;
+use crate::driver::mem::{dtoh_sync, htod_sync};
+use crate::streams::{self, HOST_COPY_TIMEOUT};
+use crate::knobs;
+
+/// u64 words per record (`COLL_TRACE_WORDS`).
+pub const WORDS: usize = 8;
+/// Records one buffer holds (`COLL_TRACE_CAP`); later launches are not recorded.
+pub const CAP: usize = 65536;
+
+/// The define the collectives module is compiled with when tracing ("" otherwise).
+pub(crate) fn defines() -> &'static str {
+    if knobs::trace() {
+        "#define SYMM_TRACE 1\n"
+    } else {
+        ""
+    }
+}
+
+/// One launch's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceRecord {
+    /// 1: the generic Lamport entry; 2: an entry specialised for its world size.
+    pub kind: u8,
+    pub world: u8,
+    pub rank: u8,
+    /// `COLL_MODE_*` (0 all-reduce, 1 reduce-scatter, 2 all-gather).
+    pub mode: u8,
+    /// Elements per peer slot.
+    pub count: u64,
+    /// The launching rank's workspace base (tells groups and ranks sharing a context apart).
+    pub ws: u64,
+    /// Entry (before the PDL wait), start (after it), thread 0's first vector pushed, thread 0's
+    /// first vector received from every peer, thread 0's exit; `%globaltimer` ns.
+    pub t: [u64; 5],
+}
+
+impl TraceRecord {
+    fn decode(w: &[u64]) -> TraceRecord {
+        TraceRecord {
+            kind: w[0] as u8,
+            world: (w[0] >> 8) as u8,
+            rank: (w[0] >> 16) as u8,
+            mode: (w[0] >> 24) as u8,
+            count: w[1],
+            ws: w[2],
+            t: [w[3], w[4], w[5], w[6], w[7]],
+        }
+    }
+}
+
+struct Buf {
+    stream: Arc<CudaStream>,
+    buf: CudaSlice<u64>,
+    module: Arc<CudaModule>,
+}
+
+fn bufs() -> &'static Mutex<HashMap<usize, Buf>> {
+    static B: OnceLock<Mutex<HashMap<usize, Buf>>> = OnceLock::new();
+    B.get_or_init(Default::default)
+}
+
+fn ctx_key(ctx: &Arc<CudaContext>) -> usize {
+    ctx.cu_ctx() as usize
+}
+
+fn write_global(b: &Buf, name: &str, bytes: &[u8]) -> Result<()> {
+    let mut g = b
+        .module
+        .get_global(name, &b.stream)
+        .map_err(|e| from_driver(e, "cuModuleGetGlobal"))?;
+    if g.len() < bytes.len() {
+        return Err(Error::InvalidArgument(format!(
+            "trace global {name} has {} bytes, not {}",
+            g.len(),
+            bytes.len()
+        )));
+    }
+    let (ptr, _sync) = g.device_ptr_mut(&b.stream);
+    htod_sync(&b.stream, ptr, bytes)
+}
+
+/// Gives `module` (the collectives of `ctx`, compiled with [`defines`]) the context's trace
+/// buffer, made at the first call. Nothing when tracing is off.
+pub(crate) fn install(ctx: &Arc<CudaContext>, module: &Arc<CudaModule>) -> Result<()> {
+    if !knobs::trace() {
+        return Ok(());
+    }
+    let mut m = bufs().lock().unwrap_or_else(|e| e.into_inner());
+    if m.contains_key(&ctx_key(ctx)) {
+        return Ok(());
+    }
+    let stream = streams::control(ctx)?;
+    let buf = stream
+        .alloc_zeros::<u64>(WORDS * (CAP + 1))
+        .map_err(|e| from_driver(e, "allocating the trace buffer"))?;
+    let ptr = buf.device_ptr(&stream).0;
+    let b = Buf {
+        stream,
+        buf,
+        module: module.clone(),
+    };
+    write_global(&b, "symm_trace_buf", &ptr.to_le_bytes())?;
+    m.insert(ctx_key(ctx), b);
+    Ok(())
+}
+
+/// The records of `ctx` (in the order the launches took their slots) and an empty buffer
+/// afterwards; empty when tracing is off. Waits for the control stream (at most
+/// [`HOST_COPY_TIMEOUT`]): call it after the traced work finished.
+pub fn take(ctx: &Arc<CudaContext>) -> Result<Vec<TraceRecord>> {
+    let m = bufs().lock().unwrap_or_else(|e| e.into_inner());
+    let Some(b) = m.get(&ctx_key(ctx)) else {
+        return Ok(Vec::new());
+    };
+    streams::wait_idle(&b.stream, HOST_COPY_TIMEOUT, "reading the device trace")?;
+    let base = b.buf.device_ptr(&b.stream).0;
+    let mut head = [0u8; 8];
+    dtoh_sync(&b.stream, &mut head, base)?;
+    let n = (u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize).min(CAP);
+    let mut raw = vec![0u8; n * WORDS * 8];
+    dtoh_sync(&b.stream, &mut raw, base + (WORDS * 8) as u64)?;
+    htod_sync(&b.stream, base, &[0u8; 8])?;
+    let words: Vec<u64> = raw
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+        .collect();
+    Ok(words.chunks_exact(WORDS).map(TraceRecord::decode).collect())
+}
