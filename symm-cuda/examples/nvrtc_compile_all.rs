@@ -2,8 +2,8 @@
 //! needed): `cargo run -p symm-cuda --example nvrtc_compile_all -- sm_90`.
 //! `cargo xtask kernels` runs it with libnvrtc's folder on LD_LIBRARY_PATH.
 //! With `--cache` it compiles through the kernel disk cache instead (what a
-//! program's first launch on that architecture would compile, stored where
-//! `SYMM_KERNEL_CACHE` points): `cargo xtask gpu-bundle` fills the bundle's
+//! program's first launch on that architecture would compile and load: PTX and CUBIN, with the
+//! defines the library uses, `SYMM_TRACE=1`'s included, stored where `SYMM_KERNEL_CACHE` points): `cargo xtask gpu-bundle` fills the bundle's
 //! `kernel-cache/` this way. With `--dump DIR` it also writes each file's PTX
 //! to `DIR/<name>.ptx` (to diff what NVRTC generates before and after a change
 //! to the kernel sources).
@@ -34,7 +34,10 @@ fn main() -> ExitCode {
     let result = if cached {
         symm_cuda::kernels::sources()
             .iter()
-            .map(|src| symm_cuda::kernels::compile(src, "", &arch).map(|ptx| (src.name.to_string(), ptx.len())))
+            .map(|src| {
+                symm_cuda::kernels::compile_for_load(src, symm_cuda::kernels::defines_for(src), &arch)
+                    .map(|len| (src.name.to_string(), len))
+            })
             .collect()
     } else {
         symm_cuda::kernels::compile_all(&arch)

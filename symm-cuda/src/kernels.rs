@@ -125,6 +125,22 @@ fn ptx_memory_cache() -> &'static Mutex<HashMap<u128, Arc<str>>> {
     PTX.get_or_init(Default::default)
 }
 
+/// Runs NVRTC on `full` and stores its PTX and CUBIN in the disk cache under `key`.
+fn compile_and_store(src: &KernelSource, full: &str, arch: &str, key: u128) -> Result<driver::nvrtc::Compiled> {
+    let extra: Vec<String> = EXTRA_OPTIONS.iter().map(|s| s.to_string()).collect();
+    let c = driver::nvrtc::compile(src.name, full, arch, &extra)?;
+    if let Some(d) = cache_dir() {
+        kernel_cache::write(
+            &d,
+            &kernel_cache::path(&d, src.name, arch, key, "ptx"),
+            key,
+            c.ptx.as_bytes(),
+        );
+        kernel_cache::write(&d, &kernel_cache::path(&d, src.name, arch, key, "cubin"), key, &c.cubin);
+    }
+    Ok(c)
+}
+
 fn compile_keyed(src: &KernelSource, defines: &str, arch: &str) -> Result<(u128, Arc<str>)> {
     nvrtc_available()?;
     let full = full_source(src, defines);
@@ -132,21 +148,12 @@ fn compile_keyed(src: &KernelSource, defines: &str, arch: &str) -> Result<(u128,
     if let Some(p) = ptx_memory_cache().lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok((key, p.clone()));
     }
-    let dir = cache_dir();
-    let cached = dir
-        .as_ref()
-        .and_then(|d| kernel_cache::read(&kernel_cache::path(d, src.name, arch, key, "ptx"), key))
+    let cached = cache_dir()
+        .and_then(|d| kernel_cache::read(&kernel_cache::path(&d, src.name, arch, key, "ptx"), key))
         .and_then(|b| String::from_utf8(b).ok());
     let ptx: Arc<str> = match cached {
         Some(p) => p.into(),
-        None => {
-            let extra: Vec<String> = EXTRA_OPTIONS.iter().map(|s| s.to_string()).collect();
-            let p = driver::nvrtc::compile(src.name, &full, arch, &extra)?;
-            if let Some(d) = &dir {
-                kernel_cache::write(d, &kernel_cache::path(d, src.name, arch, key, "ptx"), key, p.as_bytes());
-            }
-            p.into()
-        }
+        None => compile_and_store(src, &full, arch, key)?.ptx.into(),
     };
     ptx_memory_cache()
         .lock()
@@ -155,16 +162,37 @@ fn compile_keyed(src: &KernelSource, defines: &str, arch: &str) -> Result<(u128,
     Ok((key, ptx))
 }
 
+/// The CUBIN of `src` with `defines` for `arch` (the device's own architecture), through the
+/// disk cache: NVRTC's machine code, which a module loads without the driver's JIT (for the
+/// collectives' tens of MB of PTX that JIT takes a minute in every fresh process on a machine
+/// whose driver cache is cold).
+fn cubin_keyed(src: &KernelSource, full: &str, arch: &str, key: u128) -> Result<Vec<u8>> {
+    let cached =
+        cache_dir().and_then(|d| kernel_cache::read(&kernel_cache::path(&d, src.name, arch, key, "cubin"), key));
+    match cached {
+        Some(c) => Ok(c),
+        None => Ok(compile_and_store(src, full, arch, key)?.cubin),
+    }
+}
+
 /// NVRTC-compiles `src` (prefixed with [`common_header`] and `defines`) for
 /// `arch` (e.g. `"sm_90"`), through the disk and memory caches.
 pub fn compile(src: &KernelSource, defines: &str, arch: &str) -> Result<String> {
     compile_keyed(src, defines, arch).map(|(_, p)| p.to_string())
 }
 
-/// Compiles without any cache (what CI wants: every call runs NVRTC).
+/// As [`compile`], and the disk cache then also holds the CUBIN a module loads ([`load`]): what
+/// `cargo xtask gpu-bundle` puts into the bundle's cache.
+pub fn compile_for_load(src: &KernelSource, defines: &str, arch: &str) -> Result<usize> {
+    let full = full_source(src, defines);
+    let key = cache_key(&full, arch)?;
+    Ok(compile(src, defines, arch)?.len() + cubin_keyed(src, &full, arch, key)?.len())
+}
+
+/// Compiles without any cache (what CI wants: every call runs NVRTC); the PTX.
 pub fn compile_uncached(src: &KernelSource, defines: &str, arch: &str) -> Result<String> {
     let extra: Vec<String> = EXTRA_OPTIONS.iter().map(|s| s.to_string()).collect();
-    driver::nvrtc::compile(src.name, &full_source(src, defines), arch, &extra)
+    Ok(driver::nvrtc::compile(src.name, &full_source(src, defines), arch, &extra)?.ptx)
 }
 
 /// Compiles every embedded kernel file (no defines, no cache) for `arch`;
@@ -177,22 +205,41 @@ pub fn compile_all(arch: &str) -> Result<Vec<(String, usize)>> {
         .collect()
 }
 
+/// The defines the library compiles `src` with at run time: for the collectives, NOTE
+/// [device-trace]'s `SYMM_TRACE` when `SYMM_TRACE=1`; nothing otherwise.
+pub fn defines_for(src: &KernelSource) -> &'static str {
+    if src.name == "collectives" {
+        crate::trace::defines()
+    } else {
+        ""
+    }
+}
+
 /// Compiles `src` for `ctx`'s device and loads it into `ctx` (cached per
-/// context and key, so repeated calls are cheap).
+/// context and key, so repeated calls are cheap). The module is loaded from NVRTC's CUBIN
+/// (no JIT); where the driver refuses it (a driver older than NVRTC), from the PTX.
 pub fn load(ctx: &Arc<CudaContext>, src: &KernelSource, defines: &str) -> Result<Arc<CudaModule>> {
     type Modules = Mutex<HashMap<(usize, u128), Arc<CudaModule>>>;
     static MODULES: OnceLock<Modules> = OnceLock::new();
     driver::bind(ctx)?;
     let arch = arch_of(ctx)?;
-    let (key, ptx) = compile_keyed(src, defines, &arch)?;
+    nvrtc_available()?;
+    let full = full_source(src, defines);
+    let key = cache_key(&full, &arch)?;
     let ctx_id = ctx.cu_ctx() as usize;
     let modules = MODULES.get_or_init(Default::default);
     if let Some(m) = modules.lock().unwrap_or_else(|e| e.into_inner()).get(&(ctx_id, key)) {
         return Ok(m.clone());
     }
-    let m = ctx
-        .load_module(Ptx::from_src(ptx.to_string()))
-        .map_err(|e| driver::from_driver(e, &format!("cuModuleLoadData({})", src.name)))?;
+    let cubin = cubin_keyed(src, &full, &arch, key)?;
+    let m = match ctx.load_module(Ptx::from_binary(cubin)) {
+        Ok(m) => m,
+        Err(_) => {
+            let (_, ptx) = compile_keyed(src, defines, &arch)?;
+            ctx.load_module(Ptx::from_src(ptx.to_string()))
+                .map_err(|e| driver::from_driver(e, &format!("cuModuleLoadData({})", src.name)))?
+        }
+    };
     Ok(modules
         .lock()
         .unwrap_or_else(|e| e.into_inner())

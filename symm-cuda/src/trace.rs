@@ -20,8 +20,8 @@ use symm_core::{Error, Result};
 
 use crate::driver::from_driver;
 use crate::driver::mem::{dtoh_sync, htod_sync};
-use crate::streams::{self, HOST_COPY_TIMEOUT};
 use crate::knobs;
+use crate::streams::{self, HOST_COPY_TIMEOUT};
 
 /// u64 words per record (`COLL_TRACE_WORDS`).
 pub const WORDS: usize = 8;

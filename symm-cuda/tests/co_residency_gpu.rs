@@ -37,7 +37,7 @@ extern "C" __global__ void symm_test_spin(unsigned long long ns) {
 
 fn spin_function(ctx: &Arc<CudaContext>) -> TestResult<CudaFunction> {
     let arch = symm_cuda::kernels::arch_of(ctx)?;
-    let ptx = symm_cuda::driver::nvrtc::compile("symm_test_spin", SPIN_SRC, &arch, &[])?;
+    let ptx = symm_cuda::driver::nvrtc::compile("symm_test_spin", SPIN_SRC, &arch, &[])?.ptx;
     let module = ctx.load_module(Ptx::from_src(ptx))?;
     Ok(symm_cuda::driver::load_function(&module, "symm_test_spin")?)
 }
@@ -98,7 +98,7 @@ fn probe() -> TestResult {
     let host = vec![1u8; 16 << 20];
     let fresh_module = SPIN_SRC.replace("symm_test_spin", "symm_test_spin_fresh");
     let arch = symm_cuda::kernels::arch_of(&ctx)?;
-    let fresh_ptx = symm_cuda::driver::nvrtc::compile("symm_test_spin_fresh", &fresh_module, &arch, &[])?;
+    let fresh_ptx = symm_cuda::driver::nvrtc::compile("symm_test_spin_fresh", &fresh_module, &arch, &[])?.ptx;
     let vmm: std::cell::RefCell<Option<(Arc<AddressRange>, Mapping)>> = Default::default();
     other.synchronize()?;
 

@@ -33,8 +33,8 @@ use std::time::Duration;
 
 use symm_core::coll::args;
 use symm_core::coll::launch::{
-    self, all_gather_at, all_reduce_at, reduce_scatter_at, mode_op_index, mode_op_names, Entry, Launch, Launcher,
-    Rig, Switches, LAMPORT_WORLD_MAX, LAMPORT_WORLD_MIN,
+    self, all_gather_at, all_reduce_at, mode_op_index, mode_op_names, reduce_scatter_at, Entry, Launch, Launcher, Rig,
+    Switches, LAMPORT_WORLD_MAX, LAMPORT_WORLD_MIN,
 };
 use symm_core::coll::layout::{self, WorkspaceLayout, MISMATCH_WORDS, ST_ERR_OUT, ST_MISMATCH};
 use symm_core::coll::plan::{GridBudget, KernelDtype, PerDtype, Tuning};

@@ -333,6 +333,23 @@ fn warm_kernel_cache(dir: &Path, tp_layer: bool) {
             eprintln!("note: the kernel cache is incomplete ({e}); the GPU machine compiles what is missing");
         }
     }
+    drop_ptx_beside_cubin(dir);
+}
+
+/// Removes each cached `.ptx` whose `.cubin` is beside it: a module loads the CUBIN (no JIT), so
+/// the PTX would only serve a driver that refuses it, and the collectives' PTX alone is over a
+/// third of the bundle's size limit. What reads PTX on the GPU machine (the PTX checks of
+/// symm-cuda's unit tests) compiles it there.
+fn drop_ptx_beside_cubin(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "ptx") && p.with_extension("cubin").exists() {
+            let _ = std::fs::remove_file(&p);
+        }
+    }
 }
 
 /// The bundle's run script (runs on a GPU machine with no cargo).

@@ -282,7 +282,8 @@ impl Epilogues {
     /// `CollectivesConfig::pdl` (used where the device supports it).
     pub fn load(ctx: &Arc<CudaContext>, pdl: bool) -> Result<Epilogues> {
         bind(ctx)?;
-        let module = kernels::load(ctx, kernels::source("collectives")?, crate::trace::defines())?;
+        let collectives_src = kernels::source("collectives")?;
+        let module = kernels::load(ctx, collectives_src, kernels::defines_for(collectives_src))?;
         let get = |dt: &str| driver::load_function(&module, &format!("symm_add_rms_{dt}"));
         let sm = driver::attribute(
             ctx.cu_device(),

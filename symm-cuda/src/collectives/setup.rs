@@ -181,7 +181,8 @@ impl CudaCollectives {
             pdl: config.pdl && driver::supports_pdl(ctx.cu_device())?,
         };
 
-        let module = kernels::load(ctx, kernels::source("collectives")?, crate::trace::defines())?;
+        let collectives_src = kernels::source("collectives")?;
+        let module = kernels::load(ctx, collectives_src, kernels::defines_for(collectives_src))?;
         crate::trace::install(ctx, &module)?;
         let get = |name: &str| driver::load_function(&module, name);
         let per_dtype = |kind: &str| PerDtype::try_new(|d| get(&format!("symm_{kind}_{}", d.suffix())));

@@ -24,9 +24,10 @@ pub const SOURCE: KernelSource = KernelSource {
 /// Keys per attention block (`CHUNK` in kernels.cu).
 pub const CHUNK: usize = 64;
 
-/// NVRTC-compiles `kernels.cu` for `arch` (`sm_90`); returns the PTX.
-pub fn compile(arch: &str) -> Res<String> {
-    Ok(kernels::compile(&SOURCE, "", arch)?)
+/// NVRTC-compiles `kernels.cu` for `arch` (`sm_90`) into the kernel cache (PTX and the CUBIN a
+/// load uses); returns their bytes.
+pub fn compile(arch: &str) -> Res<usize> {
+    Ok(kernels::compile_for_load(&SOURCE, "", arch)?)
 }
 
 /// The kernels loaded into one context.

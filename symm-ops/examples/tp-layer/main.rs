@@ -161,8 +161,8 @@ fn main() -> ExitCode {
     };
     if let Some(arch) = &a.compile_only {
         return match gpu::compile(arch) {
-            Ok(ptx) => {
-                println!("tp-layer: kernels.cu compiled for {arch} ({} bytes of PTX)", ptx.len());
+            Ok(bytes) => {
+                println!("tp-layer: kernels.cu compiled for {arch} ({bytes} bytes of PTX and CUBIN)");
                 ExitCode::SUCCESS
             }
             Err(e) => {
