@@ -1,6 +1,8 @@
-//! The tensor-parallel layer's figure (`tp-layer --json`): one panel per model and execution,
-//! whole-model time per generated token against tokens per step (log-log), one line per
-//! (TP, communication mode): colour by mode, dash by TP size.
+//! The tensor-parallel layer's figure (`tp-layer --json`): one row per model and execution.
+//! Left, whole-model time per generated token against tokens per step (log-log); right, each
+//! mode's layer time over NCCL + norm at the same TP and tokens (linear, so a few percent show),
+//! the compute floor (`none`) among them. One line per (TP, communication mode): colour by
+//! mode, dash by TP size.
 
 use serde_json::Value;
 
@@ -13,8 +15,8 @@ pub fn is_tp_layer(v: &Value) -> bool {
 }
 
 /// One colour per communication mode (in `MODES` order), one dash per TP size (ascending).
-const COLORS: [&str; 5] = ["#7f7f7f", "#d62728", "#1f77b4", "#2ca02c", "#ff7f0e"];
-const MODES: [&str; 5] = ["none", "nccl", "symm", "fused", "auto"];
+const COLORS: [&str; 6] = ["#7f7f7f", "#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd"];
+const MODES: [&str; 6] = ["none", "nccl", "symm", "fused", "auto", "barrier"];
 const DASHES: [&str; 4] = [
     "",
     r#" stroke-dasharray="6 3""#,
@@ -68,13 +70,13 @@ pub fn tp_svg(v: &Value, title: &str) -> Option<String> {
         }
     }
     let (pw, ph, margin) = (420.0, 300.0, 60.0);
-    let cols = panels.len().min(2) as f64;
-    let mut s = Svg::new(cols * (pw + margin) + margin);
+    let mut s = Svg::new(2.0 * (pw + margin) + margin);
     let device = v["meta"]["device"].as_str().unwrap_or("?");
     let sub = vec![
         format!("{device}; whole-model time per generated token (layers x per-layer median), log-log"),
-        "colour: mode (grey none = compute floor, red nccl, blue symm, green fused, orange auto); dash: TP size (solid = smallest)"
+        "colour: mode (grey none = compute floor, red nccl, blue symm, green fused, orange auto, purple barrier); dash: TP size (solid = smallest)"
             .into(),
+        "right: layer time over NCCL + norm at the same TP and tokens (below 1: faster than NCCL)".into(),
     ];
     let top = header(&mut s, title, &sub) + 10.0;
     for (i, (model, exec)) in panels.iter().enumerate() {
@@ -88,8 +90,8 @@ pub fn tp_svg(v: &Value, title: &str) -> Option<String> {
             .iter()
             .filter(|p| &p.model == model && &p.exec == exec && p.kv == kv)
             .collect();
-        let x0 = margin + (i % 2) as f64 * (pw + margin);
-        let y0 = top + (i / 2) as f64 * (ph + margin);
+        let x0 = margin;
+        let y0 = top + i as f64 * (ph + margin);
         let (tlo, thi) = mine
             .iter()
             .fold((f64::MAX, 0f64), |(a, b), p| (a.min(p.tokens), b.max(p.tokens)));
@@ -161,9 +163,96 @@ pub fn tp_svg(v: &Value, title: &str) -> Option<String> {
                 );
             }
         }
+        ratio_panel(&mut s, (x0 + pw + margin, y0, pw, ph), &mine, (tlo, thi), &tps);
     }
-    let rows = panels.len().div_ceil(2) as f64;
-    Some(s.finish(top + rows * (ph + margin) + 20.0))
+    Some(s.finish(top + panels.len() as f64 * (ph + margin) + 20.0))
+}
+
+/// The right panel of a row: each (TP > 1, mode)'s time over NCCL's at the same TP and tokens,
+/// on a linear axis with a tick every 0.05 and the 1x line drawn.
+fn ratio_panel(s: &mut Svg, (x0, y0, pw, ph): (f64, f64, f64, f64), mine: &[&Pt], (tlo, thi): (f64, f64), tps: &[u64]) {
+    let nccl = |tp: u64, tokens: f64| {
+        mine.iter()
+            .find(|q| q.tp == tp && q.mode == "nccl" && q.tokens == tokens)
+            .map(|q| q.us_per_token)
+    };
+    let mut series: Vec<(u64, String, Vec<(f64, f64)>)> = Vec::new();
+    for p in mine.iter().filter(|p| p.tp > 1 && p.mode != "nccl") {
+        let Some(n) = nccl(p.tp, p.tokens).filter(|n| *n > 0.0) else {
+            continue;
+        };
+        let r = (p.tokens, p.us_per_token / n);
+        match series.iter_mut().find(|(tp, m, _)| *tp == p.tp && *m == p.mode) {
+            Some((_, _, v)) => v.push(r),
+            None => series.push((p.tp, p.mode.clone(), vec![r])),
+        }
+    }
+    s.text(x0, y0 - 8.0, r#" font-weight="bold""#, "over NCCL + norm");
+    s.line(x0, y0 + ph, x0 + pw, y0 + ph, r##" stroke="#444""##);
+    s.line(x0, y0, x0, y0 + ph, r##" stroke="#444""##);
+    if series.is_empty() {
+        s.text(x0 + 10.0, y0 + 20.0, "", "no NCCL rows to compare with");
+        return;
+    }
+    let (lo, hi) = series
+        .iter()
+        .flat_map(|(_, _, v)| v.iter().map(|p| p.1))
+        .fold((1.0f64, 1.0f64), |(a, b), r| (a.min(r), b.max(r)));
+    let (lo, hi) = ((lo * 20.0).floor() / 20.0 - 0.05, (hi * 20.0).ceil() / 20.0 + 0.05);
+    let ymap = |r: f64| y0 + ph - (r - lo) / (hi - lo) * ph;
+    let xa = LogAxis::new(tlo / 1.3, thi * 1.3, x0, x0 + pw);
+    let mut t = lo;
+    while t <= hi + 1e-9 {
+        let y = ymap(t);
+        let one = (t - 1.0).abs() < 1e-9;
+        s.line(
+            x0,
+            y,
+            x0 + pw,
+            y,
+            if one {
+                r##" stroke="#444""##
+            } else {
+                r##" stroke="#ddd""##
+            },
+        );
+        s.text(x0 - 6.0, y + 4.0, r#" text-anchor="end""#, &format!("{t:.2}"));
+        t += 0.05;
+    }
+    for t in ticks(tlo, thi, 2.0) {
+        s.text(xa.map(t), y0 + ph + 15.0, r#" text-anchor="middle""#, &num_label(t));
+    }
+    s.text(
+        x0 + pw / 2.0,
+        y0 + ph + 32.0,
+        r#" text-anchor="middle""#,
+        "tokens per step",
+    );
+    for (tp, mode, mut v) in series {
+        let m = MODES.iter().position(|x| *x == mode).unwrap_or(0);
+        let color = COLORS[m % COLORS.len()];
+        let dash = DASHES[tps.iter().position(|t| *t == tp).unwrap_or(0) % DASHES.len()];
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let line: Vec<(f64, f64)> = v.iter().map(|(x, r)| (xa.map(*x), ymap(*r))).collect();
+        let path: Vec<String> = line.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
+        s.o.push_str(&format!(
+            "<polyline points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.4\"{dash}/>\n",
+            path.join(" ")
+        ));
+        for (x, y) in &line {
+            s.o.push_str(&format!(
+                "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"2.6\" fill=\"none\" stroke=\"{color}\"/>\n"
+            ));
+        }
+        if let (Some((x, y)), Some((_, r))) = (line.last(), v.last()) {
+            s.text(
+                x + 6.0,
+                y + 3.0,
+                &format!(r#" fill="{color}" font-size="9""#),
+                &format!("tp{tp} {mode} {r:.3}"),
+            );
+        }
+    }
 }
 
 #[cfg(test)]
@@ -184,7 +273,9 @@ mod tests {
         assert!(is_tp_layer(&v));
         let svg = tp_svg(&v, "t").unwrap();
         assert!(svg.contains("tp1 none") && svg.contains("tp2 fused") && !svg.contains("tp4"));
-        assert_eq!(svg.matches("<polyline").count(), 3);
+        // Three absolute lines, and the ratio panel's tp2 fused (1700 / 2000).
+        assert_eq!(svg.matches("<polyline").count(), 4);
+        assert!(svg.contains("tp2 fused 0.850"), "the ratio to NCCL is labelled");
         let empty = serde_json::json!({"bench": "tp-layer", "rows": [row(4, "fused", 1, None)]});
         assert!(tp_svg(&empty, "t").is_none());
     }
