@@ -137,7 +137,10 @@ fn to_outcome(r: Result<()>) -> Outcome {
 /// - with default features off and `cuda` on, symm-ops' normal dependencies hold neither the test
 ///   kit nor its host backend, and symm-core's fault injection is compiled out;
 /// - a program whose cudarc has another CUDA-version feature (xtask/embed-check: 12.8) builds
-///   with symm-ops (`default-features = false, features = ["cuda"]`) and runs.
+///   with symm-ops (`default-features = false, features = ["cuda"]`) and runs;
+/// - an engine with candle's cudarc line (`dynamic-linking`, the CUDA version from the build
+///   system; xtask/embed-candle) builds with symm-ops (#38): a library, so nothing links, and a
+///   stub `nvcc` answers cudarc's build script where the toolkit is missing.
 fn embedding_layers() -> Result<()> {
     let features = [
         "-p",
@@ -173,6 +176,18 @@ fn embedding_layers() -> Result<()> {
             .args(["run", "--locked", "--manifest-path"])
             .arg(check.join("Cargo.toml"))
             .env("CARGO_TARGET_DIR", util::target_dir().join("embed-check")),
+    )?;
+    let candle = util::root().join("xtask").join("embed-candle");
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs = vec![candle.join("nvcc-stub")];
+    dirs.extend(std::env::split_paths(&path));
+    let path = std::env::join_paths(dirs).map_err(|e| format!("PATH for embed-candle: {e}"))?;
+    util::run(
+        util::cargo()
+            .args(["build", "--locked", "--manifest-path"])
+            .arg(candle.join("Cargo.toml"))
+            .env("PATH", path)
+            .env("CARGO_TARGET_DIR", util::target_dir().join("embed-candle")),
     )
 }
 

@@ -16,6 +16,7 @@
 //! (one thread per GPU) each use the primary context of their own device.
 
 pub mod launch;
+mod libs;
 pub mod mem;
 pub mod nccl;
 pub mod nvml;
@@ -105,8 +106,7 @@ fn current_device_name() -> String {
 pub fn init() -> Result<()> {
     static INIT: OnceLock<std::result::Result<(), String>> = OnceLock::new();
     INIT.get_or_init(|| {
-        // SAFETY: only tries to dlopen the candidate library names.
-        if !unsafe { sys::is_culib_present() } {
+        if !libs::present("cuda") {
             return Err("the CUDA driver library (libcuda.so) was not found".to_string());
         }
         // SAFETY: libcuda is present, so the symbol lookup succeeds; cuInit

@@ -12,9 +12,7 @@ use symm_core::{Error, Result};
 /// [`Error::Unavailable`]. Checked once per process.
 pub fn available() -> Result<()> {
     static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: only tries to dlopen cudarc's candidate names (running their initialisers, as any
-    // library load does); calls nothing in the library.
-    let present = *PRESENT.get_or_init(|| unsafe { cudarc::nccl::sys::is_culib_present() });
+    let present = *PRESENT.get_or_init(|| super::libs::present("nccl"));
     if present {
         Ok(())
     } else {

@@ -14,9 +14,7 @@ use symm_core::{Error, Result};
 /// `Ok(())` if libnvrtc can be loaded, else [`Error::Unavailable`].
 pub fn available() -> Result<()> {
     static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: only tries to dlopen the candidate names (running their
-    // initialisers, as any library load does).
-    let present = *PRESENT.get_or_init(|| unsafe { cudarc::nvrtc::sys::is_culib_present() });
+    let present = *PRESENT.get_or_init(|| super::libs::present("nvrtc"));
     if present {
         Ok(())
     } else {

@@ -109,7 +109,12 @@ impl Summary {
             .map(|k| if *k == 1 { "generic" } else { "world" })
             .collect::<Vec<_>>()
             .join("+");
-        let lat = self.latency.iter().map(|l| format!("{l:.2}")).collect::<Vec<_>>().join(",");
+        let lat = self
+            .latency
+            .iter()
+            .map(|l| format!("{l:.2}"))
+            .collect::<Vec<_>>()
+            .join(",");
         let mut s = format!("{} ops, {entries} entry, latency {lat} us; us median/p90:", self.ops);
         for (n, m, p) in &self.phases {
             s += &format!(" {n} {m:.2}/{p:.2}");
@@ -144,7 +149,10 @@ mod tests {
                 rec(0, [0, 1000, 1500, 3000, 3200]),
                 rec(0, [9000, 10000, 10500, 10500, 10700]),
                 rec(1, [500 + shift, 2000 + shift, 2500 + shift, 2500 + shift, 2700 + shift]),
-                rec(1, [8000 + shift, 9000 + shift, 9500 + shift, 11000 + shift, 11200 + shift]),
+                rec(
+                    1,
+                    [8000 + shift, 9000 + shift, 9500 + shift, 11000 + shift, 11200 + shift],
+                ),
             ]
         };
         for shift in [0, 300_000] {
