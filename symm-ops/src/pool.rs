@@ -74,6 +74,9 @@ pub struct SymmBuffer<T> {
     tensor: SymmTensor,
     #[cfg(feature = "cuda")]
     view: Option<symm_cuda::SymmView<T>>,
+    /// The communicator's stream, which the host copies wait for (CUDA).
+    #[cfg(feature = "cuda")]
+    stream: Option<Arc<cudarc::driver::CudaStream>>,
     _lease: Lease,
     _t: PhantomData<fn() -> T>,
 }
@@ -105,25 +108,44 @@ impl<T: Element> SymmBuffer<T> {
         self.tensor.ptr()
     }
 
-    /// Copies `src` (exactly `len` elements) into the buffer, synchronously. For host
-    /// devices and tests; on CUDA use the stream copies (`stream.memcpy_htod(src, buf.view_mut()?)`),
-    /// which do not block other rank threads (NOTE [pageable-copies]).
+    /// Copies `src` (exactly `len` elements) into the buffer, in the order of the communicator's
+    /// stream, as PyTorch's `.copy_()` from the host: it first waits until the work queued on
+    /// that stream (the ops `comm.all_reduce(&mut buf, ..)` and the like enqueue there) has
+    /// finished, at most [`symm_cuda::streams::HOST_COPY_TIMEOUT`], then writes and returns once
+    /// the data is in place, so ops queued afterwards read it. Work the caller queued on other
+    /// streams (`comm.on(&stream)`) it orders itself. Blocks the calling thread; engines that
+    /// must not block use the stream copies (`stream.memcpy_htod(src, buf.view_mut()?)`), which
+    /// also do not hold up other rank threads (NOTE [pageable-copies]).
     pub fn copy_from_host(&self, src: &[T]) -> Result<()> {
         self.check_len(src.len())?;
         let mut bytes = try_zeroed::<u8>(src.len() * T::DTYPE.size(), "a buffer write")?;
         T::host_in(src).encode(0, src.len(), &mut bytes);
+        self.after_queued_work("a SymmBuffer write from the host")?;
         let mem = self.memory()?;
         mem.write_bytes(mem.rank(), self.tensor.storage_offset(), &bytes)
     }
 
-    /// The buffer's elements, read synchronously (see [`Self::copy_from_host`]).
+    /// The buffer's elements, read after the work queued on the communicator's stream finished
+    /// (as PyTorch's `.cpu()`; see [`Self::copy_from_host`] for what it waits for and how long).
     pub fn to_host(&self) -> Result<Vec<T>> {
         let mut bytes = try_zeroed::<u8>(self.len() * T::DTYPE.size(), "a buffer read")?;
+        self.after_queued_work("a SymmBuffer read to the host")?;
         let mem = self.memory()?;
         mem.read_bytes(mem.rank(), self.tensor.storage_offset(), &mut bytes)?;
         let mut out = try_zeroed::<T>(self.len(), "a buffer read")?;
         T::host_out(&mut out).decode(0, &bytes);
         Ok(out)
+    }
+
+    /// Waits until the communicator's stream has no queued work (CUDA; nothing to wait for on
+    /// the host backend, whose ops complete before they return).
+    fn after_queued_work(&self, what: &str) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some(s) = &self.stream {
+            symm_cuda::streams::wait_idle(s, symm_cuda::streams::HOST_COPY_TIMEOUT, what)?;
+        }
+        let _ = what;
+        Ok(())
     }
 
     fn check_len(&self, n: usize) -> Result<()> {
@@ -219,6 +241,8 @@ impl Communicator {
         Ok(SymmBuffer {
             #[cfg(feature = "cuda")]
             view: self.cuda_view::<T>(&block, len)?,
+            #[cfg(feature = "cuda")]
+            stream: self.stream().cloned(),
             tensor: block,
             _lease: lease,
             _t: PhantomData,

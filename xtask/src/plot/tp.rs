@@ -176,7 +176,9 @@ fn ratio_panel(s: &mut Svg, (x0, y0, pw, ph): (f64, f64, f64, f64), mine: &[&Pt]
             .find(|q| q.tp == tp && q.mode == "nccl" && q.tokens == tokens)
             .map(|q| q.us_per_token)
     };
-    let mut series: Vec<(u64, String, Vec<(f64, f64)>)> = Vec::new();
+    // (TP, mode, (tokens, ratio) points).
+    type Series = (u64, String, Vec<(f64, f64)>);
+    let mut series: Vec<Series> = Vec::new();
     for p in mine.iter().filter(|p| p.tp > 1 && p.mode != "nccl") {
         let Some(n) = nccl(p.tp, p.tokens).filter(|n| *n > 0.0) else {
             continue;
