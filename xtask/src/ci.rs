@@ -191,6 +191,55 @@ fn embedding_layers() -> Result<()> {
     )
 }
 
+/// A `rust-version` as comparable numbers (`"1.88"` and `"1.88.0"` are equal).
+fn rust_version(v: &str) -> Option<(u64, u64, u64)> {
+    let mut it = v.trim().split('.').map(|x| x.parse::<u64>().ok());
+    Some((
+        it.next()??,
+        it.next().flatten().unwrap_or(0),
+        it.next().flatten().unwrap_or(0),
+    ))
+}
+
+/// The workspace's declared MSRV holds for what it locks (#38): CI cannot install a second
+/// toolchain, so it checks that no locked dependency declares a newer `rust-version` than the
+/// workspace's crates do (the lowest of them).
+fn msrv_holds() -> Result<()> {
+    let text = util::output(util::cargo().args(["metadata", "--format-version", "1", "--locked"]))?;
+    let m: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("cargo metadata: {e}"))?;
+    let members: Vec<&str> = m["workspace_members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str())
+        .collect();
+    let packages = m["packages"].as_array().ok_or("cargo metadata: no packages")?;
+    let declared = |p: &serde_json::Value| p["rust_version"].as_str().and_then(rust_version);
+    let ours = packages
+        .iter()
+        .filter(|p| p["id"].as_str().is_some_and(|id| members.contains(&id)))
+        .filter_map(declared)
+        .min()
+        .ok_or("no workspace crate declares a rust-version")?;
+    let newer: Vec<String> = packages
+        .iter()
+        .filter(|p| p["id"].as_str().is_some_and(|id| !members.contains(&id)))
+        .filter(|p| declared(p).is_some_and(|v| v > ours))
+        .map(|p| format!("{} {} ({})", p["name"], p["version"], p["rust_version"]))
+        .collect();
+    if newer.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the workspace declares rust-version {}.{}.{} but the lock holds crates that need more: {}",
+            ours.0,
+            ours.1,
+            ours.2,
+            newer.join(", ")
+        ))
+    }
+}
+
 pub fn main(args: &[String]) -> Result<()> {
     if let Some(a) = args.first() {
         return Err(format!("ci: unknown argument {a:?} (usage: cargo xtask ci)"));
@@ -225,6 +274,7 @@ pub fn main(args: &[String]) -> Result<()> {
                 ])))
             }),
         ),
+        ("msrv", Box::new(|| to_outcome(msrv_holds()))),
         ("kernels", Box::new(kernels_step)),
         ("rocm", Box::new(rocm_step)),
         ("bench --quick", Box::new(bench_step)),
@@ -273,5 +323,18 @@ pub fn main(args: &[String]) -> Result<()> {
         Err(format!("{failed} ci step(s) failed"))
     } else {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rust_version;
+
+    #[test]
+    fn rust_versions_compare_as_numbers() {
+        assert_eq!(rust_version("1.88"), rust_version("1.88.0"));
+        assert!(rust_version("1.88").unwrap() > rust_version("1.85.1").unwrap());
+        assert!(rust_version("1.100").unwrap() > rust_version("1.99.9").unwrap());
+        assert_eq!(rust_version("x.1"), None);
     }
 }
