@@ -70,7 +70,7 @@ pub(crate) struct Caps {
 /// the same order); the arguments were checked by the caller (lengths, dtypes, the request's
 /// availability), the engine checks what only it can (buffers' devices, alignment,
 /// registration) and tells its peers when it refuses (NOTE [op-agreement]).
-pub(crate) trait Engine: Send {
+pub(crate) trait Engine: Send + Sync {
     /// What the planner needs to know.
     fn caps(&self) -> Caps;
 

@@ -68,6 +68,9 @@ pub(crate) fn is_fatal(e: &Error) -> bool {
 /// the same order with the same sizes. After an op fails with a timeout,
 /// abort or lost peer, the communicator refuses further ops (its ranks'
 /// protocol state is out of step): build a new one.
+///
+/// `Send + Sync`: an engine keeps it in its `Send + Sync` model structs (an `Arc` shared by
+/// threads); ops from two threads at once are refused at run time, as above.
 pub struct Communicator {
     group: Arc<Group>,
     device: Device,
@@ -629,3 +632,9 @@ impl Communicator {
         }
     }
 }
+
+// `Communicator` is `Send + Sync` (its docs); this stops the build if a field takes that away.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Communicator>();
+};

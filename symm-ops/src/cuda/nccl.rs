@@ -4,7 +4,7 @@
 
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cudarc::driver::{sys::CUdeviceptr, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
@@ -147,7 +147,10 @@ fn to_nccl(op: ReduceOp) -> cudarc::nccl::ReduceOp {
 
 /// One NCCL communicator on the communicator's stream.
 pub(crate) struct Nccl {
-    comm: MovableComm,
+    /// Behind a lock so the engine (and with it `Communicator`) is `Sync`: an NCCL communicator
+    /// may be used from any thread, one at a time; ops hold the engine's op lock anyway, so this
+    /// one is never contended.
+    comm: Mutex<MovableComm>,
     stream: Arc<CudaStream>,
 }
 
@@ -193,17 +196,20 @@ impl Nccl {
         let comm = Comm::from_rank(stream.clone(), group.rank().get(), group.world_size(), id)
             .map_err(|e| nccl_err("ncclCommInitRank", e))?;
         Ok(Nccl {
-            comm: MovableComm::new(comm),
+            comm: Mutex::new(MovableComm::new(comm)),
             stream: stream.clone(),
         })
+    }
+
+    /// Runs `f` on the NCCL communicator.
+    fn with<R>(&self, f: impl FnOnce(&Comm) -> R) -> R {
+        f(self.comm.lock().unwrap_or_else(|e| e.into_inner()).get())
     }
 
     fn ar<T: NcclType>(&self, input: u64, output: u64, count: usize, op: ReduceOp) -> Result<()> {
         let src = RawDev::<T>::new(input, count, &self.stream);
         let mut dst = RawDev::<T>::new(output, count, &self.stream);
-        self.comm
-            .get()
-            .all_reduce(&src, &mut dst, &to_nccl(op))
+        self.with(|c| c.all_reduce(&src, &mut dst, &to_nccl(op)))
             .map(|_| ())
             .map_err(|e| nccl_err("ncclAllReduce", e))
     }
@@ -217,11 +223,9 @@ impl Nccl {
     }
 
     fn rs<T: NcclType>(&self, input: u64, output: u64, count: usize, op: ReduceOp) -> Result<()> {
-        let src = RawDev::<T>::new(input, count * self.comm.get().world_size(), &self.stream);
+        let src = RawDev::<T>::new(input, count * self.with(|c| c.world_size()), &self.stream);
         let mut dst = RawDev::<T>::new(output, count, &self.stream);
-        self.comm
-            .get()
-            .reduce_scatter(&src, &mut dst, &to_nccl(op))
+        self.with(|c| c.reduce_scatter(&src, &mut dst, &to_nccl(op)))
             .map(|_| ())
             .map_err(|e| nccl_err("ncclReduceScatter", e))
     }
@@ -237,10 +241,8 @@ impl Nccl {
 
     fn ag<T: NcclType>(&self, input: u64, output: u64, count: usize) -> Result<()> {
         let src = RawDev::<T>::new(input, count, &self.stream);
-        let mut dst = RawDev::<T>::new(output, count * self.comm.get().world_size(), &self.stream);
-        self.comm
-            .get()
-            .all_gather(&src, &mut dst)
+        let mut dst = RawDev::<T>::new(output, count * self.with(|c| c.world_size()), &self.stream);
+        self.with(|c| c.all_gather(&src, &mut dst))
             .map(|_| ())
             .map_err(|e| nccl_err("ncclAllGather", e))
     }
