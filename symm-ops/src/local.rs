@@ -1,7 +1,7 @@
 //! Single-process groups: one communicator per device (or per CUDA stream) of this process, built
 //! together with no store to set up (cudarc's `Comm::from_devices` is the model). Each rank's
 //! setup runs on a thread of its own, since setup is collective; the communicators come back to
-//! the caller, who moves each into the thread that uses it (`Communicator` is `Send`).
+//! the caller, who moves each into the thread that uses it (`Communicator` is `Send + Sync`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
