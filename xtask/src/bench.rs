@@ -48,7 +48,11 @@ pub fn main(args: &[String]) -> Result<()> {
     }
     let pkg = bench_package()?
         .ok_or_else(|| format!("the `{BIN}` binary does not exist yet (expected in symm-ops/src/bin/{BIN}.rs)"))?;
-    util::run(util::cargo().args(["build", "--release", "-p", &pkg, "--bin", BIN]))?;
+    util::run(
+        util::cargo()
+            .args(["build", "--release", "-p", &pkg, "--bin", BIN])
+            .args(util::BENCH_FEATURES),
+    )?;
     std::fs::create_dir_all(&out_dir).map_err(|e| format!("create {}: {e}", out_dir.display()))?;
     let json = out_dir.join("bench.json");
     let svg = out_dir.join("bench.svg");

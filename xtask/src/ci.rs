@@ -142,13 +142,25 @@ fn to_outcome(r: Result<()>) -> Outcome {
 ///   system; xtask/embed-candle) builds with symm-ops (#38): a library, so nothing links, and a
 ///   stub `nvcc` answers cudarc's build script where the toolkit is missing.
 fn embedding_layers() -> Result<()> {
-    let features = [
-        "-p",
-        "symm-ops",
-        "--no-default-features",
-        "--features",
-        "cuda,cuda-13000",
-    ];
+    // symm-ops' defaults (#38: the test kit is not one of them) and an engine's explicit choice.
+    for features in [
+        &["-p", "symm-ops"][..],
+        &[
+            "-p",
+            "symm-ops",
+            "--no-default-features",
+            "--features",
+            "cuda,cuda-13000",
+        ],
+    ] {
+        lean_library(features)?;
+    }
+    embedded_programs()
+}
+
+/// symm-ops built with `features` holds neither the test kit nor symm-core's fault injection,
+/// so nothing in it reads `SYMM_FAULT`.
+fn lean_library(features: &[&str]) -> Result<()> {
     util::run(util::cargo().arg("build").args(features))?;
     let tree = util::output(
         util::cargo()
@@ -160,16 +172,22 @@ fn embedding_layers() -> Result<()> {
         .find(|l| l.starts_with("symm-core") && l.contains("fault-injection"))
     {
         return Err(format!(
-            "symm-ops without its default features builds symm-core with fault injection ({l}): only the \
-             test kit may turn it on"
+            "symm-ops ({}) builds symm-core with fault injection ({l}): only the test kit may turn it on",
+            features.join(" ")
         ));
     }
     if let Some(l) = tree.lines().find(|l| l.starts_with("symm-testkit")) {
         return Err(format!(
-            "symm-ops without its default features still depends on {l}: the host backend must stay \
-             behind the `host-backend` feature"
+            "symm-ops ({}) still depends on {l}: the host backend must stay behind the `host-backend` \
+             feature",
+            features.join(" ")
         ));
     }
+    Ok(())
+}
+
+/// The programs outside the workspace (xtask/embed-check, xtask/embed-candle) build with symm-ops.
+fn embedded_programs() -> Result<()> {
     let check = util::root().join("xtask").join("embed-check");
     util::run(
         util::cargo()
@@ -254,24 +272,38 @@ pub fn main(args: &[String]) -> Result<()> {
             "build",
             Box::new(|| {
                 to_outcome(
-                    util::run(util::cargo().args(["build", "--workspace", "--exclude", "symm-rocm", "--all-targets"]))
-                        .and_then(|()| embedding_layers()),
+                    util::run(
+                        util::cargo()
+                            .args(["build", "--workspace", "--exclude", "symm-rocm", "--all-targets"])
+                            .args(util::BENCH_FEATURES),
+                    )
+                    .and_then(|()| embedding_layers()),
                 )
             }),
         ),
         (
             "clippy",
-            Box::new(|| to_outcome(clippy(&["--workspace", "--exclude", "symm-rocm"], false))),
+            Box::new(|| {
+                to_outcome(clippy(
+                    &[
+                        "--workspace",
+                        "--exclude",
+                        "symm-rocm",
+                        util::BENCH_FEATURES[0],
+                        util::BENCH_FEATURES[1],
+                    ],
+                    false,
+                ))
+            }),
         ),
         (
             "test",
             Box::new(|| {
-                to_outcome(util::run(util::cargo().args([
-                    "test",
-                    "--workspace",
-                    "--exclude",
-                    "symm-rocm",
-                ])))
+                to_outcome(util::run(
+                    util::cargo()
+                        .args(["test", "--workspace", "--exclude", "symm-rocm"])
+                        .args(util::BENCH_FEATURES),
+                ))
             }),
         ),
         ("msrv", Box::new(|| to_outcome(msrv_holds()))),

@@ -49,6 +49,7 @@ pub fn build_tests(release: bool, target_dir: Option<&Path>, strip: bool) -> Res
     for p in TEST_PACKAGES {
         cmd.args(["-p", p]);
     }
+    cmd.args(util::BENCH_FEATURES);
     configure(&mut cmd, target_dir, strip);
     let text = util::output(&mut cmd)?;
     let mut exes = Vec::new();
@@ -223,7 +224,7 @@ pub fn gpu_bundle(args: &[String]) -> Result<()> {
         }
     }
     let mut cmd = util::cargo();
-    cmd.args(["build", "--release"]);
+    cmd.args(["build", "--release"]).args(util::BENCH_FEATURES);
     for (p, b) in &bins {
         cmd.args(["-p", p, "--bin", b]);
     }
