@@ -47,7 +47,7 @@ impl Rows {
                 limit: (MAX_ROW_VECTORS * ROW_ALIGN / dtype.size()) as u64,
             });
         }
-        if count % hidden != 0 {
+        if !count.is_multiple_of(hidden) {
             return Err(Error::InvalidArgument(format!(
                 "{op}: {count} elements are not whole rows of {hidden}"
             )));

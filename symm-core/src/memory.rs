@@ -156,7 +156,7 @@ pub trait SymmetricMemoryExt {
 impl SymmetricMemoryExt for Arc<dyn SymmetricMemory> {
     fn get_buffer(&self, rank: usize, shape: &[usize], dtype: DType, offset: usize) -> Result<BufferView> {
         let rank = self.rank().peer(rank)?;
-        if offset % dtype.size() != 0 {
+        if !offset.is_multiple_of(dtype.size()) {
             return Err(Error::Misaligned {
                 what: "buffer offset",
                 value: offset as u64,

@@ -257,7 +257,7 @@ impl BandwidthProbe {
     /// symmetric memory) and stay mapped, `dst` unused by others, until the copy has run.
     #[allow(unsafe_code)] // the contract is declared here; the body is safe code
     pub unsafe fn sm_copy(&self, stream: &CudaStream, dst: u64, src: u64, bytes: usize) -> Result<()> {
-        if bytes % 16 != 0 || dst % 16 != 0 || src % 16 != 0 {
+        if !bytes.is_multiple_of(16) || !dst.is_multiple_of(16) || !src.is_multiple_of(16) {
             return Err(Error::InvalidArgument(format!(
                 "the copy probe moves 16-byte vectors: dst {dst:#x}, src {src:#x}, {bytes} bytes"
             )));

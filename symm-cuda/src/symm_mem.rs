@@ -531,7 +531,7 @@ impl CudaSymmetricMemory {
     ) -> Result<SymmView<T>> {
         let r = Rank::new(rank, self.inner.world)?;
         let elem = std::mem::size_of::<T>().max(1);
-        if byte_offset % std::mem::align_of::<T>().max(1) != 0 {
+        if !byte_offset.is_multiple_of(std::mem::align_of::<T>().max(1)) {
             return Err(Error::Misaligned {
                 what: "view offset",
                 value: byte_offset as u64,

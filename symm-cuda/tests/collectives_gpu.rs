@@ -371,7 +371,7 @@ fn run_all_reduce(
     let es = dtype.size();
     let bytes = count * es;
     let off = offset * es;
-    let exact = op == ReduceOp::Sum && seed % 2 == 0;
+    let exact = op == ReduceOp::Sum && seed.is_multiple_of(2);
     let inputs: Vec<Vec<f64>> = (0..world).map(|r| gen_input(seed, r, count, dtype, exact)).collect();
     let want: Vec<f64> = (0..count)
         .map(|i| {
@@ -541,7 +541,7 @@ fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
                     seed += 1;
                     let es = dtype.size();
                     let (bytes, off) = (count * es, offset * es);
-                    let exact = op == ReduceOp::Sum && seed % 2 == 0;
+                    let exact = op == ReduceOp::Sum && seed.is_multiple_of(2);
                     let inputs: Vec<Vec<f64>> = (0..env.world())
                         .map(|r| gen_input(seed, r, count, dtype, exact))
                         .collect();

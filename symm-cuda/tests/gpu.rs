@@ -206,7 +206,7 @@ fn body_cycles(ctx: &RankCtx) -> TestResult {
         // 1 MiB .. 9 MiB: several granules, varying.
         let a = alloc.alloc((1 << 20) + (i % 5) * (2 << 20) + 12, dev, &g)?;
         let m = a.rendezvous(T)?;
-        if i % 100 == 0 {
+        if i.is_multiple_of(100) {
             m.write_bytes(m.rank(), 0, &(i as u64).to_le_bytes())?;
             m.barrier(ch(0), T)?;
             let mut x = [0u8; 8];

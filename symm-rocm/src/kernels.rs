@@ -114,7 +114,7 @@ pub fn wall_clock_defines(hz: Option<&str>) -> Result<String> {
         ))
     };
     let hz: u64 = text.trim().parse().map_err(|_| bad("not an integer"))?;
-    if hz == 0 || hz % 1000 != 0 {
+    if hz == 0 || !hz.is_multiple_of(1000) {
         return Err(bad("not a positive multiple of 1000 Hz"));
     }
     let khz = hz / 1000;

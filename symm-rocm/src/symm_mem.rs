@@ -324,7 +324,7 @@ mod tests {
     fn barrier_blocks_cover_every_rank_in_whole_warps() {
         for world in 1..=pad::MAX_WORLD_SIZE {
             let t = barrier_threads(world) as usize;
-            assert!(t >= world && t % 32 == 0 && t < world + 32, "{world}: {t}");
+            assert!(t >= world && t.is_multiple_of(32) && t < world + 32, "{world}: {t}");
         }
         assert_eq!(barrier_threads(1), 32);
         assert_eq!(barrier_threads(33), 64);

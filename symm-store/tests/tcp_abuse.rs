@@ -359,7 +359,7 @@ fn abuse_thousands_of_silent_half_open_partial_and_garbage_while_32_clients_work
             while !stop.load(Ordering::Relaxed) {
                 for _ in 0..20 {
                     if let Ok(mut s) = connect_from(src(opened), addr, Duration::from_secs(2)) {
-                        if opened % 2 == 0 {
+                        if opened.is_multiple_of(2) {
                             let _ = s.write_all(&validate());
                         }
                         held.push_back(s);

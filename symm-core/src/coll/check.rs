@@ -24,7 +24,7 @@ pub fn check_ptr(what: &'static str, ptr: u64, dtype: DType) -> Result<()> {
     if ptr == 0 {
         return Err(Error::InvalidArgument(format!("{what} is a null device address")));
     }
-    if ptr % dtype.size() as u64 != 0 {
+    if !ptr.is_multiple_of(dtype.size() as u64) {
         return Err(Error::Misaligned {
             what,
             value: ptr,

@@ -111,7 +111,7 @@ const _: () =
     assert!(ST_MISMATCH + MISMATCH_WORDS <= ST_EPI_ROWS && (ST_EPI_ROWS + EPI_SPLIT_MAX_ROWS) * 4 <= STATE_BYTES);
 const _: () = assert!(OPS_CHECK < crate::pad::OPS_SLOTS && OPS_PULL64 + 1 < crate::pad::OPS_SLOTS);
 // The 64-bit words start 8-byte aligned.
-const _: () = assert!((crate::pad::OPS_BASE + OPS_PULL64 * crate::pad::MAX_WORLD_SIZE) % 2 == 0);
+const _: () = assert!((crate::pad::OPS_BASE + OPS_PULL64 * crate::pad::MAX_WORLD_SIZE).is_multiple_of(2));
 
 /// Offsets and sizes of one rank's workspace (identical on every rank).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -381,14 +381,16 @@ mod tests {
                         assert!(o >= l.lamport_off && o + l.lamport_slot_bytes <= l.ring_off);
                         let h = l.lamport_header_offset(buf, at, from);
                         assert!(h >= l.lamport_off + 3 * (world - 1) * l.lamport_slot_bytes);
-                        assert!(h % HEADER_BYTES == 0 && h + HEADER_BYTES <= l.lamport_off + l.lamport_total());
+                        assert!(
+                            h.is_multiple_of(HEADER_BYTES) && h + HEADER_BYTES <= l.lamport_off + l.lamport_total()
+                        );
                         assert!(headers.insert(h), "two Lamport headers share offset {h}");
                     }
                     for slot in 0..l.ring_slots {
                         let h = l.ring_header_offset(at, from, slot);
                         // After DATA, ACK and SENT, inside FLAGS (zeroed at setup).
                         assert!(h >= l.flags_off + (2 * (world - 1) + 1) * l.ring_slots * 4);
-                        assert!(h % HEADER_BYTES == 0 && h + HEADER_BYTES <= l.flags_off + l.flags_bytes);
+                        assert!(h.is_multiple_of(HEADER_BYTES) && h + HEADER_BYTES <= l.flags_off + l.flags_bytes);
                         assert!(headers.insert(h), "two ring headers share offset {h}");
                     }
                 }

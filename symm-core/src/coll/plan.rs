@@ -68,7 +68,7 @@ impl Default for Tuning {
 impl Tuning {
     /// Checks the knobs.
     pub fn validate(&self) -> Result<()> {
-        if self.threads < 64 || self.threads > MAX_THREADS || self.threads % 32 != 0 {
+        if self.threads < 64 || self.threads > MAX_THREADS || !self.threads.is_multiple_of(32) {
             return Err(Error::InvalidArgument(format!(
                 "threads per block must be a multiple of 32 in 64..={MAX_THREADS}, got {}",
                 self.threads

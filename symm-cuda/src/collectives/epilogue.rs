@@ -81,7 +81,10 @@ pub fn fused_geometry(rows: usize, vectors_per_row: usize, world: usize, blocks:
     }
     // The largest multiple of 32 that divides `big` and is at most SPLIT_THREADS.
     let warps = big as usize / 32;
-    let per = (1..=SPLIT_THREADS / 32).rev().find(|d| warps % d == 0).unwrap_or(1);
+    let per = (1..=SPLIT_THREADS / 32)
+        .rev()
+        .find(|d| warps.is_multiple_of(*d))
+        .unwrap_or(1);
     let threads = 32 * per;
     let parts = vectors_per_row
         .div_ceil(threads)
@@ -312,7 +315,7 @@ impl Epilogues {
     #[allow(unsafe_code)] // the contract is declared here; the body is safe code
     pub unsafe fn launch(&self, stream: &CudaStream, sum: u64, e: &Epilogue) -> Result<()> {
         let dt = kernel_dtype(e.rows.dtype(), "all-reduce epilogue")?;
-        if sum % 16 != 0 {
+        if !sum.is_multiple_of(16) {
             return Err(Error::Misaligned {
                 what: "all-reduced sum",
                 value: sum,
@@ -465,7 +468,7 @@ mod tests {
                 for blocks in [14u32, 64, 132] {
                     let g = fused_geometry(rows, vr, 2, blocks, true);
                     assert_eq!(g.big % g.threads, 0, "{vr}: {g:?}");
-                    assert!(g.threads % 32 == 0 && g.threads as usize <= MAX_THREADS);
+                    assert!(g.threads.is_multiple_of(32) && g.threads as usize <= MAX_THREADS);
                     assert!(g.blocks <= blocks && g.blocks >= 1, "{vr} {rows} {blocks}: {g:?}");
                     if g.parts > 1 {
                         assert_eq!(g.blocks as usize, rows * g.parts as usize);

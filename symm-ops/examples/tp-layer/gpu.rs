@@ -147,7 +147,7 @@ impl Kernels {
         eps: f32,
     ) -> Res {
         let n = rows * hidden;
-        if hidden % 8 != 0 || hidden > 32_768 {
+        if !hidden.is_multiple_of(8) || hidden > 32_768 {
             return Err(format!("add_rms_norm: hidden {hidden} is not a multiple of 8 up to 32768").into());
         }
         check("add_rms_norm x", x.len(), n)?;

@@ -78,14 +78,18 @@ impl Shape {
 
     /// Whether `tp` ranks can split this layer the Megatron way.
     pub fn check_tp(&self, tp: usize) -> Result<(), String> {
-        let ok = tp >= 1 && self.kv_heads % tp == 0 && self.q_heads % tp == 0 && self.inter % tp == 0;
+        let ok = tp >= 1
+            && self.kv_heads.is_multiple_of(tp)
+            && self.q_heads.is_multiple_of(tp)
+            && self.inter.is_multiple_of(tp);
         if !ok {
             return Err(format!(
                 "{}: TP {tp} does not divide {} KV heads, {} query heads and intermediate {}",
                 self.name, self.kv_heads, self.q_heads, self.inter
             ));
         }
-        if self.head_dim != HEAD_DIM || self.q_heads % self.kv_heads != 0 || self.q_heads / self.kv_heads > 8 {
+        if self.head_dim != HEAD_DIM || !self.q_heads.is_multiple_of(self.kv_heads) || self.q_heads / self.kv_heads > 8
+        {
             return Err(format!(
                 "{}: the attention kernel takes head dim 128 and GQA groups up to 8",
                 self.name

@@ -231,9 +231,9 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn fmt_size(b: usize) -> String {
-    if b >= MIB && b % MIB == 0 {
+    if b >= MIB && b.is_multiple_of(MIB) {
         format!("{}M", b / MIB)
-    } else if b >= KIB && b % KIB == 0 {
+    } else if b >= KIB && b.is_multiple_of(KIB) {
         format!("{}K", b / KIB)
     } else {
         format!("{b}")

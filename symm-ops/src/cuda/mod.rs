@@ -60,7 +60,7 @@ pub(crate) fn device_uuid(stream: &CudaStream) -> Result<String> {
 
 fn check_align(what: &'static str, ptr: u64, dtype: DType) -> Result<()> {
     let a = dtype.size() as u64;
-    if ptr % a != 0 {
+    if !ptr.is_multiple_of(a) {
         return Err(Error::Misaligned {
             what,
             value: ptr,

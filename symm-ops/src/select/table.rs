@@ -147,9 +147,9 @@ impl Selector {
 
 /// Human size: "512 KiB", "8 MiB", "1000 B".
 pub(crate) fn human(bytes: usize) -> String {
-    if bytes >= MIB && bytes % MIB == 0 {
+    if bytes >= MIB && bytes.is_multiple_of(MIB) {
         format!("{} MiB", bytes / MIB)
-    } else if bytes >= KIB && bytes % KIB == 0 {
+    } else if bytes >= KIB && bytes.is_multiple_of(KIB) {
         format!("{} KiB", bytes / KIB)
     } else {
         format!("{bytes} B")

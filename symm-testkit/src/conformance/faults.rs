@@ -269,7 +269,7 @@ pub(super) fn case_alloc_free_cycles(b: &Backend, ctx: &RankCtx) -> TestResult {
     let cycle = |i: usize| -> TestResult {
         let a = s.alloc(4096 + (i % 5) * 1000)?;
         let m = a.rendezvous(t)?;
-        if i % 100 == 0 {
+        if i.is_multiple_of(100) {
             m.write_bytes(m.rank(), 0, &(i as u64).to_ne_bytes())?;
             m.barrier(ch(0)?, t)?;
             let mut x = [0u8; 8];

@@ -116,7 +116,7 @@ impl Region {
     /// filled by the kernel) and maps it.
     pub(crate) fn create(name: &str, len: usize) -> Result<Region> {
         let nz = NonZeroUsize::new(len).ok_or_else(|| Error::InvalidArgument("empty region".into()))?;
-        if len % page_size() != 0 {
+        if !len.is_multiple_of(page_size()) {
             return Err(Error::Misaligned {
                 what: "region length",
                 value: len as u64,
@@ -180,7 +180,7 @@ impl Region {
     }
 
     fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
-        debug_assert!(offset % 8 == 0 && offset + 8 <= self.len);
+        debug_assert!(offset.is_multiple_of(8) && offset + 8 <= self.len);
         // SAFETY: callers pass an 8-aligned offset with offset + 8 <= len; the
         // base is page aligned, so the word is aligned and inside the live
         // mapping, which outlives the returned borrow; every access is atomic.
@@ -190,7 +190,7 @@ impl Region {
     /// An atomic view of the `u32` at byte `offset` (4-aligned, in bounds).
     pub(crate) fn word(&self, offset: usize) -> Result<&AtomicU32> {
         check_range("pad word", offset, 4, self.len)?;
-        if offset % 4 != 0 {
+        if !offset.is_multiple_of(4) {
             return Err(Error::Misaligned {
                 what: "pad word offset",
                 value: offset as u64,
@@ -209,7 +209,7 @@ impl Region {
         let mut i = 0;
         while i < out.len() {
             let at = offset + i;
-            if at % 8 == 0 && out.len() - i >= 8 {
+            if at.is_multiple_of(8) && out.len() - i >= 8 {
                 let w = self.atomic_u64(at).load(Ordering::Relaxed);
                 out[i..i + 8].copy_from_slice(&w.to_ne_bytes());
                 i += 8;
@@ -227,7 +227,7 @@ impl Region {
         let mut i = 0;
         while i < data.len() {
             let at = offset + i;
-            if at % 8 == 0 && data.len() - i >= 8 {
+            if at.is_multiple_of(8) && data.len() - i >= 8 {
                 let mut w = [0u8; 8];
                 w.copy_from_slice(&data[i..i + 8]);
                 self.atomic_u64(at).store(u64::from_ne_bytes(w), Ordering::Relaxed);
@@ -248,7 +248,7 @@ impl Region {
         let mut at = offset;
         let end = offset + len;
         while at < end {
-            if at % 8 == 0 && end - at >= 8 {
+            if at.is_multiple_of(8) && end - at >= 8 {
                 self.atomic_u64(at).store(word, Ordering::Relaxed);
                 at += 8;
             } else {

@@ -41,9 +41,9 @@ pub(super) fn ticks(lo: f64, hi: f64, base: f64) -> Vec<f64> {
 pub fn size_label(bytes: f64) -> String {
     let b = bytes.round() as u64;
     match b {
-        _ if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{}G", b >> 30),
-        _ if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}M", b >> 20),
-        _ if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{}K", b >> 10),
+        _ if b >= 1 << 30 && b.is_multiple_of(1 << 30) => format!("{}G", b >> 30),
+        _ if b >= 1 << 20 && b.is_multiple_of(1 << 20) => format!("{}M", b >> 20),
+        _ if b >= 1 << 10 && b.is_multiple_of(1 << 10) => format!("{}K", b >> 10),
         _ => format!("{b}"),
     }
 }
