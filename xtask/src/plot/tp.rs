@@ -144,28 +144,28 @@ pub fn tp_svg(v: &Value, title: &str) -> Option<String> {
                 .map(|p| (xa.map(p.tokens), ya.map(p.us_per_token)))
                 .collect();
             line.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let path: Vec<String> = line.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
-            s.o.push_str(&format!(
-                "<polyline points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.4\"{dash}/>\n",
-                path.join(" ")
-            ));
-            for (x, y) in &line {
-                s.o.push_str(&format!(
-                    "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"2.6\" fill=\"none\" stroke=\"{color}\"/>\n"
-                ));
-            }
-            if let Some((x, y)) = line.last() {
-                s.text(
-                    x + 6.0,
-                    y + 3.0,
-                    &format!(r#" fill="{color}" font-size="9""#),
-                    &format!("tp{tp} {mode}"),
-                );
-            }
+            draw_series(&mut s, &line, color, dash, &format!("tp{tp} {mode}"));
         }
         ratio_panel(&mut s, (x0 + pw + margin, y0, pw, ph), &mine, (tlo, thi), &tps);
     }
     Some(s.finish(top + panels.len() as f64 * (ph + margin) + 20.0))
+}
+
+/// One series: its polyline, a circle at each point, `label` after the last one.
+fn draw_series(s: &mut Svg, line: &[(f64, f64)], color: &str, dash: &str, label: &str) {
+    let path: Vec<String> = line.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
+    s.o.push_str(&format!(
+        "<polyline points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.4\"{dash}/>\n",
+        path.join(" ")
+    ));
+    for (x, y) in line {
+        s.o.push_str(&format!(
+            "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"2.6\" fill=\"none\" stroke=\"{color}\"/>\n"
+        ));
+    }
+    if let Some((x, y)) = line.last() {
+        s.text(x + 6.0, y + 3.0, &format!(r#" fill="{color}" font-size="9""#), label);
+    }
 }
 
 /// The right panel of a row: each (TP > 1, mode)'s time over NCCL's at the same TP and tokens,
@@ -236,24 +236,8 @@ fn ratio_panel(s: &mut Svg, (x0, y0, pw, ph): (f64, f64, f64, f64), mine: &[&Pt]
         let dash = DASHES[tps.iter().position(|t| *t == tp).unwrap_or(0) % DASHES.len()];
         v.sort_by(|a, b| a.0.total_cmp(&b.0));
         let line: Vec<(f64, f64)> = v.iter().map(|(x, r)| (xa.map(*x), ymap(*r))).collect();
-        let path: Vec<String> = line.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
-        s.o.push_str(&format!(
-            "<polyline points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.4\"{dash}/>\n",
-            path.join(" ")
-        ));
-        for (x, y) in &line {
-            s.o.push_str(&format!(
-                "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"2.6\" fill=\"none\" stroke=\"{color}\"/>\n"
-            ));
-        }
-        if let (Some((x, y)), Some((_, r))) = (line.last(), v.last()) {
-            s.text(
-                x + 6.0,
-                y + 3.0,
-                &format!(r#" fill="{color}" font-size="9""#),
-                &format!("tp{tp} {mode} {r:.3}"),
-            );
-        }
+        let last = v.last().map_or(f64::NAN, |p| p.1);
+        draw_series(s, &line, color, dash, &format!("tp{tp} {mode} {last:.3}"));
     }
 }
 
