@@ -307,6 +307,19 @@ pub fn main(args: &[String]) -> Result<()> {
             }),
         ),
         ("msrv", Box::new(|| to_outcome(msrv_holds()))),
+        (
+            "package",
+            // Every publishable crate packages (#38): versions on the path dependencies, the
+            // metadata crates.io needs; the crates resolve against each other locally.
+            Box::new(|| {
+                to_outcome(util::run(util::cargo().args([
+                    "package",
+                    "--workspace",
+                    "--no-verify",
+                    "--allow-dirty",
+                ])))
+            }),
+        ),
         ("kernels", Box::new(kernels_step)),
         ("rocm", Box::new(rocm_step)),
         ("bench --quick", Box::new(bench_step)),
