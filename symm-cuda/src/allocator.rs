@@ -164,7 +164,7 @@ impl Drop for LocalMemory {
         // Our own queued copies/kernels finish first (they are bounded); then
         // the mapping unmaps, the range is freed and the handle released.
         if let Err(e) = bind(&self.ctx).and_then(|()| driver::stream_synchronize(&self.stream)) {
-            eprintln!("symm-cuda: freeing allocation: {e}");
+            log::warn!("symm-cuda: freeing allocation: {e}");
         }
     }
 }

@@ -330,7 +330,7 @@ impl Drop for CudaCollectives {
             for s in [&streams.copies, &streams.reduced_pushes] {
                 if let Err(e) = crate::streams::wait_idle(s, crate::streams::HOST_COPY_TIMEOUT, "dropping collectives")
                 {
-                    eprintln!("symm-cuda collectives: dropping: {e}");
+                    log::warn!("symm-cuda collectives: dropping: {e}");
                 }
             }
         }

@@ -112,7 +112,7 @@ impl Drop for MemInner {
             })
         });
         if let Err(e) = r {
-            eprintln!("symm-cuda: freeing symmetric memory: {e}");
+            log::warn!("symm-cuda: freeing symmetric memory: {e}");
         }
     }
 }

@@ -531,7 +531,7 @@ impl Drop for RocmCollectives {
                 Err(_) => true,
             };
         if busy {
-            eprintln!(
+            log::warn!(
                 "symm-rocm collectives (group {}, rank {}): kernels still running at drop; the workspace is leaked",
                 self.group.name(),
                 self.rig.rank

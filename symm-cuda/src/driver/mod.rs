@@ -8,7 +8,7 @@
 //! - nothing calls into libcuda before [`init`] confirmed the library is
 //!   present (cudarc panics otherwise);
 //! - RAII types release in `Drop`, which never panics (it logs through
-//!   `eprintln!` at most);
+//!   the `log` crate at most);
 //! - every `unsafe` block is preceded by a `// SAFETY:` line.
 //!
 //! Callers bind the right context to the calling thread (see [`bind`])

@@ -166,7 +166,7 @@ impl Drop for PhysicalAllocation {
         // SAFETY: the handle came from cuMemCreate/import and is released once.
         let r = unsafe { sys::cuMemRelease(self.handle) };
         if let Err(e) = check(r, "cuMemRelease") {
-            eprintln!("symm-cuda: {e}");
+            log::warn!("symm-cuda: {e}");
         }
     }
 }
@@ -205,7 +205,7 @@ impl Drop for AddressRange {
         // an Arc of this range, so none is mapped any more.
         let r = unsafe { sys::cuMemAddressFree(self.ptr, self.size) };
         if let Err(e) = check(r, "cuMemAddressFree") {
-            eprintln!("symm-cuda: {e}");
+            log::warn!("symm-cuda: {e}");
         }
     }
 }
@@ -270,7 +270,7 @@ impl Drop for Mapping {
         // SAFETY: we mapped exactly this range; unmapping once.
         let r = unsafe { sys::cuMemUnmap(self.range.ptr(), self.phys.size()) };
         if let Err(e) = check(r, "cuMemUnmap") {
-            eprintln!("symm-cuda: {e}");
+            log::warn!("symm-cuda: {e}");
         }
     }
 }
