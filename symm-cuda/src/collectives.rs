@@ -58,6 +58,29 @@ use layout::{peer_index, MAX_WORLD, MISMATCH_WORDS, ST_ERR_OUT, ST_MISMATCH};
 use plan::{ce_rs_chunks, ce_split, kernel_dtype, two_shot_shard, KernelDtype};
 use setup::{CeState, KernelTable, CE_EVENTS};
 
+/// The error the collectives' kernels latched, read from its pinned mirror (NOTE
+/// [error-mirror]) without a launch, a synchronisation or clearing it: the next op (or
+/// [`CudaCollectives::check_error`]) still takes it.
+#[derive(Clone)]
+pub struct ErrorProbe {
+    mem: Arc<dyn SymmetricMemory>,
+    timeout: std::time::Duration,
+}
+
+impl std::fmt::Debug for ErrorProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ErrorProbe").finish_non_exhaustive()
+    }
+}
+
+impl ErrorProbe {
+    /// The latched error, if the kernels latched one since it was last taken.
+    pub fn pending(&self, what: &str) -> Option<Error> {
+        let code = crate::as_cuda(self.mem.as_ref())?.error_mirror();
+        symm_core::pad::code_error(code, "symm-cuda", what.to_string(), self.timeout)
+    }
+}
+
 /// A kernel of symm-core's vocabulary this backend does not implement (one added after it).
 fn not_here(kernel: impl std::fmt::Display) -> Error {
     launch::not_here(kernel, "symm-cuda")
@@ -264,6 +287,15 @@ impl CudaCollectives {
         self.check_stream(stream)?;
         let a = args::reject(&self.rig.common);
         self.launch_coll(stream, &self.kernels.reject, cfg(1, 64), &a)
+    }
+
+    /// A handle that reads [`Self::pending_error`] as an error (for host copies of buffers the
+    /// ops wrote: a copy after a failed op must not return its stale data as `Ok`).
+    pub fn error_probe(&self) -> ErrorProbe {
+        ErrorProbe {
+            mem: self.mem.clone(),
+            timeout: std::time::Duration::from_nanos(self.rig.bound.timeout_ns),
+        }
     }
 
     /// The error code this object's kernels latched and copied into pinned host memory (NOTE

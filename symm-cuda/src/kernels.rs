@@ -7,13 +7,14 @@
 //! where [`common_header`] is the pad `#define`s, this crate's vendor header
 //! `kernels/vendor.cuh` (the CUDA primitives: PTX atomics and memory orders,
 //! `%globaltimer`, PDL, warp shuffles, vector loads and stores, f16 / bf16
-//! conversions) and symm-core's `common.cuh`. Compiled PTX is cached:
+//! conversions) and symm-core's `common.cuh`. What NVRTC makes is cached:
 //! - on disk through `symm_core::kernel_cache` (the one cache of every
-//!   backend: `$SYMM_KERNEL_CACHE` or `~/.cache/symm/kernels`), one file per
+//!   backend: `$SYMM_KERNEL_CACHE` or `~/.cache/symm/kernels`), two files per
 //!   (full source text, defines, arch, NVRTC version, options), named by a
-//!   128-bit FNV-1a hash of all of them and written atomically; set
-//!   `SYMM_KERNEL_CACHE=off` to disable it;
-//! - in memory per (context, key), as loaded modules.
+//!   128-bit FNV-1a hash of all of them and written atomically: the PTX, and the
+//!   CUBIN for the device's architecture, which [`load`] loads (no driver JIT; the
+//!   PTX where the driver refuses it); set `SYMM_KERNEL_CACHE=off` to disable it;
+//! - in memory: the PTX per key, and loaded modules per (context, key).
 //!
 //! [`compile_all`] compiles every file without any cache; `cargo xtask
 //! kernels` runs it on CPU-only CI (NVRTC from the `nvidia-cuda-nvrtc` wheel).
@@ -234,7 +235,11 @@ pub fn load(ctx: &Arc<CudaContext>, src: &KernelSource, defines: &str) -> Result
     let cubin = cubin_keyed(src, &full, &arch, key)?;
     let m = match ctx.load_module(Ptx::from_binary(cubin)) {
         Ok(m) => m,
-        Err(_) => {
+        Err(e) => {
+            log::warn!(
+                "symm-cuda: the driver refused the CUBIN of {} ({e}); loading its PTX (JIT)",
+                src.name
+            );
             let (_, ptx) = compile_keyed(src, defines, &arch)?;
             ctx.load_module(Ptx::from_src(ptx.to_string()))
                 .map_err(|e| driver::from_driver(e, &format!("cuModuleLoadData({})", src.name)))?

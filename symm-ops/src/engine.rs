@@ -174,4 +174,10 @@ pub(crate) trait Engine: Send + Sync {
     fn stream(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
         None
     }
+
+    /// What reads the error the engine's kernels latched, for the host copies of its buffers.
+    #[cfg(feature = "cuda")]
+    fn error_probe(&self) -> Option<symm_cuda::collectives::ErrorProbe> {
+        None
+    }
 }

@@ -74,9 +74,12 @@ pub struct SymmBuffer<T> {
     tensor: SymmTensor,
     #[cfg(feature = "cuda")]
     view: Option<symm_cuda::SymmView<T>>,
-    /// The communicator's stream, which the host copies wait for (CUDA).
+    /// The communicator's stream, which the host copies wait for, and the error its kernels
+    /// latched, which they report (CUDA).
     #[cfg(feature = "cuda")]
     stream: Option<Arc<cudarc::driver::CudaStream>>,
+    #[cfg(feature = "cuda")]
+    errors: Option<symm_cuda::collectives::ErrorProbe>,
     _lease: Lease,
     _t: PhantomData<fn() -> T>,
 }
@@ -137,12 +140,17 @@ impl<T: Element> SymmBuffer<T> {
         Ok(out)
     }
 
-    /// Waits until the communicator's stream has no queued work (CUDA; nothing to wait for on
-    /// the host backend, whose ops complete before they return).
+    /// Waits until the communicator's stream has no queued work, then reports an error its
+    /// kernels latched (a timed-out or aborted op left the buffer as it was: its data must not
+    /// come back as `Ok`); the error stays latched for the next op. CUDA; the host backend's
+    /// ops complete, or fail, before they return.
     fn after_queued_work(&self, what: &str) -> Result<()> {
         #[cfg(feature = "cuda")]
         if let Some(s) = &self.stream {
             symm_cuda::streams::wait_idle(s, symm_cuda::streams::HOST_COPY_TIMEOUT, what)?;
+            if let Some(e) = self.errors.as_ref().and_then(|p| p.pending(what)) {
+                return Err(e);
+            }
         }
         let _ = what;
         Ok(())
@@ -243,6 +251,8 @@ impl Communicator {
             view: self.cuda_view::<T>(&block, len)?,
             #[cfg(feature = "cuda")]
             stream: self.stream().cloned(),
+            #[cfg(feature = "cuda")]
+            errors: self.engine.error_probe(),
             tensor: block,
             _lease: lease,
             _t: PhantomData,

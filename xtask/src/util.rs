@@ -58,12 +58,12 @@ pub fn run(cmd: &mut Command) -> Result<()> {
     }
 }
 
-/// Runs a command and returns its stdout (stderr inherited).
 /// What a cargo command that builds `symm-bench` (symm-ops' bin, `required-features =
 /// ["host-backend"]`) adds: symm-ops' defaults leave the host backend and the bench's command line
 /// out of the library (#38).
 pub const BENCH_FEATURES: [&str; 2] = ["--features", "symm-ops/host-backend"];
 
+/// Runs a command and returns its stdout (stderr inherited).
 pub fn output(cmd: &mut Command) -> Result<String> {
     eprintln!("$ {}", show(cmd));
     let out = cmd

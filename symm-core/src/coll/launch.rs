@@ -79,8 +79,8 @@ fn mode_op_name(kind: &str, dt: KernelDtype, mode: RingMode, op: u32) -> String 
     format!("symm_{kind}_{mode}_{op}_{}", dt.suffix())
 }
 
-/// The names of the two-rank entries of `kind` ("lamport2", "pull2") for one element type, in
-/// the order [`mode_op_index`] indexes them.
+/// The names of the (mode, op) entries of `kind` (`"lamport{W}"` for W in 2..=8, `"pull2"`) for
+/// one element type, in the order [`mode_op_index`] indexes them.
 pub fn mode_op_names(kind: &str, dt: &str) -> Vec<String> {
     let mut v = Vec::with_capacity(9);
     for mode in ["ar", "rs"] {

@@ -139,7 +139,8 @@ impl CeState {
     }
 }
 
-/// Two-rank entries of one kernel kind and element type, one per (mode, reduce op) in
+/// The (mode, op) entries of one kernel kind (a world's Lamport, the two-rank pull) and element
+/// type, one per (mode, reduce op) in
 /// [`mode_op_index`] order: all-reduce sum / avg / max / min, reduce-scatter sum / avg / max /
 /// min, all-gather (`COLL_MODE_OP_ENTRIES` in the kernels).
 pub(super) struct ModeOpEntries(Vec<CudaFunction>);

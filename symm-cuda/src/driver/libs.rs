@@ -5,8 +5,10 @@
 //! default) it `dlopen`s them at first use and panics when one is missing; with
 //! `dynamic-linking` (candle's choice) they are linked, so the program does not start without
 //! them. cudarc's own check, `is_culib_present`, exists only in the first mode, so symm checks
-//! with the same candidate names cudarc's loader tries on Linux, which in the second mode name
-//! the libraries the program already holds.
+//! itself: first whether the running program already holds the library's entry symbol (the
+//! second mode, whatever soname it was linked by, `libnccl.so.2` say), then whether one of the
+//! names cudarc's loader tries on Linux loads (the first mode: a library cudarc could not load
+//! would make it panic).
 
 /// The file names cudarc's loader tries for `lib{stem}` (cudarc 0.19, Linux), for the CUDA
 /// major version its bindings were built for.
@@ -21,8 +23,33 @@ fn candidates(stem: &str) -> Vec<String> {
     v
 }
 
-/// Whether `lib{stem}` loads under one of the names cudarc tries.
+/// A symbol every version of `lib{stem}` exports.
+fn entry_symbol(stem: &str) -> Option<&'static [u8]> {
+    match stem {
+        "cuda" => Some(b"cuInit\0"),
+        "nvrtc" => Some(b"nvrtcVersion\0"),
+        "nccl" => Some(b"ncclGetVersion\0"),
+        _ => None,
+    }
+}
+
+/// Whether the running program already holds `lib{stem}` (linked in, or loaded globally).
+fn linked(stem: &str) -> bool {
+    let Some(sym) = entry_symbol(stem) else {
+        return false;
+    };
+    let this = libloading::os::unix::Library::this();
+    // SAFETY: only looks the symbol up in the program's global scope; the pointer is neither
+    // called nor kept.
+    unsafe { this.get::<*const std::ffi::c_void>(sym) }.is_ok()
+}
+
+/// Whether `lib{stem}` is linked into the program or loads under one of the names cudarc tries.
 pub(crate) fn present(stem: &str) -> bool {
+    linked(stem) || loadable(stem)
+}
+
+fn loadable(stem: &str) -> bool {
     candidates(stem).iter().any(|name| {
         // SAFETY: loading a shared library runs its initialisers, as any library load does; the
         // handle is dropped (closed) at once and nothing in the library is called.
@@ -46,5 +73,7 @@ mod tests {
         let unique: std::collections::BTreeSet<_> = c.iter().collect();
         assert_eq!(unique.len(), c.len());
         assert!(!present("symm-no-such-library"));
+        // Without dynamic-linking nothing of CUDA is linked into this test binary.
+        assert!(!linked("nccl"));
     }
 }

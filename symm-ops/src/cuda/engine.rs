@@ -246,4 +246,8 @@ impl Engine for CudaEngine {
     fn stream(&self) -> Option<&Arc<CudaStream>> {
         Some(&self.stream)
     }
+
+    fn error_probe(&self) -> Option<symm_cuda::collectives::ErrorProbe> {
+        self.coll.as_ref().map(|c| c.error_probe())
+    }
 }
