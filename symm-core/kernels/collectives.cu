@@ -662,8 +662,8 @@ extern "C" __global__ void symm_coll_init(unsigned long long ws, unsigned long l
     }
 }
 
-// NOTE [device-trace]: a diagnostic build (symm-cuda's `SYMM_TRACE` switch adds
-// `#define SYMM_TRACE 1`) stamps %globaltimer at the phases of every Lamport launch: entry
+// NOTE [device-trace]: a diagnostic build (symm-cuda's `SYMM_TRACE=1` switch adds
+// `#define COLL_TRACE 1`) stamps %globaltimer at the phases of every Lamport launch: entry
 // (before the PDL wait), start (after it), thread 0's first vector pushed to every peer, thread
 // 0's first vector received from every peer (the last peer's data arrived), and thread 0's exit.
 // Thread 0 of block 0 writes one record of COLL_TRACE_WORDS u64 into the buffer at
@@ -671,8 +671,8 @@ extern "C" __global__ void symm_coll_init(unsigned long long ws, unsigned long l
 // word COLL_TRACE_WORDS, a full buffer (COLL_TRACE_CAP) drops them. Record: [kind | world << 8 |
 // rank << 16 | mode << 24, count, own workspace base, the five stamps]; kind 1 the generic entry,
 // 2 an entry specialised for its world size (symm-cuda's trace.rs reads them). Without
-// SYMM_TRACE none of this is compiled, so the kernels' code is unchanged.
-#ifdef SYMM_TRACE
+// COLL_TRACE none of this is compiled, so the kernels' code is unchanged.
+#ifdef COLL_TRACE
 __device__ unsigned long long symm_trace_buf;
 #define COLL_TRACE_WORDS 8
 #define COLL_TRACE_CAP 65536u

@@ -275,7 +275,7 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
         st[COLL_ST_LAM_USED] = (unsigned int)nv;
         st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
     }
-#ifdef SYMM_TRACE
+#ifdef COLL_TRACE
     if (tid == 0ull) {
         coll_tr[4] = symm_globaltimer();
         coll_trace_write(W > 0 ? 2u : 1u, world, rank, mode, count, ws, coll_tr);

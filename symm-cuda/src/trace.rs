@@ -1,5 +1,5 @@
 //! The host side of NOTE [device-trace] (symm-core's `kernels/collectives.cu`): with
-//! `SYMM_TRACE=1` ([`knobs::trace`]) the collectives module is compiled with `SYMM_TRACE` and
+//! `SYMM_TRACE=1` ([`knobs::trace`]) the collectives module is compiled with `COLL_TRACE` and
 //! every Lamport launch stamps `%globaltimer` at its phases into one buffer per context. A
 //! diagnostic for timelines inside a model step (bench-notes round 18), not a feature: without
 //! the switch nothing here runs and the kernels' code is unchanged.
@@ -31,7 +31,7 @@ pub const CAP: usize = 65536;
 /// The define the collectives module is compiled with when tracing ("" otherwise).
 pub(crate) fn defines() -> &'static str {
     if knobs::trace() {
-        "#define SYMM_TRACE 1\n"
+        "#define COLL_TRACE 1\n"
     } else {
         ""
     }

@@ -40,8 +40,13 @@ fn collectives_kernels_compile_with_nvrtc() {
     ] {
         assert!(ptx.contains(&format!(".entry {k}(")), "{k} missing");
     }
-    // Every two-rank entry the host loads (COLL_MODE_OP_ENTRIES), in `mode_op_index` order.
-    for kind in ["lamport2", "pull2"] {
+    // Every (mode, op) entry the host loads (COLL_MODE_OP_ENTRIES), in `mode_op_index` order:
+    // each world's Lamport entries and the two-rank pull.
+    let kinds: Vec<String> = (symm_core::coll::launch::LAMPORT_WORLD_MIN..=symm_core::coll::launch::LAMPORT_WORLD_MAX)
+        .map(|w| format!("lamport{w}"))
+        .chain(["pull2".to_string()])
+        .collect();
+    for kind in &kinds {
         for dt in ["f32", "f16", "bf16"] {
             let names = mode_op_names(kind, dt);
             assert_eq!(names.len(), 9);
@@ -105,9 +110,10 @@ fn collectives_kernels_compile_with_nvrtc() {
         }
         checked += 1;
     }
-    // 3 x (generic Lamport, ring, reduce_ptrs, generic pull) + 2 x 27 two-rank + the barrier
-    // and the rejection + 3 x (fused Lamport epilogue, its two-rank entry, separate epilogue).
-    assert_eq!(checked, 12 + 54 + 2 + 9);
+    // 3 x (generic Lamport, ring, reduce_ptrs, generic pull) + 27 two-rank pull + 7 worlds x 27
+    // Lamport (NOTE [lamport-world-entries]) + the barrier and the rejection + 3 x (fused
+    // Lamport epilogue, its two-rank entry, separate epilogue).
+    assert_eq!(checked, 12 + 27 + 7 * 27 + 2 + 9);
     for dt in ["f32", "f16", "bf16"] {
         for k in ["symm_lamport_add_rms", "symm_lamport2_add_rms", "symm_add_rms"] {
             assert!(ptx.contains(&format!(".entry {k}_{dt}(")), "{k}_{dt} missing");
@@ -286,7 +292,8 @@ mod argument_lists {
                 sizes(&reduce_ptrs(0, 2, 0, 0, 10, &[1, 2])),
             ));
         }
-        // The two-rank Lamport and pull entries take the generic entries' arguments.
+        // The specialised Lamport (every world 2..=8) and pull (two ranks) entries take the
+        // generic entries' arguments.
         let generic: Vec<(String, Vec<usize>)> = cases
             .iter()
             .filter(|(n, _)| n.starts_with("symm_lamport_") || n.starts_with("symm_pull_"))
@@ -294,12 +301,16 @@ mod argument_lists {
             .collect();
         for (name, sizes) in generic {
             let (kind, dt) = name.trim_start_matches("symm_").split_once('_').unwrap();
-            for mode in ["ar", "rs"] {
-                for op in ["sum", "avg", "max", "min"] {
-                    cases.push((format!("symm_{kind}2_{mode}_{op}_{dt}"), sizes.clone()));
+            let worlds: Vec<usize> = if kind == "lamport" {
+                (symm_core::coll::launch::LAMPORT_WORLD_MIN..=symm_core::coll::launch::LAMPORT_WORLD_MAX).collect()
+            } else {
+                vec![2]
+            };
+            for w in worlds {
+                for n in symm_core::coll::launch::mode_op_names(&format!("{kind}{w}"), dt) {
+                    cases.push((n, sizes.clone()));
                 }
             }
-            cases.push((format!("symm_{kind}2_ag_{dt}"), sizes));
         }
         // Every list fits the launcher (checked without NVRTC too).
         for (name, got) in &cases {
