@@ -107,18 +107,13 @@ fn every_entry_is_in_the_shared_source() {
 fn each_world_takes_its_specialised_lamport_entry() {
     let to = Record::default();
     let t = Tuning::default();
+    // One 1000-element bf16 Lamport all-reduce of `op` planned by `r`.
+    let lamport = |r: &Rig, op: ReduceOp| {
+        r.all_reduce(&to, AllReduceKernel::Lamport, &t, 0x100, 0x200, 1000, DType::BF16, op)
+            .unwrap()
+    };
     let r2 = rig(1, 2);
-    r2.all_reduce(
-        &to,
-        AllReduceKernel::Lamport,
-        &t,
-        0x100,
-        0x200,
-        1000,
-        DType::BF16,
-        ReduceOp::Max,
-    )
-    .unwrap();
+    lamport(&r2, ReduceOp::Max);
     let generic = Rig {
         switches: Switches {
             generic_entries: true,
@@ -127,60 +122,17 @@ fn each_world_takes_its_specialised_lamport_entry() {
         },
         ..r2.clone()
     };
-    generic
-        .all_reduce(
-            &to,
-            AllReduceKernel::Lamport,
-            &t,
-            0x100,
-            0x200,
-            1000,
-            DType::BF16,
-            ReduceOp::Max,
-        )
-        .unwrap();
-    rig(0, 3)
-        .all_reduce(
-            &to,
-            AllReduceKernel::Lamport,
-            &t,
-            0x100,
-            0x200,
-            1000,
-            DType::BF16,
-            ReduceOp::Max,
-        )
-        .unwrap();
-    rig(7, 8)
-        .all_reduce(
-            &to,
-            AllReduceKernel::Lamport,
-            &t,
-            0x100,
-            0x200,
-            1000,
-            DType::BF16,
-            ReduceOp::Sum,
-        )
-        .unwrap();
-    Rig {
+    lamport(&generic, ReduceOp::Max);
+    lamport(&rig(0, 3), ReduceOp::Max);
+    lamport(&rig(7, 8), ReduceOp::Sum);
+    let generic4 = Rig {
         switches: Switches {
             generic_entries: true,
             ..Switches::default()
         },
         ..rig(2, 4)
-    }
-    .all_reduce(
-        &to,
-        AllReduceKernel::Lamport,
-        &t,
-        0x100,
-        0x200,
-        1000,
-        DType::BF16,
-        ReduceOp::Sum,
-    )
-    .unwrap();
+    };
+    lamport(&generic4, ReduceOp::Sum);
     // Two ranks: the (mode, op) entry; 3..=8 ranks: the world's entry (NOTE
     // [lamport-world-entries]); the switch: the generic entry at every world.
     assert_eq!(
