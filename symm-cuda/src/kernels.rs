@@ -14,7 +14,7 @@
 //!   128-bit FNV-1a hash of all of them and written atomically: the PTX, and the
 //!   CUBIN for the device's architecture, which [`load`] loads (no driver JIT; the
 //!   PTX where the driver refuses it); set `SYMM_KERNEL_CACHE=off` to disable it;
-//! - in memory: the PTX per key, and loaded modules per (context, key).
+//! - in memory: the PTX and CUBIN per key, and loaded modules per (context, key).
 //!
 //! [`compile_all`] compiles every file without any cache; `cargo xtask
 //! kernels` runs it on CPU-only CI (NVRTC from the `nvidia-cuda-nvrtc` wheel).
@@ -121,13 +121,40 @@ pub fn cache_dir() -> Option<PathBuf> {
     kernel_cache::dir()
 }
 
-fn ptx_memory_cache() -> &'static Mutex<HashMap<u128, Arc<str>>> {
-    static PTX: OnceLock<Mutex<HashMap<u128, Arc<str>>>> = OnceLock::new();
-    PTX.get_or_init(Default::default)
+/// What one NVRTC run left for a key, kept for the process: each context's load and every
+/// PTX check reuse it, so nothing compiles twice even with the disk cache off or unwritable.
+#[derive(Default)]
+struct Artefacts {
+    ptx: Option<Arc<str>>,
+    cubin: Option<Arc<[u8]>>,
 }
 
-/// Runs NVRTC on `full` and stores its PTX and CUBIN in the disk cache under `key`.
-fn compile_and_store(src: &KernelSource, full: &str, arch: &str, key: u128) -> Result<driver::nvrtc::Compiled> {
+fn memory_cache() -> &'static Mutex<HashMap<u128, Artefacts>> {
+    static M: OnceLock<Mutex<HashMap<u128, Artefacts>>> = OnceLock::new();
+    M.get_or_init(Default::default)
+}
+
+fn remembered<T>(key: u128, pick: impl FnOnce(&Artefacts) -> Option<T>) -> Option<T> {
+    memory_cache()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&key)
+        .and_then(pick)
+}
+
+fn remember(key: u128, fill: impl FnOnce(&mut Artefacts)) {
+    fill(
+        memory_cache()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key)
+            .or_default(),
+    )
+}
+
+/// Runs NVRTC on `full` and keeps its PTX and CUBIN under `key`: in memory, and in the disk
+/// cache when there is one.
+fn compile_and_store(src: &KernelSource, full: &str, arch: &str, key: u128) -> Result<(Arc<str>, Arc<[u8]>)> {
     let extra: Vec<String> = EXTRA_OPTIONS.iter().map(|s| s.to_string()).collect();
     let c = driver::nvrtc::compile(src.name, full, arch, &extra)?;
     if let Some(d) = cache_dir() {
@@ -139,40 +166,52 @@ fn compile_and_store(src: &KernelSource, full: &str, arch: &str, key: u128) -> R
         );
         kernel_cache::write(&d, &kernel_cache::path(&d, src.name, arch, key, "cubin"), key, &c.cubin);
     }
-    Ok(c)
+    let (ptx, cubin): (Arc<str>, Arc<[u8]>) = (c.ptx.into(), c.cubin.into());
+    remember(key, |a| {
+        a.ptx = Some(ptx.clone());
+        a.cubin = Some(cubin.clone());
+    });
+    Ok((ptx, cubin))
 }
 
 fn compile_keyed(src: &KernelSource, defines: &str, arch: &str) -> Result<(u128, Arc<str>)> {
     nvrtc_available()?;
     let full = full_source(src, defines);
     let key = cache_key(&full, arch)?;
-    if let Some(p) = ptx_memory_cache().lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-        return Ok((key, p.clone()));
+    if let Some(p) = remembered(key, |a| a.ptx.clone()) {
+        return Ok((key, p));
     }
     let cached = cache_dir()
         .and_then(|d| kernel_cache::read(&kernel_cache::path(&d, src.name, arch, key, "ptx"), key))
         .and_then(|b| String::from_utf8(b).ok());
     let ptx: Arc<str> = match cached {
-        Some(p) => p.into(),
-        None => compile_and_store(src, &full, arch, key)?.ptx.into(),
+        Some(p) => {
+            let p: Arc<str> = p.into();
+            remember(key, |a| a.ptx = Some(p.clone()));
+            p
+        }
+        None => compile_and_store(src, &full, arch, key)?.0,
     };
-    ptx_memory_cache()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(key, ptx.clone());
     Ok((key, ptx))
 }
 
-/// The CUBIN of `src` with `defines` for `arch` (the device's own architecture), through the
-/// disk cache: NVRTC's machine code, which a module loads without the driver's JIT (for the
-/// collectives' tens of MB of PTX that JIT takes a minute in every fresh process on a machine
-/// whose driver cache is cold).
-fn cubin_keyed(src: &KernelSource, full: &str, arch: &str, key: u128) -> Result<Vec<u8>> {
+/// The CUBIN of `src` (full text `full`, cache key `key`) for `arch` (the device's own
+/// architecture), through the memory and disk caches: NVRTC's machine code, which a module
+/// loads without the driver's JIT (for the collectives' tens of MB of PTX that JIT takes a
+/// minute in every fresh process on a machine whose driver cache is cold).
+fn cubin_keyed(src: &KernelSource, full: &str, arch: &str, key: u128) -> Result<Arc<[u8]>> {
+    if let Some(c) = remembered(key, |a| a.cubin.clone()) {
+        return Ok(c);
+    }
     let cached =
         cache_dir().and_then(|d| kernel_cache::read(&kernel_cache::path(&d, src.name, arch, key, "cubin"), key));
     match cached {
-        Some(c) => Ok(c),
-        None => Ok(compile_and_store(src, full, arch, key)?.cubin),
+        Some(c) => {
+            let c: Arc<[u8]> = c.into();
+            remember(key, |a| a.cubin = Some(c.clone()));
+            Ok(c)
+        }
+        None => Ok(compile_and_store(src, full, arch, key)?.1),
     }
 }
 
@@ -233,7 +272,7 @@ pub fn load(ctx: &Arc<CudaContext>, src: &KernelSource, defines: &str) -> Result
         return Ok(m.clone());
     }
     let cubin = cubin_keyed(src, &full, &arch, key)?;
-    let m = match ctx.load_module(Ptx::from_binary(cubin)) {
+    let m = match ctx.load_module(Ptx::from_binary(cubin.to_vec())) {
         Ok(m) => m,
         Err(e) => {
             log::warn!(
