@@ -33,8 +33,8 @@ use std::time::Duration;
 
 use symm_core::coll::args;
 use symm_core::coll::launch::{
-    self, all_gather_at, all_reduce_at, mode_op_index, mode_op_names, reduce_scatter_at, Entry, Launch, Launcher, Rig,
-    Switches, LAMPORT_WORLD_MAX, LAMPORT_WORLD_MIN,
+    self, all_gather_at, all_reduce_at, lamport_world_kind, mode_op_index, mode_op_names, reduce_scatter_at, Entry,
+    Launch, Launcher, Rig, Switches,
 };
 use symm_core::coll::layout::{self, WorkspaceLayout, MISMATCH_WORDS, ST_ERR_OUT, ST_MISMATCH};
 use symm_core::coll::plan::{GridBudget, KernelDtype, PerDtype, Tuning};
@@ -191,9 +191,9 @@ impl RocmCollectives {
         };
         let kernels = KernelTable {
             lamport: per_dtype("lamport")?,
-            lamport_world: match world {
-                w @ LAMPORT_WORLD_MIN..=LAMPORT_WORLD_MAX => Some((w as u8, two_rank(&format!("lamport{w}"))?)),
-                _ => None,
+            lamport_world: match lamport_world_kind(world) {
+                Some((w, kind)) => Some((w, two_rank(&kind)?)),
+                None => None,
             },
             ring: per_dtype("ring")?,
             pull: per_dtype("pull")?,

@@ -79,6 +79,15 @@ fn mode_op_name(kind: &str, dt: KernelDtype, mode: RingMode, op: u32) -> String 
     format!("symm_{kind}_{mode}_{op}_{}", dt.suffix())
 }
 
+/// The kind (`"lamport{w}"`, for [`mode_op_names`]) of the Lamport entries a backend loads for
+/// a group of `world` ranks, and `w`, which its [`Entry::LamportWorld`] launches name; `None`
+/// for a world without them (one rank: the Lamport kernel never runs there).
+pub fn lamport_world_kind(world: usize) -> Option<(u8, String)> {
+    (LAMPORT_WORLD_MIN..=LAMPORT_WORLD_MAX)
+        .contains(&world)
+        .then(|| (world as u8, format!("lamport{world}")))
+}
+
 /// The names of the (mode, op) entries of `kind` (`"lamport{W}"` for W in 2..=8, `"pull2"`) for
 /// one element type, in the order [`mode_op_index`] indexes them.
 pub fn mode_op_names(kind: &str, dt: &str) -> Vec<String> {

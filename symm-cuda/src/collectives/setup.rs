@@ -17,7 +17,7 @@ use super::{args, cfg, CudaCollectives, Epilogues, GridBudget, RingMode, Tuning,
 use crate::driver::launch::{launch, Launch};
 use crate::driver::{self, bind, from_driver};
 use crate::{kernels, knobs};
-use symm_core::coll::launch::{mode_op_index, mode_op_names, Rig, LAMPORT_WORLD_MAX, LAMPORT_WORLD_MIN};
+use symm_core::coll::launch::{lamport_world_kind, mode_op_index, mode_op_names, Rig};
 use symm_core::coll::registry::Registry;
 
 pub use symm_core::coll::layout::{DEFAULT_LAMPORT_BYTES, DEFAULT_RING_SLOTS, DEFAULT_STAGING_BYTES};
@@ -198,9 +198,9 @@ impl CudaCollectives {
         };
         let kernels = KernelTable {
             lamport: per_dtype("lamport")?,
-            lamport_world: match world {
-                w @ LAMPORT_WORLD_MIN..=LAMPORT_WORLD_MAX => Some((w as u8, two_rank(&format!("lamport{w}"))?)),
-                _ => None,
+            lamport_world: match lamport_world_kind(world) {
+                Some((w, kind)) => Some((w, two_rank(&kind)?)),
+                None => None,
             },
             ring: per_dtype("ring")?,
             reduce_ptrs: per_dtype("reduce_ptrs")?,

@@ -502,3 +502,19 @@ fn pulls_read_every_rank_at_the_same_offset_and_refuse_what_they_cannot() {
     // Three ranks: the generic entry (the two-rank ones are for two ranks only).
     assert!(l.iter().all(|l| matches!(l.entry, Entry::Pull(_))));
 }
+
+#[test]
+fn backends_load_the_world_entries_the_plans_name() {
+    assert_eq!(lamport_world_kind(1), None);
+    assert_eq!(lamport_world_kind(9), None);
+    for world in LAMPORT_WORLD_MIN..=LAMPORT_WORLD_MAX {
+        let (w, kind) = lamport_world_kind(world).unwrap();
+        assert_eq!(w as usize, world);
+        // Where a backend finds the entry a plan of this world names.
+        let e = Entry::LamportWorld(KernelDtype::F16, w, RingMode::ReduceScatter, 3);
+        assert_eq!(
+            mode_op_names(&kind, "f16")[mode_op_index(RingMode::ReduceScatter, 3)],
+            e.name()
+        );
+    }
+}
