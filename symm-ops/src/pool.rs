@@ -147,6 +147,13 @@ impl<T: Element> SymmBuffer<T> {
     fn after_queued_work(&self, what: &str) -> Result<()> {
         #[cfg(feature = "cuda")]
         if let Some(s) = &self.stream {
+            // Querying a capturing stream would end the caller's capture: refuse instead.
+            if crate::cuda::capturing(s)? {
+                return Err(Error::InvalidArgument(format!(
+                    "{what} while the communicator's stream is being captured into a graph: copy \
+                     after the capture ends (a host copy cannot be part of a graph)"
+                )));
+            }
             symm_cuda::streams::wait_idle(s, symm_cuda::streams::HOST_COPY_TIMEOUT, what)?;
             if let Some(e) = self.errors.as_ref().and_then(|p| p.pending(what)) {
                 return Err(e);

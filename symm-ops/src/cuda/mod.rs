@@ -86,7 +86,7 @@ fn same_stream(a: &CudaStream, b: &CudaStream) -> bool {
 }
 
 /// Whether `s` is being captured into a graph.
-fn capturing(s: &CudaStream) -> Result<bool> {
+pub(crate) fn capturing(s: &CudaStream) -> Result<bool> {
     let st = s.capture_status().map_err(drv_err("cuStreamIsCapturing"))?;
     Ok(st != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
