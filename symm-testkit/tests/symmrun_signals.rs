@@ -1,7 +1,12 @@
 //! `symmrun` with small shell ranks (issue #17): SIGTERM and SIGINT reach
 //! the ranks and no rank outlives symmrun; the exit code is the first
 //! failure's in time, not the lowest failed rank's, also when the other
-//! ranks are killed after the grace period.
+//! ranks are killed after the grace period. Issue #39: the ranks start with
+//! an empty signal mask (symmrun blocks the signals it forwards), so their
+//! own handlers run.
+//!
+//! `sh` here is often dash, which clears the signal mask it inherits; the
+//! tests of #39 use bash and grep, which keep it, as most programs do.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -33,9 +38,14 @@ fn pid_dir(tag: &str) -> PathBuf {
 }
 
 fn start(args: &[&str], body: &str, dir: &Path) -> Child {
+    start_in("sh", args, body, dir)
+}
+
+/// [`start`] with ranks of `shell -c <script>`.
+fn start_in(shell: &str, args: &[&str], body: &str, dir: &Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_symmrun"))
         .args(args)
-        .args(["--", "sh", "-c", &script(body)])
+        .args(["--", shell, "-c", &script(body)])
         .env("PID_DIR", dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -212,4 +222,104 @@ fn first_failure_code_survives_killing_the_rest() {
     assert!(took < Duration::from_secs(5), "took {took:?}\n{err}");
     assert!(err.contains("rank 0: killed after another rank failed"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Ranks whose handler for `sig` writes a marker file and exits 0: symmrun
+/// sent `sig` ends promptly (long before the grace period), every rank's
+/// handler ran, and symmrun exits 128 + `sig`, as for any forwarded signal.
+fn handlers_run(sig: Signal) {
+    let name = sig.as_str().trim_start_matches("SIG");
+    let dir = pid_dir(&format!("handler-{name}"));
+    // bash, not sh: bash keeps the signal mask it inherits (dash clears it).
+    let body =
+        format!(r#"trap 'echo "$RANK" > "$PID_DIR/handled-$RANK" && exit 0' {name}; while :; do sleep 0.05; done"#);
+    let mut run = start_in(
+        "bash",
+        &["--nproc-per-node", "3", "--grace", "20", "--timeout", "60"],
+        &body,
+        &dir,
+    );
+    let pids = rank_pids(&dir, 3);
+    let sent = Instant::now();
+    kill(Pid::from_raw(run.id() as i32), sig).unwrap();
+    let (status, _, err) = finish(&mut run, &pids, Duration::from_secs(40), name);
+    let took = sent.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "{sig}: symmrun took {took:?} to end (the ranks' handlers did not run?)\n{err}"
+    );
+    assert_eq!(status.code(), Some(128 + sig as i32), "{sig}: {status:?}\n{err}");
+    for r in 0..3 {
+        let marker = std::fs::read_to_string(dir.join(format!("handled-{r}"))).ok();
+        assert_eq!(
+            marker.as_deref().map(str::trim),
+            Some(r.to_string().as_str()),
+            "{sig}: rank {r}'s handler did not run\n{err}"
+        );
+        assert!(
+            err.contains(&format!("--- rank {r}: exit code 0\n")),
+            "{sig}: rank {r}\n{err}"
+        );
+    }
+    assert!(!err.contains("killed"), "{sig}: a rank was killed\n{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sigterm_runs_the_ranks_own_handlers() {
+    handlers_run(Signal::SIGTERM);
+}
+
+#[test]
+fn sigint_runs_the_ranks_own_handlers() {
+    handlers_run(Signal::SIGINT);
+}
+
+/// The ranks' signal mask is empty and the forwarded signals are not
+/// ignored in them, even where symmrun's own parent ignores them (as a shell
+/// does for a job started with `&`). grep is the rank: it keeps the mask and
+/// dispositions it inherits.
+#[test]
+fn ranks_start_with_an_empty_signal_mask() {
+    let out = Command::new("sh")
+        .args([
+            "-c",
+            r#"trap '' INT TERM HUP; exec "$0" "$@""#,
+            env!("CARGO_BIN_EXE_symmrun"),
+            "--nproc-per-node",
+            "2",
+            "--timeout",
+            "30",
+            "--",
+            "grep",
+            "-E",
+            "^Sig(Blk|Ign):",
+            "/proc/self/status",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}\n{text}\n{err}", out.status);
+    let field = |name: &str| -> Vec<u64> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix(name))
+            .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+            .collect()
+    };
+    let blocked = field("SigBlk:");
+    let ignored = field("SigIgn:");
+    assert_eq!(blocked, vec![0, 0], "the ranks' blocked signals\n{text}");
+    assert_eq!(ignored.len(), 2, "{text}");
+    let forwarded = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP]
+        .iter()
+        .fold(0u64, |m, &s| m | 1 << (s as u64 - 1));
+    for ign in ignored {
+        assert_eq!(
+            ign & forwarded,
+            0,
+            "a forwarded signal is ignored in a rank: {ign:#x}\n{text}"
+        );
+    }
 }

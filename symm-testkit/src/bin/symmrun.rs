@@ -17,8 +17,19 @@
 //! SIGINT, SIGTERM and SIGHUP sent to symmrun are forwarded to every rank
 //! still running; ranks still running `--grace` seconds later (or at a
 //! second such signal) are killed, and symmrun exits 128 + the signal.
-//! Every rank is reaped before symmrun exits.
-//! `--store-only` hosts the store and prints `MASTER_ADDR=... MASTER_PORT=...`
+//! Every rank is reaped before symmrun exits. The ranks start with an empty
+//! signal mask and with those three signals at their default action (symmrun
+//! itself blocks them, and a child would inherit that), so a rank's own
+//! handlers run when symmrun forwards a signal.
+//!
+//! Every launch has its own identity (as torchrun's run id): the ranks get
+//! `SYMM_JOB_ID=symmrun-<16 hex digits>`, fresh per launch, unless symmrun's
+//! environment sets `SYMM_JOB_ID` to a non-empty value (the ranks then inherit
+//! it unchanged), and always a fresh `SYMM_LAUNCH_ID` (`symmrun-<16 hex
+//! digits>`), so that ranks of two launches never pair up in one group, even
+//! when a job id is given by hand.
+//! `--store-only` hosts the store and prints `MASTER_ADDR=... MASTER_PORT=...
+//! SYMM_JOB_ID=... SYMM_LAUNCH_ID=...` (the ids to give ranks started by hand)
 //! without starting anything (until `--timeout`, or until killed).
 #![forbid(unsafe_code)]
 
@@ -29,11 +40,12 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, SigSet, Signal};
 use nix::unistd::Pid;
+use symm_core::knobs::{JOB_ID, LAUNCH_ID};
 use symm_core::symm_store::TcpServer;
-use symm_testkit::launch::{rank_command, ChildStatus, CHILD_ENV, ISOLATED_ENV};
+use symm_testkit::launch::{clean_signal_mask, rank_command, ChildStatus, CHILD_ENV, FORWARDED_SIGNALS, ISOLATED_ENV};
 
-/// The signals symmrun forwards to its ranks.
-const FORWARDED: [Signal; 3] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP];
+/// The signals symmrun forwards to its ranks (at their default action in the ranks).
+const FORWARDED: [Signal; 3] = FORWARDED_SIGNALS;
 
 const USAGE: &str = "usage: symmrun --nproc-per-node N [--master-addr ADDR] [--master-port PORT] \
 [--timeout SECS] [--grace SECS] [--store-only] [-- PROGRAM ARGS...]";
@@ -122,8 +134,9 @@ fn parse(argv: &[String]) -> Result<Args, String> {
 
 /// Blocks the forwarded signals in this thread (and so in every thread
 /// started after it), and receives them on a thread of their own through
-/// `sigwait`. The ranks do not inherit the mask: `std::process::Command`
-/// clears the signal mask of the children it starts.
+/// `sigwait`. A child inherits the mask (`std::process::Command` has not
+/// cleared it since Rust 1.66, rust-lang/rust#101077), so [`spawn`] starts
+/// every rank through [`clean_signal_mask`].
 fn catch_signals() -> Result<mpsc::Receiver<Signal>, nix::Error> {
     let mut set = SigSet::empty();
     for s in FORWARDED {
@@ -179,10 +192,42 @@ impl Rank {
     }
 }
 
+/// The identity of one launch: `SYMM_JOB_ID` and `SYMM_LAUNCH_ID` of its ranks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct LaunchIds {
+    /// The job id: symmrun's own `SYMM_JOB_ID` when set (not empty), else a fresh one.
+    job: String,
+    /// The job id came from symmrun's environment: the ranks inherit it unchanged.
+    job_inherited: bool,
+    /// A fresh launch id.
+    launch: String,
+}
+
+/// `symmrun-` and 64 random bits in hex.
+fn fresh_id() -> String {
+    format!("symmrun-{:016x}", rand::random::<u64>())
+}
+
+impl LaunchIds {
+    /// This launch's ids, given symmrun's own `SYMM_JOB_ID`.
+    fn new(job_env: Option<&std::ffi::OsStr>) -> LaunchIds {
+        let (job, job_inherited) = match job_env.filter(|v| !v.is_empty()) {
+            Some(v) => (v.to_string_lossy().into_owned(), true),
+            None => (fresh_id(), false),
+        };
+        LaunchIds {
+            job,
+            job_inherited,
+            launch: fresh_id(),
+        }
+    }
+}
+
 /// Starts `nproc` ranks of `program` with torchrun's environment
-/// ([`rank_command`]). On a spawn error the ranks already started are
-/// killed and reaped.
-fn spawn(program: &[String], nproc: usize, master: SocketAddr) -> Result<Vec<Rank>, String> {
+/// ([`rank_command`]), this launch's `ids`, an empty signal mask and the
+/// forwarded signals at their default action ([`clean_signal_mask`]). On a
+/// spawn error the ranks already started are killed and reaped.
+fn spawn(program: &[String], nproc: usize, master: SocketAddr, ids: &LaunchIds) -> Result<Vec<Rank>, String> {
     let Some((exe, args)) = program.split_first() else {
         return Err("no program given".into());
     };
@@ -195,7 +240,12 @@ fn spawn(program: &[String], nproc: usize, master: SocketAddr) -> Result<Vec<Ran
         if set_nvls {
             cmd.env("NCCL_NVLS_ENABLE", "0");
         }
+        if !ids.job_inherited {
+            cmd.env(JOB_ID, &ids.job);
+        }
+        cmd.env(LAUNCH_ID, &ids.launch);
         cmd.env_remove(CHILD_ENV).env_remove(ISOLATED_ENV).stdin(Stdio::null());
+        clean_signal_mask(&mut cmd);
         match cmd.spawn() {
             Ok(child) => ranks.push(Rank {
                 rank,
@@ -343,10 +393,17 @@ fn main() -> ExitCode {
     if master.ip().is_unspecified() {
         master.set_ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
     }
+    let ids = LaunchIds::new(std::env::var_os(JOB_ID).as_deref());
     let signals = match signals {
         Some(rx) => rx,
         None => {
-            println!("MASTER_ADDR={} MASTER_PORT={}", master.ip(), master.port());
+            println!(
+                "MASTER_ADDR={} MASTER_PORT={} {JOB_ID}={} {LAUNCH_ID}={}",
+                master.ip(),
+                master.port(),
+                ids.job,
+                ids.launch
+            );
             match args.timeout {
                 Some(t) => std::thread::sleep(t),
                 None => server.join(),
@@ -354,7 +411,7 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
-    let mut ranks = match spawn(&args.program, args.nproc.unwrap_or(1), master) {
+    let mut ranks = match spawn(&args.program, args.nproc.unwrap_or(1), master, &ids) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("symmrun: {e}");
@@ -403,5 +460,23 @@ mod tests {
         assert!(parse(&v("--nproc-per-node 2")).is_err());
         assert!(parse(&v("--bogus -- p")).is_err());
         assert!(parse(&v("--store-only")).unwrap().store_only);
+    }
+
+    #[test]
+    fn launch_ids() {
+        let a = LaunchIds::new(None);
+        let b = LaunchIds::new(Some(std::ffi::OsStr::new("")));
+        assert!(!a.job_inherited && !b.job_inherited);
+        for id in [&a.job, &a.launch, &b.job, &b.launch] {
+            let hex = id.strip_prefix("symmrun-").unwrap();
+            assert!(hex.len() == 16 && hex.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
+        }
+        assert_ne!(a.job, b.job);
+        assert_ne!(a.launch, b.launch);
+        assert_ne!(a.job, a.launch);
+        let c = LaunchIds::new(Some(std::ffi::OsStr::new("mine")));
+        assert!(c.job_inherited);
+        assert_eq!(c.job, "mine");
+        assert_ne!(c.launch, LaunchIds::new(Some(std::ffi::OsStr::new("mine"))).launch);
     }
 }

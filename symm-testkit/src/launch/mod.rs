@@ -6,7 +6,8 @@
 //! starts `world` children, each `current_exe() --exact <test> --nocapture
 //! --test-threads=1` with torchrun's variables (`RANK`, `WORLD_SIZE`,
 //! `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`) plus
-//! [`CHILD_ENV`] naming the test. The same `#[test]` body runs in the
+//! [`CHILD_ENV`] naming the test and one random id per launch (as
+//! [`LAUNCH_ID_ENV`] and as symm-core's `SYMM_LAUNCH_ID`). The same `#[test]` body runs in the
 //! children; it branches on [`child_ctx`]:
 //!
 //! ```no_run
@@ -27,7 +28,10 @@
 //! parent kills every child at the wall-clock limit, checks every exit
 //! status, and checks that every child really ran the test (a mistyped test
 //! name would otherwise run zero tests and "pass").
-#![forbid(unsafe_code)]
+//!
+//! `unsafe` is denied here, and allowed in one private module only (`sigmask`, behind the safe
+//! [`clean_signal_mask`]).
+#![deny(unsafe_code)]
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -347,8 +351,10 @@ where
 }
 
 mod processes;
+mod sigmask;
 
 pub use processes::*;
+pub use sigmask::{clean_signal_mask, FORWARDED_SIGNALS};
 
 #[cfg(test)]
 mod tests {

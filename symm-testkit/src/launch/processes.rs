@@ -300,7 +300,11 @@ pub fn run_processes_outcomes(opts: &ProcessOptions) -> Result<Vec<ChildOutcome>
     let server = crate::store_host::serve()?;
     let mut env = opts.env.clone();
     env.push((CHILD_ENV.into(), opts.test_name.clone()));
-    env.push((LAUNCH_ID_ENV.into(), format!("{}", rand::random::<u64>())));
+    // One id per launch, as symm-testkit's (`RankCtx::launch_id`) and as symm-core's launch
+    // identity (`SYMM_LAUNCH_ID`, which symmrun sets too).
+    let launch_id = rand::random::<u64>().to_string();
+    env.push((LAUNCH_ID_ENV.into(), launch_id.clone()));
+    env.push((symm_core::knobs::LAUNCH_ID.into(), launch_id));
     env.push((STORE_TIMEOUT_ENV.into(), opts.store_timeout.as_millis().to_string()));
     if let Some(f) = &opts.fault {
         env.push((FAULT_ENV.into(), f.to_env()));
