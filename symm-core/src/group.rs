@@ -15,9 +15,12 @@
 //! through the store when the group is built, so a recycled group name never
 //! sees the keys of its predecessor, and subgroups (their own names) never
 //! share keys with their parent. Two jobs on one store with different job
-//! identities never see each other's keys; every rank claims its rank in its
-//! generation, so a rank launched twice, or two jobs without identities that
-//! share a group name, fail with [`Error::Mismatch`] instead of pairing up.
+//! identities never see each other's keys. Within one job (or none), every
+//! rank claims its rank in its generation and the members of a generation
+//! check at their first setup exchange that they come from one launch (NOTE
+//! [membership], `membership.rs`), so a rank launched twice, or two launches
+//! sharing a group name and job id, fail with [`Error::Mismatch`] naming both
+//! processes instead of pairing up.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +39,9 @@ pub const ALLOW_OVERLAPPING_DEVICES_ENV: &str = crate::knobs::ALLOW_OVERLAPPING_
 /// Environment variables naming the job a group belongs to, first set wins:
 /// ours, then torchrun's run id ([`GroupOptions::from_env`]).
 pub const JOB_ID_ENVS: [&str; 2] = [crate::knobs::JOB_ID, crate::knobs::TORCHELASTIC_RUN_ID];
+
+/// Environment variable naming the launch a rank process belongs to ([`GroupOptions::launch`]).
+pub const LAUNCH_ID_ENV: &str = crate::knobs::LAUNCH_ID;
 
 /// A job's identity in store keys: a 64-bit FNV-1a hash of its text (so
 /// options stay `Copy` and keys stay short).
@@ -62,6 +68,14 @@ impl JobId {
             .find_map(|k| var(k).filter(|v| !v.is_empty()))
             .map(|v| JobId::new(&v))
     }
+
+    /// The identity its [`Display`](std::fmt::Display) form (16 hex digits) shows.
+    pub fn from_hex(hex: &str) -> Option<JobId> {
+        (hex.len() == 16)
+            .then(|| u64::from_str_radix(hex, 16).ok())
+            .flatten()
+            .map(JobId)
+    }
 }
 
 impl std::fmt::Display for JobId {
@@ -84,15 +98,24 @@ pub struct GroupOptions {
     /// The job the group belongs to: its store keys carry it, so two jobs
     /// sharing a store and a group name never meet. `None`: no job segment.
     pub job: Option<JobId>,
+    /// The launch this rank belongs to (symmrun sets `SYMM_LAUNCH_ID` per launch): members of
+    /// one generation from different launches fail with [`Error::Mismatch`] (NOTE
+    /// [membership]), so two launches sharing a job id by hand are refused, not mixed. `None`:
+    /// not checked (ranks with and without a launch id differ).
+    pub launch: Option<JobId>,
 }
 
 impl GroupOptions {
     /// The options [`Group::new`] uses: `shared_devices` when
-    /// `SYMM_ALLOW_OVERLAPPING_DEVICES=1`; the job from [`JOB_ID_ENVS`].
+    /// `SYMM_ALLOW_OVERLAPPING_DEVICES=1`; the job from [`JOB_ID_ENVS`]; the launch from
+    /// [`LAUNCH_ID_ENV`].
     pub fn from_env() -> GroupOptions {
         GroupOptions {
             shared_devices: crate::knobs::get(ALLOW_OVERLAPPING_DEVICES_ENV) == Some("1"),
             job: JobId::from_vars(|k| crate::knobs::get(k).map(str::to_string)),
+            launch: crate::knobs::get(LAUNCH_ID_ENV)
+                .filter(|v| !v.is_empty())
+                .map(JobId::new),
         }
     }
 }
@@ -111,6 +134,12 @@ pub struct Group {
     options: GroupOptions,
     /// Shared by every setup exchange of the group, so peers' process records are read once.
     liveness: Arc<crate::liveness::GroupLiveness>,
+    /// This rank's claim (launch and process), and whether the generation's members were checked
+    /// (NOTE [membership]; at the first setup exchange).
+    member: crate::membership::Member,
+    members_checked: Mutex<bool>,
+    /// `symm/{name}` or `symm/job-{id}/{name}`: the prefix without the generation.
+    base: String,
 }
 
 impl std::fmt::Debug for Group {
@@ -156,9 +185,14 @@ impl Group {
         let joins = store.add(&format!("{base}/joins"), 1)?;
         let generation = ((joins - 1).max(0) as u64) / world_size as u64;
         let prefix = format!("{base}/g{generation}");
+        let member = crate::membership::Member::me(options.launch);
         let g = Group {
             name,
-            liveness: Arc::new(crate::liveness::GroupLiveness::new(store.clone(), prefix.clone())),
+            liveness: Arc::new(crate::liveness::GroupLiveness::new(
+                store.clone(),
+                prefix.clone(),
+                member.process.clone(),
+            )),
             prefix,
             rank,
             store,
@@ -166,34 +200,57 @@ impl Group {
             timeout,
             seq: AtomicU64::new(0),
             options,
+            member,
+            members_checked: Mutex::new(false),
+            base,
         };
         // Every rank claims its place in the generation once: a second claim is a rank launched
-        // twice, or another job sharing the name without a job identity.
-        let claims = g.store.add(&format!("{}/rank/{}", g.prefix(), rank.get()), 1)?;
-        if claims != 1 {
-            return Err(Error::Mismatch {
-                what: "group membership",
-                detail: format!(
-                    "rank {} of group {:?} (generation {}, world {world_size}) joined {claims} times: a rank \
-                     launched twice, or two jobs sharing the group name on one store (give each job its own \
-                     {} or GroupOptions::job)",
-                    rank.get(),
-                    g.name,
-                    g.generation,
-                    JOB_ID_ENVS[0]
-                ),
-            });
-        }
+        // twice, or another launch sharing the name (NOTE [membership]).
+        g.claim().run()?;
         // Which process this rank is, for peers waiting on it during setup (NOTE [setup-liveness]).
         g.liveness.publish(rank.get())?;
         Ok(Arc::new(g))
     }
 
+    fn claim(&self) -> crate::membership::Claim<'_> {
+        crate::membership::Claim {
+            store: &self.store,
+            keys: crate::membership::Keys { prefix: &self.prefix },
+            name: &self.name,
+            generation: self.generation,
+            rank: self.rank.get(),
+            world: self.world_size(),
+            me: &self.member,
+        }
+    }
+
+    /// Checks once, collectively, that the generation's members come from one launch (NOTE
+    /// [membership]); every setup exchange ([`Group::exchange`]) asks first. A failure is not
+    /// remembered: the next exchange checks again (and fails alike).
+    fn check_members(&self) -> Result<()> {
+        let mut checked = self.members_checked.lock().unwrap_or_else(|e| e.into_inner());
+        if *checked {
+            return Ok(());
+        }
+        crate::membership::Verify {
+            claim: self.claim(),
+            liveness: self.liveness(),
+            timeout: self.timeout,
+            base: &self.base,
+        }
+        .run()?;
+        *checked = true;
+        Ok(())
+    }
+
     /// A [`StoreExchange`] under `prefix` that fails early, naming the rank, when a rank it waits
     /// for is a process on this host that has exited (NOTE [setup-liveness]). Setup steps use it
-    /// for every wait on peers.
-    pub fn exchange(&self, prefix: impl Into<String>) -> StoreExchange {
-        StoreExchange::new(self.store.clone(), prefix).with_liveness(self.liveness())
+    /// for every wait on peers. Collective: the first call checks the generation's membership
+    /// (NOTE [membership]: every member of one launch, no rank claimed twice), so a setup step
+    /// never pairs ranks of two launches.
+    pub fn exchange(&self, prefix: impl Into<String>) -> Result<StoreExchange> {
+        self.check_members()?;
+        Ok(StoreExchange::new(self.store.clone(), prefix).with_liveness(self.liveness()))
     }
 
     /// Whether ranks of this group that have not arrived somewhere are gone (their process on
@@ -303,6 +360,7 @@ mod tests {
         GroupOptions {
             shared_devices: false,
             job: job.map(JobId::new),
+            launch: None,
         }
     }
 

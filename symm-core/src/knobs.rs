@@ -9,6 +9,7 @@ pub use symm_store::knobs::{check_table, files_reading_env, Knob, Table};
 pub const ALLOW_OVERLAPPING_DEVICES: &str = "SYMM_ALLOW_OVERLAPPING_DEVICES";
 pub const JOB_ID: &str = "SYMM_JOB_ID";
 pub const TORCHELASTIC_RUN_ID: &str = "TORCHELASTIC_RUN_ID";
+pub const LAUNCH_ID: &str = "SYMM_LAUNCH_ID";
 pub const FAULT: &str = "SYMM_FAULT";
 pub const RANK: &str = "RANK";
 pub const KERNEL_CACHE: &str = "SYMM_KERNEL_CACHE";
@@ -31,6 +32,13 @@ pub const KNOBS: &[Knob] = &[
     Knob {
         name: TORCHELASTIC_RUN_ID,
         meaning: "torchrun's run id, the job's identity when SYMM_JOB_ID is unset",
+        default: "none",
+        measurement: false,
+    },
+    Knob {
+        name: LAUNCH_ID,
+        meaning: "which launch a rank process belongs to (symmrun sets a fresh one per launch): ranks of \
+                  one group generation from different launches fail with Mismatch instead of pairing up",
         default: "none",
         measurement: false,
     },

@@ -48,12 +48,14 @@ pub mod kernel_source;
 pub mod kernels;
 pub mod knobs;
 mod liveness;
+mod membership;
 pub mod memory;
 pub mod op_desc;
 pub mod pad;
 pub mod rendezvous;
 pub mod tensor;
 pub mod types;
+pub mod watch;
 
 pub use allocator::{
     get_allocator, has_allocator, registered_device_types, Allocation, BackendRegistration, SymmetricAllocator,
@@ -66,7 +68,7 @@ pub use error::{Error, Result};
 pub use fault::fault_point;
 pub use group::{
     group_info, remove_group_info, set_group_info, Group, GroupOptions, JobId, ALLOW_OVERLAPPING_DEVICES_ENV,
-    JOB_ID_ENVS,
+    JOB_ID_ENVS, LAUNCH_ID_ENV,
 };
 pub use kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
 pub use memory::{check_range, BufferView, SymmetricMemory, SymmetricMemoryExt};

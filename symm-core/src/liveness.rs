@@ -16,7 +16,7 @@ use crate::agree::{host_id, pid_namespace};
 /// Which process a rank is: host, pid namespace, pid and the process's start time (so a reused
 /// pid is not taken for the rank).
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct ProcessRecord {
+pub(crate) struct ProcessRecord {
     host: String,
     pid_ns: String,
     pid: u32,
@@ -25,7 +25,7 @@ struct ProcessRecord {
 
 impl ProcessRecord {
     /// This process.
-    fn me() -> ProcessRecord {
+    pub(crate) fn me() -> ProcessRecord {
         let pid = std::process::id();
         ProcessRecord {
             host: host_id(),
@@ -35,11 +35,11 @@ impl ProcessRecord {
         }
     }
 
-    fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         format!("{}\n{}\n{}\n{}", self.host, self.pid_ns, self.pid, self.start)
     }
 
-    fn decode(b: &[u8]) -> Option<ProcessRecord> {
+    pub(crate) fn decode(b: &[u8]) -> Option<ProcessRecord> {
         let text = std::str::from_utf8(b).ok()?;
         let mut it = text.split('\n');
         Some(ProcessRecord {
@@ -48,6 +48,18 @@ impl ProcessRecord {
             pid: it.next()?.parse().ok()?,
             start: it.next()?.parse().ok()?,
         })
+    }
+
+    /// `pid N on host H` (the host's name part).
+    pub(crate) fn describe(&self) -> String {
+        let host = self.host.split('/').next().unwrap_or(&self.host);
+        format!("pid {} on {host}", self.pid)
+    }
+
+    /// Whether this process is known to be running, judged from `me`'s host and namespace (one
+    /// elsewhere cannot be judged: false).
+    pub(crate) fn alive_here(&self, me: &ProcessRecord) -> bool {
+        self.host == me.host && self.pid_ns == me.pid_ns && self.pid != 0 && self.gone(me).is_none()
     }
 
     /// Why this process is known to be gone, judged from `me`'s host and namespace; `None` when it
@@ -90,11 +102,11 @@ pub(crate) struct GroupLiveness {
 }
 
 impl GroupLiveness {
-    pub(crate) fn new(store: Arc<dyn Store>, prefix: String) -> GroupLiveness {
+    pub(crate) fn new(store: Arc<dyn Store>, prefix: String, me: ProcessRecord) -> GroupLiveness {
         GroupLiveness {
             store,
             prefix,
-            me: ProcessRecord::me(),
+            me,
             known: Mutex::new(HashMap::new()),
         }
     }

@@ -196,7 +196,7 @@ pub fn run<B: RendezvousBackend, M>(
         next_key(),
         group.options().shared_devices,
     );
-    let raw = group.exchange(format!("{prefix}/info")).all_gather(
+    let raw = group.exchange(format!("{prefix}/info"))?.all_gather(
         rank,
         world,
         &me.encode(name),
@@ -230,7 +230,8 @@ pub fn run<B: RendezvousBackend, M>(
         Ok(_) => b"ok".to_vec(),
         Err(e) => format!("failed: {e}").into_bytes(),
     };
-    let all = group.exchange(format!("{prefix}/status")).all_gather(
+    // The membership was checked at the info exchange: nothing to fail here.
+    let all = group.exchange(format!("{prefix}/status"))?.all_gather(
         rank,
         world,
         &status,
@@ -283,7 +284,7 @@ fn exchange_and_map<B: RendezvousBackend>(
         *published = Some(Published::new(records[rank].key, backend.handle()));
         fault_point("rendezvous.after_send")?;
         group
-            .exchange(format!("{prefix}/sent"))
+            .exchange(format!("{prefix}/sent"))?
             .barrier(rank, world, time_left(deadline, timeout, "rendezvous")?)?;
         let table = table().lock().unwrap_or_else(|e| e.into_inner());
         records

@@ -37,7 +37,7 @@ where
     let name = fresh_name();
     let options = GroupOptions {
         shared_devices: shared,
-        job: None,
+        ..GroupOptions::default()
     };
     let results: Vec<Result<Communicator>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)

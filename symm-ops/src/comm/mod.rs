@@ -22,6 +22,7 @@ use crate::select::{
     human, AllGatherAlgo, AllReduceAlgo, Bufs, EngineKind, Plan, ReduceScatterAlgo, SelectionThresholds, Selector,
 };
 use crate::setup::{self, PeerInfo};
+use symm_core::watch::PeerWatch;
 use symm_core::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
 
 mod config;
@@ -80,10 +81,13 @@ pub struct Communicator {
     same_host: bool,
     /// Ranks of the group on this rank's device, this one included (NOTE [shared-device]).
     device_sharers: usize,
+    /// The watch on the peers (NOTE [peer-watch]); dropped first, which tells the peers this
+    /// rank left.
+    watch: PeerWatch,
     pub(crate) selector: Selector,
     /// Blocks of [`Communicator::alloc`] (dropped before the engine: fields drop in order).
     pub(crate) pool: crate::pool::Pool,
-    pub(crate) engine: Box<dyn Engine>,
+    pub(crate) engine: Arc<dyn Engine>,
     poisoned: AtomicBool,
 }
 
@@ -245,7 +249,7 @@ impl Communicator {
                 // while the others wait in it. Agree on the verdict: the topology holds only if
                 // every rank saw it.
                 let verdict = format!("{topology:?}");
-                let verdicts = group.exchange(group.next_prefix("comm-topology")).all_gather(
+                let verdicts = group.exchange(group.next_prefix("comm-topology"))?.all_gather(
                     group.rank().get(),
                     world,
                     verdict.as_bytes(),
@@ -321,6 +325,20 @@ impl Communicator {
                 ))
             }
         };
+        let engine: Arc<dyn Engine> = Arc::from(engine);
+        // NOTE [peer-watch]: a peer that exits or drops its communicator stops the waits on it.
+        let abort = Arc::downgrade(&engine);
+        let watch = PeerWatch::start(
+            group,
+            group.next_prefix("comm-watch"),
+            Box::new(move |lost| {
+                if let Some(engine) = abort.upgrade() {
+                    if let Err(e) = engine.set_abort(true) {
+                        log::debug!("symm-ops: rank {} is gone ({}); abort: {e}", lost.rank, lost.reason);
+                    }
+                }
+            }),
+        )?;
         let caps = engine.caps();
         let mut thresholds = config
             .selection
@@ -345,6 +363,7 @@ impl Communicator {
             topology,
             same_host,
             device_sharers,
+            watch,
             selector,
             engine,
             pool: Default::default(),
@@ -407,7 +426,7 @@ impl Communicator {
     /// since the last check; call after synchronising the stream. The host
     /// engine reports errors from the op itself, so this is always Ok there.
     pub fn check_error(&self) -> Result<()> {
-        let r = self.engine.check_error();
+        let r = self.engine.check_error().map_err(|e| self.watch.explain(e));
         if let Err(e) = &r {
             if is_fatal(e) {
                 self.poisoned.store(true, Ordering::Release);
@@ -540,7 +559,9 @@ impl Communicator {
                 "an earlier op of this communicator failed (timeout, abort, lost peer or ranks that disagreed on an op); build a new one".into(),
             ));
         }
-        let r = f();
+        // A peer found gone (NOTE [peer-watch]) set the abort word: what the op's waits then
+        // report is named after it. An op whose data already arrived still completes.
+        let r = f().map_err(|e| self.watch.explain(e));
         if let Err(e) = &r {
             // The engine's flag is taken (cleared) whatever the error.
             let told = self.engine_told_peers();
