@@ -1,6 +1,8 @@
 //! Admission: accepting connections, the pending and per-address caps, eviction, and dropping
 //! a client (the module docs of `server` give the rules).
 
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+
 use super::*;
 
 impl Server {
@@ -16,6 +18,15 @@ impl Server {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted) => {}
                 Err(e) if is_fd_exhaustion(&e) => {
+                    // At the fd limit Linux fails `accept` with EMFILE before it looks at
+                    // the backlog, so this also follows the accept that took the last
+                    // descriptor. Evicting then would push out a pending connection (that
+                    // very one, its handshake still in flight) for a newcomer that does
+                    // not exist: act only when one waits. The listener stays registered,
+                    // so one arriving later brings us back here.
+                    if !self.connection_waiting() {
+                        return;
+                    }
                     // Out of descriptors: evict a pending connection to free one, else
                     // refuse the newcomer through the spare descriptor; only if both fail
                     // (another thread took the descriptor) pause instead of spinning on a
@@ -31,6 +42,20 @@ impl Server {
                     self.pause_accept();
                     return;
                 }
+            }
+        }
+    }
+
+    /// True if a connection waits in the listen backlog (the listener is readable). Needs
+    /// no descriptor, so it works at the fd limit. An error counts as "waiting" (the
+    /// caller then frees a slot or refuses, as it did before this check).
+    pub(super) fn connection_waiting(&self) -> bool {
+        let mut p = [PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
+        loop {
+            match nix::poll::poll(&mut p, PollTimeout::ZERO) {
+                Ok(_) => return p[0].revents().is_some_and(|r| r.contains(PollFlags::POLLIN)),
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(_) => return true,
             }
         }
     }

@@ -128,7 +128,8 @@ pub struct ServerStats {
     /// Connections accepted and closed at once (`max_clients` or `max_clients_per_peer`
     /// reached with nothing to evict, or out of file descriptors).
     pub refused: u64,
-    /// Times `accept` failed for want of file descriptors (EMFILE / ENFILE).
+    /// Times `accept` failed for want of file descriptors (EMFILE / ENFILE) while a
+    /// connection was waiting for it.
     pub fd_exhausted: u64,
     /// Requests served.
     pub requests: u64,
