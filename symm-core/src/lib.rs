@@ -76,7 +76,7 @@ pub use op_desc::{OpDescriptor, OpKind, VariantNames};
 pub use tensor::{
     contiguous_strides, empty_p2p, empty_strided_p2p, get_symmetric_memory, release_persistent, SymmTensor,
 };
-pub use types::{Channel, DType, Device, DeviceType, Rank, ReduceOp};
+pub use types::{Channel, DType, Device, DeviceType, Rank, ReduceOp, Scalar};
 
 pub use inventory;
 pub use symm_store;

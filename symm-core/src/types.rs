@@ -54,6 +54,31 @@ impl fmt::Display for Device {
     }
 }
 
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// A Rust element type the collectives reduce (`f32`, `half::f16`, `half::bf16`; they
+/// accumulate in `f32`), with its [`DType`]: what the typed, safe entry points of the backends
+/// and of symm-ops take.
+pub trait Scalar: Copy + Send + Sync + 'static + sealed::Sealed {
+    /// The matching [`DType`].
+    const DTYPE: DType;
+}
+
+impl Scalar for f32 {
+    const DTYPE: DType = DType::F32;
+}
+impl Scalar for half::f16 {
+    const DTYPE: DType = DType::F16;
+}
+impl Scalar for half::bf16 {
+    const DTYPE: DType = DType::BF16;
+}
+
 /// Element types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {

@@ -27,6 +27,7 @@ mod all_reduce;
 mod epilogue;
 mod scatter_gather;
 mod setup;
+mod typed;
 
 // The host side of the shared kernels (arguments, workspace layout, launch plans, op
 // agreement) is symm-core's, written once for every vendor.

@@ -49,6 +49,8 @@ pub mod symm_mem;
 pub mod trace;
 
 pub use allocator::{CudaAllocation, CudaAllocator};
+/// The cudarc this crate is built with (an embedder of symm-cuda alone uses the same).
+pub use cudarc;
 pub use symm_mem::{CudaSymmetricMemory, SymmView};
 
 /// Forces this crate (and so its `inventory` registrations: the allocator

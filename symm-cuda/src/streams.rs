@@ -149,6 +149,14 @@ impl Backoff {
     }
 }
 
+/// Whether `stream` is being captured into a CUDA graph.
+pub fn capturing(stream: &CudaStream) -> Result<bool> {
+    let st = stream
+        .capture_status()
+        .map_err(|e| from_driver(e, "cuStreamIsCapturing"))?;
+    Ok(st != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
 /// Waits on the host until every operation queued on `stream` finished (polling
 /// `cuStreamQuery`, which holds no lock while the GPU works), or [`Error::Timeout`] naming
 /// `what` after `timeout`; an operation that failed gives its error.

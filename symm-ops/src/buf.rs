@@ -5,7 +5,7 @@
 //! `&mut out[..]`, `&tensor`, `&cuda_slice`, `&mut cuda_slice`, ...
 
 use half::{bf16, f16};
-use symm_core::{DType, Error, Result, SymmTensor};
+use symm_core::{DType, Error, Result, Scalar, SymmTensor};
 
 mod sealed {
     pub trait Sealed {}
@@ -15,10 +15,8 @@ mod sealed {
 }
 
 /// An element type the collectives reduce: `f32`, `half::f16`, `half::bf16`.
-/// Accumulation is always in `f32`.
-pub trait Element: Copy + Send + Sync + Default + PartialEq + std::fmt::Debug + 'static + sealed::Sealed {
-    /// The matching [`DType`].
-    const DTYPE: DType;
+/// Accumulation is always in `f32`. Its [`DType`] is [`Scalar::DTYPE`] (symm-core's).
+pub trait Element: Scalar + Default + PartialEq + std::fmt::Debug + sealed::Sealed {
     /// Widens to `f32` (exact).
     fn to_f32(self) -> f32;
     /// Narrows from `f32`, rounding to nearest even.
@@ -34,7 +32,6 @@ pub trait Element: Copy + Send + Sync + Default + PartialEq + std::fmt::Debug + 
 }
 
 impl Element for f32 {
-    const DTYPE: DType = DType::F32;
     fn to_f32(self) -> f32 {
         self
     }
@@ -56,7 +53,6 @@ impl Element for f32 {
 }
 
 impl Element for f16 {
-    const DTYPE: DType = DType::F16;
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
     }
@@ -78,7 +74,6 @@ impl Element for f16 {
 }
 
 impl Element for bf16 {
-    const DTYPE: DType = DType::BF16;
     fn to_f32(self) -> f32 {
         bf16::to_f32(self)
     }

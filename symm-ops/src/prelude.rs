@@ -4,7 +4,7 @@ pub use crate::{
     AllGatherAlgo, AllReduceAlgo, Buf, BufMut, CommConfig, Communicator, Element, EngineKind, EpilogueAlgo, OnStream,
     ReduceScatterAlgo, RmsNorm, SelectionThresholds, SymmBuffer,
 };
-pub use symm_core::{DType, Device, DeviceType, Error, Group, ReduceOp, Result};
+pub use symm_core::{DType, Device, DeviceType, Error, Group, ReduceOp, Result, Scalar};
 
 #[cfg(test)]
 mod tests {

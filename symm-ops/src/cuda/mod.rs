@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use cudarc::driver::sys::CUstreamCaptureStatus;
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DeviceRepr, SyncOnDrop, ValidAsZeroBits,
 };
@@ -85,11 +84,7 @@ fn same_stream(a: &CudaStream, b: &CudaStream) -> bool {
     a.cu_stream() == b.cu_stream()
 }
 
-/// Whether `s` is being captured into a graph.
-pub(crate) fn capturing(s: &CudaStream) -> Result<bool> {
-    let st = s.capture_status().map_err(drv_err("cuStreamIsCapturing"))?;
-    Ok(st != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
-}
+pub(crate) use symm_cuda::streams::capturing;
 
 pub(crate) struct CudaEngine {
     device: Device,

@@ -1,0 +1,156 @@
+//! The safe, typed entries of [`CudaCollectives`]: the same ops as the raw-address ones (NOTE
+//! [raw-addresses]) on cudarc device buffers (`CudaSlice`, `CudaView`, `CudaViewMut`, and
+//! [`crate::SymmView`] for symmetric memory), whose element type, length and context are checked
+//! here, so an embedder using symm-core and symm-cuda alone needs no `unsafe`. Addresses come
+//! through cudarc's `DevicePtr` / `DevicePtrMut`, so cudarc's event tracking orders the op after
+//! other streams' work on the buffers (and later work after the op); a tracked buffer is
+//! refused while the stream is being captured (a capture cannot wait on an event recorded
+//! outside it).
+
+use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceSlice};
+use symm_core::Scalar;
+
+use super::*;
+
+/// A buffer's checks: on this context's device, not tracked by events during a capture.
+fn check_buffer<T, B: DeviceSlice<T>>(c: &CudaCollectives, stream: &CudaStream, b: &B, what: &str) -> Result<()> {
+    let ctx = DeviceSlice::stream(b).context();
+    if ctx.cu_ctx() != c.ctx.cu_ctx() {
+        return Err(Error::InvalidArgument(format!(
+            "{what} is on cuda:{}, these collectives on cuda:{}",
+            ctx.ordinal(),
+            c.ctx.ordinal()
+        )));
+    }
+    if ctx.is_event_tracking() && crate::streams::capturing(stream)? {
+        return Err(Error::InvalidArgument(format!(
+            "{what}: a cudarc buffer with event tracking in a CUDA graph capture (cudarc would make the \
+             capture wait on an event recorded outside it); use symmetric memory (SymmView) or disable \
+             event tracking on the context"
+        )));
+    }
+    Ok(())
+}
+
+fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
+    if got != want {
+        return Err(Error::InvalidArgument(format!(
+            "{what} holds {got} elements; the op needs {want}"
+        )));
+    }
+    Ok(())
+}
+
+impl CudaCollectives {
+    /// [`Self::all_reduce`] on typed device buffers: `output.len()` elements of `input` (of the
+    /// same length) reduced over the ranks into `output`, by `kernel`, on `stream`. Every rank
+    /// passes the same kernel, length, type and op.
+    pub fn all_reduce_into<T, I, O>(
+        &self,
+        stream: &CudaStream,
+        kernel: AllReduceKernel,
+        input: &I,
+        output: &mut O,
+        op: ReduceOp,
+    ) -> Result<()>
+    where
+        T: Scalar,
+        I: DevicePtr<T>,
+        O: DevicePtrMut<T>,
+    {
+        check_buffer(self, stream, input, "input")?;
+        check_buffer(self, stream, output, "output")?;
+        let count = output.len();
+        check_len("input", input.len(), count)?;
+        let (src, _read) = input.device_ptr(stream);
+        let (dst, _write) = output.device_ptr_mut(stream);
+        #[allow(unsafe_code)]
+        // SAFETY: `src` and `dst` are the addresses of live cudarc buffers of `count` elements of
+        // `T` (checked above) in this object's context; the guards order the op with cudarc's
+        // events (the buffers cannot be freed before the op's work on `stream` completes), and
+        // the borrows keep them from being touched by the caller while the op is enqueued.
+        unsafe {
+            self.all_reduce(stream, kernel, src, dst, count, T::DTYPE, op)
+        }
+    }
+
+    /// [`Self::all_reduce_into`] in place in `buf`.
+    pub fn all_reduce_in_place<T, B>(
+        &self,
+        stream: &CudaStream,
+        kernel: AllReduceKernel,
+        buf: &mut B,
+        op: ReduceOp,
+    ) -> Result<()>
+    where
+        T: Scalar,
+        B: DevicePtrMut<T>,
+    {
+        check_buffer(self, stream, buf, "buffer")?;
+        let count = buf.len();
+        let (p, _guard) = buf.device_ptr_mut(stream);
+        #[allow(unsafe_code)]
+        // SAFETY: as in `all_reduce_into`: a live, checked buffer of `count` elements, input and
+        // output at once.
+        unsafe {
+            self.all_reduce(stream, kernel, p, p, count, T::DTYPE, op)
+        }
+    }
+
+    /// [`Self::reduce_scatter`] on typed device buffers: `input` holds `output.len() * world`
+    /// elements; this rank's reduced part lands in `output`.
+    pub fn reduce_scatter_into<T, I, O>(
+        &self,
+        stream: &CudaStream,
+        kernel: ReduceScatterKernel,
+        input: &I,
+        output: &mut O,
+        op: ReduceOp,
+    ) -> Result<()>
+    where
+        T: Scalar,
+        I: DevicePtr<T>,
+        O: DevicePtrMut<T>,
+    {
+        check_buffer(self, stream, input, "input")?;
+        check_buffer(self, stream, output, "output")?;
+        let count = output.len();
+        check_len("input", input.len(), count.saturating_mul(self.rig.world))?;
+        let (src, _read) = input.device_ptr(stream);
+        let (dst, _write) = output.device_ptr_mut(stream);
+        #[allow(unsafe_code)]
+        // SAFETY: live, checked buffers of `count * world` (input) and `count` (output) elements
+        // of `T`; the guards order the op with cudarc's events.
+        unsafe {
+            self.reduce_scatter(stream, kernel, src, dst, count, T::DTYPE, op)
+        }
+    }
+
+    /// [`Self::all_gather`] on typed device buffers: `input` (`count` elements) from every rank
+    /// into `output` (`count * world`, in rank order).
+    pub fn all_gather_into<T, I, O>(
+        &self,
+        stream: &CudaStream,
+        kernel: AllGatherKernel,
+        input: &I,
+        output: &mut O,
+    ) -> Result<()>
+    where
+        T: Scalar,
+        I: DevicePtr<T>,
+        O: DevicePtrMut<T>,
+    {
+        check_buffer(self, stream, input, "input")?;
+        check_buffer(self, stream, output, "output")?;
+        let count = input.len();
+        check_len("output", output.len(), count.saturating_mul(self.rig.world))?;
+        let (src, _read) = input.device_ptr(stream);
+        let (dst, _write) = output.device_ptr_mut(stream);
+        #[allow(unsafe_code)]
+        // SAFETY: live, checked buffers of `count` (input) and `count * world` (output) elements
+        // of `T`; the guards order the op with cudarc's events.
+        unsafe {
+            self.all_gather(stream, kernel, src, dst, count, T::DTYPE)
+        }
+    }
+}
