@@ -3,7 +3,9 @@
 //! never the data from before it, and `copy_from_host` right after an op waits for the op
 //! before it writes. A fresh payload at every step, so a stale read cannot pass; odd sizes,
 //! one on the Lamport path and one above it; exact small-integer sums against a float64
-//! reference. Every world of `gpu_world_tests!` (ranks sharing one GPU, and distinct GPUs).
+//! reference. Then the same after CUDA graph replay: an all-reduce captured once, replayed at
+//! every step between `copy_from_host` and `to_host`. Every world of `gpu_world_tests!` (ranks
+//! sharing one GPU, and distinct GPUs).
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -12,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::gpu::{gate, rig, run};
 use symm_core::ReduceOp;
+use symm_ops::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use symm_ops::CommConfig;
 use symm_testkit::launch::{RankCtx, TestResult};
 use symm_testkit::GpuWorld;
@@ -68,6 +71,29 @@ fn body(rc: RankCtx) -> TestResult<String> {
             )?;
             steps += 1;
         }
+    }
+    // After graph replay: the captured op's result, read right after each launch.
+    let n = 3001usize;
+    let mut buf = comm.alloc::<f32>(n)?;
+    buf.copy_from_host(&payload(rank, n, 0))?;
+    comm.all_reduce(&mut buf, ReduceOp::Sum)?; // eager first: modules loaded before the capture
+    rig.stream.synchronize()?;
+    rig.stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let captured = comm.all_reduce(&mut buf, ReduceOp::Sum);
+    let graph = rig.stream.end_capture(CUgraphInstantiate_flags(0))?;
+    captured?;
+    let graph = graph.ok_or("nothing captured")?;
+    rig.ready()?;
+    for step in 0..12 {
+        buf.copy_from_host(&payload(rank, n, step + 200))?;
+        graph.launch()?;
+        check(
+            &format!("rank {rank} n {n} step {step}: to_host after a graph replay"),
+            &buf.to_host()?,
+            &expected(world, n, step + 200),
+        )?;
+        steps += 1;
     }
     comm.check_error()?;
     Ok(format!("{steps} steps, {:.1} s", t0.elapsed().as_secs_f64()))
