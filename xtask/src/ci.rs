@@ -140,7 +140,10 @@ fn to_outcome(r: Result<()>) -> Outcome {
 ///   with symm-ops (`default-features = false, features = ["cuda"]`) and runs;
 /// - an engine with candle's cudarc line (`dynamic-linking`, the CUDA version from the build
 ///   system; xtask/embed-candle) builds with symm-ops (#38): a library, so nothing links, and a
-///   stub `nvcc` answers cudarc's build script where the toolkit is missing.
+///   stub `nvcc` answers cudarc's build script where the toolkit is missing;
+/// - xtask/embed-check ignores `SYMM_FAULT` naming a fault point it calls (exits 0, not 137);
+/// - docs/embedding.md's program (its ```toml and ```rust blocks) builds out of tree against this
+///   checkout and runs (crate::embed).
 fn embedding_layers() -> Result<()> {
     // symm-ops' defaults (#38: the test kit is not one of them) and an engine's explicit choice.
     for features in [
@@ -155,7 +158,7 @@ fn embedding_layers() -> Result<()> {
     ] {
         lean_library(features)?;
     }
-    embedded_programs()
+    crate::embed::programs()
 }
 
 /// symm-ops built with `features` holds neither the test kit nor symm-core's fault injection,
@@ -184,29 +187,6 @@ fn lean_library(features: &[&str]) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// The programs outside the workspace (xtask/embed-check, xtask/embed-candle) build with symm-ops.
-fn embedded_programs() -> Result<()> {
-    let check = util::root().join("xtask").join("embed-check");
-    util::run(
-        util::cargo()
-            .args(["run", "--locked", "--manifest-path"])
-            .arg(check.join("Cargo.toml"))
-            .env("CARGO_TARGET_DIR", util::target_dir().join("embed-check")),
-    )?;
-    let candle = util::root().join("xtask").join("embed-candle");
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let mut dirs = vec![candle.join("nvcc-stub")];
-    dirs.extend(std::env::split_paths(&path));
-    let path = std::env::join_paths(dirs).map_err(|e| format!("PATH for embed-candle: {e}"))?;
-    util::run(
-        util::cargo()
-            .args(["build", "--locked", "--manifest-path"])
-            .arg(candle.join("Cargo.toml"))
-            .env("PATH", path)
-            .env("CARGO_TARGET_DIR", util::target_dir().join("embed-candle")),
-    )
 }
 
 /// A `rust-version` as comparable numbers (`"1.88"` and `"1.88.0"` are equal).

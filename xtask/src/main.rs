@@ -6,6 +6,9 @@
 //! - `ci`: what `.ci/run` runs: fmt, build, tests, NVRTC kernel compile, the
 //!   ROCm check, the benchmark smoke test; ends with `N passed, N failed`.
 //! - `kernels [--arch sm_90]`: NVRTC-compiles every CUDA kernel.
+//! - `embed [--update-locks]`: builds and runs the programs that embed symm-ops out of tree
+//!   (xtask/embed-check, xtask/embed-candle, docs/embedding.md's program), as CI's build step
+//!   does; `--update-locks` refreshes their committed locks first.
 //! - `test-multigpu [test args]`: the GPU suites on this machine's GPUs (>= 2).
 //! - `gpu-bundle [--out .gpu]`: GPU test and benchmark executables plus
 //!   `run.sh`, for a GPU machine without cargo.
@@ -18,6 +21,7 @@
 
 mod bench;
 mod ci;
+mod embed;
 mod gpu;
 mod kernels;
 mod plot;
@@ -28,6 +32,8 @@ const USAGE: &str = "usage: cargo xtask <command> [args]
 commands:
   ci                          everything CI checks (what .ci/run runs)
   kernels [--arch sm_90]      NVRTC-compile every CUDA kernel (needs libnvrtc)
+  embed [--update-locks]      build and run the out-of-tree embedding programs (embed-check,
+                              embed-candle, docs/embedding.md's program); refresh their locks first
   test-multigpu [test args]   build and run the GPU test suites here (one GPU: shared-device worlds)
   gpu-bundle [--out .gpu]     build GPU tests + binaries + run.sh for a GPU machine without cargo
   bench [--quick] [--out DIR] [args]
@@ -47,6 +53,7 @@ fn main() {
     let r = match cmd.as_str() {
         "ci" => ci::main(rest),
         "kernels" => kernels::main(rest),
+        "embed" => embed::main(rest),
         "test-multigpu" => gpu::test_multigpu(rest),
         "gpu-bundle" => gpu::gpu_bundle(rest),
         "bench" => bench::main(rest),
