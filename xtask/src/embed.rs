@@ -3,7 +3,9 @@
 //! `--locked` (CI never resolves afresh):
 //!
 //! - `xtask/embed-check`: cudarc with CUDA 12.8 bindings beside symm-ops (`default-features =
-//!   false, features = ["cuda"]`), built and run;
+//!   false, features = ["cuda"]`); run, and run again with `SYMM_FAULT` naming a fault point it
+//!   calls: it must exit 0 (a default build reads no `SYMM_FAULT`; with symm-core's
+//!   `fault-injection` compiled in it would exit 137);
 //! - `xtask/embed-candle`: candle's cudarc line (`dynamic-linking`), built as a library;
 //! - docs/embedding.md itself: its ```toml block (the `[dependencies]`) and its ```rust block
 //!   (the whole program) become a fresh crate under `target/embed-doc/crate/` (the page's
@@ -16,12 +18,16 @@
 //! commit the result.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 
 use crate::util::{self, Result};
 
 /// The page whose program is built out of tree.
 pub const PAGE: &str = "docs/embedding.md";
+/// The fault point embed-check calls, and the `SYMM_FAULT` that names it for rank 0.
+const FAULT_POINT: &str = "rendezvous.before_send";
+/// What embed-check prints once the fault point returned.
+const FAULT_PASSED: &str = "fault point rendezvous.before_send passed";
 /// The workspace's crates a page may name with a crates.io version (patched to their folders).
 const SYMM_CRATES: &[&str] = &[
     "symm-store",
@@ -106,17 +112,55 @@ fn lock_fits(manifest: &Path, lock: &Path, env: &[(&str, std::ffi::OsString)]) -
     }
 }
 
-/// xtask/embed-check: built and run.
+/// xtask/embed-check: built, run, and run with `SYMM_FAULT=kill:0:<FAULT_POINT> RANK=0`, which
+/// must not kill it.
 fn embed_check() -> Result<()> {
     let dir = check_dir();
     let manifest = dir.join("Cargo.toml");
+    let target = util::target_dir().join("embed-check");
     lock_fits(&manifest, &dir.join("Cargo.lock"), &[])?;
     util::run(
         util::cargo()
-            .args(["run", "--locked", "--manifest-path"])
+            .args(["build", "--locked", "--manifest-path"])
             .arg(&manifest)
-            .env("CARGO_TARGET_DIR", util::target_dir().join("embed-check")),
-    )
+            .env("CARGO_TARGET_DIR", &target),
+    )?;
+    let exe = target.join("debug").join("symm-embed-check");
+    let fault = format!("kill:0:{FAULT_POINT}");
+    for armed in [false, true] {
+        let mut cmd = Command::new(&exe);
+        cmd.env_remove("SYMM_FAULT").env_remove("RANK");
+        if armed {
+            cmd.env("SYMM_FAULT", &fault).env("RANK", "0");
+        }
+        eprintln!("$ {}", util::show(&cmd));
+        let out = cmd
+            .stderr(Stdio::inherit())
+            .output()
+            .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        print!("{stdout}");
+        match out.status.code() {
+            Some(0) if stdout.contains(FAULT_PASSED) => {}
+            Some(0) => {
+                return Err(format!(
+                    "xtask/embed-check exited 0 without printing {FAULT_PASSED:?}: it no longer calls the fault \
+                     point, so CI does not check that SYMM_FAULT is ignored"
+                ))
+            }
+            Some(137) if armed => {
+                return Err(format!(
+                    "xtask/embed-check exited with status 137 at fault point {FAULT_POINT} under \
+                     SYMM_FAULT={fault} RANK=0: symm-ops built with `default-features = false, features = \
+                     [\"cuda\"]` has symm-core's `fault-injection` compiled in, so SYMM_FAULT can kill an \
+                     engine's process (only symm-testkit may turn that feature on)"
+                ))
+            }
+            _ => return Err(format!("{} failed: {}", util::show(&cmd), out.status)),
+        }
+    }
+    eprintln!("  ok: SYMM_FAULT={fault} RANK=0 did not stop it");
+    Ok(())
 }
 
 /// xtask/embed-candle: a library, built with a stub `nvcc` first on PATH.
