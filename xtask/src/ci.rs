@@ -3,7 +3,7 @@
 //! Steps: rustfmt check; build of every target of the default members; clippy
 //! (`-D warnings` on every target; library and binary code also
 //! `undocumented_unsafe_blocks`, `unwrap_used`, `expect_used`: [`LIB_LINTS`]);
-//! their tests (doc tests of docs/*.md included); NVRTC compile of every CUDA kernel;
+//! their tests (doc tests of docs/*.md included); NVRTC compile of every CUDA kernel for sm_80 and sm_90;
 //! symm-rocm check, clippy (with symm-ops' rocm engine) + tests (symm-ops' unit tests with its
 //! rocm feature too) with HIP_PATH=/usr (when HIP headers exist; under
 //! CI=true their absence is a failure); the benchmark smoke test on whatever

@@ -1,5 +1,7 @@
-//! `cargo xtask kernels`: NVRTC-compiles every CUDA kernel for sm_90 (symm-cuda's, then the
-//! tensor-parallel layer example's).
+//! `cargo xtask kernels`: NVRTC-compiles every CUDA kernel (symm-cuda's, then the
+//! tensor-parallel layer example's) for every architecture the Requirements claim: sm_80 and
+//! sm_90 ([`DEFAULT_ARCHS`]; `--arch` picks others). The architectures' symm-cuda compiles run
+//! side by side (NVRTC takes about two minutes and 0.8 GB per architecture on one core).
 //!
 //! The compile itself is symm-cuda's `kernels::compile_all(arch)`, called from
 //! the `nvrtc_compile_all` example of symm-cuda so xtask stays free of CUDA
@@ -15,7 +17,9 @@ use std::process::Command;
 use crate::util::{self, Result};
 
 pub const EXAMPLE: &str = "nvrtc_compile_all";
-pub const DEFAULT_ARCH: &str = "sm_90";
+/// What CI compiles for: Ampere (A100) and Hopper (H100, H200), the README's Requirements. The
+/// GPU suites run on Hopper only; `gpu-bundle` ships sm_90's cache alone.
+pub const DEFAULT_ARCHS: &[&str] = &["sm_80", "sm_90"];
 
 /// The NVRTC wheel: 13.0, the GPU machines' version.
 pub const NVRTC_WHEEL: &str = "nvidia-cuda-nvrtc==13.0.*";
@@ -83,17 +87,23 @@ pub fn nvrtc_dirs() -> Result<Vec<PathBuf>> {
 }
 
 pub fn main(args: &[String]) -> Result<()> {
-    let mut arch = DEFAULT_ARCH.to_string();
+    let mut archs: Vec<String> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--arch" => arch = it.next().ok_or("--arch needs a value (e.g. sm_90)")?.clone(),
+            "--arch" => {
+                let v = it.next().ok_or("--arch needs a value (e.g. sm_90, or sm_80,sm_90)")?;
+                archs.extend(v.split(',').map(str::trim).filter(|a| !a.is_empty()).map(String::from));
+            }
             other => {
                 return Err(format!(
-                    "kernels: unknown argument {other:?} (usage: cargo xtask kernels [--arch sm_90])"
+                    "kernels: unknown argument {other:?} (usage: cargo xtask kernels [--arch sm_80,sm_90]...)"
                 ))
             }
         }
+    }
+    if archs.is_empty() {
+        archs = DEFAULT_ARCHS.iter().map(|a| a.to_string()).collect();
     }
     let dirs = nvrtc_dirs()?;
     eprintln!("libnvrtc found in {}", dirs[0].display());
@@ -106,10 +116,59 @@ pub fn main(args: &[String]) -> Result<()> {
              symm_cuda::kernels::compile_all); no kernel was compiled"
         ));
     }
-    for mut cmd in compile_commands(&arch, None, &dirs, true) {
+    // Each architecture's commands: symm-cuda's (minutes of NVRTC), then the layer's (seconds).
+    let mut per_arch: Vec<Vec<Command>> = archs.iter().map(|a| compile_commands(a, None, &dirs, true)).collect();
+    // Build once, so the side-by-side runs below do not wait on cargo's lock in turn.
+    util::run(util::cargo().args(["build", "--quiet", "-p", "symm-cuda", "--example", EXAMPLE]))?;
+    let firsts: Vec<Command> = per_arch.iter_mut().map(|c| c.remove(0)).collect();
+    run_side_by_side(firsts)?;
+    for mut cmd in per_arch.into_iter().flatten() {
         util::run(&mut cmd)?;
     }
+    eprintln!("kernels: every kernel compiled for {}", archs.join(", "));
     Ok(())
+}
+
+/// Runs `cmds` at once, each one's output printed whole when it ends; an error names every
+/// command that failed.
+fn run_side_by_side(cmds: Vec<Command>) -> Result<()> {
+    let t = std::time::Instant::now();
+    let results: Vec<(String, std::io::Result<std::process::Output>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = cmds
+            .into_iter()
+            .map(|mut cmd| {
+                let shown = util::show(&cmd);
+                eprintln!("$ {shown}");
+                s.spawn(move || (shown, cmd.output()))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| (String::from("?"), Err(std::io::Error::other("panicked"))))
+            })
+            .collect()
+    });
+    let mut failed = Vec::new();
+    for (shown, r) in results {
+        match r {
+            Ok(out) => {
+                print!("{}", String::from_utf8_lossy(&out.stdout));
+                eprint!("{}", String::from_utf8_lossy(&out.stderr));
+                if !out.status.success() {
+                    failed.push(format!("`{shown}` failed: {}", out.status));
+                }
+            }
+            Err(e) => failed.push(format!("cannot start `{shown}`: {e}")),
+        }
+    }
+    if failed.is_empty() {
+        eprintln!("  ok ({:.1} s)", t.elapsed().as_secs_f64());
+        Ok(())
+    } else {
+        Err(failed.join("; "))
+    }
 }
 
 /// The commands that NVRTC-compile every kernel for `arch`: symm-cuda's (its `nvrtc_compile_all`

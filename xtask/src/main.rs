@@ -5,7 +5,7 @@
 //!
 //! - `ci`: what `.ci/run` runs: fmt, build, tests, NVRTC kernel compile, the
 //!   ROCm check, the benchmark smoke test; ends with `N passed, N failed`.
-//! - `kernels [--arch sm_90]`: NVRTC-compiles every CUDA kernel.
+//! - `kernels [--arch sm_80,sm_90]`: NVRTC-compiles every CUDA kernel (default: sm_80 and sm_90).
 //! - `embed [--update-locks]`: builds and runs the programs that embed symm-ops out of tree
 //!   (xtask/embed-check, xtask/embed-candle, docs/embedding.md's program), as CI's build step
 //!   does; `--update-locks` refreshes their committed locks first.
@@ -31,7 +31,7 @@ const USAGE: &str = "usage: cargo xtask <command> [args]
 
 commands:
   ci                          everything CI checks (what .ci/run runs)
-  kernels [--arch sm_90]      NVRTC-compile every CUDA kernel (needs libnvrtc)
+  kernels [--arch sm_80,sm_90] NVRTC-compile every CUDA kernel for sm_80 and sm_90 (needs libnvrtc)
   embed [--update-locks]      build and run the out-of-tree embedding programs (embed-check,
                               embed-candle, docs/embedding.md's program); refresh their locks first
   test-multigpu [test args]   build and run the GPU test suites here (one GPU: shared-device worlds)
