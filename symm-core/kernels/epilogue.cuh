@@ -37,6 +37,16 @@
 //     reduction pattern); the last one reads the row's residual sums back and runs the RMSNorm
 //     as a block of `big` threads would (epi_norm_split), so the bits equal epi_row's. No block
 //     waits for another block of its own grid; the counter is reset by the last block.
+//   Cluster rows (`flags & EPI_CLUSTER`, sm_90: a launch with clusters of `parts` blocks, one
+//     cluster per row, blocks of big / parts threads): the row's block of `big` threads (the
+//     separate kernel's) is cut into the cluster's blocks, block c holding that block's threads
+//     c * blockDim.x + t with their vectors (t' + m * big); each pushes, receives, adds and sums
+//     the squares of its vectors, writes its warps' sums into its shared memory, and after a
+//     cluster barrier every block reads all the row's warp sums in warp order through the
+//     cluster's shared memory (symm_cluster_ld_f32) and normalises its own vectors. The sums,
+//     butterflies and warp order are epi_row's, so the bits are too; no global fence, no
+//     counter, no re-read of the row. A second cluster barrier keeps every block's shared memory
+//     alive until the others read it.
 //   symm_lamport2_add_rms_{dt}: the same kernel with the world fixed at 2 (the two-rank Lamport
 //     entries' reason: a fraction of the code, fewer instruction-cache misses per launch).
 // Aliasing: norm_out may be x and residual_out may be residual (each vector is read and then
@@ -50,6 +60,8 @@
 #define EPI_MAXV 8
 // `flags` bit: compute the RMSNorm (else the residual add alone; weight and norm_out unused).
 #define EPI_NORM 1u
+// `flags` bit: cluster rows (NOTE [fused-epilogue]); the launch has clusters of `parts` blocks.
+#define EPI_CLUSTER 2u
 
 // The block's sum of v (blockDim.x a multiple of 32, at most 1024): every thread gets the same
 // bits. `red` holds 32 floats; the leading barrier lets a block reuse it row after row.
@@ -250,7 +262,7 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
                                                  unsigned long long slot_bytes, unsigned long long timeout_ns,
                                                  const unsigned int* abort_host, unsigned long long hdr_off,
                                                  const uint4 hdr, const char* res, const char* weight, char* res_out,
-                                                 char* norm_out, float eps, bool norm) {
+                                                 char* norm_out, float eps, bool norm, bool clustered) {
     constexpr int NP = W > 0 ? W - 1 : COLL_MAXW - 1;
     const unsigned int world = W > 0 ? (unsigned int)W : world_arg;
     symm_pdl_prologue();
@@ -320,7 +332,19 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
     // residual (and weight) vectors into L1 now, so that after the polls they are cache hits
     // instead of DRAM round trips behind the wait (a polling load's "memory" clobber keeps the
     // compiler from hoisting them). Split rows: the row's weight into L2 for the last block.
-    if (blockIdx.x < units) {
+    if (clustered && blockIdx.x < units) {
+        const unsigned long long row = blockIdx.x / parts;
+        const unsigned int tb = (blockIdx.x % parts) * blockDim.x + threadIdx.x;
+        for (unsigned int m = 0; m < k; ++m) {
+            const unsigned int j = tb + m * big;
+            if (j < vr) {
+                coll_prefetch_l1(res + row * row_bytes + (unsigned long long)j * 16ull);
+                if (norm) {
+                    coll_prefetch_l1(weight + (unsigned long long)j * 16ull);
+                }
+            }
+        }
+    } else if (blockIdx.x < units) {
         const unsigned long long u = blockIdx.x;
         const unsigned long long row = split ? u / parts : u;
         const unsigned int lo = split ? (unsigned int)(u % parts) * part_vectors : 0u;
@@ -339,7 +363,15 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
 
     // Phase 1: push every vector of this block's units.
     for (unsigned long long u = blockIdx.x; u < units; u += gridDim.x) {
-        if (split) {
+        if (clustered) {
+            const unsigned int tb = (unsigned int)(u % parts) * blockDim.x + threadIdx.x;
+            for (unsigned int m = 0; m < k; ++m) {
+                const unsigned int j = tb + m * big;
+                if (j < vr) {
+                    push(u / parts, j);
+                }
+            }
+        } else if (split) {
             const unsigned long long row = u / parts;
             const unsigned int lo = (unsigned int)(u % parts) * part_vectors;
             const unsigned int hi = min(vr, lo + part_vectors);
@@ -376,8 +408,56 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
         }
     }
 
-    // Phase 2: receive and reduce; whole rows finish here, split rows in their last block.
+    // Phase 2: receive and reduce; whole rows and cluster rows finish here, split rows in their
+    // last block.
     for (unsigned long long u = blockIdx.x; u < units; u += gridDim.x) {
+        if (clustered) {
+            // One unit per block (gridDim.x == rows * parts): the cluster barriers below are met
+            // by every block of the cluster once.
+            const unsigned long long o = (u / parts) * row_bytes;
+            const unsigned int tb = (unsigned int)(u % parts) * blockDim.x + threadIdx.x;
+            uint4 s[EPI_MAXV];
+            float ssq = 0.0f;
+#pragma unroll
+            for (int m = 0; m < EPI_MAXV; ++m) {
+                const unsigned int j = tb + (unsigned int)m * big;
+                if ((unsigned int)m < k && j < vr) {
+                    s[m] = epi_add_vec<DT>(receive(u / parts, j), res + o, res_out + o, j);
+                    if (norm) {
+                        ssq = epi_ssq_vec<DT>(s[m], ssq);
+                    }
+                }
+            }
+            if (!norm) {
+                continue;
+            }
+            // epi_block_sum over the row's `big`-thread block, its warps spread over the cluster.
+#pragma unroll
+            for (int of = 16; of > 0; of >>= 1) {
+                ssq += symm_shfl_xor32(ssq, of);
+            }
+            const unsigned int lane = threadIdx.x & 31u;
+            const unsigned int wpb = blockDim.x >> 5;
+            if (lane == 0u) {
+                red[threadIdx.x >> 5] = ssq;
+            }
+            symm_cluster_sync();
+            float total = lane < (big >> 5) ? symm_cluster_ld_f32(&red[lane % wpb], lane / wpb) : 0.0f;
+#pragma unroll
+            for (int of = 16; of > 0; of >>= 1) {
+                total += symm_shfl_xor32(total, of);
+            }
+            const float rstd = epi_rstd<DT>(total, vr, eps);
+#pragma unroll
+            for (int m = 0; m < EPI_MAXV; ++m) {
+                const unsigned int j = tb + (unsigned int)m * big;
+                if ((unsigned int)m < k && j < vr) {
+                    epi_norm_vec<DT>(s[m], weight, norm_out + o, j, rstd);
+                }
+            }
+            symm_cluster_sync();
+            continue;
+        }
         if (!split) {
             uint4 s[EPI_MAXV];
 #pragma unroll
@@ -443,7 +523,8 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
                                 parts, big, lam_off, slot_bytes, timeout_ns, abort_host, hdr_off,                \
                                 make_uint4((unsigned int)oph0, (unsigned int)(oph0 >> 32), (unsigned int)oph1,    \
                                            (unsigned int)(oph1 >> 32)),                                          \
-                                res, weight, res_out, norm_out, eps, (flags & EPI_NORM) != 0u);                  \
+                                res, weight, res_out, norm_out, eps, (flags & EPI_NORM) != 0u,                   \
+                                (flags & EPI_CLUSTER) != 0u);                                                    \
     }
 COLL_LAMPORT_EPI_ENTRY(symm_lamport_add_rms_f32, COLL_F32, 0)
 COLL_LAMPORT_EPI_ENTRY(symm_lamport_add_rms_f16, COLL_F16, 0)

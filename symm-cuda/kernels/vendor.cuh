@@ -52,6 +52,35 @@ __device__ __forceinline__ void symm_pdl_launch_dependents() {
 #endif
 }
 
+// ---- thread-block clusters (the fused epilogue's cluster rows, NOTE [fused-epilogue]) ----
+// From sm_90 on; before it a launch has no clusters (a cluster of one block), and these are the
+// one-block forms: the block's barrier, its own shared memory.
+
+// Barrier of every thread of every block of the cluster; shared-memory writes before it are
+// visible to the cluster's blocks after it (release / acquire at cluster scope).
+__device__ __forceinline__ void symm_cluster_sync() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    __syncthreads();
+#endif
+}
+
+// The float at shared address `p` of the cluster's block `cta` (its rank in the cluster).
+__device__ __forceinline__ float symm_cluster_ld_f32(const float* p, unsigned int cta) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+    unsigned int local;
+    unsigned int remote;
+    float v;
+    asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(local) : "l"(p));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(cta));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
+#else
+    return *p;
+#endif
+}
+
 // ---- clock ---------------------------------------------------------------
 
 // Nanoseconds of the GPU's global timer.

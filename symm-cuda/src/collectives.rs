@@ -141,6 +141,9 @@ pub struct CudaCollectives {
     /// How the collective kernels are launched ([`CollectivesConfig::pdl`] where the device
     /// supports it).
     how: Launch,
+    /// The fused epilogue may run cluster rows (NOTE [fused-epilogue]): the device has thread-block
+    /// clusters and `SYMM_EPI_CLUSTER=1`.
+    clusters: bool,
     kernels: KernelTable,
     err_word: u64,
     control: Arc<CudaStream>,
@@ -349,6 +352,16 @@ impl CudaCollectives {
     /// [`Error::Aborted`]) while it is set.
     pub fn set_abort(&self, abort: bool) -> Result<()> {
         self.mem.set_abort(abort)
+    }
+
+    /// Sets the pinned host abort word alone (not the pad's ABORT word, which every kernel
+    /// checks as it starts): a wait that has lasted (NOTE [host-abort-poll]) gives up, latching
+    /// [`Error::Aborted`]; a kernel whose data arrives first completes. For a peer that is gone
+    /// (NOTE [peer-watch]), which may have finished the ops this rank still runs. No driver call.
+    pub fn abort_long_waits(&self) {
+        if let Some(m) = crate::as_cuda(self.mem.as_ref()) {
+            m.set_host_abort(true);
+        }
     }
 }
 

@@ -17,6 +17,7 @@ pub const LAMPORT_LAG: &str = "SYMM_LAMPORT_LAG";
 pub const LAMPORT_ACQREL_ARRIVE: &str = "SYMM_LAMPORT_ACQREL_ARRIVE";
 pub const LAMPORT_GENERIC: &str = "SYMM_LAMPORT_GENERIC";
 pub const EPI_SPLIT: &str = "SYMM_EPI_SPLIT";
+pub const EPI_CLUSTER: &str = "SYMM_EPI_CLUSTER";
 pub const HOST_ABORT_EVERY_THREAD: &str = "SYMM_HOST_ABORT_EVERY_THREAD";
 pub const RING_UNROLL1: &str = "SYMM_RING_UNROLL1";
 pub const TRACE: &str = "SYMM_TRACE";
@@ -88,6 +89,13 @@ pub const KNOBS: &[Knob] = &[
         meaning: "`1`: the fused all-reduce epilogue kernel splits few rows across blocks instead of taking \
                   whole rows per block (NOTE [fused-epilogue], \"split rows\"; slower on 2 x H200, bench-notes \
                   round 14)",
+        default: "off",
+        measurement: true,
+    },
+    Knob {
+        name: EPI_CLUSTER,
+        meaning: "`1`: the fused all-reduce epilogue kernel runs cluster rows where they fit (a row's block \
+                  spread over a thread-block cluster, NOTE [fused-epilogue]; sm_90 and newer)",
         default: "off",
         measurement: true,
     },
@@ -231,6 +239,12 @@ pub fn switches() -> symm_core::coll::launch::Switches {
         },
         generic_entries: lamport_generic(),
     }
+}
+
+/// [`EPI_CLUSTER`].
+pub fn epi_cluster() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| flag(EPI_CLUSTER))
 }
 
 /// [`EPI_SPLIT`].

@@ -218,6 +218,13 @@ impl CudaSymmetricMemory {
         self.inner.device_sharers
     }
 
+    /// Sets (or clears) the pinned host abort word alone, without the pad's ABORT word that
+    /// [`SymmetricMemory::set_abort`] also sets: no driver call, effective at the kernels' next
+    /// read of it (NOTE [host-abort-poll]).
+    pub fn set_host_abort(&self, abort: bool) {
+        self.inner.host_words.store(ABORT_SLOT, u32::from(abort));
+    }
+
     /// Device-visible address of the abort word kernels poll (pinned host
     /// memory; non-zero = abort every wait of this memory).
     pub fn abort_word_ptr(&self) -> u64 {

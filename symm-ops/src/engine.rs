@@ -151,6 +151,15 @@ pub(crate) trait Engine: Send + Sync {
     /// Sets or clears the abort word every wait of this engine polls.
     fn set_abort(&self, abort: bool) -> Result<()>;
 
+    /// A peer is gone (NOTE [peer-watch]): stop the waits on it, but not an op whose data already
+    /// arrived (the peer may have left right after finishing the ops this rank still runs). The
+    /// host engine's waits check their data before the abort word, so [`Self::set_abort`] is
+    /// that; the CUDA engine sets its host abort word alone (kernels read it only once a wait
+    /// has lasted, NOTE [host-abort-poll]; the pad's word stops kernels as they start).
+    fn abort_waits_on_lost_peer(&self) -> Result<()> {
+        self.set_abort(true)
+    }
+
     /// Makes a rendezvoused symmetric tensor known for the zero-copy kernels.
     fn register(&self, t: &SymmTensor) -> Result<()> {
         let _ = t;

@@ -77,6 +77,14 @@ __device__ __forceinline__ unsigned long long symm_globaltimer() {
     return (unsigned long long)wall_clock64() * (1000000ull / (SYMM_WALL_CLOCK_KHZ));
 }
 
+// Thread-block clusters do not exist on AMD GPUs: a launch's cluster is one block (the host
+// never plans more), so the cluster barrier is the block's and the cluster's shared memory its own.
+__device__ __forceinline__ void symm_cluster_sync() { __syncthreads(); }
+__device__ __forceinline__ float symm_cluster_ld_f32(const float* p, unsigned int cta) {
+    (void)cta;
+    return *p;
+}
+
 // Called once per poll of a bounded wait: a short sleep (64 clocks), so the waves spinning on
 // a SIMD leave issue slots to the others.
 __device__ __forceinline__ void symm_backoff() {

@@ -28,6 +28,10 @@ const MAX_VECTORS_PER_THREAD: usize = 8;
 const MAX_THREADS: usize = 512;
 /// `flags` bit: compute the RMSNorm (`EPI_NORM`).
 const EPI_NORM: u32 = 1;
+/// `flags` bit: cluster rows (`EPI_CLUSTER`); the launch has clusters of `parts` blocks.
+const EPI_CLUSTER: u32 = 2;
+/// Most blocks of a cluster (the portable limit).
+const MAX_CLUSTER: usize = 8;
 
 const _: () = assert!(MAX_ROW_VECTORS == MAX_THREADS * MAX_VECTORS_PER_THREAD);
 
@@ -59,6 +63,8 @@ pub struct FusedGeometry {
     pub big: u32,
     /// Vectors per thread of that block.
     pub k: u32,
+    /// Cluster rows: one cluster of `parts` blocks per row (the launch's cluster size).
+    pub cluster: bool,
 }
 
 /// The fused kernel's layout: rows are split while one wave of `rows x parts` blocks fits in
@@ -67,7 +73,19 @@ pub struct FusedGeometry {
 /// block (`big`), so the last block of a row can run its RMSNorm in `big`'s order. At world 1 (no
 /// exchange), with `split` off ([`crate::knobs::epi_split`]) or with too many rows, one block
 /// takes whole rows.
-pub fn fused_geometry(rows: usize, vectors_per_row: usize, world: usize, blocks: u32, split: bool) -> FusedGeometry {
+///
+/// With `cluster` (the device has thread-block clusters, NOTE [fused-epilogue] "cluster rows")
+/// and world > 1, a row's block of `big` threads is spread over a cluster of up to
+/// [`MAX_CLUSTER`] blocks of `big / parts` threads (a multiple of 32), one cluster per row, while
+/// `rows x parts` blocks fit in `blocks`; that layout comes first.
+pub fn fused_geometry(
+    rows: usize,
+    vectors_per_row: usize,
+    world: usize,
+    blocks: u32,
+    split: bool,
+    cluster: bool,
+) -> FusedGeometry {
     let (big, k) = epilogue_threads(vectors_per_row);
     let whole = FusedGeometry {
         parts: 1,
@@ -75,7 +93,22 @@ pub fn fused_geometry(rows: usize, vectors_per_row: usize, world: usize, blocks:
         blocks: rows.min(blocks as usize).max(1) as u32,
         big,
         k,
+        cluster: false,
     };
+    if cluster && world > 1 && rows > 0 {
+        let warps = big as usize / 32;
+        let fit = (blocks as usize / rows).min(MAX_CLUSTER).min(warps);
+        if let Some(c) = (2..=fit).rev().find(|c| warps.is_multiple_of(*c)) {
+            return FusedGeometry {
+                parts: c as u32,
+                threads: big / c as u32,
+                blocks: (rows * c) as u32,
+                big,
+                k,
+                cluster: true,
+            };
+        }
+    }
     if !split || world < 2 || rows == 0 || rows > EPI_SPLIT_MAX_ROWS {
         return whole;
     }
@@ -99,6 +132,7 @@ pub fn fused_geometry(rows: usize, vectors_per_row: usize, world: usize, blocks:
         blocks: (rows * parts) as u32,
         big,
         k,
+        cluster: false,
     }
 }
 
@@ -213,6 +247,10 @@ impl Epilogue {
     ) -> [KernelArg; 30] {
         let [h0, h1] = hdr.args();
         let [res, w, ro, no, eps, flags] = self.tail();
+        let flags = match flags {
+            KernelArg::U32(f) if g.cluster => KernelArg::U32(f | EPI_CLUSTER),
+            f => f,
+        };
         let [w0, w1, w2, w3, w4, w5, w6, w7, pad] = d.lamport_head(c.rank);
         [
             w0,
@@ -296,6 +334,7 @@ impl Epilogues {
             add_rms: PerDtype::try_new(|d| get(d.suffix()))?,
             how: Launch {
                 pdl: pdl && driver::supports_pdl(ctx.cu_device())?,
+                cluster: 0,
             },
             blocks: u32::try_from(sm).unwrap_or(1).max(1),
         })
@@ -374,6 +413,7 @@ impl CudaCollectives {
             self.rig.world,
             self.rig.grid.blocks,
             knobs::epi_split(),
+            self.clusters,
         );
         let a = e.fused_args(
             &self.rig.common,
@@ -389,7 +429,11 @@ impl CudaCollectives {
         } else {
             &self.kernels.lamport_epilogue[dt]
         };
-        self.launch_coll(stream, f, cfg(g.blocks, g.threads), &a)
+        let how = Launch {
+            cluster: if g.cluster { g.parts } else { 0 },
+            ..self.how
+        };
+        launch_with(stream, f, cfg(g.blocks, g.threads), &a, how)
     }
 }
 
@@ -434,7 +478,7 @@ mod tests {
             timeout_ns: 1,
             abort_host: 0,
         };
-        let g = fused_geometry(4, 512, 2, 132, true);
+        let g = fused_geometry(4, 512, 2, 132, true, false);
         let a = e.fused_args(&c, &Direct::default(), &g, &layout, &bound, &OpHeader::default());
         let got: Vec<usize> = a.iter().map(arg_bytes).collect();
         for dt in ["f32", "f16", "bf16"] {
@@ -449,24 +493,24 @@ mod tests {
     #[test]
     fn split_rows_keep_the_rows_block_order() {
         // hidden 8192 bf16, one token, 132 SMs: 8 parts of 128 vectors, 128 threads each.
-        let g = fused_geometry(1, 1024, 2, 132, true);
+        let g = fused_geometry(1, 1024, 2, 132, true, false);
         assert_eq!((g.parts, g.threads, g.blocks, g.big, g.k), (8, 128, 8, 512, 2));
         // hidden 4096 bf16, 7 tokens: 4 parts a row.
-        let g = fused_geometry(7, 512, 2, 132, true);
+        let g = fused_geometry(7, 512, 2, 132, true, false);
         assert_eq!((g.parts, g.threads, g.blocks), (4, 128, 28));
         // Too many rows for one wave of split blocks: whole rows, the budget's blocks.
-        let g = fused_geometry(128, 1024, 2, 132, true);
+        let g = fused_geometry(128, 1024, 2, 132, true, false);
         assert_eq!((g.parts, g.threads, g.blocks), (1, 512, 128));
         // World 1 and the switch off: whole rows.
-        assert_eq!(fused_geometry(1, 1024, 1, 132, true).parts, 1);
-        assert_eq!(fused_geometry(1, 1024, 2, 132, false).parts, 1);
+        assert_eq!(fused_geometry(1, 1024, 1, 132, true, false).parts, 1);
+        assert_eq!(fused_geometry(1, 1024, 2, 132, false, false).parts, 1);
         // A shared GPU's small budget still splits.
-        assert_eq!(fused_geometry(1, 1024, 8, 14, true).parts, 8);
-        assert_eq!(fused_geometry(7, 1024, 8, 14, true).parts, 2);
+        assert_eq!(fused_geometry(1, 1024, 8, 14, true, false).parts, 8);
+        assert_eq!(fused_geometry(7, 1024, 8, 14, true, false).parts, 2);
         for vr in 1..=MAX_ROW_VECTORS {
             for rows in [1usize, 2, 7, 33] {
                 for blocks in [14u32, 64, 132] {
-                    let g = fused_geometry(rows, vr, 2, blocks, true);
+                    let g = fused_geometry(rows, vr, 2, blocks, true, false);
                     assert_eq!(g.big % g.threads, 0, "{vr}: {g:?}");
                     assert!(g.threads.is_multiple_of(32) && g.threads as usize <= MAX_THREADS);
                     assert!(g.blocks <= blocks && g.blocks >= 1, "{vr} {rows} {blocks}: {g:?}");
@@ -475,6 +519,38 @@ mod tests {
                         // Every part holds at least one vector.
                         let per = vr.div_ceil(g.parts as usize);
                         assert!(per * (g.parts as usize - 1) < vr, "{vr} {rows}: {g:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn cluster_rows_spread_the_rows_block_over_a_cluster() {
+        // hidden 8192 bf16, one token: the 512-thread block as 8 blocks of 64 (two vectors each).
+        let g = fused_geometry(1, 1024, 2, 132, false, true);
+        assert_eq!(
+            (g.parts, g.threads, g.blocks, g.big, g.k, g.cluster),
+            (8, 64, 8, 512, 2, true)
+        );
+        // 32 tokens on 132 blocks: clusters of 4.
+        let g = fused_geometry(32, 1024, 4, 132, false, true);
+        assert_eq!((g.parts, g.threads, g.blocks, g.cluster), (4, 128, 128, true));
+        // Too many rows for two blocks a row: the other layouts.
+        assert!(!fused_geometry(128, 1024, 2, 132, true, true).cluster);
+        // World 1: whole rows.
+        assert!(!fused_geometry(1, 1024, 1, 132, true, true).cluster);
+        for vr in 1..=MAX_ROW_VECTORS {
+            for rows in [1usize, 2, 7, 33] {
+                for blocks in [14u32, 64, 132] {
+                    let g = fused_geometry(rows, vr, 4, blocks, false, true);
+                    if g.cluster {
+                        // The row's block, cut into whole warps, at most 8 blocks, one wave.
+                        assert_eq!(g.threads * g.parts, g.big, "{vr}: {g:?}");
+                        assert!(g.threads.is_multiple_of(32));
+                        assert!(g.parts >= 2 && g.parts as usize <= MAX_CLUSTER);
+                        assert_eq!(g.blocks as usize, rows * g.parts as usize);
+                        assert!(g.blocks <= blocks);
                     }
                 }
             }

@@ -180,6 +180,7 @@ impl CudaCollectives {
         let sm_count = u32::try_from(sm_count).unwrap_or(1).max(1);
         let how = Launch {
             pdl: config.pdl && driver::supports_pdl(ctx.cu_device())?,
+            cluster: 0,
         };
 
         let collectives_src = kernels::source("collectives")?;
@@ -283,6 +284,7 @@ impl CudaCollectives {
             rig,
             sm_count,
             how,
+            clusters: knobs::epi_cluster() && driver::supports_clusters(ctx.cu_device())?,
             kernels,
             err_word,
             control,

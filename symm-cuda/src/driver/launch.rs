@@ -27,6 +27,11 @@ pub struct Launch {
     /// before touching memory (the collective kernels do); needs compute capability 9.0 or newer
     /// (the caller checks).
     pub pdl: bool,
+    /// Blocks per thread-block cluster along x (0 or 1: no cluster): consecutive blocks
+    /// `c * i .. c * (i + 1)` run at once on one GPU processing cluster and share their
+    /// shared memory (the fused epilogue's cluster rows, NOTE [fused-epilogue]); compute
+    /// capability 9.0 or newer, at most 8 (the caller checks), the grid a multiple of it.
+    pub cluster: u32,
 }
 
 /// Launches `f` on `stream` with `cfg` and `args` (asynchronous), the plain way.
@@ -62,7 +67,7 @@ pub(crate) fn launch_with(
     }
     bind(stream.context())?;
     match knobs::launch_mode() {
-        LaunchMode::Cudarc if !how.pdl => return launch_cudarc(stream, f, cfg, args),
+        LaunchMode::Cudarc if !how.pdl && how.cluster <= 1 => return launch_cudarc(stream, f, cfg, args),
         LaunchMode::Cudarc | LaunchMode::Params => {}
         LaunchMode::Packed => {
             let (mut words, len) = pack(args);
@@ -135,8 +140,24 @@ unsafe fn cu_launch(
     params: *mut *mut std::ffi::c_void,
     extra: *mut *mut std::ffi::c_void,
 ) -> Result<()> {
-    if how.pdl {
-        let mut attrs = [pdl_attribute()];
+    if how.pdl || how.cluster > 1 {
+        let cluster = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue {
+                clusterDim: sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
+                    x: how.cluster.max(1),
+                    y: 1,
+                    z: 1,
+                },
+            },
+        };
+        let mut attrs = [pdl_attribute(), cluster];
+        let attrs: &mut [sys::CUlaunchAttribute] = match (how.pdl, how.cluster > 1) {
+            (true, true) => &mut attrs[..],
+            (true, false) => &mut attrs[..1],
+            (false, _) => &mut attrs[1..],
+        };
         let config = sys::CUlaunchConfig {
             gridDimX: cfg.grid_dim.0,
             gridDimY: cfg.grid_dim.1,

@@ -173,6 +173,12 @@ pub fn supports_pdl(dev: sys::CUdevice) -> Result<bool> {
     Ok(compute_capability(dev)?.0 >= 9)
 }
 
+/// Whether kernels on `dev` can be launched with thread-block clusters
+/// ([`launch::Launch::cluster`]; compute capability 9.0 or newer).
+pub fn supports_clusters(dev: sys::CUdevice) -> Result<bool> {
+    Ok(compute_capability(dev)?.0 >= 9)
+}
+
 /// The device UUID as 32 lowercase hex digits.
 pub fn uuid(dev: sys::CUdevice) -> Result<String> {
     init()?;

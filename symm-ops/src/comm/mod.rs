@@ -333,7 +333,7 @@ impl Communicator {
             group.next_prefix("comm-watch"),
             Box::new(move |lost| {
                 if let Some(engine) = abort.upgrade() {
-                    if let Err(e) = engine.set_abort(true) {
+                    if let Err(e) = engine.abort_waits_on_lost_peer() {
                         log::debug!("symm-ops: rank {} is gone ({}); abort: {e}", lost.rank, lost.reason);
                     }
                 }

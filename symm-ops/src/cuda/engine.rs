@@ -225,6 +225,16 @@ impl Engine for CudaEngine {
         }
     }
 
+    fn abort_waits_on_lost_peer(&self) -> Result<()> {
+        match &self.coll {
+            Some(c) => {
+                c.abort_long_waits();
+                Ok(())
+            }
+            None => Err(Error::Unavailable("aborting waits on an nccl-only communicator".into())),
+        }
+    }
+
     fn register(&self, t: &SymmTensor) -> Result<()> {
         match &self.coll {
             Some(c) => c.register_symmetric(get_symmetric_memory(t).ok_or(Error::NotRendezvoused)?),

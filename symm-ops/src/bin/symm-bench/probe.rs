@@ -33,7 +33,7 @@ pub(crate) fn probes(sh: &Shared, st: &RankState) -> BoxResult<()> {
     let pdl_ok = symm_ops::symm_cuda::driver::supports_pdl(st.ctx.cu_device())?;
     let hows: &[bool] = if pdl_ok { &[false, true] } else { &[false] };
     for &pdl in hows {
-        let how = symm_ops::symm_cuda::driver::launch::Launch { pdl };
+        let how = symm_ops::symm_cuda::driver::launch::Launch { pdl, cluster: 0 };
         for (i, probe) in Probe::ALL.into_iter().enumerate() {
             let mut cols = Vec::new();
             for &mode in &args.modes {
