@@ -7,13 +7,16 @@
 //!   calls: it must exit 0 (a default build reads no `SYMM_FAULT`; with symm-core's
 //!   `fault-injection` compiled in it would exit 137);
 //! - `xtask/embed-candle`: candle's cudarc line (`dynamic-linking`), built as a library;
+//! - `xtask/embed-core`: symm-core and symm-cuda alone (no symm-ops): symmetric memory and a
+//!   one-shot all-reduce through symm-cuda's safe typed entries; built and run (without a GPU it
+//!   says so and exits 0; on GPUs it checks the sums against float64);
 //! - docs/embedding.md itself: its ```toml block (the `[dependencies]`) and its ```rust block
 //!   (the whole program) become a fresh crate under `target/embed-doc/crate/` (the page's
 //!   `version = "0.1"` symm crates patched to this checkout), locked by
 //!   `xtask/embed-doc/Cargo.lock`, and run (without a GPU it takes its host path), so the
 //!   page cannot rot out of tree.
 //!
-//! `--update-locks` first re-resolves the three locks with as few changes as cargo makes (what a
+//! `--update-locks` first re-resolves the four locks with as few changes as cargo makes (what a
 //! build without `--locked` does), for when the workspace's or the page's dependencies changed;
 //! commit the result.
 
@@ -64,6 +67,9 @@ fn check_dir() -> PathBuf {
 fn candle_dir() -> PathBuf {
     util::root().join("xtask").join("embed-candle")
 }
+fn core_dir() -> PathBuf {
+    util::root().join("xtask").join("embed-core")
+}
 /// The committed lock of the page's program.
 fn doc_lock() -> PathBuf {
     util::root().join("xtask").join("embed-doc").join("Cargo.lock")
@@ -77,7 +83,20 @@ fn doc_dir() -> PathBuf {
 pub fn programs() -> Result<()> {
     embed_check()?;
     embed_candle()?;
+    embed_core()?;
     embed_doc()
+}
+
+/// xtask/embed-core: symm-core + symm-cuda alone, built and run.
+fn embed_core() -> Result<()> {
+    let manifest = core_dir().join("Cargo.toml");
+    lock_fits(&manifest, &core_dir().join("Cargo.lock"), &[])?;
+    util::run(
+        util::cargo()
+            .args(["run", "--locked", "--manifest-path"])
+            .arg(&manifest)
+            .env("CARGO_TARGET_DIR", util::target_dir().join("embed-core")),
+    )
 }
 
 /// Fails, saying how to refresh it, when `manifest`'s lock (`lock`, for the message) does not
@@ -345,7 +364,7 @@ fn embed_doc() -> Result<()> {
     .map_err(|e| format!("{PAGE}'s program, built out of tree ({}): {e}", manifest.display()))
 }
 
-/// Re-resolves the three locks with cargo's smallest changes (a resolve without `--locked`
+/// Re-resolves the four locks with cargo's smallest changes (a resolve without `--locked`
 /// keeps every locked version that still fits) and copies the page's back to xtask/embed-doc/.
 fn update_locks() -> Result<()> {
     let metadata = |manifest: &Path| {
@@ -358,6 +377,7 @@ fn update_locks() -> Result<()> {
     };
     metadata(&check_dir().join("Cargo.toml"))?;
     metadata(&candle_dir().join("Cargo.toml"))?;
+    metadata(&core_dir().join("Cargo.toml"))?;
     let manifest = write_doc_crate()?;
     let lock = manifest.with_file_name("Cargo.lock");
     if !doc_lock().is_file() {
@@ -371,8 +391,8 @@ fn update_locks() -> Result<()> {
     }
     std::fs::copy(&lock, doc_lock()).map_err(|e| format!("{} -> {}: {e}", lock.display(), doc_lock().display()))?;
     eprintln!(
-        "locks refreshed: xtask/embed-check/Cargo.lock, xtask/embed-candle/Cargo.lock, xtask/embed-doc/Cargo.lock \
-         (commit them)"
+        "locks refreshed: xtask/embed-check/Cargo.lock, xtask/embed-candle/Cargo.lock, xtask/embed-core/Cargo.lock, \
+         xtask/embed-doc/Cargo.lock (commit them)"
     );
     Ok(())
 }
