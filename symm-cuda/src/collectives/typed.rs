@@ -41,6 +41,30 @@ fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
     Ok(())
 }
 
+/// An op's input and output, checked (device, capture, lengths `in_len` and `out_len` elements),
+/// their addresses handed to `op` while cudarc's guards are held (they order the op with the
+/// buffers' events when they drop, after `op` enqueued it).
+fn pair<T, I, O, R>(
+    c: &CudaCollectives,
+    stream: &CudaStream,
+    input: &I,
+    output: &mut O,
+    (in_len, out_len): (usize, usize),
+    op: impl FnOnce(u64, u64) -> Result<R>,
+) -> Result<R>
+where
+    I: DevicePtr<T>,
+    O: DevicePtrMut<T>,
+{
+    check_buffer(c, stream, input, "input")?;
+    check_buffer(c, stream, output, "output")?;
+    check_len("input", input.len(), in_len)?;
+    check_len("output", output.len(), out_len)?;
+    let (src, _read) = input.device_ptr(stream);
+    let (dst, _write) = output.device_ptr_mut(stream);
+    op(src, dst)
+}
+
 impl CudaCollectives {
     /// [`Self::all_reduce`] on typed device buffers: `output.len()` elements of `input` (of the
     /// same length) reduced over the ranks into `output`, by `kernel`, on `stream`. Every rank
@@ -58,20 +82,17 @@ impl CudaCollectives {
         I: DevicePtr<T>,
         O: DevicePtrMut<T>,
     {
-        check_buffer(self, stream, input, "input")?;
-        check_buffer(self, stream, output, "output")?;
         let count = output.len();
-        check_len("input", input.len(), count)?;
-        let (src, _read) = input.device_ptr(stream);
-        let (dst, _write) = output.device_ptr_mut(stream);
-        #[allow(unsafe_code)]
-        // SAFETY: `src` and `dst` are the addresses of live cudarc buffers of `count` elements of
-        // `T` (checked above) in this object's context; the guards order the op with cudarc's
-        // events (the buffers cannot be freed before the op's work on `stream` completes), and
-        // the borrows keep them from being touched by the caller while the op is enqueued.
-        unsafe {
-            self.all_reduce(stream, kernel, src, dst, count, T::DTYPE, op)
-        }
+        pair(self, stream, input, output, (count, count), |src, dst| {
+            #[allow(unsafe_code)]
+            // SAFETY: `src` and `dst` are the addresses of live cudarc buffers of `count`
+            // elements of `T` in this object's context (checked by `pair`); cudarc's guards order
+            // the op with the buffers' events (they cannot be freed before the op's work on
+            // `stream` completes), and the borrows keep the caller from touching them meanwhile.
+            unsafe {
+                self.all_reduce(stream, kernel, src, dst, count, T::DTYPE, op)
+            }
+        })
     }
 
     /// [`Self::all_reduce_into`] in place in `buf`.
@@ -112,18 +133,16 @@ impl CudaCollectives {
         I: DevicePtr<T>,
         O: DevicePtrMut<T>,
     {
-        check_buffer(self, stream, input, "input")?;
-        check_buffer(self, stream, output, "output")?;
         let count = output.len();
-        check_len("input", input.len(), count.saturating_mul(self.rig.world))?;
-        let (src, _read) = input.device_ptr(stream);
-        let (dst, _write) = output.device_ptr_mut(stream);
-        #[allow(unsafe_code)]
-        // SAFETY: live, checked buffers of `count * world` (input) and `count` (output) elements
-        // of `T`; the guards order the op with cudarc's events.
-        unsafe {
-            self.reduce_scatter(stream, kernel, src, dst, count, T::DTYPE, op)
-        }
+        let lens = (count.saturating_mul(self.rig.world), count);
+        pair(self, stream, input, output, lens, |src, dst| {
+            #[allow(unsafe_code)]
+            // SAFETY: live, checked buffers of `count * world` (input) and `count` (output)
+            // elements of `T`; cudarc's guards order the op with the buffers' events.
+            unsafe {
+                self.reduce_scatter(stream, kernel, src, dst, count, T::DTYPE, op)
+            }
+        })
     }
 
     /// [`Self::all_gather`] on typed device buffers: `input` (`count` elements) from every rank
@@ -140,17 +159,15 @@ impl CudaCollectives {
         I: DevicePtr<T>,
         O: DevicePtrMut<T>,
     {
-        check_buffer(self, stream, input, "input")?;
-        check_buffer(self, stream, output, "output")?;
         let count = input.len();
-        check_len("output", output.len(), count.saturating_mul(self.rig.world))?;
-        let (src, _read) = input.device_ptr(stream);
-        let (dst, _write) = output.device_ptr_mut(stream);
-        #[allow(unsafe_code)]
-        // SAFETY: live, checked buffers of `count` (input) and `count * world` (output) elements
-        // of `T`; the guards order the op with cudarc's events.
-        unsafe {
-            self.all_gather(stream, kernel, src, dst, count, T::DTYPE)
-        }
+        let lens = (count, count.saturating_mul(self.rig.world));
+        pair(self, stream, input, output, lens, |src, dst| {
+            #[allow(unsafe_code)]
+            // SAFETY: live, checked buffers of `count` (input) and `count * world` (output)
+            // elements of `T`; cudarc's guards order the op with the buffers' events.
+            unsafe {
+                self.all_gather(stream, kernel, src, dst, count, T::DTYPE)
+            }
+        })
     }
 }
