@@ -8,9 +8,9 @@
 // `#include "name.cuh"` lines are expanded with symm-core's embedded headers
 // (kernel_source::expand_includes: neither compiler gets an include path). Both backends build
 // the same entries, listed once in symm_core::kernel_source::COLLECTIVE_ENTRIES.
-// The Rust side is symm-cuda/src/collectives.rs; its `layout` module owns the workspace layout
-// (offsets reach the kernels as arguments) and its `plan` module the chunking. ROCm has no host
-// engine for these kernels yet (symm-ops runs its generic engine there).
+// The host side is symm-core's `coll` (`coll/layout.rs` the workspace layout, whose offsets reach
+// the kernels as arguments; `coll/plan.rs` the chunking and grids; `coll/launch.rs` every launch's
+// entry and arguments), run by symm-cuda's collectives and symm-rocm's (symm-ops' rocm engine).
 //
 // Grids: at most one block per SM on a GPU of its own; ranks sharing a GPU get a share of its SMs
 // so every rank's waiting kernels are resident together (NOTE [co-residency] in

@@ -46,7 +46,8 @@
 //     cluster's shared memory (symm_cluster_ld_f32) and normalises its own vectors. The sums,
 //     butterflies and warp order are epi_row's, so the bits are too; no global fence, no
 //     counter, no re-read of the row. A second cluster barrier keeps every block's shared memory
-//     alive until the others read it.
+//     alive until the others read it. Measured 0.1-1.1 us slower than whole rows at 2 and 4 ranks
+//     (bench-notes round 19): off unless SYMM_EPI_CLUSTER=1.
 //   symm_lamport2_add_rms_{dt}: the same kernel with the world fixed at 2 (the two-rank Lamport
 //     entries' reason: a fraction of the code, fewer instruction-cache misses per launch).
 // Aliasing: norm_out may be x and residual_out may be residual (each vector is read and then

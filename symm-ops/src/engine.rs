@@ -1,13 +1,15 @@
 //! [`Engine`]: what every engine implements, so that the ops (`ops.rs`, `epilogue.rs`) are
-//! written once and the communicator holds the engine it built as a `Box<dyn Engine>`. An engine
+//! written once and the communicator holds the engine it built as an `Arc<dyn Engine>` (its peer
+//! watch holds a weak one, NOTE [peer-watch]). An engine
 //! resolves the op's buffers (where they lie, whether they are registered), asks the planner
 //! ([`Selector`], the one place that decides what runs) for the op's [`Plan`](crate::select::Plan),
 //! and runs exactly that. Engines: the generic host engine (`host/`, any backend's
 //! `SymmetricMemory`) and the
 //! CUDA engine (`cuda/`: symm-cuda's kernels and NCCL, which share the CUDA engine's stream
 //! ordering and buffer resolution; a plan names which of the two runs) and the ROCm engine
-//! (`rocm.rs`: symm-rocm's launches of the same shared kernels). The CUDA feature gates
-//! where the CUDA engine is built (`comm/mod.rs`), not the ops.
+//! (`rocm.rs`: symm-rocm's launches of the same shared kernels). The `cuda` and `rocm` features
+//! gate the engines and the buffer types they take (device buffers, streams), today in several
+//! files of this crate (`comm/mod.rs`, `ops.rs`, `buf.rs`, ...; issue #40 would gather them).
 
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
