@@ -225,9 +225,10 @@ impl Group {
     }
 
     /// Checks once, collectively, that the generation's members come from one launch (NOTE
-    /// [membership]); every setup exchange ([`Group::exchange`]) asks first. A failure is not
-    /// remembered: the next exchange checks again (and fails alike).
-    fn check_members(&self) -> Result<()> {
+    /// [membership]), waiting at most `timeout` for them; every setup exchange
+    /// ([`Group::exchange`]) asks first. A failure is not remembered: the next exchange checks
+    /// again (and fails alike).
+    fn check_members(&self, timeout: Duration) -> Result<()> {
         let mut checked = self.members_checked.lock().unwrap_or_else(|e| e.into_inner());
         if *checked {
             return Ok(());
@@ -235,7 +236,7 @@ impl Group {
         crate::membership::Verify {
             claim: self.claim(),
             liveness: self.liveness(),
-            timeout: self.timeout,
+            timeout,
             base: &self.base,
         }
         .run()?;
@@ -246,10 +247,11 @@ impl Group {
     /// A [`StoreExchange`] under `prefix` that fails early, naming the rank, when a rank it waits
     /// for is a process on this host that has exited (NOTE [setup-liveness]). Setup steps use it
     /// for every wait on peers. Collective: the first call checks the generation's membership
-    /// (NOTE [membership]: every member of one launch, no rank claimed twice), so a setup step
-    /// never pairs ranks of two launches.
-    pub fn exchange(&self, prefix: impl Into<String>) -> Result<StoreExchange> {
-        self.check_members()?;
+    /// (NOTE [membership]: every member of one launch, no rank claimed twice), waiting for the
+    /// members at most `timeout` (the bound of the step's own waits), so a setup step never pairs
+    /// ranks of two launches.
+    pub fn exchange(&self, prefix: impl Into<String>, timeout: Duration) -> Result<StoreExchange> {
+        self.check_members(timeout)?;
         Ok(StoreExchange::new(self.store.clone(), prefix).with_liveness(self.liveness()))
     }
 

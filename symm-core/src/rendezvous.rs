@@ -196,12 +196,10 @@ pub fn run<B: RendezvousBackend, M>(
         next_key(),
         group.options().shared_devices,
     );
-    let raw = group.exchange(format!("{prefix}/info"))?.all_gather(
-        rank,
-        world,
-        &me.encode(name),
-        time_left(deadline, timeout, "rendezvous")?,
-    )?;
+    let left = time_left(deadline, timeout, "rendezvous")?;
+    let raw = group
+        .exchange(format!("{prefix}/info"), left)?
+        .all_gather(rank, world, &me.encode(name), left)?;
     let records = raw
         .iter()
         .enumerate()
@@ -231,7 +229,7 @@ pub fn run<B: RendezvousBackend, M>(
         Err(e) => format!("failed: {e}").into_bytes(),
     };
     // The membership was checked at the info exchange: nothing to fail here.
-    let all = group.exchange(format!("{prefix}/status"))?.all_gather(
+    let all = group.exchange(format!("{prefix}/status"), timeout)?.all_gather(
         rank,
         world,
         &status,
@@ -284,7 +282,7 @@ fn exchange_and_map<B: RendezvousBackend>(
         *published = Some(Published::new(records[rank].key, backend.handle()));
         fault_point("rendezvous.after_send")?;
         group
-            .exchange(format!("{prefix}/sent"))?
+            .exchange(format!("{prefix}/sent"), timeout)?
             .barrier(rank, world, time_left(deadline, timeout, "rendezvous")?)?;
         let table = table().lock().unwrap_or_else(|e| e.into_inner());
         records

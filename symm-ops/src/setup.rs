@@ -49,7 +49,7 @@ pub(crate) use symm_core::agree::host_id;
 /// Publishes `me` and gathers every rank's record (collective; every rank
 /// of the group calls it in the same order of setup steps).
 pub(crate) fn exchange(group: &Arc<Group>, me: &PeerInfo, timeout: Duration) -> Result<Vec<PeerInfo>> {
-    let values = group.exchange(group.next_prefix("comm"))?.all_gather(
+    let values = group.exchange(group.next_prefix("comm"), timeout)?.all_gather(
         group.rank().get(),
         group.world_size(),
         me.encode().as_bytes(),

@@ -249,7 +249,7 @@ impl Communicator {
                 // while the others wait in it. Agree on the verdict: the topology holds only if
                 // every rank saw it.
                 let verdict = format!("{topology:?}");
-                let verdicts = group.exchange(group.next_prefix("comm-topology"))?.all_gather(
+                let verdicts = group.exchange(group.next_prefix("comm-topology"), timeout)?.all_gather(
                     group.rank().get(),
                     world,
                     verdict.as_bytes(),

@@ -98,7 +98,7 @@ pub(crate) fn agree_available(group: &Arc<Group>, timeout: Duration) -> Result<s
         Err(e) => format!("rank {}: {e}", group.rank().get()),
     };
     let reasons: Vec<String> = group
-        .exchange(group.next_prefix("nccl-check"))?
+        .exchange(group.next_prefix("nccl-check"), timeout)?
         .all_gather(group.rank().get(), group.world_size(), mine.as_bytes(), timeout)?
         .into_iter()
         .filter(|v| !v.is_empty())
@@ -158,7 +158,7 @@ impl Nccl {
     /// Collective, after [`agree_available`] said every rank can: rank 0 creates the unique id and publishes it through the
     /// group's store; every rank joins.
     pub fn new(group: &Arc<Group>, stream: &Arc<CudaStream>, timeout: Duration) -> Result<Self> {
-        let exchange = group.exchange(group.next_prefix("nccl"))?;
+        let exchange = group.exchange(group.next_prefix("nccl"), timeout)?;
         let (rank, world) = (group.rank().get(), group.world_size());
         let id = if rank == 0 {
             let id = match Id::new() {
