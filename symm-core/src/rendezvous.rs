@@ -281,9 +281,11 @@ fn exchange_and_map<B: RendezvousBackend>(
         // Threads: hand the handle over through the process-wide table.
         *published = Some(Published::new(records[rank].key, backend.handle()));
         fault_point("rendezvous.after_send")?;
-        group
-            .exchange(format!("{prefix}/sent"), timeout)?
-            .barrier(rank, world, time_left(deadline, timeout, "rendezvous")?)?;
+        group.exchange(format!("{prefix}/sent"), timeout)?.barrier(
+            rank,
+            world,
+            time_left(deadline, timeout, "rendezvous")?,
+        )?;
         let table = table().lock().unwrap_or_else(|e| e.into_inner());
         records
             .iter()

@@ -249,12 +249,9 @@ impl Communicator {
                 // while the others wait in it. Agree on the verdict: the topology holds only if
                 // every rank saw it.
                 let verdict = format!("{topology:?}");
-                let verdicts = group.exchange(group.next_prefix("comm-topology"), timeout)?.all_gather(
-                    group.rank().get(),
-                    world,
-                    verdict.as_bytes(),
-                    timeout,
-                )?;
+                let verdicts = group
+                    .exchange(group.next_prefix("comm-topology"), timeout)?
+                    .all_gather(group.rank().get(), world, verdict.as_bytes(), timeout)?;
                 let topology = if verdicts.iter().all(|v| v.as_slice() == verdict.as_bytes()) {
                     topology
                 } else {
