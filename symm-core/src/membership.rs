@@ -143,7 +143,12 @@ impl Claim<'_> {
         // records say so, and the members that did claim fail alike at their first exchange.
         let poison = format!("{POISON}\n{detail}");
         for r in 0..self.world {
-            self.store.compare_set(&self.keys.member(r), b"", poison.as_bytes())?;
+            // A store that fails here leaves the others to their timeout; this rank's error
+            // stays the Mismatch.
+            if let Err(e) = self.store.compare_set(&self.keys.member(r), b"", poison.as_bytes()) {
+                log::debug!("symm membership: poisoning rank {r}'s member record: {e}");
+                break;
+            }
         }
         Err(Error::Mismatch {
             what: "group membership",

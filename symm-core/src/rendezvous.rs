@@ -196,10 +196,13 @@ pub fn run<B: RendezvousBackend, M>(
         next_key(),
         group.options().shared_devices,
     );
-    let left = time_left(deadline, timeout, "rendezvous")?;
-    let raw = group
-        .exchange(format!("{prefix}/info"), left)?
-        .all_gather(rank, world, &me.encode(name), left)?;
+    let info = group.exchange(format!("{prefix}/info"), time_left(deadline, timeout, "rendezvous")?)?;
+    let raw = info.all_gather(
+        rank,
+        world,
+        &me.encode(name),
+        time_left(deadline, timeout, "rendezvous")?,
+    )?;
     let records = raw
         .iter()
         .enumerate()

@@ -117,7 +117,14 @@ impl PeerWatch {
 
 impl Drop for PeerWatch {
     fn drop(&mut self) {
-        // Tell the peers first (their ops waiting on this rank stop), then stop our thread.
+        // Stop our thread first: taking the lock waits for a callback in progress (it runs under
+        // it), so none runs once the owner goes on dropping what the callback touches.
+        *self.shared.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.shared.wake.notify_all();
+        // Tell the peers (their ops waiting on this rank stop). Before the owner's drop goes on,
+        // on this thread: a thread of its own could queue behind the owner's next store request
+        // (a TcpStore client serves one request at a time) and tell nobody. Bounded by the
+        // store's timeout when the store does not answer.
         let told = self
             .store
             .set(&left_key(&self.scope, self.rank), b"dropped its communicator")
@@ -125,8 +132,6 @@ impl Drop for PeerWatch {
         if let Err(e) = told {
             log::debug!("symm peer watch: announcing that rank {} left: {e}", self.rank);
         }
-        *self.shared.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        self.shared.wake.notify_all();
     }
 }
 
@@ -142,12 +147,15 @@ fn run(
     let mut stop = shared.stop.lock().unwrap_or_else(|e| e.into_inner());
     while !*stop {
         drop(stop);
-        if let Some(lost) = look(store, liveness, scope, peers) {
-            let lost = shared.lost.get_or_init(|| lost);
-            on_lost(lost);
+        let found = look(store, liveness, scope, peers);
+        stop = shared.stop.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(lost) = found {
+            // Under the lock, and only while the owner has not begun to drop the watch.
+            if !*stop {
+                on_lost(shared.lost.get_or_init(|| lost));
+            }
             return;
         }
-        stop = shared.stop.lock().unwrap_or_else(|e| e.into_inner());
         if !*stop {
             stop = shared
                 .wake

@@ -151,6 +151,9 @@ pub struct CudaCollectives {
     /// Allocations registered for the zero-copy kernels.
     registry: Registry,
     epilogues: Epilogues,
+    /// The completion of the last op of the safe typed entries (`typed.rs`): dropping these
+    /// collectives waits for it, so their workspace outlives the work those ops queued.
+    typed_done: Mutex<Option<cudarc::driver::CudaEvent>>,
 }
 
 impl std::fmt::Debug for CudaCollectives {
@@ -367,6 +370,18 @@ impl CudaCollectives {
 
 impl Drop for CudaCollectives {
     fn drop(&mut self) {
+        // The safe typed entries' last op (bounded: its waits end at their deadline).
+        if let Some(done) = self.typed_done.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+            let limit = self.config.timeout.saturating_add(crate::streams::HOST_COPY_TIMEOUT);
+            let t = std::time::Instant::now();
+            while !done.is_complete() {
+                if t.elapsed() >= limit {
+                    log::warn!("symm-cuda collectives: dropping: the last typed op did not complete in {limit:?}");
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        }
         // Ops in flight are bounded by their deadlines; let the side streams finish before the
         // workspace goes away (the caller's streams are the caller's to synchronise).
         if let Ok(CeState {

@@ -276,6 +276,14 @@ impl Engine for RocmEngine {
         self.coll.set_abort(abort)
     }
 
+    /// Nothing: symm-rocm's kernels have no host-only abort word, and the pad's ABORT word stops
+    /// every kernel as it starts, which would fail a lagging rank's ops whose data the departed
+    /// peer had already sent (NOTE [peer-watch]). On ROCm a wait on a lost peer ends at the op
+    /// timeout; the communicator then names the peer (`PeerLost`).
+    fn abort_waits_on_lost_peer(&self) -> Result<()> {
+        Ok(())
+    }
+
     fn register(&self, t: &SymmTensor) -> Result<()> {
         self.coll
             .register_symmetric(get_symmetric_memory(t).ok_or(Error::NotRendezvoused)?)

@@ -291,6 +291,7 @@ impl CudaCollectives {
             ce: Mutex::new(ce),
             registry: Registry::default(),
             epilogues,
+            typed_done: Mutex::new(None),
         })
     }
 }

@@ -1,16 +1,40 @@
 //! The safe, typed entries of [`CudaCollectives`]: the same ops as the raw-address ones (NOTE
 //! [raw-addresses]) on cudarc device buffers (`CudaSlice`, `CudaView`, `CudaViewMut`, and
 //! [`crate::SymmView`] for symmetric memory), whose element type, length and context are checked
-//! here, so an embedder using symm-core and symm-cuda alone needs no `unsafe`. Addresses come
-//! through cudarc's `DevicePtr` / `DevicePtrMut`, so cudarc's event tracking orders the op after
-//! other streams' work on the buffers (and later work after the op); a tracked buffer is
-//! refused while the stream is being captured (a capture cannot wait on an event recorded
-//! outside it).
+//! here, so an embedder using symm-core and symm-cuda alone needs no `unsafe`. Lifetimes:
+//! - buffers cudarc tracks with events (or synchronises on the guard's drop) are ordered by
+//!   cudarc: they cannot be freed before the op's work on the stream completes; the op returns
+//!   once enqueued;
+//! - buffers nothing tracks (a `SymmView`, a context with tracking off) could be freed while the
+//!   kernel still runs, so with one of them the op waits (on the host, bounded by the op's
+//!   timeout) for its work on the stream before it returns, and is refused while the stream is
+//!   being captured;
+//! - the collectives' own workspace: the last typed op's completion is recorded, and dropping the
+//!   collectives waits for it (bounded).
+//!
+//! Kernels that write into the peers' buffers (the two-shot pull, the copy-engine two-shot and
+//! push) need every rank's output at the same place of one registered allocation, which no rank
+//! can check alone: they are for the raw entries only.
 
-use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceSlice};
+use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use symm_core::Scalar;
 
 use super::*;
+
+/// Whether cudarc orders the buffer's memory with the op (an event recorded, or the stream
+/// synchronised, when the guard drops).
+fn ordered(g: &SyncOnDrop<'_>) -> bool {
+    matches!(g, SyncOnDrop::Record(Some(_)) | SyncOnDrop::Sync(Some(_)))
+}
+
+/// A kernel the typed entries refuse: it writes into the peers' outputs.
+fn writes_peers(kernel: impl std::fmt::Display) -> Error {
+    Error::InvalidArgument(format!(
+        "the {kernel} kernel writes into every peer's output, which must then lie at the same place of \
+         one registered allocation on every rank: the typed entries cannot check that; use the raw \
+         (unsafe) entry"
+    ))
+}
 
 /// A buffer's checks: on this context's device, not tracked by events during a capture.
 fn check_buffer<T, B: DeviceSlice<T>>(c: &CudaCollectives, stream: &CudaStream, b: &B, what: &str) -> Result<()> {
@@ -60,9 +84,10 @@ where
     check_buffer(c, stream, output, "output")?;
     check_len("input", input.len(), in_len)?;
     check_len("output", output.len(), out_len)?;
-    let (src, _read) = input.device_ptr(stream);
-    let (dst, _write) = output.device_ptr_mut(stream);
-    op(src, dst)
+    let (src, read) = input.device_ptr(stream);
+    let (dst, write) = output.device_ptr_mut(stream);
+    let untracked = !ordered(&read) || !ordered(&write);
+    c.typed_op(stream, untracked, || op(src, dst))
 }
 
 impl CudaCollectives {
@@ -82,13 +107,14 @@ impl CudaCollectives {
         I: DevicePtr<T>,
         O: DevicePtrMut<T>,
     {
+        refuse_writers(kernel)?;
         let count = output.len();
         pair(self, stream, input, output, (count, count), |src, dst| {
             #[allow(unsafe_code)]
-            // SAFETY: `src` and `dst` are the addresses of live cudarc buffers of `count`
-            // elements of `T` in this object's context (checked by `pair`); cudarc's guards order
-            // the op with the buffers' events (they cannot be freed before the op's work on
-            // `stream` completes), and the borrows keep the caller from touching them meanwhile.
+            // SAFETY: `src` and `dst` are the addresses of live buffers of `count` elements of `T`
+            // in this object's context (checked by `pair`); cudarc orders their memory with the
+            // op, or `typed_op` waits for the op before they can be dropped; the borrows keep the
+            // caller from touching them meanwhile; no kernel allowed here writes a peer's output.
             unsafe {
                 self.all_reduce(stream, kernel, src, dst, count, T::DTYPE, op)
             }
@@ -108,14 +134,17 @@ impl CudaCollectives {
         B: DevicePtrMut<T>,
     {
         check_buffer(self, stream, buf, "buffer")?;
+        refuse_writers(kernel)?;
         let count = buf.len();
-        let (p, _guard) = buf.device_ptr_mut(stream);
-        #[allow(unsafe_code)]
-        // SAFETY: as in `all_reduce_into`: a live, checked buffer of `count` elements, input and
-        // output at once.
-        unsafe {
-            self.all_reduce(stream, kernel, p, p, count, T::DTYPE, op)
-        }
+        let (p, guard) = buf.device_ptr_mut(stream);
+        self.typed_op(stream, !ordered(&guard), || {
+            #[allow(unsafe_code)]
+            // SAFETY: as in `all_reduce_into`: a live, checked buffer of `count` elements, input
+            // and output at once, ordered with the op by cudarc or waited for by `typed_op`.
+            unsafe {
+                self.all_reduce(stream, kernel, p, p, count, T::DTYPE, op)
+            }
+        })
     }
 
     /// [`Self::reduce_scatter`] on typed device buffers: `input` holds `output.len() * world`
@@ -138,7 +167,7 @@ impl CudaCollectives {
         pair(self, stream, input, output, lens, |src, dst| {
             #[allow(unsafe_code)]
             // SAFETY: live, checked buffers of `count * world` (input) and `count` (output)
-            // elements of `T`; cudarc's guards order the op with the buffers' events.
+            // elements of `T`, ordered with the op by cudarc or waited for by `typed_op`.
             unsafe {
                 self.reduce_scatter(stream, kernel, src, dst, count, T::DTYPE, op)
             }
@@ -159,15 +188,53 @@ impl CudaCollectives {
         I: DevicePtr<T>,
         O: DevicePtrMut<T>,
     {
+        if kernel == AllGatherKernel::CopyEnginePush {
+            return Err(writes_peers(kernel));
+        }
         let count = input.len();
         let lens = (count, count.saturating_mul(self.rig.world));
         pair(self, stream, input, output, lens, |src, dst| {
             #[allow(unsafe_code)]
             // SAFETY: live, checked buffers of `count` (input) and `count * world` (output)
-            // elements of `T`; cudarc's guards order the op with the buffers' events.
+            // elements of `T`, ordered with the op by cudarc or waited for by `typed_op`; the
+            // copy-engine push (which writes the peers' outputs) is refused above.
             unsafe {
                 self.all_gather(stream, kernel, src, dst, count, T::DTYPE)
             }
         })
+    }
+}
+
+/// The all-reduce kernels the typed entries refuse ([`writes_peers`]).
+fn refuse_writers(kernel: AllReduceKernel) -> Result<()> {
+    match kernel {
+        AllReduceKernel::PullTwoShot | AllReduceKernel::CopyEngineTwoShot => Err(writes_peers(kernel)),
+        _ => Ok(()),
+    }
+}
+
+impl CudaCollectives {
+    /// Runs `enqueue` (one typed op on `stream`) with the lifetimes of the module's docs: refused
+    /// in a capture and waited for when a buffer is `untracked`; its completion recorded for
+    /// [`Drop`].
+    fn typed_op<R>(&self, stream: &CudaStream, untracked: bool, enqueue: impl FnOnce() -> Result<R>) -> Result<R> {
+        if untracked && crate::streams::capturing(stream)? {
+            return Err(Error::InvalidArgument(
+                "a buffer no event tracks (a SymmView, a context with tracking off) in a CUDA graph capture: \
+                 the typed entries cannot keep it alive for the graph's launches; use the raw (unsafe) entry"
+                    .into(),
+            ));
+        }
+        let r = enqueue()?;
+        let done = stream.record_event(None).map_err(|e| from_driver(e, "cuEventRecord"))?;
+        *self.typed_done.lock().unwrap_or_else(|e| e.into_inner()) = Some(done);
+        if untracked {
+            crate::streams::wait_idle(
+                stream,
+                self.config.timeout.saturating_add(crate::streams::HOST_COPY_TIMEOUT),
+                "a typed op on a buffer no event tracks",
+            )?;
+        }
+        Ok(r)
     }
 }
