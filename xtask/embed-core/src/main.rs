@@ -4,7 +4,8 @@
 //! slice and a Lamport all-reduce in place in the symmetric buffer, through the safe typed entries
 //! (`CudaCollectives::all_reduce_into`, `all_reduce_in_place`); the results are checked against a
 //! float64 reference. No `unsafe` anywhere. Without a GPU it says why and exits 0 (building is
-//! the check there).
+//! the check there). With one GPU both ranks share it: start the process with
+//! `CUDA_DEVICE_MAX_CONNECTIONS=32` (NOTE [shared-device]; the error says so otherwise).
 
 use std::process::ExitCode;
 use std::sync::Arc;
