@@ -151,9 +151,10 @@ pub struct CudaCollectives {
     /// Allocations registered for the zero-copy kernels.
     registry: Registry,
     epilogues: Epilogues,
-    /// The completion of the last op of the safe typed entries (`typed.rs`): dropping these
-    /// collectives waits for it, so their workspace outlives the work those ops queued.
-    typed_done: Mutex<Option<cudarc::driver::CudaEvent>>,
+    /// Recorded after every op of the safe typed entries (`typed.rs`; complete while none ran):
+    /// dropping these collectives waits for it, so their workspace outlives the work those ops
+    /// queued.
+    typed_done: cudarc::driver::CudaEvent,
 }
 
 impl std::fmt::Debug for CudaCollectives {
@@ -371,16 +372,9 @@ impl CudaCollectives {
 impl Drop for CudaCollectives {
     fn drop(&mut self) {
         // The safe typed entries' last op (bounded: its waits end at their deadline).
-        if let Some(done) = self.typed_done.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
-            let limit = self.config.timeout.saturating_add(crate::streams::HOST_COPY_TIMEOUT);
-            let t = std::time::Instant::now();
-            while !done.is_complete() {
-                if t.elapsed() >= limit {
-                    log::warn!("symm-cuda collectives: dropping: the last typed op did not complete in {limit:?}");
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_micros(200));
-            }
+        let limit = self.config.timeout.saturating_add(crate::streams::HOST_COPY_TIMEOUT);
+        if let Err(e) = crate::streams::wait_event(&self.typed_done, limit, "dropping collectives: the last typed op") {
+            log::warn!("symm-cuda collectives: {e}");
         }
         // Ops in flight are bounded by their deadlines; let the side streams finish before the
         // workspace goes away (the caller's streams are the caller's to synchronise).

@@ -161,16 +161,32 @@ pub fn capturing(stream: &CudaStream) -> Result<bool> {
 /// `cuStreamQuery`, which holds no lock while the GPU works), or [`Error::Timeout`] naming
 /// `what` after `timeout`; an operation that failed gives its error.
 pub fn wait_idle(stream: &CudaStream, timeout: Duration, what: &str) -> Result<()> {
+    poll_until(
+        || driver::stream_query(stream),
+        timeout,
+        || format!("waiting for a stream: {what}"),
+    )
+}
+
+/// [`wait_idle`] for the work before `event`'s last record (complete when it was never
+/// recorded): polled, so no lock is held while the GPU works; [`Error::Timeout`] after `timeout`.
+pub fn wait_event(event: &cudarc::driver::CudaEvent, timeout: Duration, what: &str) -> Result<()> {
+    poll_until(
+        || event.try_is_complete().map_err(|e| from_driver(e, "cuEventQuery")),
+        timeout,
+        || format!("waiting for an event: {what}"),
+    )
+}
+
+/// Polls `done` with the [`Backoff`] until it says true, or [`Error::Timeout`] naming `what`.
+fn poll_until(mut done: impl FnMut() -> Result<bool>, timeout: Duration, what: impl Fn() -> String) -> Result<()> {
     let b = Backoff::new();
     loop {
-        if driver::stream_query(stream)? {
+        if done()? {
             return Ok(());
         }
         if b.start().elapsed() >= timeout {
-            return Err(Error::Timeout {
-                what: format!("waiting for a stream: {what}"),
-                timeout,
-            });
+            return Err(Error::Timeout { what: what(), timeout });
         }
         b.pause();
     }

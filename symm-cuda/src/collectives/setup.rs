@@ -291,7 +291,7 @@ impl CudaCollectives {
             ce: Mutex::new(ce),
             registry: Registry::default(),
             epilogues,
-            typed_done: Mutex::new(None),
+            typed_done: ctx.new_event(None).map_err(|e| from_driver(e, "cuEventCreate"))?,
         })
     }
 }

@@ -7,10 +7,14 @@
 //!   once enqueued;
 //! - buffers nothing tracks (a `SymmView`, a context with tracking off) could be freed while the
 //!   kernel still runs, so with one of them the op waits (on the host, bounded by the op's
-//!   timeout) for its work on the stream before it returns, and is refused while the stream is
-//!   being captured;
-//! - the collectives' own workspace: the last typed op's completion is recorded, and dropping the
-//!   collectives waits for it (bounded).
+//!   timeout) for its work on the stream before it returns;
+//! - the collectives' own workspace: the last typed op's completion is recorded (one event of
+//!   theirs, re-recorded: nothing allocated per op), and dropping the collectives waits for it
+//!   (bounded).
+//!
+//! The typed entries do not run while the stream is being captured into a graph: a tracked
+//! buffer would make the capture wait on an event recorded outside it, and an untracked one
+//! could not be kept alive for the graph's launches. Captures use the raw entries.
 //!
 //! Kernels that write into the peers' buffers (the two-shot pull, the copy-engine two-shot and
 //! push) need every rank's output at the same place of one registered allocation, which no rank
@@ -36,21 +40,27 @@ fn writes_peers(kernel: impl std::fmt::Display) -> Error {
     ))
 }
 
-/// A buffer's checks: on this context's device, not tracked by events during a capture.
-fn check_buffer<T, B: DeviceSlice<T>>(c: &CudaCollectives, stream: &CudaStream, b: &B, what: &str) -> Result<()> {
+/// Refuses a stream being captured (the module's docs), before any buffer's address is taken
+/// (taking a tracked one makes the stream wait on its events).
+fn not_capturing(stream: &CudaStream) -> Result<()> {
+    if crate::streams::capturing(stream)? {
+        return Err(Error::InvalidArgument(
+            "a typed collective entry while its stream is being captured into a CUDA graph: its buffers' \
+             lifetimes cannot be kept for the graph's launches; use the raw (unsafe) entry"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A buffer's check: on this context's device.
+fn check_buffer<T, B: DeviceSlice<T>>(c: &CudaCollectives, b: &B, what: &str) -> Result<()> {
     let ctx = DeviceSlice::stream(b).context();
     if ctx.cu_ctx() != c.ctx.cu_ctx() {
         return Err(Error::InvalidArgument(format!(
             "{what} is on cuda:{}, these collectives on cuda:{}",
             ctx.ordinal(),
             c.ctx.ordinal()
-        )));
-    }
-    if ctx.is_event_tracking() && crate::streams::capturing(stream)? {
-        return Err(Error::InvalidArgument(format!(
-            "{what}: a cudarc buffer with event tracking in a CUDA graph capture (cudarc would make the \
-             capture wait on an event recorded outside it); use symmetric memory (SymmView) or disable \
-             event tracking on the context"
         )));
     }
     Ok(())
@@ -65,7 +75,7 @@ fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
     Ok(())
 }
 
-/// An op's input and output, checked (device, capture, lengths `in_len` and `out_len` elements),
+/// An op's input and output, checked (no capture, device, lengths `in_len` and `out_len` elements),
 /// their addresses handed to `op` while cudarc's guards are held (they order the op with the
 /// buffers' events when they drop, after `op` enqueued it).
 fn pair<T, I, O, R>(
@@ -80,8 +90,9 @@ where
     I: DevicePtr<T>,
     O: DevicePtrMut<T>,
 {
-    check_buffer(c, stream, input, "input")?;
-    check_buffer(c, stream, output, "output")?;
+    not_capturing(stream)?;
+    check_buffer(c, input, "input")?;
+    check_buffer(c, output, "output")?;
     check_len("input", input.len(), in_len)?;
     check_len("output", output.len(), out_len)?;
     let (src, read) = input.device_ptr(stream);
@@ -133,7 +144,8 @@ impl CudaCollectives {
         T: Scalar,
         B: DevicePtrMut<T>,
     {
-        check_buffer(self, stream, buf, "buffer")?;
+        not_capturing(stream)?;
+        check_buffer(self, buf, "buffer")?;
         refuse_writers(kernel)?;
         let count = buf.len();
         let (p, guard) = buf.device_ptr_mut(stream);
@@ -214,20 +226,13 @@ fn refuse_writers(kernel: AllReduceKernel) -> Result<()> {
 }
 
 impl CudaCollectives {
-    /// Runs `enqueue` (one typed op on `stream`) with the lifetimes of the module's docs: refused
-    /// in a capture and waited for when a buffer is `untracked`; its completion recorded for
-    /// [`Drop`].
+    /// Runs `enqueue` (one typed op on `stream`) with the lifetimes of the module's docs: waited
+    /// for when a buffer is `untracked`; its completion recorded for [`Drop`].
     fn typed_op<R>(&self, stream: &CudaStream, untracked: bool, enqueue: impl FnOnce() -> Result<R>) -> Result<R> {
-        if untracked && crate::streams::capturing(stream)? {
-            return Err(Error::InvalidArgument(
-                "a buffer no event tracks (a SymmView, a context with tracking off) in a CUDA graph capture: \
-                 the typed entries cannot keep it alive for the graph's launches; use the raw (unsafe) entry"
-                    .into(),
-            ));
-        }
         let r = enqueue()?;
-        let done = stream.record_event(None).map_err(|e| from_driver(e, "cuEventRecord"))?;
-        *self.typed_done.lock().unwrap_or_else(|e| e.into_inner()) = Some(done);
+        self.typed_done
+            .record(stream)
+            .map_err(|e| from_driver(e, "cuEventRecord"))?;
         if untracked {
             crate::streams::wait_idle(
                 stream,
