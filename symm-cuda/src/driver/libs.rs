@@ -49,6 +49,25 @@ pub(crate) fn present(stem: &str) -> bool {
     linked(stem) || loadable(stem)
 }
 
+/// `Ok(())` when `lib{stem}` is [`present`] (looked for once per process and library), else
+/// [`Error::Unavailable`] saying `missing`.
+pub(crate) fn require(stem: &'static str, missing: &str) -> symm_core::Result<()> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static FOUND: OnceLock<Mutex<HashMap<&'static str, bool>>> = OnceLock::new();
+    let found = *FOUND
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(stem)
+        .or_insert_with(|| present(stem));
+    if found {
+        Ok(())
+    } else {
+        Err(symm_core::Error::Unavailable(missing.to_string()))
+    }
+}
+
 fn loadable(stem: &str) -> bool {
     candidates(stem).iter().any(|name| {
         // SAFETY: loading a shared library runs its initialisers, as any library load does; the

@@ -3,25 +3,17 @@
 //! libnccl can be loaded before anything calls cudarc's NCCL (its loader panics otherwise, and a
 //! panic cannot be caught in a build with `panic = "abort"`).
 
-use std::sync::OnceLock;
-
 use cudarc::nccl::Comm;
-use symm_core::{Error, Result};
+use symm_core::Result;
 
 /// `Ok(())` if libnccl can be loaded (the candidate names cudarc tries), else
 /// [`Error::Unavailable`]. Checked once per process.
 pub fn available() -> Result<()> {
-    static PRESENT: OnceLock<bool> = OnceLock::new();
-    let present = *PRESENT.get_or_init(|| super::libs::present("nccl"));
-    if present {
-        Ok(())
-    } else {
-        Err(Error::Unavailable(
-            "NCCL (libnccl.so) was not found; put its folder on LD_LIBRARY_PATH (e.g. site-packages/nvidia/nccl/lib \
-             from the nvidia-nccl wheel; cudarc looks for libnccl.so)"
-                .into(),
-        ))
-    }
+    super::libs::require(
+        "nccl",
+        "NCCL (libnccl.so) was not found; put its folder on LD_LIBRARY_PATH (e.g. site-packages/nvidia/nccl/lib \
+         from the nvidia-nccl wheel; cudarc looks for libnccl.so)",
+    )
 }
 
 /// Owns a [`Comm`] and may be sent to another thread; it is not `Sync`, so one thread at a time

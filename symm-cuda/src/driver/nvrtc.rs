@@ -13,18 +13,12 @@ use symm_core::{Error, Result};
 
 /// `Ok(())` if libnvrtc can be loaded, else [`Error::Unavailable`].
 pub fn available() -> Result<()> {
-    static PRESENT: OnceLock<bool> = OnceLock::new();
-    let present = *PRESENT.get_or_init(|| super::libs::present("nvrtc"));
-    if present {
-        Ok(())
-    } else {
-        Err(Error::Unavailable(
-            "NVRTC (libnvrtc.so) was not found; put its folder on LD_LIBRARY_PATH \
-             (e.g. /usr/local/cuda/lib64, or site-packages/nvidia/cu13/lib from the \
-             nvidia-cuda-nvrtc wheel)"
-                .into(),
-        ))
-    }
+    super::libs::require(
+        "nvrtc",
+        "NVRTC (libnvrtc.so) was not found; put its folder on LD_LIBRARY_PATH \
+         (e.g. /usr/local/cuda/lib64, or site-packages/nvidia/cu13/lib from the \
+         nvidia-cuda-nvrtc wheel)",
+    )
 }
 
 /// `(major, minor)` of the loaded NVRTC.
