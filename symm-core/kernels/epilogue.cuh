@@ -236,14 +236,34 @@ __device__ __forceinline__ void epi_rows(const char* sum, const char* res, const
     }
 }
 
+// NOTE [device-trace] records of the epilogue kernels: kind 3 the generic fused entry, 4 the
+// two-rank one (stamps as the Lamport entries': entry, start, thread 0 of block 0 after its
+// block pushed every vector, after its first vector arrived from every peer, exit), 5 the
+// separate kernel (entry, start, start, start, exit). `count`: the vectors of the op.
+#ifdef COLL_TRACE
+#define EPI_TRACE_SEPARATE(NV)                                                      \
+    if (blockIdx.x == 0u && threadIdx.x == 0u) {                                    \
+        coll_tr[2] = coll_tr[1];                                                    \
+        coll_tr[3] = coll_tr[1];                                                    \
+        coll_tr[4] = symm_globaltimer();                                            \
+        coll_trace_write(5u, 1u, 0u, 0u, (NV), reinterpret_cast<const char*>(res), coll_tr); \
+    }
+#else
+#define EPI_TRACE_SEPARATE(NV)
+#endif
+
 #define EPI_ARGS                                                                                          \
     const char *sum, const char *res, const char *weight, char *res_out, char *norm_out, unsigned long long rows, \
         unsigned int vr, unsigned int k, float eps, unsigned int flags
 #define EPI_ENTRY(NAME, DT)                                                                            \
     extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS) NAME(EPI_ARGS) {                     \
+        COLL_TRACE_DECL                                                                                 \
+        COLL_TRACE_AT(0, true)                                                                          \
         symm_pdl_prologue();                                                                            \
+        COLL_TRACE_AT(1, true)                                                                          \
         __shared__ float red[32];                                                                       \
         epi_rows<DT>(sum, res, weight, res_out, norm_out, rows, vr, k, eps, (flags & EPI_NORM) != 0u, red); \
+        EPI_TRACE_SEPARATE(rows * vr)                                                                   \
     }
 EPI_ENTRY(symm_add_rms_f32, COLL_F32)
 EPI_ENTRY(symm_add_rms_f16, COLL_F16)
@@ -266,7 +286,10 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
                                                  char* norm_out, float eps, bool norm, bool clustered) {
     constexpr int NP = W > 0 ? W - 1 : COLL_MAXW - 1;
     const unsigned int world = W > 0 ? (unsigned int)W : world_arg;
+    COLL_TRACE_DECL
+    COLL_TRACE_AT(0, true)
     symm_pdl_prologue();
+    COLL_TRACE_AT(1, true)
     __shared__ float red[32];
     __shared__ unsigned int last_of_row;
     const unsigned long long row_bytes = (unsigned long long)vr * 16ull;
@@ -326,6 +349,7 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
             failed = !coll_lam_poll<DT, NP>(pv, mine, slot_bytes, v, ws + hdr_off, idx, hdr, rank, world, w, st,
                                             deadline);
         }
+        COLL_TRACE_AT(3, v == 0ull)
         return failed ? own : coll_reduce_ranks<DT, COLL_SUM>(own, pv, (int)rank, (int)world);
     };
 
@@ -398,6 +422,7 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
             }
         }
     }
+    COLL_TRACE_AT(2, blockIdx.x == 0u && threadIdx.x == 0u)
     // Every thread of the block has read the op state: count the block in; the last advances it
     // (as symm_lamport_*; one block advances it at its end).
     __syncthreads();
@@ -504,6 +529,12 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
         st[COLL_ST_LAM_USED] = (unsigned int)nv;
         st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
     }
+#ifdef COLL_TRACE
+    if (blockIdx.x == 0u && threadIdx.x == 0u) {
+        coll_tr[4] = symm_globaltimer();
+        coll_trace_write(W > 0 ? 4u : 3u, world, rank, 0u, nv, ws, coll_tr);
+    }
+#endif
 }
 
 #define COLL_LAMPORT_EPI_ARGS                                                                                 \

@@ -40,7 +40,9 @@ pub(crate) fn defines() -> &'static str {
 /// One launch's record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TraceRecord {
-    /// 1: the generic Lamport entry; 2: an entry specialised for its world size.
+    /// 1: the generic Lamport entry; 2: an entry specialised for its world size; 3: the generic
+    /// fused Lamport epilogue; 4: its two-rank entry; 5: the separate epilogue kernel (no
+    /// exchange: its `rank` is 0 and its `ws` the residual's address).
     pub kind: u8,
     pub world: u8,
     pub rank: u8,
@@ -50,9 +52,81 @@ pub struct TraceRecord {
     pub count: u64,
     /// The launching rank's workspace base (tells groups and ranks sharing a context apart).
     pub ws: u64,
-    /// Entry (before the PDL wait), start (after it), thread 0's first vector pushed, thread 0's
-    /// first vector received from every peer, thread 0's exit; `%globaltimer` ns.
+    /// Entry (before the PDL wait), start (after it), thread 0's first vector pushed (fused:
+    /// block 0 pushed all of its vectors), thread 0's first vector received from every peer,
+    /// thread 0's exit; `%globaltimer` ns. The separate epilogue kernel repeats the start.
     pub t: [u64; 5],
+}
+
+impl TraceRecord {
+    /// A kernel that exchanges data with the peers (kinds 1-4), whose `rank` is its rank.
+    pub fn exchanges(&self) -> bool {
+        (1..=4).contains(&self.kind)
+    }
+}
+
+/// One kind's phases over the launches of ONE rank (one context per rank, as on distinct GPUs),
+/// medians in microseconds. Every phase is a difference of one GPU's own stamps, so no clock
+/// offset between GPUs enters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KindPhases {
+    pub kind: u8,
+    /// Launches of this kind (those with a launch after them for `gap`).
+    pub launches: usize,
+    /// Entry to start: the PDL wait for the kernel before.
+    pub pdl: f64,
+    /// Start to the push stamp.
+    pub push: f64,
+    /// Push stamp to the arrival of thread 0's first vector from every peer.
+    pub wait: f64,
+    /// Arrival to exit (the reduction and, fused, the epilogue).
+    pub tail: f64,
+    /// Start to exit.
+    pub kernel: f64,
+    /// This launch's exit to the next launch's start (whatever its kind): what the boundary
+    /// between two kernels costs.
+    pub gap: f64,
+}
+
+fn median_us(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// The phases of one rank's `records` (any order: sorted here by start), per kind, in kind
+/// order. Launches are paired with the next one started, so the last launch counts only in the
+/// phases inside it.
+pub fn phases_by_kind(records: &[TraceRecord]) -> Vec<KindPhases> {
+    let mut r: Vec<&TraceRecord> = records.iter().collect();
+    r.sort_by_key(|x| x.t[1]);
+    let us = |a: u64, b: u64| (b as f64 - a as f64) / 1e3;
+    let mut kinds: Vec<u8> = r.iter().map(|x| x.kind).collect();
+    kinds.sort_unstable();
+    kinds.dedup();
+    kinds
+        .into_iter()
+        .map(|k| {
+            let mine: Vec<(usize, &&TraceRecord)> = r.iter().enumerate().filter(|(_, x)| x.kind == k).collect();
+            let phase = |f: &dyn Fn(&TraceRecord) -> f64| median_us(mine.iter().map(|(_, x)| f(x)).collect());
+            let gaps: Vec<f64> = mine
+                .iter()
+                .filter_map(|(i, x)| r.get(i + 1).map(|n| us(x.t[4], n.t[1])))
+                .collect();
+            KindPhases {
+                kind: k,
+                launches: mine.len(),
+                pdl: phase(&|x| us(x.t[0], x.t[1])),
+                push: phase(&|x| us(x.t[1], x.t[2])),
+                wait: phase(&|x| us(x.t[2], x.t[3])),
+                tail: phase(&|x| us(x.t[3], x.t[4])),
+                kernel: phase(&|x| us(x.t[1], x.t[4])),
+                gap: median_us(gaps),
+            }
+        })
+        .collect()
 }
 
 impl TraceRecord {
@@ -146,4 +220,47 @@ pub fn take(ctx: &Arc<CudaContext>) -> Result<Vec<TraceRecord>> {
         .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
         .collect();
     Ok(words.chunks_exact(WORDS).map(TraceRecord::decode).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(kind: u8, t: [u64; 5]) -> TraceRecord {
+        TraceRecord {
+            kind,
+            world: 2,
+            rank: 0,
+            mode: 0,
+            count: 1,
+            ws: 0,
+            t,
+        }
+    }
+
+    /// Lamport (kind 2) then the separate epilogue (kind 5), three times, recorded out of order:
+    /// each kind's phases, and the gap to whichever kernel starts next.
+    #[test]
+    fn phases_of_alternating_kernels() {
+        let mut v = Vec::new();
+        for i in 0..3u64 {
+            let b = i * 10_000;
+            // Lamport: pdl 0.5 us, push 0.3, wait 1.2, tail 0.4 (kernel 1.9); the epilogue
+            // starts 0.8 us after its exit.
+            v.push(rec(2, [b, b + 500, b + 800, b + 2000, b + 2400]));
+            // Epilogue: pdl 2.0, kernel 1.1; the next Lamport starts 10 us after the last one.
+            v.push(rec(5, [b + 1200, b + 3200, b + 3200, b + 3200, b + 4300]));
+        }
+        v.reverse();
+        let p = phases_by_kind(&v);
+        assert_eq!(p.len(), 2);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        let (l, e) = (&p[0], &p[1]);
+        assert_eq!((l.kind, l.launches, e.kind, e.launches), (2, 3, 5, 3));
+        assert!(close(l.pdl, 0.5) && close(l.push, 0.3) && close(l.wait, 1.2) && close(l.tail, 0.4));
+        assert!(close(l.kernel, 1.9) && close(l.gap, 0.8), "{l:?}");
+        assert!(close(e.pdl, 2.0) && close(e.kernel, 1.1) && close(e.push, 0.0));
+        // 4.3 -> 10.5: 6.2 us (two gaps; the last epilogue has no launch after it).
+        assert!(close(e.gap, 6.2), "{e:?}");
+    }
 }

@@ -39,9 +39,10 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 /// Lines up `records` (every rank's, each rank's in launch order) op by op; `None` when a rank
 /// recorded nothing or the ranks recorded different numbers of ops.
 pub fn summarise(records: &[TraceRecord]) -> Option<Summary> {
-    let world = records.first()?.world as usize;
+    let world = records.iter().find(|r| r.exchanges())?.world as usize;
     let mut per_rank: Vec<Vec<&TraceRecord>> = vec![Vec::new(); world];
-    for r in records {
+    // The exchange kernels alone: the separate epilogue kernel's records (kind 5) name no rank.
+    for r in records.iter().filter(|r| r.exchanges()) {
         per_rank.get_mut(r.rank as usize)?.push(r);
     }
     let ops = per_rank.iter().map(Vec::len).min()?;

@@ -13,6 +13,7 @@
 //! (median us per op of the slowest rank, and each row's time over `symm+norm`'s) and appends
 //! the rows to `--json` with the extension `.ar_rms_norm.json`.
 
+use symm_ops::symm_cuda::trace;
 use symm_ops::{AllReduceAlgo, CommConfig, Communicator, EpilogueAlgo, RmsNorm, SymmBuffer};
 
 use crate::gpu::{time_rounds, RankState, K};
@@ -217,8 +218,12 @@ fn point<T: symm_ops::Element>(
         }
         let mut per_mode = Vec::new();
         for &mode in &args.modes {
+            // SYMM_TRACE=1: drop what ran before, print this rank's kernel phases after.
+            let ctx = st.stream.context();
+            trace::take(ctx)?;
             let mut t = time_rounds(st, mode, iters, args.rounds, &mut |i| run_op(comm, &mut b, v.algo, i))?;
             comm.check_error()?;
+            print_trace(st.rank, &format!("{hidden} x {tokens} {} {}", v.label, mode.name()), &trace::take(ctx)?);
             let key = sh.next_key(st.rank, "epi-time");
             let all = gather_f64s(sh, st.rank, &key, &[median(&mut t)])?;
             per_mode.push(all.iter().filter_map(|e| e.first().copied()).fold(0.0, f64::max));
@@ -261,6 +266,18 @@ fn point<T: symm_ops::Element>(
         }
     }
     Ok(())
+}
+
+/// With `SYMM_TRACE=1` (symm-cuda's NOTE [device-trace]): this rank's phases of each kernel kind
+/// of one timed variant, medians in us (one line per kind; nothing without records).
+fn print_trace(rank: usize, what: &str, records: &[trace::TraceRecord]) {
+    for p in trace::phases_by_kind(records) {
+        println!(
+            "trace r{rank} {what:<28} kind {} n {:>5} pdl {:>6.2} push {:>6.2} wait {:>6.2} tail {:>6.2} \
+             kernel {:>6.2} gap {:>6.2}",
+            p.kind, p.launches, p.pdl, p.push, p.wait, p.tail, p.kernel, p.gap
+        );
+    }
 }
 
 /// The `--ops ar_rms_norm` table on this rank; rank 0 prints it and writes `--json`.
