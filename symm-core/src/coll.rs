@@ -13,11 +13,14 @@
 //! - [`check`]: the checks on an op's device addresses (null, alignment, overflow, overlap);
 //! - [`launch`]: the launches of the in-kernel mechanisms (Lamport, ring, the fused zero-copy
 //!   pulls, barrier, the empty op's agreement) planned once, which a backend's `Launcher` runs;
-//! - [`registry`]: the symmetric allocations registered for the zero-copy kernels.
+//! - [`registry`]: the symmetric allocations registered for the zero-copy kernels;
+//! - [`add_rms`]: the all-reduce epilogue kernels' launches (the fused Lamport one and the
+//!   separate one), their row layouts and the checked buffers of an epilogue op.
 //!
 //! symm-cuda and symm-rocm launch the same entries with these same lists; CUDA's unit tests
 //! check each list against the parameters NVRTC compiled.
 
+pub mod add_rms;
 pub mod agree;
 pub mod arg;
 pub mod args;

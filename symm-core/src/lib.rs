@@ -33,7 +33,9 @@
 //! symm-rocm, or the host backend in symm-testkit) and finds it by
 //! [`DeviceType`].
 
-#![forbid(unsafe_code)]
+// No unsafe block anywhere; one declared contract (`coll::add_rms::Epilogue::new`, an `unsafe fn`
+// taking raw device addresses, NOTE [raw-addresses]), allowed where it is declared.
+#![deny(unsafe_code)]
 
 pub mod agree;
 pub mod allocator;

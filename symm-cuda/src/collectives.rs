@@ -56,7 +56,7 @@ pub use symm_core::kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKern
 use agree::{checked, header, Mechanism};
 use args::OpHeader;
 use layout::{peer_index, MAX_WORLD, MISMATCH_WORDS, ST_ERR_OUT, ST_MISMATCH};
-use plan::{ce_rs_chunks, ce_split, kernel_dtype, two_shot_shard, KernelDtype};
+use plan::{ce_rs_chunks, ce_split, two_shot_shard, KernelDtype};
 use setup::{CeState, KernelTable, CE_EVENTS};
 
 /// The error the collectives' kernels latched, read from its pinned mirror (NOTE
@@ -108,9 +108,23 @@ impl launch::Launcher for On<'_> {
             Entry::ReducePtrs(dt) => &k.reduce_ptrs[dt],
             Entry::Pull(dt) => &k.pull[dt],
             Entry::PullTwoRank(dt, mode, op) => k.pull_two_rank[dt].get(mode, op),
+            Entry::LamportAddRms(dt) => &k.lamport_epilogue[dt],
+            Entry::LamportAddRmsTwoRank(dt) => &k.lamport_epilogue_two_rank[dt],
+            // The separate epilogue is `Epilogues`' (loaded without a workspace too).
+            Entry::AddRms(dt) => &self.c.epilogues.add_rms[dt],
         };
-        launch_with(self.stream, f, cfg(l.blocks, l.threads), &l.args, self.c.how)
+        launch_planned(self.stream, f, l, self.c.how)
     }
+}
+
+/// Launches `f`, the function of `l.entry`, on `stream` with `l`'s grid, arguments and cluster
+/// size, `how`'s programmatic dependent launch.
+fn launch_planned(stream: &CudaStream, f: &CudaFunction, l: &launch::Launch, how: Launch) -> Result<()> {
+    let how = Launch {
+        cluster: l.cluster,
+        ..how
+    };
+    launch_with(stream, f, cfg(l.blocks, l.threads), &l.args, how)
 }
 
 /// One copy-engine pull-and-reduce ([`CudaCollectives::ce_pull_reduce`]), device addresses.
@@ -139,11 +153,8 @@ pub struct CudaCollectives {
     rig: Rig,
     sm_count: u32,
     /// How the collective kernels are launched ([`CollectivesConfig::pdl`] where the device
-    /// supports it).
+    /// supports it); a planned launch's cluster size comes with it (`launch_planned`).
     how: Launch,
-    /// The fused epilogue may run cluster rows (NOTE [fused-epilogue]): the device has thread-block
-    /// clusters and `SYMM_EPI_CLUSTER=1`.
-    clusters: bool,
     kernels: KernelTable,
     err_word: u64,
     control: Arc<CudaStream>,

@@ -220,7 +220,7 @@ pub fn ring_unroll1() -> bool {
 
 /// The kernels' diagnostic switches as symm-core's launch plans take them
 /// ([`LAMPORT_ACQREL_ARRIVE`], [`HOST_ABORT_EVERY_THREAD`], [`LAMPORT_LAG`], [`RING_UNROLL1`],
-/// [`LAMPORT_GENERIC`]).
+/// [`LAMPORT_GENERIC`], [`EPI_SPLIT`], [`EPI_CLUSTER`]).
 pub fn switches() -> symm_core::coll::launch::Switches {
     use symm_core::coll::args::{LAMPORT_ACQREL_ARRIVE as ACQREL, LAMPORT_HOST_EVERY_THREAD, LAMPORT_LAG_SHIFT};
     let mut lamport_bits = lamport_lag() << LAMPORT_LAG_SHIFT;
@@ -238,6 +238,8 @@ pub fn switches() -> symm_core::coll::launch::Switches {
             0
         },
         generic_entries: lamport_generic(),
+        epi_split: epi_split(),
+        epi_cluster: epi_cluster(),
     }
 }
 

@@ -2,9 +2,11 @@
 //! partial sums `x`, add the residual, RMSNorm the sum (NOTE [fused-epilogue] in
 //! `symm-core/kernels/epilogue.cuh`; docs/ops.md, "Fused epilogues").
 //!
-//! The CUDA engine runs the table's all-reduce (NCCL included) followed by the separate
-//! epilogue kernel, or the Lamport one-shot with the epilogue fused in (the planner's rule:
-//! `Selector::epilogue`); the host engine runs its all-reduce and the same arithmetic on the CPU.
+//! The CUDA and rocm engines run the table's all-reduce (NCCL included, on CUDA) followed by the
+//! separate epilogue kernel, or the Lamport one-shot with the epilogue fused in (the planner's
+//! rule: `Selector::epilogue`), both planned by symm-core's `coll::add_rms`; `addresses.rs`
+//! resolves an op's buffers to their addresses for both. The host engine runs its all-reduce and
+//! the same arithmetic on the CPU.
 
 use symm_core::epilogue::{Buffers, Rows, Span};
 use symm_core::{DType, Error, ReduceOp, Result};
@@ -14,6 +16,11 @@ use crate::host::{In, Out};
 use crate::ops::OnStream;
 use crate::select::AllReduceAlgo;
 
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+mod addresses;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+pub(crate) use addresses::{EpiBufs, Resolve};
+
 /// How an all-reduce epilogue runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -22,7 +29,8 @@ pub enum EpilogueAlgo {
     /// [`EpilogueAlgo::Fused`] at world 1 (`Selector::epilogue`).
     Auto,
     /// One kernel: the Lamport one-shot with the epilogue applied to each row as it arrives
-    /// (CUDA; messages up to the Lamport buffers). The host engine runs its unfused sequence.
+    /// (CUDA and ROCm; messages up to the Lamport buffers). The host engine runs its unfused
+    /// sequence.
     Fused,
     /// The given all-reduce (into an output, or in place), then the separate epilogue kernel.
     Separate(AllReduceAlgo),

@@ -3,8 +3,10 @@
 //! symm-cuda's GPU suites run) behind [`Engine`], with the one planner ([`Selector`]) choosing
 //! among the kernels ROCm has: the Lamport one-shot, the ring (one-shot, two-shot,
 //! reduce-scatter, all-gather) and the fused zero-copy pulls for registered symmetric memory
-//! (`Communicator::alloc`, `persistent_buffer`, `register_buffer`). No copy engine, no RCCL, no
-//! fused epilogues yet.
+//! (`Communicator::alloc`, `persistent_buffer`, `register_buffer`), and the all-reduce
+//! epilogues (NOTE [fused-epilogue]): the fused Lamport kernel, or an all-reduce into the sum's
+//! place then the separate epilogue kernel, the buffers resolved as on the CUDA engine
+//! (`crate::epilogue::EpiBufs`). No copy engine, no RCCL.
 //!
 //! Ops take device buffers of the communicator's device: symmetric tensors or
 //! [`crate::RawDevicePtr`]s (host slices need the host engine). They run on the collectives'
@@ -27,6 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use symm_core::coll::add_rms::Epilogue;
 use symm_core::coll::check::check_ptr;
 use symm_core::epilogue::Rows;
 use symm_core::{
@@ -38,9 +41,30 @@ use symm_rocm::{RocmCollectives, RocmCollectivesConfig};
 use crate::buf::{check_symm_tensor, Buf, BufMut};
 use crate::comm::CommConfig;
 use crate::engine::{is_refusal, op_lock, Caps, Cx, Engine};
-use crate::epilogue::{EpiArgs, EpilogueAlgo};
+use crate::epilogue::{EpiArgs, EpiBufs, EpilogueAlgo, Resolve};
 use crate::ops::OpStream;
-use crate::select::{AllGatherAlgo, AllReduceAlgo, Bufs, Plan, ReduceScatterAlgo, Side};
+use crate::select::{AllGatherAlgo, AllReduceAlgo, Bufs, Plan, ReduceScatterAlgo, Selector, Side};
+
+/// One all-reduce's resolved addresses (`input == output`: in place) and shape.
+struct ArAddrs {
+    input: u64,
+    output: u64,
+    count: usize,
+    dtype: DType,
+    op: ReduceOp,
+}
+
+/// The rocm engine's buffer resolution (`RocmEngine::src` / `dst`): nothing to hold, ops are
+/// synchronous.
+impl<'s> Resolve<'s> for RocmEngine {
+    type Guard = ();
+    fn input(&'s self, b: &'s Buf<'_>) -> Result<(u64, ())> {
+        Ok((self.src(b)?, ()))
+    }
+    fn output(&'s self, b: &'s mut BufMut<'_>) -> Result<(u64, ())> {
+        Ok((self.dst(b)?, ()))
+    }
+}
 
 pub(crate) struct RocmEngine {
     device: Device,
@@ -114,6 +138,32 @@ impl RocmEngine {
         }
     }
 
+    /// An all-reduce of resolved addresses (`input == output`: in place) as the planner plans
+    /// `req` for them.
+    fn all_reduce_at(&self, planner: &Selector, req: AllReduceAlgo, a: ArAddrs) -> Result<()> {
+        let ArAddrs {
+            input: inp,
+            output: out,
+            count,
+            dtype,
+            op,
+        } = a;
+        let bytes = count * dtype.size();
+        let bufs = Bufs {
+            in_place: inp == out,
+            apart: inp.saturating_add(bytes as u64) <= out || out.saturating_add(bytes as u64) <= inp,
+            registered: &|side| match side {
+                Side::Input => self.coll.is_registered(inp, bytes),
+                Side::Output => self.coll.is_registered(out, bytes),
+            },
+        };
+        match planner.plan_all_reduce(req, bytes, &bufs) {
+            // SAFETY: the addresses come from checked buffers (module docs).
+            Plan::Kernel(k) => unsafe { self.coll.all_reduce(k, inp, out, count, dtype, op) },
+            Plan::Nccl => Err(Error::Unavailable("NCCL on a rocm-engine communicator".into())),
+        }
+    }
+
     /// One op: the lock (one op at a time), no stream given, then `f`; an argument this rank
     /// refused is told to the peers (NOTE [op-agreement]).
     fn locked(&self, stream: OpStream<'_>, f: impl FnOnce() -> Result<()>) -> Result<()> {
@@ -166,20 +216,14 @@ impl Engine for RocmEngine {
                 Some(b) => self.src(b)?,
                 None => out,
             };
-            let bytes = count * dtype.size();
-            let bufs = Bufs {
-                in_place: inp == out,
-                apart: inp.saturating_add(bytes as u64) <= out || out.saturating_add(bytes as u64) <= inp,
-                registered: &|side| match side {
-                    Side::Input => self.coll.is_registered(inp, bytes),
-                    Side::Output => self.coll.is_registered(out, bytes),
-                },
+            let a = ArAddrs {
+                input: inp,
+                output: out,
+                count,
+                dtype,
+                op,
             };
-            match cx.planner.plan_all_reduce(req, bytes, &bufs) {
-                // SAFETY: the addresses come from checked buffers (module docs).
-                Plan::Kernel(k) => unsafe { self.coll.all_reduce(k, inp, out, count, dtype, op) },
-                Plan::Nccl => Err(Error::Unavailable("NCCL on a rocm-engine communicator".into())),
-            }
+            self.all_reduce_at(cx.planner, req, a)
         })
     }
 
@@ -240,14 +284,32 @@ impl Engine for RocmEngine {
         self.locked(stream, || self.coll.barrier(ranks))
     }
 
-    fn epilogue(&self, cx: Cx<'_>, _algo: EpilogueAlgo, _a: EpiArgs<'_>, _rows: Rows) -> Result<()> {
-        // Every rank of a rocm-engine group refuses alike: not a rejection of its own arguments.
+    /// The fused Lamport kernel, or the all-reduce `algo` names (as the planner plans it) into
+    /// the sum's place followed by the epilogue kernel, as on the CUDA engine.
+    fn epilogue(&self, cx: Cx<'_>, algo: EpilogueAlgo, a: EpiArgs<'_>, rows: Rows) -> Result<()> {
         self.locked(cx.stream, || {
-            Err(Error::Unavailable(
-                "the all-reduce epilogues on the rocm engine (its kernels are in the shared source but not \
-                 launched on ROCm yet): run all_reduce, then the residual add and norm"
-                    .into(),
-            ))
+            let mut bufs = EpiBufs::from(a);
+            let (p, _) = bufs.resolve(self)?;
+            // SAFETY: every address was resolved by `src` / `dst` from this op's buffers, their
+            // lengths checked against `rows` by the communicator; the ops return when done
+            // (module docs, NOTE [raw-addresses]).
+            let e = unsafe { Epilogue::new(p.op, p.x, rows, p.residual, p.residual_out, p.norm) }?;
+            let sum = p.sum_place()?;
+            match algo {
+                EpilogueAlgo::Separate(ar) => {
+                    let a = ArAddrs {
+                        input: p.x,
+                        output: sum,
+                        count: rows.count(),
+                        dtype: rows.dtype(),
+                        op: ReduceOp::Sum,
+                    };
+                    self.all_reduce_at(cx.planner, ar, a)?;
+                    // SAFETY: `sum` is one of the op's checked outputs (or `x`), `rows` long.
+                    unsafe { self.coll.epilogue(sum, &e) }
+                }
+                _ => self.coll.lamport_epilogue(&e),
+            }
         })
     }
 

@@ -5,9 +5,10 @@
 //! file only runs them on a HIP stream: the Lamport one-shot, the ring (one-shot, two-shot,
 //! reduce-scatter, all-gather), the fused zero-copy pulls on allocations registered with
 //! [`RocmCollectives::register_symmetric`] (one-shot and two-shot all-reduce, reduce-scatter,
-//! all-gather), the subset barrier and the empty op's agreement. The copy-engine paths, which
-//! need side streams and events, are symm-cuda's only: an entry asked for one refuses it
-//! ([`symm_core::Error::Unavailable`]).
+//! all-gather), the all-reduce epilogues (`add_rms.rs`: the fused Lamport one and the separate
+//! kernel, NOTE [fused-epilogue]), the subset barrier and the empty op's agreement. The
+//! copy-engine paths, which need side streams and events, are symm-cuda's only: an entry asked
+//! for one refuses it ([`symm_core::Error::Unavailable`]).
 //!
 //! Every op is synchronous: its launches, then the `take_error` kernel, on this object's own
 //! stream, waited for within the timeout plus a margin (never an unbounded synchronise); a
@@ -88,6 +89,12 @@ struct KernelTable {
     pull: PerDtype<Function>,
     pull_two_rank: PerDtype<Vec<Function>>,
     reduce_ptrs: PerDtype<Function>,
+    /// `symm_lamport_add_rms_{dt}`, `symm_lamport2_add_rms_{dt}`: the fused all-reduce epilogue
+    /// (NOTE [fused-epilogue]), generic and two-rank.
+    lamport_add_rms: PerDtype<Function>,
+    lamport_add_rms_two_rank: PerDtype<Function>,
+    /// `symm_add_rms_{dt}`: the separate epilogue.
+    add_rms: PerDtype<Function>,
     barrier: Function,
     reject: Function,
     take_error: Function,
@@ -154,7 +161,18 @@ impl Launcher for On<'_> {
             Entry::PullTwoRank(dt, mode, op) => k.pull_two_rank[dt]
                 .get(mode_op_index(mode, op))
                 .ok_or_else(|| Error::InvalidArgument(format!("no two-rank pull entry for {mode:?}, op {op}")))?,
+            Entry::LamportAddRms(dt) => &k.lamport_add_rms[dt],
+            Entry::LamportAddRmsTwoRank(dt) => &k.lamport_add_rms_two_rank[dt],
+            Entry::AddRms(dt) => &k.add_rms[dt],
         };
+        // No thread-block clusters on AMD GPUs (the Rig never reports them here).
+        if l.cluster > 1 {
+            return Err(Error::Unavailable(format!(
+                "{}: a launch with clusters of {} blocks on ROCm",
+                l.entry.name(),
+                l.cluster
+            )));
+        }
         f.launch(self.stream, l.blocks, l.threads, &l.args)?;
         self.launched.set(self.launched.get() + 1);
         Ok(())
@@ -199,6 +217,9 @@ impl RocmCollectives {
             pull: per_dtype("pull")?,
             pull_two_rank: two_rank("pull2")?,
             reduce_ptrs: per_dtype("reduce_ptrs")?,
+            lamport_add_rms: per_dtype("lamport_add_rms")?,
+            lamport_add_rms_two_rank: per_dtype("lamport2_add_rms")?,
+            add_rms: per_dtype("add_rms")?,
             barrier: get("symm_coll_barrier")?,
             reject: get("symm_coll_reject")?,
             take_error: get("symm_coll_take_error")?,
@@ -231,7 +252,8 @@ impl RocmCollectives {
         // [co-residency]); no programmatic dependent launch on HIP.
         let grid = GridBudget::new(cus, device_sharers, false)?;
         // No pinned host abort word (0): the kernels watch the pad's ABORT word, which
-        // `set_abort` writes from the host on a stream of its own.
+        // `set_abort` writes from the host on a stream of its own. No thread-block clusters
+        // (`Rig::new` reports none): the fused epilogue takes whole rows.
         let rig = Rig::new(mem.as_ref(), layout, config.timeout, 0, grid, Switches::default());
         let err_word = mem.signal_pad_ptrs()[rank] + (symm_core::pad::ERROR_WORD * 4) as u64;
         Ok(RocmCollectives {
@@ -520,6 +542,8 @@ impl RocmCollectives {
         self.mem.set_abort(abort)
     }
 }
+
+mod add_rms;
 
 impl Drop for RocmCollectives {
     fn drop(&mut self) {

@@ -321,6 +321,110 @@ pub fn take_error(err_word: u64, out: u64) -> [KernelArg; 2] {
     [KernelArg::U64(err_word), KernelArg::U64(out)]
 }
 
+/// `EPI_NORM` in epilogue.cuh: a bit of the epilogue kernels' `flags` (compute the RMSNorm).
+pub const EPI_NORM: u32 = 1;
+/// `EPI_CLUSTER` in epilogue.cuh: a bit of the fused epilogue's `flags` (cluster rows; the launch
+/// has clusters of `parts` blocks).
+pub const EPI_CLUSTER: u32 = 2;
+
+/// The buffers and parameters every all-reduce epilogue kernel takes (NOTE [fused-epilogue]):
+/// `res, weight, res_out, norm_out` (weight and norm_out 0 without the norm), `eps`, `flags`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AddRms {
+    pub residual: u64,
+    pub weight: u64,
+    pub residual_out: u64,
+    pub norm_out: u64,
+    pub eps: f32,
+    /// [`EPI_NORM`], [`EPI_CLUSTER`].
+    pub flags: u32,
+}
+
+/// The row geometry an epilogue kernel takes: `rows` rows of `vr` 16-byte vectors, `k` vectors
+/// per thread of the row's block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowArgs {
+    pub rows: u64,
+    pub vr: u32,
+    pub k: u32,
+}
+
+/// `symm_add_rms_{dt}(EPI_ARGS)`: `sum, res, weight, res_out, norm_out, rows, vr, k, eps, flags`.
+pub fn add_rms(sum: u64, e: &AddRms, g: &RowArgs) -> [KernelArg; 10] {
+    [
+        KernelArg::U64(sum),
+        KernelArg::U64(e.residual),
+        KernelArg::U64(e.weight),
+        KernelArg::U64(e.residual_out),
+        KernelArg::U64(e.norm_out),
+        KernelArg::U64(g.rows),
+        KernelArg::U32(g.vr),
+        KernelArg::U32(g.k),
+        KernelArg::F32(e.eps),
+        KernelArg::U32(e.flags),
+    ]
+}
+
+/// What the fused epilogue (`symm_lamport{,2}_add_rms_{dt}`) takes besides the workspace, the
+/// bound and the header: its input, rows and their layout over blocks (`parts` blocks a row,
+/// `big` threads in the row's block), and the epilogue.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LamportAddRms {
+    pub input: u64,
+    pub rows: RowArgs,
+    pub parts: u32,
+    pub big: u32,
+    pub epilogue: AddRms,
+}
+
+/// `symm_lamport{,2}_add_rms_{dt}(COLL_LAMPORT_EPI_ARGS)`: `ws0..ws7, pad, rank, world, input,
+/// rows, vr, k, parts, big, lam_off, slot_bytes, timeout_ns, abort_host, hdr_off, oph0, oph1, res,
+/// weight, res_out, norm_out, eps, flags`.
+pub fn lamport_add_rms(
+    c: &Common,
+    d: &Direct,
+    f: &LamportAddRms,
+    layout: &WorkspaceLayout,
+    bound: &Bound,
+    hdr: &OpHeader,
+) -> [KernelArg; 30] {
+    let [h0, h1] = hdr.args();
+    let [w0, w1, w2, w3, w4, w5, w6, w7, pad] = d.lamport_head(c.rank);
+    let e = &f.epilogue;
+    [
+        w0,
+        w1,
+        w2,
+        w3,
+        w4,
+        w5,
+        w6,
+        w7,
+        pad,
+        KernelArg::U32(c.rank),
+        KernelArg::U32(c.world),
+        KernelArg::U64(f.input),
+        KernelArg::U64(f.rows.rows),
+        KernelArg::U32(f.rows.vr),
+        KernelArg::U32(f.rows.k),
+        KernelArg::U32(f.parts),
+        KernelArg::U32(f.big),
+        KernelArg::U64(layout.lamport_off as u64),
+        KernelArg::U64(layout.lamport_slot_bytes as u64),
+        KernelArg::U64(bound.timeout_ns),
+        KernelArg::U64(bound.abort_host),
+        KernelArg::U64(layout.lamport_headers_off() as u64),
+        h0,
+        h1,
+        KernelArg::U64(e.residual),
+        KernelArg::U64(e.weight),
+        KernelArg::U64(e.residual_out),
+        KernelArg::U64(e.norm_out),
+        KernelArg::F32(e.eps),
+        KernelArg::U32(e.flags),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -388,6 +492,13 @@ mod tests {
         assert!(src.contains(&format!("#define COLL_FLAG_UNROLL1 {RING_UNROLL1}u")));
         assert!(src.contains(&format!("#define COLL_MODE_AR2 {PULL_MODE_AR2}\n")));
         assert!(src.contains(&format!("#define COLL_LAM_LAG_SHIFT {LAMPORT_LAG_SHIFT}\n")));
+        let epi = crate::kernel_source::HEADERS
+            .iter()
+            .find(|h| h.file == "epilogue.cuh")
+            .unwrap()
+            .text;
+        assert!(epi.contains(&format!("#define EPI_NORM {EPI_NORM}u\n")));
+        assert!(epi.contains(&format!("#define EPI_CLUSTER {EPI_CLUSTER}u\n")));
     }
 
     #[test]

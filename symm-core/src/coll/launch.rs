@@ -48,6 +48,13 @@ pub enum Entry {
     Pull(KernelDtype),
     /// `symm_pull2_{mode}_{op}_{dt}`.
     PullTwoRank(KernelDtype, RingMode, u32),
+    /// `symm_lamport_add_rms_{dt}`: the Lamport one-shot (sum) with the residual / RMSNorm
+    /// epilogue fused in, any world (NOTE [fused-epilogue]).
+    LamportAddRms(KernelDtype),
+    /// `symm_lamport2_add_rms_{dt}`: its entry specialised for two ranks.
+    LamportAddRmsTwoRank(KernelDtype),
+    /// `symm_add_rms_{dt}`: the epilogue alone, over an all-reduced sum.
+    AddRms(KernelDtype),
 }
 
 impl Entry {
@@ -62,6 +69,9 @@ impl Entry {
             Entry::ReducePtrs(dt) => format!("symm_reduce_ptrs_{}", dt.suffix()),
             Entry::Pull(dt) => format!("symm_pull_{}", dt.suffix()),
             Entry::PullTwoRank(dt, mode, op) => mode_op_name("pull2", dt, mode, op),
+            Entry::LamportAddRms(dt) => format!("symm_lamport_add_rms_{}", dt.suffix()),
+            Entry::LamportAddRmsTwoRank(dt) => format!("symm_lamport2_add_rms_{}", dt.suffix()),
+            Entry::AddRms(dt) => format!("symm_add_rms_{}", dt.suffix()),
         }
     }
 }
@@ -142,15 +152,20 @@ pub struct Launch {
     pub blocks: u32,
     pub threads: u32,
     pub args: ArgList,
+    /// Blocks per thread-block cluster along x; 0: no cluster attribute. Only the fused
+    /// epilogue's cluster rows set it (NOTE [fused-epilogue]), and only on a [`Rig`] whose
+    /// backend reported clusters ([`Rig::clusters`]); `blocks` is then a multiple of it.
+    pub cluster: u32,
 }
 
 impl Launch {
-    fn new(entry: Entry, blocks: u32, threads: u32, args: &[KernelArg]) -> Launch {
+    pub(crate) fn new(entry: Entry, blocks: u32, threads: u32, args: &[KernelArg]) -> Launch {
         Launch {
             entry,
             blocks: blocks.max(1),
             threads,
             args: ArgList::new(args),
+            cluster: 0,
         }
     }
 }
@@ -169,9 +184,14 @@ pub struct Switches {
     pub lamport_bits: u32,
     /// Bits or'ed into the ring `flags` argument (`args::RING_UNROLL1`).
     pub ring_flags: u32,
-    /// Run the generic Lamport and pull entries, not the ones specialised for two ranks (Lamport
-    /// and pull) and for 3..=8 ranks (Lamport).
+    /// Run the generic Lamport, pull and fused-epilogue entries, not the ones specialised for two
+    /// ranks (Lamport, pull, fused epilogue) and for 3..=8 ranks (Lamport).
     pub generic_entries: bool,
+    /// The fused epilogue splits few rows across blocks (NOTE [fused-epilogue], "split rows").
+    pub epi_split: bool,
+    /// The fused epilogue runs cluster rows where they fit, on a device with clusters
+    /// ([`Rig::clusters`]; NOTE [fused-epilogue], "cluster rows").
+    pub epi_cluster: bool,
 }
 
 /// One rank's facts about its collectives workspace, everything a launch's arguments are built
@@ -186,6 +206,9 @@ pub struct Rig {
     pub bound: Bound,
     pub grid: GridBudget,
     pub switches: Switches,
+    /// The device runs thread-block clusters (the backend reports it: CUDA on sm_90 and newer;
+    /// never ROCm). [`Rig::new`] sets false; [`Rig::with_clusters`].
+    pub clusters: bool,
 }
 
 /// The mechanism an all-reduce kernel runs, for its op header (`None`: not one of this
@@ -272,7 +295,15 @@ impl Rig {
             },
             grid,
             switches,
+            clusters: false,
         }
+    }
+
+    /// The same facts on a device that runs thread-block clusters (`clusters`), as the backend
+    /// found.
+    pub fn with_clusters(mut self, clusters: bool) -> Rig {
+        self.clusters = clusters;
+        self
     }
 
     /// This rank's base of its own workspace (where the state words are).

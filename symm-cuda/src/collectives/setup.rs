@@ -93,7 +93,7 @@ pub(super) struct KernelTable {
     /// op).
     pub(super) pull_two_rank: PerDtype<ModeOpEntries>,
     /// `symm_lamport_add_rms_{dt}`: the Lamport one-shot with the residual / RMSNorm epilogue
-    /// (NOTE [fused-epilogue]).
+    /// (NOTE [fused-epilogue]; [`Epilogues`] loads the separate `symm_add_rms_{dt}`).
     pub(super) lamport_epilogue: PerDtype<CudaFunction>,
     /// `symm_lamport2_add_rms_{dt}`: its entry specialised for two ranks.
     pub(super) lamport_epilogue_two_rank: PerDtype<CudaFunction>,
@@ -267,6 +267,8 @@ impl CudaCollectives {
         };
         // The separate epilogue kernel waits on no peer: held to the grid budget on a shared GPU.
         let epilogues = Epilogues::load(ctx, config.pdl)?.with_max_blocks(grid.blocks);
+        // The fused epilogue's cluster rows need a device with clusters (and the switch, NOTE
+        // [fused-epilogue]).
         let rig = Rig::new(
             mem.as_ref(),
             layout,
@@ -274,7 +276,8 @@ impl CudaCollectives {
             abort_host,
             grid,
             knobs::switches(),
-        );
+        )
+        .with_clusters(driver::supports_clusters(ctx.cu_device())?);
         Ok(CudaCollectives {
             group: group.clone(),
             ctx: ctx.clone(),
@@ -284,7 +287,6 @@ impl CudaCollectives {
             rig,
             sm_count,
             how,
-            clusters: knobs::epi_cluster() && driver::supports_clusters(ctx.cu_device())?,
             kernels,
             err_word,
             control,

@@ -1,19 +1,32 @@
 //! The CUDA engine's all-reduce epilogues (NOTE [fused-epilogue]): the fused Lamport kernel, or
-//! an all-reduce (any, NCCL included) into the sum's place followed by the epilogue kernel.
+//! an all-reduce (any, NCCL included) into the sum's place followed by the epilogue kernel. The
+//! buffers resolve as on the rocm engine (`crate::epilogue::EpiBufs`).
 #![allow(unsafe_code)] // two calls into symm-cuda's raw-address entry points, each with its reason
 
 use cudarc::driver::CudaStream;
 use symm_core::epilogue::Rows;
-use symm_core::{Error, ReduceOp, Result};
+use symm_core::{ReduceOp, Result};
 use symm_cuda::collectives::Epilogue;
 
-use super::CudaEngine;
+use super::{CudaEngine, SyncOnDrop};
 use crate::buf::{Buf, BufMut, RawDevicePtr};
-use crate::epilogue::{check_sum_place, EpiArgs, EpilogueAlgo, ResArg, SumAt, XArg};
+use crate::epilogue::{EpiArgs, EpiBufs, EpilogueAlgo, Resolve};
 use crate::select::Selector;
 
-fn internal() -> Error {
-    Error::InvalidArgument("internal: an epilogue buffer went missing".into())
+/// The CUDA engine's buffer resolution on one stream (`CudaEngine::src` / `dst`).
+struct Resolver<'e> {
+    engine: &'e CudaEngine,
+    s: &'e CudaStream,
+}
+
+impl<'s, 'e: 's> Resolve<'s> for Resolver<'e> {
+    type Guard = Option<SyncOnDrop<'s>>;
+    fn input(&'s self, b: &'s Buf<'_>) -> Result<(u64, Self::Guard)> {
+        self.engine.src(self.s, b)
+    }
+    fn output(&'s self, b: &'s mut BufMut<'_>) -> Result<(u64, Self::Guard)> {
+        self.engine.dst(self.s, b)
+    }
 }
 
 impl CudaEngine {
@@ -27,60 +40,22 @@ impl CudaEngine {
         a: EpiArgs<'_>,
         rows: Rows,
     ) -> Result<()> {
-        let (op, sum_at, eps) = (a.op(), a.sum_at(), a.eps());
-        let EpiArgs { x, residual, norm, .. } = a;
-        let (x_in, mut x_mut) = match x {
-            XArg::In(b) => (Some(b), None),
-            XArg::Mut(b) => (None, Some(b)),
-        };
-        let (r_in, mut r_out) = match residual {
-            ResArg::Apart(r, o) => (Some(r), o),
-            ResArg::InPlace(r) => (None, r),
-        };
-        let (weight, mut n_out) = match norm {
-            Some((w, _, o)) => (Some(w), o),
-            None => (None, None),
-        };
-        let (x_ptr, _gx) = match (&x_in, &mut x_mut) {
-            (Some(b), _) => self.src(s, b)?,
-            (None, Some(b)) => self.dst(s, b)?,
-            (None, None) => return Err(internal()),
-        };
-        let (ro_ptr, _gro) = self.dst(s, &mut r_out)?;
-        let (r_ptr, _gr) = match &r_in {
-            Some(b) => self.src(s, b)?,
-            None => (ro_ptr, None),
-        };
-        let (w_ptr, _gw) = match &weight {
-            Some(b) => {
-                let (p, g) = self.src(s, b)?;
-                (Some(p), g)
-            }
-            None => (None, None),
-        };
-        let (n_ptr, _gn) = match &mut n_out {
-            Some(b) => self.dst(s, b)?,
-            None => (x_ptr, None),
-        };
-        let norm = w_ptr.map(|w| (w, n_ptr, eps));
+        let on = Resolver { engine: self, s };
+        let mut bufs = EpiBufs::from(a);
+        let (p, _held) = bufs.resolve(&on)?;
         // SAFETY: every address was resolved by `src` / `dst` from this op's buffers, checked
-        // there against `rows` and held (guards above) until the op is enqueued (cuda/engine.rs
+        // there against `rows` and held (`_held`) until the op is enqueued (cuda/engine.rs
         // module docs, NOTE [raw-addresses]).
-        let e = unsafe { Epilogue::new(op, x_ptr, rows, r_ptr, ro_ptr, norm) }?;
-        check_sum_place(op, sum_at, r_ptr, ro_ptr)?;
+        let e = unsafe { Epilogue::new(p.op, p.x, rows, p.residual, p.residual_out, p.norm) }?;
+        let sum = p.sum_place()?;
         match algo {
             EpilogueAlgo::Separate(ar) => {
                 let (count, dtype) = (rows.count(), rows.dtype());
-                let target = match sum_at {
-                    SumAt::X => x_ptr,
-                    SumAt::NormOut => n_ptr,
-                    SumAt::ResidualOut => ro_ptr,
-                };
-                let input = (target != x_ptr).then(|| Buf::Raw(RawDevicePtr::checked(x_ptr, count, dtype)));
-                let output = BufMut::Raw(RawDevicePtr::checked(target, count, dtype));
+                let input = (sum != p.x).then(|| Buf::Raw(RawDevicePtr::checked(p.x, count, dtype)));
+                let output = BufMut::Raw(RawDevicePtr::checked(sum, count, dtype));
                 self.all_reduce_on(s, planner, ar, input, output, count, dtype, ReduceOp::Sum)?;
-                // SAFETY: `target` is one of the op's checked outputs (or `x`), `rows` long.
-                unsafe { self.epilogue_kernels()?.launch(s, target, &e) }
+                // SAFETY: `sum` is one of the op's checked outputs (or `x`), `rows` long.
+                unsafe { self.epilogue_kernels()?.launch(s, sum, &e) }
             }
             _ => self.coll()?.lamport_epilogue(s, &e),
         }

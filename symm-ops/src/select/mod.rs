@@ -243,11 +243,11 @@ impl Selector {
     }
 
     /// How an all-reduce epilogue of `bytes` runs (NOTE [fused-epilogue]): the table's
-    /// all-reduce then the epilogue kernel, except at world 1, where nothing is exchanged (the
-    /// fused kernel, one kernel).
+    /// all-reduce then the epilogue kernel, except at world 1 on the GPU engines (CUDA, rocm),
+    /// where nothing is exchanged (the fused kernel, one kernel).
     pub fn epilogue(&self, bytes: usize) -> crate::EpilogueAlgo {
         match self.all_reduce(bytes) {
-            _ if self.symm && self.engine == EngineKind::Cuda && self.world == 1 => crate::EpilogueAlgo::Fused,
+            _ if self.symm && self.engine.runs_kernels() && self.world == 1 => crate::EpilogueAlgo::Fused,
             a => crate::EpilogueAlgo::Separate(a),
         }
     }

@@ -43,6 +43,14 @@ fn epilogues_fuse_at_world_1_and_follow_the_all_reduce_table() {
     }
     let one = sel(EngineKind::Cuda, 1, true);
     assert_eq!(one.epilogue(8 * KIB), Fused);
+    // The rocm engine runs both mechanisms too: the same rule.
+    assert_eq!(sel(EngineKind::Rocm, 1, false).epilogue(8 * KIB), Fused);
+    let rocm = sel(EngineKind::Rocm, 4, false);
+    assert_eq!(rocm.epilogue(8 * KIB), Separate(rocm.all_reduce(8 * KIB)));
+    assert_eq!(
+        sel(EngineKind::Host, 1, false).epilogue(8 * KIB),
+        Separate(AllReduceAlgo::OneShot)
+    );
     let host = sel(EngineKind::Host, 2, false);
     assert!(matches!(host.epilogue(8 * MIB), Separate(_)));
 }

@@ -49,6 +49,7 @@ fn rig(rank: usize, world: usize) -> Rig {
         },
         grid: GridBudget::new(132, 1, false).unwrap(),
         switches: Switches::default(),
+        clusters: false,
     }
 }
 
@@ -68,6 +69,9 @@ fn every_entry_is_in_the_shared_source() {
             Entry::Ring(dt),
             Entry::ReducePtrs(dt),
             Entry::Pull(dt),
+            Entry::LamportAddRms(dt),
+            Entry::LamportAddRmsTwoRank(dt),
+            Entry::AddRms(dt),
         ]);
         for mode in [RingMode::AllReduce, RingMode::ReduceScatter, RingMode::AllGather] {
             for op in 0..4 {
@@ -119,6 +123,7 @@ fn each_world_takes_its_specialised_lamport_entry() {
             generic_entries: true,
             lamport_bits: 0x100,
             ring_flags: 0,
+            ..Switches::default()
         },
         ..r2.clone()
     };

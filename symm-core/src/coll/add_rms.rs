@@ -1,0 +1,327 @@
+//! The launches of the all-reduce epilogue kernels (residual add and RMSNorm over `[rows,
+//! hidden]`, NOTE [fused-epilogue] in `kernels/epilogue.cuh`), planned once for every backend
+//! like the other shared kernels: the fused Lamport one-shot (`symm_lamport{,2}_add_rms_{dt}`,
+//! [`Rig::fused_add_rms`]) and the separate kernel after any all-reduce (`symm_add_rms_{dt}`,
+//! [`separate`], which needs no workspace: an NCCL-only communicator runs it too). An op's
+//! buffers are an [`Epilogue`], checked once when built; the row layout is [`fused_geometry`]
+//! (and [`epilogue_threads`], the row's block both kernels share). [`crate::epilogue`] holds the
+//! row and aliasing rules every engine checks alike.
+
+// `Epilogue::new` declares the raw-address contract (NOTE [raw-addresses]); no unsafe block.
+#![deny(unsafe_code)]
+
+use crate::epilogue::{Buffers, Rows, Span, MAX_ROW_VECTORS};
+use crate::{Error, OpKind, ReduceOp, Result};
+
+use super::agree::{header, Mechanism};
+use super::args::{self, AddRms, LamportAddRms, RowArgs, EPI_CLUSTER, EPI_NORM};
+use super::launch::{Entry, Launch, Rig};
+use super::layout::EPI_SPLIT_MAX_ROWS;
+use super::plan::{kernel_dtype, MAX_THREADS as COLL_MAX_THREADS};
+
+/// Most vectors of a row one thread holds (`EPI_MAXV` in epilogue.cuh).
+const MAX_VECTORS_PER_THREAD: usize = 8;
+/// Most threads of an epilogue block (`COLL_MAX_THREADS`).
+const MAX_THREADS: usize = COLL_MAX_THREADS as usize;
+/// Most blocks of a cluster (the portable limit).
+pub const MAX_CLUSTER: usize = 8;
+/// Threads of a block of the fused kernel's split rows (at most: a divisor of the row's block,
+/// [`fused_geometry`]).
+const SPLIT_THREADS: usize = 128;
+/// Most blocks one row is split into.
+const MAX_PARTS: usize = 16;
+
+const _: () = assert!(MAX_ROW_VECTORS == MAX_THREADS * MAX_VECTORS_PER_THREAD);
+
+/// The block of one row: `(threads, vectors per thread)`, a function of the row's vector count
+/// alone, so the fused and the separate kernel reduce a row's squares in the same order.
+pub fn epilogue_threads(vectors_per_row: usize) -> (u32, u32) {
+    let threads = vectors_per_row.div_ceil(32).max(1) * 32;
+    let threads = threads.min(MAX_THREADS);
+    (threads as u32, vectors_per_row.div_ceil(threads).max(1) as u32)
+}
+
+/// How the fused kernel lays out `rows` rows of `vectors_per_row` vectors at `world` ranks with at
+/// most `blocks` blocks resident (NOTE [fused-epilogue], "split rows").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FusedGeometry {
+    /// Blocks per row: 1 (a block takes whole rows) or more (each takes a part of one row).
+    pub parts: u32,
+    /// Threads of a block.
+    pub threads: u32,
+    /// Blocks of the launch.
+    pub blocks: u32,
+    /// The row's block (`epilogue_threads`), whose reduction order the split rows keep.
+    pub big: u32,
+    /// Vectors per thread of that block.
+    pub k: u32,
+    /// Cluster rows: one cluster of `parts` blocks per row (the launch's cluster size).
+    pub cluster: bool,
+}
+
+/// The fused kernel's layout: rows are split while one wave of `rows x parts` blocks fits in
+/// `blocks` (and rows <= [`EPI_SPLIT_MAX_ROWS`], the STATE counters), into parts of about
+/// `SPLIT_THREADS` (128) vectors; each split block has a multiple of 32 threads that divides the row's
+/// block (`big`), so the last block of a row can run its RMSNorm in `big`'s order. At world 1 (no
+/// exchange), with `split` off ([`super::launch::Switches::epi_split`]) or with too many rows,
+/// one block takes whole rows.
+///
+/// With `cluster` (the device has thread-block clusters and the switch is on, NOTE
+/// [fused-epilogue] "cluster rows") and world > 1, a row's block of `big` threads is spread over
+/// a cluster of up to [`MAX_CLUSTER`] blocks of `big / parts` threads (a multiple of 32), one
+/// cluster per row, while `rows x parts` blocks fit in `blocks`; that layout comes first.
+pub fn fused_geometry(
+    rows: usize,
+    vectors_per_row: usize,
+    world: usize,
+    blocks: u32,
+    split: bool,
+    cluster: bool,
+) -> FusedGeometry {
+    let (big, k) = epilogue_threads(vectors_per_row);
+    let whole = FusedGeometry {
+        parts: 1,
+        threads: big,
+        blocks: rows.min(blocks as usize).max(1) as u32,
+        big,
+        k,
+        cluster: false,
+    };
+    if cluster && world > 1 && rows > 0 {
+        let warps = big as usize / 32;
+        let fit = (blocks as usize / rows).min(MAX_CLUSTER).min(warps);
+        if let Some(c) = (2..=fit).rev().find(|c| warps.is_multiple_of(*c)) {
+            return FusedGeometry {
+                parts: c as u32,
+                threads: big / c as u32,
+                blocks: (rows * c) as u32,
+                big,
+                k,
+                cluster: true,
+            };
+        }
+    }
+    if !split || world < 2 || rows == 0 || rows > EPI_SPLIT_MAX_ROWS {
+        return whole;
+    }
+    // The largest multiple of 32 that divides `big` and is at most SPLIT_THREADS.
+    let warps = big as usize / 32;
+    let per = (1..=SPLIT_THREADS / 32)
+        .rev()
+        .find(|d| warps.is_multiple_of(*d))
+        .unwrap_or(1);
+    let threads = 32 * per;
+    let parts = vectors_per_row
+        .div_ceil(threads)
+        .min(MAX_PARTS)
+        .min(blocks as usize / rows);
+    if parts < 2 {
+        return whole;
+    }
+    FusedGeometry {
+        parts: parts as u32,
+        threads: threads as u32,
+        blocks: (rows * parts) as u32,
+        big,
+        k,
+        cluster: false,
+    }
+}
+
+/// One epilogue op's buffers (device addresses) and parameters, checked once when built
+/// ([`Epilogue::new`]: null addresses, eps, then [`Buffers::check`]), so the launches take it as
+/// it is.
+#[derive(Debug, Clone, Copy)]
+pub struct Epilogue {
+    /// The op's input: this rank's partial sums.
+    x: u64,
+    rows: Rows,
+    residual: u64,
+    residual_out: u64,
+    /// `(weight, norm_out, eps)` with the RMSNorm; `None`: the residual add alone.
+    norm: Option<(u64, u64, f32)>,
+}
+
+impl Epilogue {
+    /// The epilogue of `rows` of partial sums at `x`: `residual_out = residual + sum`, and with
+    /// `norm = Some((weight, norm_out, eps))` the RMSNorm of that into `norm_out`. Errors name
+    /// `op`.
+    ///
+    /// # Safety
+    /// NOTE [raw-addresses]: `x`, `residual`, `residual_out` and `norm_out` each hold
+    /// `rows.count()` elements of `rows.dtype()` and `weight` one row (`rows.hidden()`), in
+    /// device memory of the device (CUDA: the context) the ops run on, allocated and untouched
+    /// by anything but those ops until the work of every op launched with this `Epilogue` has
+    /// completed.
+    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
+    pub unsafe fn new(
+        op: &'static str,
+        x: u64,
+        rows: Rows,
+        residual: u64,
+        residual_out: u64,
+        norm: Option<(u64, u64, f32)>,
+    ) -> Result<Epilogue> {
+        let (w, n) = norm.map_or((None, None), |(w, n, _)| (Some(w), Some(n)));
+        for (what, p) in [
+            ("x", Some(x)),
+            ("residual", Some(residual)),
+            ("residual_out", Some(residual_out)),
+            ("weight", w),
+            ("norm_out", n),
+        ] {
+            if p == Some(0) {
+                return Err(Error::InvalidArgument(format!("{op}: {what} is a null device address")));
+            }
+        }
+        if let Some((_, _, eps)) = norm {
+            if !eps.is_finite() || eps < 0.0 {
+                return Err(Error::InvalidArgument(format!(
+                    "{op}: eps {eps} is not a finite non-negative number"
+                )));
+            }
+        }
+        let bytes = rows.bytes();
+        let span = |what, addr| Span { what, addr, bytes };
+        Buffers {
+            x: span("x", x),
+            residual: span("residual", residual),
+            weight: norm.map(|(w, _, _)| Span {
+                what: "weight",
+                addr: w,
+                bytes: rows.hidden() * rows.dtype().size(),
+            }),
+            residual_out: span("residual_out", residual_out),
+            norm_out: norm.map(|(_, n, _)| span("norm_out", n)),
+        }
+        .check(op)?;
+        Ok(Epilogue {
+            x,
+            rows,
+            residual,
+            residual_out,
+            norm,
+        })
+    }
+
+    /// The rows.
+    pub fn rows(&self) -> Rows {
+        self.rows
+    }
+
+    /// Whether the op runs the RMSNorm (else the residual add alone).
+    pub fn has_norm(&self) -> bool {
+        self.norm.is_some()
+    }
+
+    /// The arguments every epilogue kernel takes: residual, weight, residual_out, norm_out, eps,
+    /// flags ([`EPI_NORM`] with the norm).
+    fn add_rms(&self) -> AddRms {
+        let (weight, norm_out, eps) = self.norm.unwrap_or((0, 0, 0.0));
+        AddRms {
+            residual: self.residual,
+            weight,
+            residual_out: self.residual_out,
+            norm_out,
+            eps,
+            flags: if self.norm.is_some() { EPI_NORM } else { 0 },
+        }
+    }
+
+    /// The rows, their vectors and the vectors per thread of the row's block.
+    fn row_args(&self) -> RowArgs {
+        let vr = self.rows.vectors_per_row();
+        RowArgs {
+            rows: self.rows.rows() as u64,
+            vr: vr as u32,
+            k: epilogue_threads(vr).1,
+        }
+    }
+}
+
+impl Rig {
+    /// The fused Lamport one-shot all-reduce (sum) of `e`'s input with the epilogue applied to
+    /// each row as it completes, in one kernel (NOTE [fused-epilogue]): the two-rank entry at
+    /// world 2 unless [`super::launch::Switches::generic_entries`], the rows laid out by
+    /// [`fused_geometry`] (cluster rows only where [`Rig::clusters`] and the switch allow it)
+    /// within the grid budget (every block resident, NOTE [co-residency]). `None` for zero rows
+    /// (nothing to launch). Every rank passes the same geometry and the same mechanism in the
+    /// same op order (NOTE [op-agreement]: the header carries the op, a fused op against another
+    /// op latches a mismatch).
+    pub fn fused_add_rms(&self, e: &Epilogue) -> Result<Option<Launch>> {
+        let rows = e.rows;
+        let dt = kernel_dtype(rows.dtype(), "all_reduce_residual_rms_norm")?;
+        let bytes = rows.bytes();
+        if self.world > 1 && bytes > self.layout.lamport_max_bytes() {
+            return Err(Error::OutOfRange {
+                what: "fused all-reduce epilogue bytes (the Lamport buffers)",
+                value: bytes as u64,
+                limit: self.layout.lamport_max_bytes() as u64,
+            });
+        }
+        if rows.rows() == 0 {
+            return Ok(None);
+        }
+        let mech = if e.has_norm() {
+            Mechanism::LamportResidualNorm
+        } else {
+            Mechanism::LamportResidual
+        };
+        let hdr = header(OpKind::AllReduce, rows.dtype(), rows.count(), Some(ReduceOp::Sum), mech);
+        let g = fused_geometry(
+            rows.rows(),
+            rows.vectors_per_row(),
+            self.world,
+            self.grid.blocks,
+            self.switches.epi_split,
+            self.switches.epi_cluster && self.clusters,
+        );
+        let mut epilogue = e.add_rms();
+        if g.cluster {
+            epilogue.flags |= EPI_CLUSTER;
+        }
+        let f = LamportAddRms {
+            input: e.x,
+            rows: e.row_args(),
+            parts: g.parts,
+            big: g.big,
+            epilogue,
+        };
+        let a = args::lamport_add_rms(&self.common, &self.direct, &f, &self.layout, &self.bound, &hdr);
+        let entry = if self.world == 2 && !self.switches.generic_entries {
+            Entry::LamportAddRmsTwoRank(dt)
+        } else {
+            Entry::LamportAddRms(dt)
+        };
+        let mut l = Launch::new(entry, g.blocks, g.threads, &a);
+        l.cluster = if g.cluster { g.parts } else { 0 };
+        Ok(Some(l))
+    }
+}
+
+/// The separate epilogue kernel over `sum` (the all-reduced rows; may be `x`, the norm output or
+/// the residual output, which the kernel reads before it writes them): whole rows per block, the
+/// row's block of [`epilogue_threads`], at most `blocks` blocks (the SM count, or the grid
+/// budget on a GPU shared by ranks: NOTE [co-residency], its blocks may sit resident behind the
+/// all-reduce before it). Needs no workspace. `None` for zero rows.
+pub fn separate(sum: u64, e: &Epilogue, blocks: u32) -> Result<Option<Launch>> {
+    let dt = kernel_dtype(e.rows.dtype(), "all-reduce epilogue")?;
+    if !sum.is_multiple_of(16) {
+        return Err(Error::Misaligned {
+            what: "all-reduced sum",
+            value: sum,
+            align: 16,
+        });
+    }
+    if e.rows.rows() == 0 {
+        return Ok(None);
+    }
+    let g = e.row_args();
+    let (threads, _) = epilogue_threads(g.vr as usize);
+    let a = args::add_rms(sum, &e.add_rms(), &g);
+    let blocks = e.rows.rows().min(blocks as usize) as u32;
+    Ok(Some(Launch::new(Entry::AddRms(dt), blocks, threads, &a)))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,292 @@
+//! The epilogue kernels' layouts and launch plans without a GPU (symm-cuda checks the argument
+//! lists against NVRTC's PTX).
+
+use super::*;
+use crate::coll::arg::KernelArg;
+use crate::coll::args::{Bound, Common, Direct};
+use crate::coll::launch::Switches;
+use crate::coll::layout::WorkspaceLayout;
+use crate::coll::plan::{GridBudget, KernelDtype};
+use crate::kernel_source::COLLECTIVE_ENTRIES;
+use crate::DType;
+
+fn rig(rank: usize, world: usize) -> Rig {
+    let layout = WorkspaceLayout::new(world, 10 << 20, 4 << 20, 64).unwrap();
+    let mut direct = Direct::default();
+    for r in 0..world {
+        direct.ws[r] = 0x1000_0000 * (r as u64 + 1);
+        direct.pads[r] = 0x9000_0000 + 0x1_0000 * r as u64;
+    }
+    Rig {
+        rank,
+        world,
+        layout,
+        common: Common {
+            bufs_dev: 0x10,
+            pads_dev: 0x20,
+            rank: rank as u32,
+            world: world as u32,
+        },
+        direct,
+        bound: Bound {
+            timeout_ns: 1_000_000,
+            abort_host: 0x7000,
+        },
+        grid: GridBudget::new(132, 1, false).unwrap(),
+        switches: Switches::default(),
+        clusters: false,
+    }
+}
+
+/// The epilogue's buffers, far apart.
+const X: u64 = 0x1_0000_0000;
+const RES: u64 = 0x2_0000_0000;
+const RES_OUT: u64 = 0x3_0000_0000;
+const WEIGHT: u64 = 0x4_0000_0000;
+const NORM_OUT: u64 = 0x5_0000_0000;
+
+/// `rows` bf16 rows of `hidden`, with the norm or without.
+#[allow(unsafe_code)]
+fn epilogue(rows: usize, hidden: usize, norm: bool) -> Epilogue {
+    let r = Rows::new("t", rows * hidden, hidden, DType::BF16).unwrap();
+    let n = norm.then_some((WEIGHT, NORM_OUT, 1e-5));
+    // SAFETY: nothing dereferences these addresses: the tests only plan launches.
+    unsafe { Epilogue::new("t", X, r, RES, RES_OUT, n) }.unwrap()
+}
+
+fn u32_at(l: &Launch, i: usize) -> u32 {
+    match l.args[i] {
+        KernelArg::U32(v) => v,
+        other => panic!("argument {i} is not a u32: {other:?}"),
+    }
+}
+
+fn u64_at(l: &Launch, i: usize) -> u64 {
+    match l.args[i] {
+        KernelArg::U64(v) => v,
+        other => panic!("argument {i} is not a u64: {other:?}"),
+    }
+}
+
+#[test]
+fn fused_launch_takes_the_world_entry_and_the_layout() {
+    let e = epilogue(1, 8192, true);
+    let l = rig(1, 2).fused_add_rms(&e).unwrap().unwrap();
+    assert_eq!(l.entry, Entry::LamportAddRmsTwoRank(KernelDtype::Bf16));
+    // Whole rows by default (the split switch is off): one block of the row's 512 threads.
+    assert_eq!((l.blocks, l.threads, l.cluster), (1, 512, 0));
+    assert_eq!(l.args.len(), 30);
+    // ws0..ws7, this rank's pad, rank, world, input, rows, vr, k, parts, big.
+    assert_eq!(u64_at(&l, 1), 0x2000_0000);
+    assert_eq!(u64_at(&l, 8), 0x9001_0000);
+    assert_eq!((u32_at(&l, 9), u32_at(&l, 10)), (1, 2));
+    assert_eq!((u64_at(&l, 11), u64_at(&l, 12)), (X, 1));
+    assert_eq!(
+        (u32_at(&l, 13), u32_at(&l, 14), u32_at(&l, 15), u32_at(&l, 16)),
+        (1024, 2, 1, 512)
+    );
+    // The abort word, then the epilogue's buffers, eps and flags.
+    assert_eq!(u64_at(&l, 20), 0x7000);
+    assert_eq!(
+        (u64_at(&l, 24), u64_at(&l, 25), u64_at(&l, 26), u64_at(&l, 27)),
+        (RES, WEIGHT, RES_OUT, NORM_OUT)
+    );
+    assert_eq!(l.args[28], KernelArg::F32(1e-5));
+    assert_eq!(u32_at(&l, 29), EPI_NORM);
+    // The header names the fused mechanism, with and without the norm.
+    let hdr = |m| header(OpKind::AllReduce, DType::BF16, 8192, Some(ReduceOp::Sum), m).args();
+    assert_eq!(l.args[22..24], hdr(Mechanism::LamportResidualNorm));
+    let add = rig(1, 2).fused_add_rms(&epilogue(1, 8192, false)).unwrap().unwrap();
+    assert_eq!(add.args[22..24], hdr(Mechanism::LamportResidual));
+    assert_eq!(u32_at(&add, 29), 0);
+    assert_eq!((u64_at(&add, 25), u64_at(&add, 27)), (0, 0));
+    // The generic entry above two ranks, and at two with the switch.
+    let generic = Rig {
+        switches: Switches {
+            generic_entries: true,
+            ..Switches::default()
+        },
+        ..rig(0, 2)
+    };
+    for r in [rig(0, 4), rig(0, 1), generic] {
+        let l = r.fused_add_rms(&e).unwrap().unwrap();
+        assert_eq!(l.entry, Entry::LamportAddRms(KernelDtype::Bf16), "world {}", r.world);
+    }
+}
+
+#[test]
+fn fused_launch_splits_and_clusters_only_as_told() {
+    let e = epilogue(1, 8192, true);
+    let with = |epi_split, epi_cluster, clusters| Rig {
+        switches: Switches {
+            epi_split,
+            epi_cluster,
+            ..Switches::default()
+        },
+        clusters,
+        ..rig(0, 2)
+    };
+    // Split rows: 8 parts of 128 threads, no cluster attribute.
+    let l = with(true, false, true).fused_add_rms(&e).unwrap().unwrap();
+    assert_eq!((l.blocks, l.threads, l.cluster, u32_at(&l, 15)), (8, 128, 0, 8));
+    assert_eq!(u32_at(&l, 29), EPI_NORM);
+    // Cluster rows: the switch and the device's clusters, both.
+    let l = with(false, true, true).fused_add_rms(&e).unwrap().unwrap();
+    assert_eq!((l.blocks, l.threads, l.cluster, u32_at(&l, 15)), (8, 64, 8, 8));
+    assert_eq!(u32_at(&l, 29), EPI_NORM | EPI_CLUSTER);
+    for (split, cluster, clusters) in [(false, true, false), (false, false, true)] {
+        let l = with(split, cluster, clusters).fused_add_rms(&e).unwrap().unwrap();
+        assert_eq!((l.blocks, l.threads, l.cluster), (1, 512, 0));
+        assert_eq!(u32_at(&l, 29), EPI_NORM);
+    }
+}
+
+#[test]
+fn fused_launch_checks_the_lamport_buffers_and_skips_empty_rows() {
+    let r = rig(0, 2);
+    let max = r.layout.lamport_max_bytes();
+    let hidden = 4096;
+    let rows = max / (hidden * 2) + 1;
+    assert!(matches!(
+        r.fused_add_rms(&epilogue(rows, hidden, true)),
+        Err(Error::OutOfRange { .. })
+    ));
+    // World 1 exchanges nothing: no bound.
+    assert!(rig(0, 1)
+        .fused_add_rms(&epilogue(rows, hidden, true))
+        .unwrap()
+        .is_some());
+    assert!(r.fused_add_rms(&epilogue(0, hidden, true)).unwrap().is_none());
+    assert!(r.fused_add_rms(&epilogue(rows - 1, hidden, true)).unwrap().is_some());
+}
+
+#[test]
+fn separate_launch_takes_whole_rows_within_the_budget() {
+    let e = epilogue(7, 4096, true);
+    let l = separate(0x5000_0000, &e, 132).unwrap().unwrap();
+    assert_eq!(l.entry, Entry::AddRms(KernelDtype::Bf16));
+    assert_eq!((l.blocks, l.threads, l.cluster), (7, 512, 0));
+    // sum, res, weight, res_out, norm_out, rows, vr, k, eps, flags.
+    let want = [
+        KernelArg::U64(0x5000_0000),
+        KernelArg::U64(RES),
+        KernelArg::U64(WEIGHT),
+        KernelArg::U64(RES_OUT),
+        KernelArg::U64(NORM_OUT),
+        KernelArg::U64(7),
+        KernelArg::U32(512),
+        KernelArg::U32(1),
+        KernelArg::F32(1e-5),
+        KernelArg::U32(EPI_NORM),
+    ];
+    assert_eq!(*l.args, want);
+    assert_eq!(separate(0x5000_0000, &e, 4).unwrap().unwrap().blocks, 4);
+    assert!(matches!(
+        separate(0x5000_0008, &e, 132),
+        Err(Error::Misaligned {
+            what: "all-reduced sum",
+            ..
+        })
+    ));
+    assert!(separate(0x5000_0000, &epilogue(0, 4096, true), 132).unwrap().is_none());
+}
+
+#[test]
+fn epilogue_entries_are_in_the_shared_source() {
+    for dt in KernelDtype::ALL {
+        for e in [
+            Entry::LamportAddRms(dt),
+            Entry::LamportAddRmsTwoRank(dt),
+            Entry::AddRms(dt),
+        ] {
+            assert!(COLLECTIVE_ENTRIES.contains(&e.name().as_str()), "{e:?}");
+        }
+    }
+    assert_eq!(
+        Entry::LamportAddRmsTwoRank(KernelDtype::F16).name(),
+        "symm_lamport2_add_rms_f16"
+    );
+}
+
+#[test]
+fn split_rows_keep_the_rows_block_order() {
+    // hidden 8192 bf16, one token, 132 SMs: 8 parts of 128 vectors, 128 threads each.
+    let g = fused_geometry(1, 1024, 2, 132, true, false);
+    assert_eq!((g.parts, g.threads, g.blocks, g.big, g.k), (8, 128, 8, 512, 2));
+    // hidden 4096 bf16, 7 tokens: 4 parts a row.
+    let g = fused_geometry(7, 512, 2, 132, true, false);
+    assert_eq!((g.parts, g.threads, g.blocks), (4, 128, 28));
+    // Too many rows for one wave of split blocks: whole rows, the budget's blocks.
+    let g = fused_geometry(128, 1024, 2, 132, true, false);
+    assert_eq!((g.parts, g.threads, g.blocks), (1, 512, 128));
+    // World 1 and the switch off: whole rows.
+    assert_eq!(fused_geometry(1, 1024, 1, 132, true, false).parts, 1);
+    assert_eq!(fused_geometry(1, 1024, 2, 132, false, false).parts, 1);
+    // A shared GPU's small budget still splits.
+    assert_eq!(fused_geometry(1, 1024, 8, 14, true, false).parts, 8);
+    assert_eq!(fused_geometry(7, 1024, 8, 14, true, false).parts, 2);
+    for vr in 1..=MAX_ROW_VECTORS {
+        for rows in [1usize, 2, 7, 33] {
+            for blocks in [14u32, 64, 132] {
+                let g = fused_geometry(rows, vr, 2, blocks, true, false);
+                assert_eq!(g.big % g.threads, 0, "{vr}: {g:?}");
+                assert!(g.threads.is_multiple_of(32) && g.threads as usize <= MAX_THREADS);
+                assert!(g.blocks <= blocks && g.blocks >= 1, "{vr} {rows} {blocks}: {g:?}");
+                if g.parts > 1 {
+                    assert_eq!(g.blocks as usize, rows * g.parts as usize);
+                    // Every part holds at least one vector.
+                    let per = vr.div_ceil(g.parts as usize);
+                    assert!(per * (g.parts as usize - 1) < vr, "{vr} {rows}: {g:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn cluster_rows_spread_the_rows_block_over_a_cluster() {
+    // hidden 8192 bf16, one token: the 512-thread block as 8 blocks of 64 (two vectors each).
+    let g = fused_geometry(1, 1024, 2, 132, false, true);
+    assert_eq!(
+        (g.parts, g.threads, g.blocks, g.big, g.k, g.cluster),
+        (8, 64, 8, 512, 2, true)
+    );
+    // 32 tokens on 132 blocks: clusters of 4.
+    let g = fused_geometry(32, 1024, 4, 132, false, true);
+    assert_eq!((g.parts, g.threads, g.blocks, g.cluster), (4, 128, 128, true));
+    // Too many rows for two blocks a row: the other layouts.
+    assert!(!fused_geometry(128, 1024, 2, 132, true, true).cluster);
+    // World 1: whole rows.
+    assert!(!fused_geometry(1, 1024, 1, 132, true, true).cluster);
+    for vr in 1..=MAX_ROW_VECTORS {
+        for rows in [1usize, 2, 7, 33] {
+            for blocks in [14u32, 64, 132] {
+                let g = fused_geometry(rows, vr, 4, blocks, false, true);
+                if g.cluster {
+                    // The row's block, cut into whole warps, at most 8 blocks, one wave.
+                    assert_eq!(g.threads * g.parts, g.big, "{vr}: {g:?}");
+                    assert!(g.threads.is_multiple_of(32));
+                    assert!(g.parts >= 2 && g.parts as usize <= MAX_CLUSTER);
+                    assert_eq!(g.blocks as usize, rows * g.parts as usize);
+                    assert!(g.blocks <= blocks);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn block_of_a_row() {
+    // hidden 4096 bf16: 512 vectors, one per thread; 8192: two; 128: one warp.
+    assert_eq!(epilogue_threads(512), (512, 1));
+    assert_eq!(epilogue_threads(1024), (512, 2));
+    assert_eq!(epilogue_threads(16), (32, 1));
+    assert_eq!(epilogue_threads(1), (32, 1));
+    assert_eq!(epilogue_threads(MAX_ROW_VECTORS), (512, 8));
+    assert_eq!(epilogue_threads(100), (128, 1));
+    for vr in 1..=MAX_ROW_VECTORS {
+        let (t, k) = epilogue_threads(vr);
+        assert!(t % 32 == 0 && t as usize <= MAX_THREADS);
+        assert!((t * k) as usize >= vr && k as usize <= MAX_VECTORS_PER_THREAD, "{vr}");
+    }
+}
