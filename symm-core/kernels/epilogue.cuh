@@ -1,13 +1,13 @@
 // symm: all-reduce epilogues (residual add, RMSNorm). Included at the end of
 // collectives.cu (symm_core::kernel_source::expand_includes expands the #include), so it uses
-// the Lamport primitives there. The Rust side is symm-cuda/src/collectives/epilogue.rs.
+// the Lamport primitives there. The launches are planned in symm-core/src/coll/add_rms.rs.
 //
 // NOTE [fused-epilogue]
 // =====================
 // Rows: the ops work on [rows, hidden] of element type T with hidden * sizeof(T) a multiple of
 // 16 bytes, so a row is `vr` whole 16-byte vectors. One block runs one row at a time (rows
 // blockIdx.x, + gridDim.x, ...); thread t holds the row's vectors t, t + blockDim.x, ... (at most
-// EPI_MAXV of them, `k`; blockDim.x a multiple of 32, chosen from vr alone: epilogue.rs
+// EPI_MAXV of them, `k`; blockDim.x a multiple of 32, chosen from vr alone: add_rms.rs
 // `epilogue_threads`).
 // Numerics, the same in every engine (docs/ops.md "Fused epilogues"):
 //   a = T(sum over ranks of x)    f32 accumulation in rank order 0..world-1, rounded to T
@@ -29,7 +29,7 @@
 //     receives a row, reduces it and runs the epilogue. Every wait is for a vector the peers push
 //     in their phase 1 and all blocks are resident (one wave), so it cannot deadlock. At world 1
 //     there is no exchange and no op state: a = x.
-//   Split rows (few rows, `parts` > 1; epilogue.rs `fused_geometry`): one block per row would
+//   Split rows (few rows, `parts` > 1; add_rms.rs `fused_geometry`): one block per row would
 //     leave most SMs idle and push and poll a whole row from one SM (bench-notes round 14), so
 //     each row is cut into `parts` blocks of one vector per thread. Each block pushes, receives
 //     and adds its part (residual_out), then counts itself in on the row's STATE counter
@@ -48,8 +48,19 @@
 //     counter, no re-read of the row. A second cluster barrier keeps every block's shared memory
 //     alive until the others read it. Measured 0.1-1.1 us slower than whole rows at 2 and 4 ranks
 //     (bench-notes round 19): off unless SYMM_EPI_CLUSTER=1.
-//   symm_lamport2_add_rms_{dt}: the same kernel with the world fixed at 2 (the two-rank Lamport
-//     entries' reason: a fraction of the code, fewer instruction-cache misses per launch).
+//   Preloaded: right after the PDL wait, before the op state, each thread loads the input,
+//     residual and weight of the first EPI_PRE vectors of its first unit into registers. Those
+//     loads overlap the exchange; the push sends from the registers, and once the peers' data
+//     arrived the epilogue reads nothing from memory for them but the block sum's shared words.
+//     Without it the fused kernel paid, after the data arrived, the same chain of dependent
+//     loads as the separate kernel (residual, then after the block sum the weight; ~0.6-0.8 us a
+//     trip on H100), and its push loaded each vector behind the previous vector's remote stores
+//     (whose asm "memory" clobber keeps later loads behind them): bench-notes round 20. Vectors
+//     past EPI_PRE are loaded at use and, for the norm, read back from residual_out, so a thread
+//     holds two vectors in registers, not EPI_MAXV.
+//   symm_lamport{W}_add_rms_{dt}, W = 2..8: the same kernel with the world fixed at W (NOTE
+//     [lamport-world-entries]'s reason: the peer loops unrolled, a fraction of the registers and
+//     code; ptxas for sm_90: no spills at W <= 5, 56-404 bytes at 6-8).
 // Aliasing: norm_out may be x and residual_out may be residual (each vector is read and then
 // written by one thread); no output may overlap anything else, the inputs (x, residual, weight)
 // may overlap each other but x and residual (checked on the host, symm_core::epilogue).
@@ -86,14 +97,14 @@ __device__ __forceinline__ float epi_block_sum(float v, float* red) {
     return t;
 }
 
-// s = T(f32(a) + f32(residual[j])), stored into res_out[j]; returns s.
+// s = T(f32(a) + f32(r)) for the residual's vector r, stored into res_out[j]; returns s.
 template <int DT>
-__device__ __forceinline__ uint4 epi_add_vec(uint4 av, const char* res, char* res_out, unsigned int j) {
+__device__ __forceinline__ uint4 epi_add_val(uint4 av, uint4 rv, char* res_out, unsigned int j) {
     constexpr int VE = CollT<DT>::VE;
     float a[VE];
     float r[VE];
     coll_unpack<DT>(av, a);
-    coll_unpack<DT>(*reinterpret_cast<const uint4*>(res + (unsigned long long)j * 16ull), r);
+    coll_unpack<DT>(rv, r);
 #pragma unroll
     for (int i = 0; i < VE; ++i) {
         a[i] = __fadd_rn(a[i], r[i]);
@@ -101,6 +112,12 @@ __device__ __forceinline__ uint4 epi_add_vec(uint4 av, const char* res, char* re
     const uint4 s = coll_pack<DT>(a);
     *reinterpret_cast<uint4*>(res_out + (unsigned long long)j * 16ull) = s;
     return s;
+}
+
+// epi_add_val with the residual's vector j read from `res`.
+template <int DT>
+__device__ __forceinline__ uint4 epi_add_vec(uint4 av, const char* res, char* res_out, unsigned int j) {
+    return epi_add_val<DT>(av, *reinterpret_cast<const uint4*>(res + (unsigned long long)j * 16ull), res_out, j);
 }
 
 // ssq + the squares of s's lanes, in lane order (fmaf).
@@ -116,19 +133,25 @@ __device__ __forceinline__ float epi_ssq_vec(uint4 s, float ssq) {
     return ssq;
 }
 
-// norm_out[j] = T((f32(s) * rstd) * f32(weight[j])).
+// norm_out[j] = T((f32(s) * rstd) * f32(g)) for the weight's vector g.
 template <int DT>
-__device__ __forceinline__ void epi_norm_vec(uint4 s, const char* weight, char* norm_out, unsigned int j, float rstd) {
+__device__ __forceinline__ void epi_norm_val(uint4 s, uint4 gv, char* norm_out, unsigned int j, float rstd) {
     constexpr int VE = CollT<DT>::VE;
     float a[VE];
     float g[VE];
     coll_unpack<DT>(s, a);
-    coll_unpack<DT>(*reinterpret_cast<const uint4*>(weight + (unsigned long long)j * 16ull), g);
+    coll_unpack<DT>(gv, g);
 #pragma unroll
     for (int i = 0; i < VE; ++i) {
         a[i] = __fmul_rn(__fmul_rn(a[i], rstd), g[i]);
     }
     *reinterpret_cast<uint4*>(norm_out + (unsigned long long)j * 16ull) = coll_pack<DT>(a);
+}
+
+// epi_norm_val with the weight's vector j read from `weight`.
+template <int DT>
+__device__ __forceinline__ void epi_norm_vec(uint4 s, const char* weight, char* norm_out, unsigned int j, float rstd) {
+    epi_norm_val<DT>(s, *reinterpret_cast<const uint4*>(weight + (unsigned long long)j * 16ull), norm_out, j, rstd);
 }
 
 // rsqrt(total / hidden + eps), hidden = vr * VE.
@@ -236,8 +259,8 @@ __device__ __forceinline__ void epi_rows(const char* sum, const char* res, const
     }
 }
 
-// NOTE [device-trace] records of the epilogue kernels: kind 3 the generic fused entry, 4 the
-// two-rank one (stamps as the Lamport entries': entry, start, thread 0 of block 0 after its
+// NOTE [device-trace] records of the epilogue kernels: kind 3 the generic fused entry, 4 a
+// world entry (stamps as the Lamport entries': entry, start, thread 0 of block 0 after its
 // block pushed every vector, after its first vector arrived from every peer, exit), 5 the
 // separate kernel (entry, start, start, start, exit). `count`: the vectors of the op.
 #ifdef COLL_TRACE
@@ -269,12 +292,18 @@ EPI_ENTRY(symm_add_rms_f32, COLL_F32)
 EPI_ENTRY(symm_add_rms_f16, COLL_F16)
 EPI_ENTRY(symm_add_rms_bf16, COLL_BF16)
 
+// The first EPI_PRE vectors of a thread's first unit are loaded into registers right after the
+// PDL wait, before the op state: the input (pushed, then this rank's term of the sum), the
+// residual and the weight. Their loads overlap the exchange, so once the peers' data arrived
+// the epilogue reads nothing from memory for them (NOTE [fused-epilogue], "preloaded").
+#define EPI_PRE 2
+
 // The Lamport one-shot all-reduce (sum) of `input` with the epilogue applied row by row.
 // parts == 1: blocks of `big` threads take whole rows (rows blockIdx.x, + gridDim.x, ...).
 // parts > 1 (rows <= COLL_EPI_SPLIT_MAX_ROWS, rows * parts <= gridDim.x): block u takes part
 // u % parts of row u / parts, one vector per thread per pass; the last of a row's blocks to count
 // itself in runs the row's RMSNorm in the layout of a `big`-thread block (epi_norm_split).
-// W: 2 for the two-rank entries (world fixed at compile time), 0 generic.
+// W: the world size of the specialised entries symm_lamport{W}_add_rms_{dt}, 0 generic.
 template <int DT, int W>
 __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int* pad, unsigned int rank,
                                                  unsigned int world_arg, const char* input, unsigned long long rows,
@@ -298,15 +327,73 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
         epi_rows<DT>(input, res, weight, res_out, norm_out, rows, vr, k, eps, norm, red);
         return;
     }
+    const bool split = parts > 1u && !clustered;
+    // Units: a whole row, or one (row, part) pair of a split or cluster row.
+    const unsigned long long units = parts > 1u ? rows * parts : rows;
+    const unsigned int part_vectors = split ? (vr + parts - 1u) / parts : vr;
+    // Vectors a thread holds in one unit (m = 0 .. per_thread - 1).
+    const unsigned int per_thread = split ? (part_vectors + blockDim.x - 1u) / blockDim.x : k;
+    // The row of unit u, and the index in that row of this thread's vector m (>= vr: none).
+    auto row_of = [&](unsigned long long u) -> unsigned long long { return parts > 1u ? u / parts : u; };
+    auto vec_j = [&](unsigned long long u, unsigned int m) -> unsigned int {
+        if (clustered) {
+            return m < k ? (unsigned int)(u % parts) * blockDim.x + threadIdx.x + m * big : vr;
+        }
+        if (split) {
+            const unsigned int lo = (unsigned int)(u % parts) * part_vectors;
+            const unsigned int j = lo + threadIdx.x + m * blockDim.x;
+            return j < min(vr, lo + part_vectors) ? j : vr;
+        }
+        return m < k ? threadIdx.x + m * blockDim.x : vr;
+    };
+
+    // Preload (EPI_PRE above): the first unit's first vectors. Split rows normalise in the
+    // row's last block, which reads the weight itself (prefetched into L2 below).
+    const unsigned long long u0 = blockIdx.x;
+    uint4 xp[EPI_PRE];
+    uint4 rp[EPI_PRE];
+    uint4 gp[EPI_PRE];
+#pragma unroll
+    for (int m = 0; m < EPI_PRE; ++m) {
+        xp[m] = make_uint4(0u, 0u, 0u, 0u);
+        rp[m] = xp[m];
+        gp[m] = xp[m];
+        const unsigned int j = u0 < units ? vec_j(u0, (unsigned int)m) : vr;
+        if (j < vr) {
+            const unsigned long long o = row_of(u0) * row_bytes + (unsigned long long)j * 16ull;
+            xp[m] = *reinterpret_cast<const uint4*>(input + o);
+            rp[m] = *reinterpret_cast<const uint4*>(res + o);
+            if (norm && !split) {
+                gp[m] = *reinterpret_cast<const uint4*>(weight + (unsigned long long)j * 16ull);
+            }
+        }
+    }
+    // The rest of the first unit's epilogue inputs into L1 (the split rows' weight into L2 for the
+    // row's last block): after the polls they are cache hits instead of DRAM round trips (a
+    // polling load's "memory" clobber keeps the compiler from hoisting the loads themselves).
+    if (u0 < units) {
+        for (unsigned int m = 0; m < per_thread; ++m) {
+            const unsigned int j = vec_j(u0, m);
+            if (j >= vr) {
+                continue;
+            }
+            if (m >= EPI_PRE) {
+                coll_prefetch_l1(res + row_of(u0) * row_bytes + (unsigned long long)j * 16ull);
+                if (norm && !split) {
+                    coll_prefetch_l1(weight + (unsigned long long)j * 16ull);
+                }
+            }
+            if (norm && split) {
+                coll_prefetch_l2(weight + (unsigned long long)j * 16ull);
+            }
+        }
+    }
+
     char* ws = reinterpret_cast<char*>(coll_ws(wsv, rank));
     unsigned int* st = reinterpret_cast<unsigned int*>(ws);
     const unsigned int w1 = world - 1u;
     const unsigned long long buf_bytes = (unsigned long long)w1 * slot_bytes;
     const unsigned long long nv = rows * vr;
-    const bool split = parts > 1u;
-    // Units: (row, part) pairs; a part holds vectors [lo, hi) of its row.
-    const unsigned long long units = split ? rows * parts : rows;
-    const unsigned int part_vectors = split ? (vr + parts - 1u) / parts : vr;
     const unsigned int idx = symm_ld_volatile(st + COLL_ST_LAM_IDX) % 3u;
     const unsigned long long prev = symm_ld_volatile(st + COLL_ST_LAM_USED);
     char* const cb = ws + lam_off + ((idx + 2u) % 3u) * buf_bytes;
@@ -318,14 +405,20 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
     w.timeout_ns = timeout_ns;
     w.host_every_thread = 0u;
 
-    // Vector j of row `row` (j < vr): push it (vector 0 with the op header) into every peer's
-    // buffer and clear the previous op's vector at the same place.
-    auto push = [&](unsigned long long row, unsigned int j) {
-        const unsigned long long v = row * vr + j;
+    // This rank's vector m of unit u: preloaded, or loaded now.
+    auto own_vec = [&](unsigned long long u, int m, unsigned int j) -> uint4 {
+        if (u == u0 && m < EPI_PRE) {
+            return xp[m];
+        }
+        return *reinterpret_cast<const uint4*>(input + row_of(u) * row_bytes + (unsigned long long)j * 16ull);
+    };
+    // Vector v (= row * vr + j) with value x: push it (vector 0 with the op header) into every
+    // peer's buffer and clear the previous op's vector at the same place.
+    auto push = [&](unsigned long long v, uint4 xv) {
         if (v == 0ull) {
             coll_lam_push_header(wsv, ws, rank, world, idx, hdr_off, hdr);
         }
-        const uint4 x = coll_canon<DT>(*reinterpret_cast<const uint4*>(input + v * 16ull));
+        const uint4 x = coll_canon<DT>(xv);
         for (unsigned int l = 0; l < w1; ++l) {
             const unsigned int p = (rank + 1u + l) % world;
             const unsigned int jr = world - 2u - l;
@@ -338,12 +431,11 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
             }
         }
     };
-    // The all-reduced vector j of row `row` (this rank's own input where a wait gave up).
+    // The all-reduced vector v, this rank's term `ownv` (the term alone where a wait gave up).
     unsigned long long deadline = 0;
     bool failed = false;
-    auto receive = [&](unsigned long long row, unsigned int j) -> uint4 {
-        const unsigned long long v = row * vr + j;
-        const uint4 own = coll_canon<DT>(*reinterpret_cast<const uint4*>(input + v * 16ull));
+    auto receive = [&](unsigned long long v, uint4 ownv) -> uint4 {
+        const uint4 own = coll_canon<DT>(ownv);
         uint4 pv[COLL_MAXW - 1];
         if (!failed) {
             failed = !coll_lam_poll<DT, NP>(pv, mine, slot_bytes, v, ws + hdr_off, idx, hdr, rank, world, w, st,
@@ -353,63 +445,20 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
         return failed ? own : coll_reduce_ranks<DT, COLL_SUM>(own, pv, (int)rank, (int)world);
     };
 
-    // The epilogue's own inputs do not depend on the exchange: prefetch the block's first unit's
-    // residual (and weight) vectors into L1 now, so that after the polls they are cache hits
-    // instead of DRAM round trips behind the wait (a polling load's "memory" clobber keeps the
-    // compiler from hoisting them). Split rows: the row's weight into L2 for the last block.
-    if (clustered && blockIdx.x < units) {
-        const unsigned long long row = blockIdx.x / parts;
-        const unsigned int tb = (blockIdx.x % parts) * blockDim.x + threadIdx.x;
-        for (unsigned int m = 0; m < k; ++m) {
-            const unsigned int j = tb + m * big;
-            if (j < vr) {
-                coll_prefetch_l1(res + row * row_bytes + (unsigned long long)j * 16ull);
-                if (norm) {
-                    coll_prefetch_l1(weight + (unsigned long long)j * 16ull);
-                }
-            }
-        }
-    } else if (blockIdx.x < units) {
-        const unsigned long long u = blockIdx.x;
-        const unsigned long long row = split ? u / parts : u;
-        const unsigned int lo = split ? (unsigned int)(u % parts) * part_vectors : 0u;
-        const unsigned int hi = split ? min(vr, lo + part_vectors) : vr;
-        for (unsigned int j = lo + threadIdx.x; j < hi; j += blockDim.x) {
-            coll_prefetch_l1(res + row * row_bytes + (unsigned long long)j * 16ull);
-            if (norm) {
-                if (split) {
-                    coll_prefetch_l2(weight + (unsigned long long)j * 16ull);
-                } else {
-                    coll_prefetch_l1(weight + (unsigned long long)j * 16ull);
-                }
-            }
-        }
-    }
-
     // Phase 1: push every vector of this block's units.
     for (unsigned long long u = blockIdx.x; u < units; u += gridDim.x) {
-        if (clustered) {
-            const unsigned int tb = (unsigned int)(u % parts) * blockDim.x + threadIdx.x;
-            for (unsigned int m = 0; m < k; ++m) {
-                const unsigned int j = tb + m * big;
-                if (j < vr) {
-                    push(u / parts, j);
-                }
-            }
-        } else if (split) {
-            const unsigned long long row = u / parts;
-            const unsigned int lo = (unsigned int)(u % parts) * part_vectors;
-            const unsigned int hi = min(vr, lo + part_vectors);
-            for (unsigned int j = lo + threadIdx.x; j < hi; j += blockDim.x) {
-                push(row, j);
-            }
-        } else {
+        const unsigned long long vb = row_of(u) * vr;
 #pragma unroll
-            for (int m = 0; m < EPI_MAXV; ++m) {
-                const unsigned int j = threadIdx.x + (unsigned int)m * blockDim.x;
-                if ((unsigned int)m < k && j < vr) {
-                    push(u, j);
-                }
+        for (int m = 0; m < EPI_PRE; ++m) {
+            const unsigned int j = vec_j(u, (unsigned int)m);
+            if (j < vr) {
+                push(vb + j, own_vec(u, m, j));
+            }
+        }
+        for (unsigned int m = EPI_PRE; m < per_thread; ++m) {
+            const unsigned int j = vec_j(u, m);
+            if (j < vr) {
+                push(vb + j, own_vec(u, EPI_PRE, j));
             }
         }
     }
@@ -437,72 +486,103 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
     // Phase 2: receive and reduce; whole rows and cluster rows finish here, split rows in their
     // last block.
     for (unsigned long long u = blockIdx.x; u < units; u += gridDim.x) {
-        if (clustered) {
-            // One unit per block (gridDim.x == rows * parts): the cluster barriers below are met
-            // by every block of the cluster once.
-            const unsigned long long o = (u / parts) * row_bytes;
-            const unsigned int tb = (unsigned int)(u % parts) * blockDim.x + threadIdx.x;
-            uint4 s[EPI_MAXV];
+        const unsigned long long row = row_of(u);
+        const unsigned long long o = row * row_bytes;
+        const bool pre = u == u0;
+        if (!split) {
+            // Whole rows and cluster rows: s[m] the row's vector vec_j(u, m), reduced and added
+            // (registers for m < EPI_PRE; later vectors are read back from res_out, where this
+            // thread stored them, so a thread holds two vectors, not EPI_MAXV).
+            uint4 s[EPI_PRE];
             float ssq = 0.0f;
 #pragma unroll
-            for (int m = 0; m < EPI_MAXV; ++m) {
-                const unsigned int j = tb + (unsigned int)m * big;
-                if ((unsigned int)m < k && j < vr) {
-                    s[m] = epi_add_vec<DT>(receive(u / parts, j), res + o, res_out + o, j);
+            for (int m = 0; m < EPI_PRE; ++m) {
+                const unsigned int j = vec_j(u, (unsigned int)m);
+                if (j < vr) {
+                    const uint4 a = receive(row * vr + j, own_vec(u, m, j));
+                    s[m] = pre ? epi_add_val<DT>(a, rp[m], res_out + o, j) : epi_add_vec<DT>(a, res + o, res_out + o, j);
                     if (norm) {
                         ssq = epi_ssq_vec<DT>(s[m], ssq);
+                    }
+                }
+            }
+            for (unsigned int m = EPI_PRE; m < per_thread; ++m) {
+                const unsigned int j = vec_j(u, m);
+                if (j < vr) {
+                    const uint4 sv =
+                        epi_add_vec<DT>(receive(row * vr + j, own_vec(u, EPI_PRE, j)), res + o, res_out + o, j);
+                    if (norm) {
+                        ssq = epi_ssq_vec<DT>(sv, ssq);
                     }
                 }
             }
             if (!norm) {
                 continue;
             }
-            // epi_block_sum over the row's `big`-thread block, its warps spread over the cluster.
+            float total;
+            if (clustered) {
+                // epi_block_sum over the row's `big`-thread block, its warps spread over the
+                // cluster.
 #pragma unroll
-            for (int of = 16; of > 0; of >>= 1) {
-                ssq += symm_shfl_xor32(ssq, of);
-            }
-            const unsigned int lane = threadIdx.x & 31u;
-            const unsigned int wpb = blockDim.x >> 5;
-            if (lane == 0u) {
-                red[threadIdx.x >> 5] = ssq;
-            }
-            symm_cluster_sync();
-            float total = lane < (big >> 5) ? symm_cluster_ld_f32(&red[lane % wpb], lane / wpb) : 0.0f;
+                for (int of = 16; of > 0; of >>= 1) {
+                    ssq += symm_shfl_xor32(ssq, of);
+                }
+                const unsigned int lane = threadIdx.x & 31u;
+                const unsigned int wpb = blockDim.x >> 5;
+                if (lane == 0u) {
+                    red[threadIdx.x >> 5] = ssq;
+                }
+                symm_cluster_sync();
+                total = lane < (big >> 5) ? symm_cluster_ld_f32(&red[lane % wpb], lane / wpb) : 0.0f;
 #pragma unroll
-            for (int of = 16; of > 0; of >>= 1) {
-                total += symm_shfl_xor32(total, of);
+                for (int of = 16; of > 0; of >>= 1) {
+                    total += symm_shfl_xor32(total, of);
+                }
+            } else {
+                total = epi_block_sum(ssq, red);
             }
             const float rstd = epi_rstd<DT>(total, vr, eps);
 #pragma unroll
-            for (int m = 0; m < EPI_MAXV; ++m) {
-                const unsigned int j = tb + (unsigned int)m * big;
-                if ((unsigned int)m < k && j < vr) {
-                    epi_norm_vec<DT>(s[m], weight, norm_out + o, j, rstd);
+            for (int m = 0; m < EPI_PRE; ++m) {
+                const unsigned int j = vec_j(u, (unsigned int)m);
+                if (j < vr) {
+                    if (pre) {
+                        epi_norm_val<DT>(s[m], gp[m], norm_out + o, j, rstd);
+                    } else {
+                        epi_norm_vec<DT>(s[m], weight, norm_out + o, j, rstd);
+                    }
                 }
             }
-            symm_cluster_sync();
+            for (unsigned int m = EPI_PRE; m < per_thread; ++m) {
+                const unsigned int j = vec_j(u, m);
+                if (j < vr) {
+                    const uint4 sv = *reinterpret_cast<const uint4*>(res_out + o + (unsigned long long)j * 16ull);
+                    epi_norm_vec<DT>(sv, weight, norm_out + o, j, rstd);
+                }
+            }
+            if (clustered) {
+                // Every block of the cluster keeps its shared memory until the others read it.
+                symm_cluster_sync();
+            }
             continue;
         }
-        if (!split) {
-            uint4 s[EPI_MAXV];
 #pragma unroll
-            for (int m = 0; m < EPI_MAXV; ++m) {
-                const unsigned int j = threadIdx.x + (unsigned int)m * blockDim.x;
-                if ((unsigned int)m < k && j < vr) {
-                    s[m] = receive(u, j);
+        for (int m = 0; m < EPI_PRE; ++m) {
+            const unsigned int j = vec_j(u, (unsigned int)m);
+            if (j < vr) {
+                const uint4 a = receive(row * vr + j, own_vec(u, m, j));
+                if (pre) {
+                    epi_add_val<DT>(a, rp[m], res_out + o, j);
+                } else {
+                    epi_add_vec<DT>(a, res + o, res_out + o, j);
                 }
             }
-            const unsigned long long o = u * row_bytes;
-            epi_row<DT>(s, k, vr, res + o, weight, res_out + o, norm_out + o, eps, norm, red);
-            continue;
         }
-        const unsigned long long row = u / parts;
-        const unsigned long long o = row * row_bytes;
-        const unsigned int lo = (unsigned int)(u % parts) * part_vectors;
-        const unsigned int hi = min(vr, lo + part_vectors);
-        for (unsigned int j = lo + threadIdx.x; j < hi; j += blockDim.x) {
-            epi_add_vec<DT>(receive(row, j), res + o, res_out + o, j);
+        for (unsigned int m = EPI_PRE; m < per_thread; ++m) {
+            const unsigned int j = vec_j(u, m);
+            if (j < vr) {
+                epi_add_vec<DT>(receive(row * vr + j, own_vec(u, EPI_PRE, j)), res + o, res_out + o, j);
+            }
         }
         if (!norm) {
             continue;
@@ -546,8 +626,8 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
         const unsigned int *abort_host, unsigned long long hdr_off, unsigned long long oph0,                   \
         unsigned long long oph1, const char *res, const char *weight, char *res_out, char *norm_out, float eps, \
         unsigned int flags
-// W: 0 for the generic entries symm_lamport_add_rms_{dt}, 2 for symm_lamport2_add_rms_{dt} (the
-// same arguments; `world` ignored).
+// W: 0 for the generic entries symm_lamport_add_rms_{dt}, else the world size of
+// symm_lamport{W}_add_rms_{dt} (the same arguments; `world` ignored).
 #define COLL_LAMPORT_EPI_ENTRY(NAME, DT, W)                                                                     \
     extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1) NAME(COLL_LAMPORT_EPI_ARGS) {               \
         const CollWs8 wsv = {ws0, ws1, ws2, ws3, ws4, ws5, ws6, ws7};                                             \
@@ -561,6 +641,16 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
 COLL_LAMPORT_EPI_ENTRY(symm_lamport_add_rms_f32, COLL_F32, 0)
 COLL_LAMPORT_EPI_ENTRY(symm_lamport_add_rms_f16, COLL_F16, 0)
 COLL_LAMPORT_EPI_ENTRY(symm_lamport_add_rms_bf16, COLL_BF16, 0)
-COLL_LAMPORT_EPI_ENTRY(symm_lamport2_add_rms_f32, COLL_F32, 2)
-COLL_LAMPORT_EPI_ENTRY(symm_lamport2_add_rms_f16, COLL_F16, 2)
-COLL_LAMPORT_EPI_ENTRY(symm_lamport2_add_rms_bf16, COLL_BF16, 2)
+// The entries specialised for one world size W = 2..8 (NOTE [lamport-world-entries]'s reason:
+// the peer loops unrolled to W - 1, a fraction of the generic entry's registers and code).
+#define COLL_LAMPORT_EPI_WORLD(W)                                           \
+    COLL_LAMPORT_EPI_ENTRY(symm_lamport##W##_add_rms_f32, COLL_F32, W)     \
+    COLL_LAMPORT_EPI_ENTRY(symm_lamport##W##_add_rms_f16, COLL_F16, W)     \
+    COLL_LAMPORT_EPI_ENTRY(symm_lamport##W##_add_rms_bf16, COLL_BF16, W)
+COLL_LAMPORT_EPI_WORLD(2)
+COLL_LAMPORT_EPI_WORLD(3)
+COLL_LAMPORT_EPI_WORLD(4)
+COLL_LAMPORT_EPI_WORLD(5)
+COLL_LAMPORT_EPI_WORLD(6)
+COLL_LAMPORT_EPI_WORLD(7)
+COLL_LAMPORT_EPI_WORLD(8)

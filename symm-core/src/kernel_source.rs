@@ -102,10 +102,28 @@ pub const COLLECTIVE_ENTRIES: &[&str] = &[
     "symm_lamport_bf16",
     "symm_lamport_f16",
     "symm_lamport_f32",
-    // Lamport one-shot, the fused epilogue's entry for two ranks.
+    // Lamport one-shot, the fused epilogue's entries for one world size 2..8.
     "symm_lamport2_add_rms_bf16",
     "symm_lamport2_add_rms_f16",
     "symm_lamport2_add_rms_f32",
+    "symm_lamport3_add_rms_bf16",
+    "symm_lamport3_add_rms_f16",
+    "symm_lamport3_add_rms_f32",
+    "symm_lamport4_add_rms_bf16",
+    "symm_lamport4_add_rms_f16",
+    "symm_lamport4_add_rms_f32",
+    "symm_lamport5_add_rms_bf16",
+    "symm_lamport5_add_rms_f16",
+    "symm_lamport5_add_rms_f32",
+    "symm_lamport6_add_rms_bf16",
+    "symm_lamport6_add_rms_f16",
+    "symm_lamport6_add_rms_f32",
+    "symm_lamport7_add_rms_bf16",
+    "symm_lamport7_add_rms_f16",
+    "symm_lamport7_add_rms_f32",
+    "symm_lamport8_add_rms_bf16",
+    "symm_lamport8_add_rms_f16",
+    "symm_lamport8_add_rms_f32",
     // Lamport one-shot, one world size 2..8 and (mode, op) per entry (NOTE [lamport-world-entries],
     // COLL_MODE_OP_ENTRIES).
     "symm_lamport2_ag_bf16",
@@ -349,8 +367,9 @@ mod tests {
         assert_eq!(unique.len(), COLLECTIVE_ENTRIES.len(), "an entry is listed twice");
         // 3 dtypes x (generic Lamport, ring, reduce_ptrs, pull) + 27 two-rank pull entries + 7
         // worlds x 27 Lamport entries (NOTE [lamport-world-entries]) + the barrier, init,
-        // rejection and error entries + 3 x 3 epilogue entries.
-        assert_eq!(COLLECTIVE_ENTRIES.len(), 12 + 27 + 7 * 27 + 4 + 9);
+        // rejection and error entries + 3 x (separate epilogue, generic fused epilogue) + 7 worlds
+        // x 3 fused epilogue entries.
+        assert_eq!(COLLECTIVE_ENTRIES.len(), 12 + 27 + 7 * 27 + 4 + 6 + 7 * 3);
         for e in COLLECTIVE_ENTRIES {
             assert!(e.starts_with("symm_"), "{e}");
         }

@@ -109,7 +109,10 @@ impl launch::Launcher for On<'_> {
             Entry::Pull(dt) => &k.pull[dt],
             Entry::PullTwoRank(dt, mode, op) => k.pull_two_rank[dt].get(mode, op),
             Entry::LamportAddRms(dt) => &k.lamport_epilogue[dt],
-            Entry::LamportAddRmsTwoRank(dt) => &k.lamport_epilogue_two_rank[dt],
+            Entry::LamportAddRmsWorld(dt, w) => match &k.lamport_epilogue_world {
+                Some((loaded, f)) if *loaded == w => &f[dt],
+                _ => return Err(not_here(l.entry.name())),
+            },
             // The separate epilogue is `Epilogues`' (loaded without a workspace too).
             Entry::AddRms(dt) => &self.c.epilogues.add_rms[dt],
         };

@@ -41,7 +41,7 @@ pub(crate) fn defines() -> &'static str {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TraceRecord {
     /// 1: the generic Lamport entry; 2: an entry specialised for its world size; 3: the generic
-    /// fused Lamport epilogue; 4: its two-rank entry; 5: the separate epilogue kernel (no
+    /// fused Lamport epilogue; 4: its entry for one world size; 5: the separate epilogue kernel (no
     /// exchange: its `rank` is 0 and its `ws` the residual's address).
     pub kind: u8,
     pub world: u8,

@@ -89,10 +89,10 @@ struct KernelTable {
     pull: PerDtype<Function>,
     pull_two_rank: PerDtype<Vec<Function>>,
     reduce_ptrs: PerDtype<Function>,
-    /// `symm_lamport_add_rms_{dt}`, `symm_lamport2_add_rms_{dt}`: the fused all-reduce epilogue
+    /// `symm_lamport_add_rms_{dt}`, `symm_lamport{w}_add_rms_{dt}`: the fused all-reduce epilogue
     /// (NOTE [fused-epilogue]), generic and two-rank.
     lamport_add_rms: PerDtype<Function>,
-    lamport_add_rms_two_rank: PerDtype<Function>,
+    lamport_add_rms_world: Option<(u8, PerDtype<Function>)>,
     /// `symm_add_rms_{dt}`: the separate epilogue.
     add_rms: PerDtype<Function>,
     barrier: Function,
@@ -162,7 +162,12 @@ impl Launcher for On<'_> {
                 .get(mode_op_index(mode, op))
                 .ok_or_else(|| Error::InvalidArgument(format!("no two-rank pull entry for {mode:?}, op {op}")))?,
             Entry::LamportAddRms(dt) => &k.lamport_add_rms[dt],
-            Entry::LamportAddRmsTwoRank(dt) => &k.lamport_add_rms_two_rank[dt],
+            Entry::LamportAddRmsWorld(dt, w) => k
+                .lamport_add_rms_world
+                .as_ref()
+                .filter(|(loaded, _)| *loaded == w)
+                .map(|(_, f)| &f[dt])
+                .ok_or_else(|| Error::InvalidArgument(format!("no {w}-rank fused epilogue entry")))?,
             Entry::AddRms(dt) => &k.add_rms[dt],
         };
         // No thread-block clusters on AMD GPUs (the Rig never reports them here).
@@ -218,7 +223,10 @@ impl RocmCollectives {
             pull_two_rank: two_rank("pull2")?,
             reduce_ptrs: per_dtype("reduce_ptrs")?,
             lamport_add_rms: per_dtype("lamport_add_rms")?,
-            lamport_add_rms_two_rank: per_dtype("lamport2_add_rms")?,
+            lamport_add_rms_world: match lamport_world_kind(world) {
+                Some((w, kind)) => Some((w, per_dtype(&format!("{kind}_add_rms"))?)),
+                None => None,
+            },
             add_rms: per_dtype("add_rms")?,
             barrier: get("symm_coll_barrier")?,
             reject: get("symm_coll_reject")?,

@@ -15,7 +15,7 @@ use crate::{Error, OpKind, ReduceOp, Result};
 
 use super::agree::{header, Mechanism};
 use super::args::{self, AddRms, LamportAddRms, RowArgs, EPI_CLUSTER, EPI_NORM};
-use super::launch::{Entry, Launch, Rig};
+use super::launch::{Entry, Launch, Rig, LAMPORT_WORLD_MAX, LAMPORT_WORLD_MIN};
 use super::layout::EPI_SPLIT_MAX_ROWS;
 use super::plan::{kernel_dtype, MAX_THREADS as COLL_MAX_THREADS};
 
@@ -241,8 +241,8 @@ impl Epilogue {
 
 impl Rig {
     /// The fused Lamport one-shot all-reduce (sum) of `e`'s input with the epilogue applied to
-    /// each row as it completes, in one kernel (NOTE [fused-epilogue]): the two-rank entry at
-    /// world 2 unless [`super::launch::Switches::generic_entries`], the rows laid out by
+    /// each row as it completes, in one kernel (NOTE [fused-epilogue]): the world's own entry at
+    /// 2..=8 ranks unless [`super::launch::Switches::generic_entries`], the rows laid out by
     /// [`fused_geometry`] (cluster rows only where [`Rig::clusters`] and the switch allow it)
     /// within the grid budget (every block resident, NOTE [co-residency]). `None` for zero rows
     /// (nothing to launch). Every rank passes the same geometry and the same mechanism in the
@@ -288,10 +288,12 @@ impl Rig {
             epilogue,
         };
         let a = args::lamport_add_rms(&self.common, &self.direct, &f, &self.layout, &self.bound, &hdr);
-        let entry = if self.world == 2 && !self.switches.generic_entries {
-            Entry::LamportAddRmsTwoRank(dt)
-        } else {
-            Entry::LamportAddRms(dt)
+        // The entry specialised for this world (NOTE [lamport-world-entries]).
+        let entry = match self.world {
+            w @ LAMPORT_WORLD_MIN..=LAMPORT_WORLD_MAX if !self.switches.generic_entries => {
+                Entry::LamportAddRmsWorld(dt, w as u8)
+            }
+            _ => Entry::LamportAddRms(dt),
         };
         let mut l = Launch::new(entry, g.blocks, g.threads, &a);
         l.cluster = if g.cluster { g.parts } else { 0 };

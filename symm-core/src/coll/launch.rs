@@ -51,8 +51,9 @@ pub enum Entry {
     /// `symm_lamport_add_rms_{dt}`: the Lamport one-shot (sum) with the residual / RMSNorm
     /// epilogue fused in, any world (NOTE [fused-epilogue]).
     LamportAddRms(KernelDtype),
-    /// `symm_lamport2_add_rms_{dt}`: its entry specialised for two ranks.
-    LamportAddRmsTwoRank(KernelDtype),
+    /// `symm_lamport{w}_add_rms_{dt}`: its entry specialised for a world of `w` ranks
+    /// ([`LAMPORT_WORLD_MIN`]..=[`LAMPORT_WORLD_MAX`]).
+    LamportAddRmsWorld(KernelDtype, u8),
     /// `symm_add_rms_{dt}`: the epilogue alone, over an all-reduced sum.
     AddRms(KernelDtype),
 }
@@ -70,7 +71,7 @@ impl Entry {
             Entry::Pull(dt) => format!("symm_pull_{}", dt.suffix()),
             Entry::PullTwoRank(dt, mode, op) => mode_op_name("pull2", dt, mode, op),
             Entry::LamportAddRms(dt) => format!("symm_lamport_add_rms_{}", dt.suffix()),
-            Entry::LamportAddRmsTwoRank(dt) => format!("symm_lamport2_add_rms_{}", dt.suffix()),
+            Entry::LamportAddRmsWorld(dt, w) => format!("symm_lamport{w}_add_rms_{}", dt.suffix()),
             Entry::AddRms(dt) => format!("symm_add_rms_{}", dt.suffix()),
         }
     }

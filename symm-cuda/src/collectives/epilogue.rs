@@ -188,7 +188,7 @@ mod tests {
     }
 
     /// The fused kernel's planned argument list has the arity and sizes of its parameters in the
-    /// PTX NVRTC produces, for the generic and the two-rank entries (when NVRTC is present).
+    /// PTX NVRTC produces, for the generic and some world entries (when NVRTC is present).
     #[test]
     fn fused_arguments_match_the_kernels() {
         let l = rig().fused_add_rms(&epilogue()).unwrap().unwrap();
@@ -196,7 +196,12 @@ mod tests {
         let got: Vec<usize> = l.args.iter().map(arg_bytes).collect();
         let Some(ptx) = ptx() else { return };
         for dt in ["f32", "f16", "bf16"] {
-            for k in ["symm_lamport_add_rms", "symm_lamport2_add_rms"] {
+            for k in [
+                "symm_lamport_add_rms",
+                "symm_lamport2_add_rms",
+                "symm_lamport4_add_rms",
+                "symm_lamport8_add_rms",
+            ] {
                 let name = format!("{k}_{dt}");
                 let want = ptx_param_sizes(&ptx, &name).unwrap_or_else(|| panic!("{name} not in the PTX"));
                 assert_eq!(got, want, "{name}: host arguments vs kernel parameters");

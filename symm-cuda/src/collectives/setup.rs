@@ -95,8 +95,8 @@ pub(super) struct KernelTable {
     /// `symm_lamport_add_rms_{dt}`: the Lamport one-shot with the residual / RMSNorm epilogue
     /// (NOTE [fused-epilogue]; [`Epilogues`] loads the separate `symm_add_rms_{dt}`).
     pub(super) lamport_epilogue: PerDtype<CudaFunction>,
-    /// `symm_lamport2_add_rms_{dt}`: its entry specialised for two ranks.
-    pub(super) lamport_epilogue_two_rank: PerDtype<CudaFunction>,
+    /// `symm_lamport{w}_add_rms_{dt}`: its entry for this object's world `w` (2..=8).
+    pub(super) lamport_epilogue_world: Option<(u8, PerDtype<CudaFunction>)>,
     /// `symm_coll_barrier`: the (subset) barrier, with an optional check word.
     pub(super) barrier: CudaFunction,
     /// `symm_coll_reject`: tells every peer this rank rejected its op (NOTE [op-agreement]).
@@ -208,7 +208,10 @@ impl CudaCollectives {
             pull: per_dtype("pull")?,
             pull_two_rank: two_rank("pull2")?,
             lamport_epilogue: per_dtype("lamport_add_rms")?,
-            lamport_epilogue_two_rank: per_dtype("lamport2_add_rms")?,
+            lamport_epilogue_world: match lamport_world_kind(world) {
+                Some((w, kind)) => Some((w, per_dtype(&format!("{kind}_add_rms"))?)),
+                None => None,
+            },
             barrier: get("symm_coll_barrier")?,
             reject: get("symm_coll_reject")?,
             take_error: get("symm_coll_take_error")?,

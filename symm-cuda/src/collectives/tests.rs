@@ -84,6 +84,7 @@ fn collectives_kernels_compile_with_nvrtc() {
         "symm_ring_bf16",
         "symm_lamport_add_rms_bf16",
         "symm_lamport2_add_rms_bf16",
+        "symm_lamport4_add_rms_bf16",
         "symm_add_rms_bf16",
     ] {
         let start = ptx.find(&format!(".entry {k}(")).unwrap();
@@ -112,8 +113,8 @@ fn collectives_kernels_compile_with_nvrtc() {
     }
     // 3 x (generic Lamport, ring, reduce_ptrs, generic pull) + 27 two-rank pull + 7 worlds x 27
     // Lamport (NOTE [lamport-world-entries]) + the barrier and the rejection + 3 x (fused
-    // Lamport epilogue, its two-rank entry, separate epilogue).
-    assert_eq!(checked, 12 + 27 + 7 * 27 + 2 + 9);
+    // Lamport epilogue, separate epilogue) + 7 worlds x 3 fused world entries.
+    assert_eq!(checked, 12 + 27 + 7 * 27 + 2 + 6 + 7 * 3);
     for dt in ["f32", "f16", "bf16"] {
         for k in ["symm_lamport_add_rms", "symm_lamport2_add_rms", "symm_add_rms"] {
             assert!(ptx.contains(&format!(".entry {k}_{dt}(")), "{k}_{dt} missing");

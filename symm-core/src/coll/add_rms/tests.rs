@@ -72,7 +72,7 @@ fn u64_at(l: &Launch, i: usize) -> u64 {
 fn fused_launch_takes_the_world_entry_and_the_layout() {
     let e = epilogue(1, 8192, true);
     let l = rig(1, 2).fused_add_rms(&e).unwrap().unwrap();
-    assert_eq!(l.entry, Entry::LamportAddRmsTwoRank(KernelDtype::Bf16));
+    assert_eq!(l.entry, Entry::LamportAddRmsWorld(KernelDtype::Bf16, 2));
     // Whole rows by default (the split switch is off): one block of the row's 512 threads.
     assert_eq!((l.blocks, l.threads, l.cluster), (1, 512, 0));
     assert_eq!(l.args.len(), 30);
@@ -100,15 +100,19 @@ fn fused_launch_takes_the_world_entry_and_the_layout() {
     assert_eq!(add.args[22..24], hdr(Mechanism::LamportResidual));
     assert_eq!(u32_at(&add, 29), 0);
     assert_eq!((u64_at(&add, 25), u64_at(&add, 27)), (0, 0));
-    // The generic entry above two ranks, and at two with the switch.
-    let generic = Rig {
+    // The world's own entry at 2..=8 ranks; the generic entry at one rank and with the switch.
+    for w in [3, 4, 8] {
+        let l = rig(0, w).fused_add_rms(&e).unwrap().unwrap();
+        assert_eq!(l.entry, Entry::LamportAddRmsWorld(KernelDtype::Bf16, w as u8));
+    }
+    let generic = |w| Rig {
         switches: Switches {
             generic_entries: true,
             ..Switches::default()
         },
-        ..rig(0, 2)
+        ..rig(0, w)
     };
-    for r in [rig(0, 4), rig(0, 1), generic] {
+    for r in [rig(0, 1), generic(2), generic(4)] {
         let l = r.fused_add_rms(&e).unwrap().unwrap();
         assert_eq!(l.entry, Entry::LamportAddRms(KernelDtype::Bf16), "world {}", r.world);
     }
@@ -194,16 +198,16 @@ fn separate_launch_takes_whole_rows_within_the_budget() {
 #[test]
 fn epilogue_entries_are_in_the_shared_source() {
     for dt in KernelDtype::ALL {
-        for e in [
-            Entry::LamportAddRms(dt),
-            Entry::LamportAddRmsTwoRank(dt),
-            Entry::AddRms(dt),
-        ] {
+        for e in [Entry::LamportAddRms(dt), Entry::AddRms(dt)] {
+            assert!(COLLECTIVE_ENTRIES.contains(&e.name().as_str()), "{e:?}");
+        }
+        for w in 2..=8 {
+            let e = Entry::LamportAddRmsWorld(dt, w);
             assert!(COLLECTIVE_ENTRIES.contains(&e.name().as_str()), "{e:?}");
         }
     }
     assert_eq!(
-        Entry::LamportAddRmsTwoRank(KernelDtype::F16).name(),
+        Entry::LamportAddRmsWorld(KernelDtype::F16, 2).name(),
         "symm_lamport2_add_rms_f16"
     );
 }

@@ -223,7 +223,11 @@ fn point<T: symm_ops::Element>(
             trace::take(ctx)?;
             let mut t = time_rounds(st, mode, iters, args.rounds, &mut |i| run_op(comm, &mut b, v.algo, i))?;
             comm.check_error()?;
-            print_trace(st.rank, &format!("{hidden} x {tokens} {} {}", v.label, mode.name()), &trace::take(ctx)?);
+            print_trace(
+                st.rank,
+                &format!("{hidden} x {tokens} {} {}", v.label, mode.name()),
+                &trace::take(ctx)?,
+            );
             let key = sh.next_key(st.rank, "epi-time");
             let all = gather_f64s(sh, st.rank, &key, &[median(&mut t)])?;
             per_mode.push(all.iter().filter_map(|e| e.first().copied()).fold(0.0, f64::max));
