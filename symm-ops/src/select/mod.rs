@@ -242,12 +242,19 @@ impl Selector {
         }
     }
 
-    /// How an all-reduce epilogue of `bytes` runs (NOTE [fused-epilogue]): the table's
-    /// all-reduce then the epilogue kernel, except at world 1 on the GPU engines (CUDA, rocm),
-    /// where nothing is exchanged (the fused kernel, one kernel).
+    /// How an all-reduce epilogue of `bytes` runs (NOTE [fused-epilogue]): the fused kernel at
+    /// world 1 on the GPU engines (CUDA, rocm: nothing is exchanged, one kernel) and where the
+    /// table picks Lamport up to `epilogue_fused_max_bytes` (CUDA, two ranks); otherwise the
+    /// table's all-reduce then the epilogue kernel.
     pub fn epilogue(&self, bytes: usize) -> crate::EpilogueAlgo {
+        let kernels = self.symm && self.engine.runs_kernels();
         match self.all_reduce(bytes) {
-            _ if self.symm && self.engine.runs_kernels() && self.world == 1 => crate::EpilogueAlgo::Fused,
+            _ if kernels && self.world == 1 => crate::EpilogueAlgo::Fused,
+            AllReduceAlgo::Lamport
+                if kernels && bytes <= self.thresholds.epilogue_fused_max_bytes && bytes <= self.lamport_slot =>
+            {
+                crate::EpilogueAlgo::Fused
+            }
             a => crate::EpilogueAlgo::Separate(a),
         }
     }

@@ -25,7 +25,8 @@ impl Selector {
     /// all-reduce rows' pick then the epilogue kernel, or the fused kernel ([`Self::epilogue`]).
     pub fn epilogue_table(&self) -> String {
         let mut s = String::new();
-        let edges = self.all_reduce_bounds();
+        let mut edges = self.all_reduce_bounds().to_vec();
+        edges.push(self.thresholds.epilogue_fused_max_bytes.min(self.lamport_slot));
         block(
             &mut s,
             "all_reduce_residual[_rms_norm] (bytes of x)",

@@ -20,33 +20,55 @@ fn sel(engine: EngineKind, world: usize, nccl: bool) -> Selector {
     }
 }
 
-/// The epilogue rule: the table's all-reduce then the kernel at every size (Lamport up to
-/// the table's bound, from 1 KiB to 16 MiB at two ranks), fused at world 1; the table shows
-/// the all-reduce rows' picks.
+/// The epilogue rule: fused at world 1 and, on CUDA at two ranks, up to the fused bound
+/// (512 KiB, where the table picks Lamport and the slot holds it); otherwise the table's
+/// all-reduce then the kernel at every size (Lamport up to the table's bound, from 1 KiB to 16
+/// MiB at two ranks); the table shows both.
 #[test]
 fn epilogues_fuse_at_world_1_and_follow_the_all_reduce_table() {
     use crate::EpilogueAlgo::{Fused, Separate};
     for world in [2, 4, 8] {
         for nccl in [true, false] {
             let s = sel(EngineKind::Cuda, world, nccl);
-            for bytes in [8 * KIB, 512 * KIB, s.thresholds.lamport_max_bytes, 64 * MIB] {
-                assert_eq!(s.epilogue(bytes), Separate(s.all_reduce(bytes)), "{world} {bytes}");
+            let fused_max = if world == 2 { 512 * KIB } else { 0 };
+            assert_eq!(s.thresholds.epilogue_fused_max_bytes, fused_max);
+            for bytes in [
+                8 * KIB,
+                512 * KIB,
+                512 * KIB + 2,
+                s.thresholds.lamport_max_bytes,
+                64 * MIB,
+            ] {
+                let want = if bytes <= fused_max {
+                    Fused
+                } else {
+                    Separate(s.all_reduce(bytes))
+                };
+                assert_eq!(s.epilogue(bytes), want, "{world} {bytes}");
             }
-            assert_eq!(s.epilogue(512 * KIB), Separate(AllReduceAlgo::Lamport), "{world}");
+            assert_eq!(s.epilogue(512 * KIB + 2), Separate(AllReduceAlgo::Lamport), "{world}");
             let table = s.epilogue_table();
             assert!(
                 table.contains("lamport (one-shot, data as flag), then the epilogue"),
                 "{table}"
             );
-            assert!(!table.contains("fused"), "{table}");
+            assert_eq!(table.contains("fused"), world == 2, "{table}");
+            // A Lamport slot too small for the message: the separate path.
+            let small = Selector {
+                lamport_slot: 4 * KIB,
+                ..s.clone()
+            };
+            assert_eq!(small.epilogue(8 * KIB), Separate(small.all_reduce(8 * KIB)), "{world}");
         }
     }
     let one = sel(EngineKind::Cuda, 1, true);
     assert_eq!(one.epilogue(8 * KIB), Fused);
     // The rocm engine runs both mechanisms too: the same rule.
     assert_eq!(sel(EngineKind::Rocm, 1, false).epilogue(8 * KIB), Fused);
-    let rocm = sel(EngineKind::Rocm, 4, false);
-    assert_eq!(rocm.epilogue(8 * KIB), Separate(rocm.all_reduce(8 * KIB)));
+    for world in [2, 4] {
+        let rocm = sel(EngineKind::Rocm, world, false);
+        assert_eq!(rocm.epilogue(8 * KIB), Separate(rocm.all_reduce(8 * KIB)));
+    }
     assert_eq!(
         sel(EngineKind::Host, 1, false).epilogue(8 * KIB),
         Separate(AllReduceAlgo::OneShot)

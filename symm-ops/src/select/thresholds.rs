@@ -65,6 +65,11 @@ pub struct SelectionThresholds {
     /// when a rank's input also fits the engine's Lamport slots; larger: the ring. CUDA only.
     /// 2 x H200 at 16 / 32 MiB: 28.5 / 53.4 us against the pull's 32.2 / 58.1.
     pub all_gather_lamport_max_bytes: usize,
+    /// all-reduce epilogues (residual add, RMSNorm) up to this size of `x`: the fused Lamport
+    /// kernel, one kernel, where the all-reduce table picks Lamport; larger: the table's
+    /// all-reduce then the epilogue kernel. Chosen from the tensor-parallel layer (`tp-layer`)
+    /// and symm-bench together (bench-notes round 20). CUDA only.
+    pub epilogue_fused_max_bytes: usize,
 }
 
 impl SelectionThresholds {
@@ -102,6 +107,8 @@ impl SelectionThresholds {
             EngineKind::Rocm => SelectionThresholds {
                 all_reduce_ce_min_bytes: usize::MAX,
                 all_gather_copy_engine_min_bytes: usize::MAX,
+                // The fused kernel is unmeasured on AMD GPUs.
+                epilogue_fused_max_bytes: 0,
                 ..Self::defaults(EngineKind::Cuda, world_size)
             },
             EngineKind::Host => SelectionThresholds {
@@ -119,6 +126,7 @@ impl SelectionThresholds {
                 reduce_scatter_pull_min_bytes: usize::MAX,
                 reduce_scatter_lamport_max_bytes: 0,
                 all_gather_lamport_max_bytes: 0,
+                epilogue_fused_max_bytes: 0,
             },
             EngineKind::Nccl => SelectionThresholds {
                 lamport_max_bytes: 0,
@@ -135,6 +143,7 @@ impl SelectionThresholds {
                 reduce_scatter_pull_min_bytes: usize::MAX,
                 reduce_scatter_lamport_max_bytes: 0,
                 all_gather_lamport_max_bytes: 0,
+                epilogue_fused_max_bytes: 0,
             },
             EngineKind::Cuda if world_size <= 2 => {
                 // Measured on 2 x H200 (NV18), graph replay, NCCL 2.28.9 in the same run
@@ -166,6 +175,7 @@ impl SelectionThresholds {
                     reduce_scatter_pull_min_bytes: 32 * MIB + 1,
                     reduce_scatter_lamport_max_bytes: RS_AG_LAMPORT_MAX,
                     all_gather_lamport_max_bytes: RS_AG_LAMPORT_MAX,
+                    epilogue_fused_max_bytes: EPILOGUE_FUSED_MAX_TWO_RANKS,
                 }
             }
             EngineKind::Cuda => {
@@ -211,6 +221,10 @@ impl SelectionThresholds {
                     reduce_scatter_pull_min_bytes: if measured { 16 * MIB + 1 } else { usize::MAX },
                     reduce_scatter_lamport_max_bytes: RS_AG_LAMPORT_MAX,
                     all_gather_lamport_max_bytes: RS_AG_LAMPORT_MAX,
+                    // 3 and 4 ranks (4 x H100, round 20): the fused kernel is level with Lamport
+                    // + the epilogue kernel at hidden 4096 and 1-1.5 us slower at 8192 (one SM
+                    // pushes a row to three peers), in symm-bench and in the 70B TP 4 layer.
+                    epilogue_fused_max_bytes: 0,
                 }
             }
         }
@@ -227,6 +241,11 @@ pub const LAMPORT_MAX_MULTI: usize = MIB;
 /// All-reduce, more than two ranks: the ring one-shot up to this size, the two-shot above (the
 /// PyTorch / vLLM one-shot bound).
 pub const ONE_SHOT_MAX_MULTI: usize = 256 * KIB;
+/// All-reduce epilogues, two ranks: the fused Lamport kernel up to this size of `x` (4 x H100,
+/// bf16, graph replay, bench-notes round 20: 4.07-6.39 us against Lamport + the epilogue kernel's
+/// 4.68-6.85 at hidden 4096 / 8192 x 1-32 tokens, 8-512 KiB; in the layer at TP 2 0.88-0.96 of
+/// NCCL + norm against 0.91-0.96). Larger messages were not measured with this kernel.
+pub const EPILOGUE_FUSED_MAX_TWO_RANKS: usize = 512 * KIB;
 /// Reduce-scatter / all-gather: the Lamport kernels up to this whole-tensor size (see
 /// [`SelectionThresholds::reduce_scatter_lamport_max_bytes`]).
 pub const RS_AG_LAMPORT_MAX: usize = 32 * MIB;
