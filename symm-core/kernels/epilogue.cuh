@@ -17,8 +17,9 @@
 // rounds. ssq: each thread sums f32(s)^2 over its lanes in vector order (fmaf), then a fixed
 // butterfly over each group of 32 lanes (a warp on NVIDIA, half a wave64 on AMD:
 // symm_shfl_xor32) and over the groups' sums (every lane ends with the same bits). The
-// fused kernel and the separate one run the same epi_row with the same block size, so they give
-// bitwise the same outputs, and every rank does.
+// fused kernel and the separate one (epi_row) run the same steps (epi_add_val, epi_ssq_vec in
+// vector order, epi_block_sum, epi_norm_val) with the same block size, so they give bitwise the
+// same outputs, and every rank does.
 //   symm_add_rms_{dt}: the epilogue alone, over an all-reduced `sum` (the unfused sequence: after
 //     any symm all-reduce, after NCCL, and for messages beyond the Lamport buffers).
 //   symm_lamport_add_rms_{dt}: the Lamport one-shot (NOTE [collectives-protocols]: the same
