@@ -32,7 +32,7 @@ mod typed;
 // The host side of the shared kernels (arguments, workspace layout, launch plans, op
 // agreement) is symm-core's, written once for every vendor.
 use symm_core::coll::launch::{
-    self, all_gather_at, all_reduce_at, all_reduce_mechanism, reduce_scatter_at, Entry, Launcher, Rig,
+    self, all_gather_at, all_reduce_at, all_reduce_mechanism, reduce_scatter_at, Entry, Launcher, ReducePtrs, Rig,
 };
 use symm_core::coll::registry::Registry;
 use symm_core::coll::{agree, args, check, layout, plan};
@@ -51,6 +51,7 @@ pub use epilogue::{epilogue_threads, Epilogue, Epilogues};
 pub use layout::WorkspaceLayout;
 pub use plan::{GridBudget, RingMode, Tuning};
 pub use setup::{CollectivesConfig, DEFAULT_LAMPORT_BYTES, DEFAULT_RING_SLOTS, DEFAULT_STAGING_BYTES};
+pub use symm_core::coll::launch::DeviceOp;
 pub use symm_core::kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
 
 use agree::{checked, header, Mechanism};

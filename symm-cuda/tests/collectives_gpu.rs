@@ -27,7 +27,7 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use symm_core::{get_allocator, DType, Device, DeviceType, Error, Rank, ReduceOp, SymmetricMemory};
 use symm_cuda::collectives::{
-    AllGatherKernel, AllReduceKernel, CollectivesConfig, CudaCollectives, ReduceScatterKernel, Tuning,
+    AllGatherKernel, AllReduceKernel, CollectivesConfig, CudaCollectives, DeviceOp, ReduceScatterKernel, Tuning,
 };
 use symm_cuda::streams::HostCopies;
 use symm_testkit::launch::{RankCtx, TestResult};
@@ -39,7 +39,6 @@ macro_rules! raw_entries {
     ($($name:ident => $entry:ident($($arg:ident: $ty:ty),*);)*) => {
         trait Raw {
             $(
-                #[allow(clippy::too_many_arguments)]
                 fn $name(&self, s: &CudaStream, $($arg: $ty),*) -> symm_core::Result<()>;
             )*
         }
@@ -59,11 +58,11 @@ macro_rules! raw_entries {
 // of `Env` and the registered arenas, each sized for the op that gets it and alive until the
 // test ends; the bad-argument cases are refused before any access.
 raw_entries! {
-    all_reduce_t => all_reduce(a: AllReduceKernel, i: u64, o: u64, n: usize, d: DType, op: ReduceOp);
-    all_reduce_tuned_t => all_reduce_tuned(a: AllReduceKernel, t: &Tuning, i: u64, o: u64, n: usize, d: DType, op: ReduceOp);
-    reduce_scatter_t => reduce_scatter(a: ReduceScatterKernel, i: u64, o: u64, n: usize, d: DType, op: ReduceOp);
-    reduce_scatter_tuned_t => reduce_scatter_tuned(a: ReduceScatterKernel, t: &Tuning, i: u64, o: u64, n: usize, d: DType, op: ReduceOp);
-    all_gather_t => all_gather(k: AllGatherKernel, i: u64, o: u64, n: usize, d: DType);
+    all_reduce_t => all_reduce(a: AllReduceKernel, d: DeviceOp);
+    all_reduce_tuned_t => all_reduce_tuned(a: AllReduceKernel, t: &Tuning, d: DeviceOp);
+    reduce_scatter_t => reduce_scatter(a: ReduceScatterKernel, d: DeviceOp);
+    reduce_scatter_tuned_t => reduce_scatter_tuned(a: ReduceScatterKernel, t: &Tuning, d: DeviceOp);
+    all_gather_t => all_gather(k: AllGatherKernel, d: DeviceOp);
 }
 
 const T: Duration = Duration::from_secs(60);
@@ -409,7 +408,18 @@ fn run_all_reduce(
         if in_place { " in place" } else { "" }
     );
     env.ready()?;
-    let ran = c.all_reduce_tuned_t(&env.stream, algo, &tuning, input, out.at(off), count, dtype, op);
+    let ran = c.all_reduce_tuned_t(
+        &env.stream,
+        algo,
+        &tuning,
+        DeviceOp {
+            input,
+            output: out.at(off),
+            count,
+            dtype,
+            op,
+        },
+    );
     let synced = env.stream.synchronize();
     ran.and_then(|()| c.check_error())
         .map_err(|e| format!("rank {me}: {what}: {e}"))?;
@@ -511,11 +521,13 @@ fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
         let r = c.all_reduce_t(
             &env.stream,
             AllReduceKernel::CopyEngineTwoShot,
-            base,
-            base + region as u64,
-            1000,
-            DType::F32,
-            ReduceOp::Sum,
+            DeviceOp {
+                input: base,
+                output: base + region as u64,
+                count: 1000,
+                dtype: DType::F32,
+                op: ReduceOp::Sum,
+            },
         );
         if !matches!(r, Err(Error::InvalidArgument(_))) {
             fails.push(format!("copy-engine two-shot at world {}: {r:?}", env.world()));
@@ -563,21 +575,25 @@ fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
                         c.all_reduce_t(
                             &env.stream,
                             AllReduceKernel::PullTwoShot,
-                            input,
-                            output,
-                            count,
-                            dtype,
-                            op,
+                            DeviceOp {
+                                input,
+                                output,
+                                count,
+                                dtype,
+                                op,
+                            },
                         )?;
                     } else {
                         c.all_reduce_t(
                             &env.stream,
                             AllReduceKernel::CopyEngineTwoShot,
-                            input,
-                            output,
-                            count,
-                            dtype,
-                            op,
+                            DeviceOp {
+                                input,
+                                output,
+                                count,
+                                dtype,
+                                op,
+                            },
                         )?;
                     }
                     env.stream.synchronize()?;
@@ -638,11 +654,13 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
         let r = c.reduce_scatter_t(
             &env.stream,
             ReduceScatterKernel::CopyEngine,
-            base,
-            base + (1000 * world * 4) as u64,
-            1000,
-            DType::F32,
-            ReduceOp::Sum,
+            DeviceOp {
+                input: base,
+                output: base + (1000 * world * 4) as u64,
+                count: 1000,
+                dtype: DType::F32,
+                op: ReduceOp::Sum,
+            },
         );
         if !matches!(r, Err(Error::InvalidArgument(_))) {
             fails.push(format!("copy-engine reduce-scatter at world {world}: {r:?}"));
@@ -690,7 +708,18 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                             };
                             let tuning = obj.config().tuning;
                             env.ready()?;
-                            obj.reduce_scatter_tuned_t(&env.stream, algo, &tuning, i_ptr, o_ptr, count, dtype, op)?;
+                            obj.reduce_scatter_tuned_t(
+                                &env.stream,
+                                algo,
+                                &tuning,
+                                DeviceOp {
+                                    input: i_ptr,
+                                    output: o_ptr,
+                                    count,
+                                    dtype,
+                                    op,
+                                },
+                            )?;
                             env.stream.synchronize()?;
                             obj.check_error()?;
                             let what = format!(
@@ -747,21 +776,25 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                                 obj.reduce_scatter_t(
                                     &env.stream,
                                     ReduceScatterKernel::CopyEngine,
-                                    base,
-                                    o_ptr,
-                                    count,
-                                    dtype,
-                                    op,
+                                    DeviceOp {
+                                        input: base,
+                                        output: o_ptr,
+                                        count,
+                                        dtype,
+                                        op,
+                                    },
                                 )?;
                             } else {
                                 obj.reduce_scatter_t(
                                     &env.stream,
                                     ReduceScatterKernel::Pull,
-                                    base,
-                                    o_ptr,
-                                    count,
-                                    dtype,
-                                    op,
+                                    DeviceOp {
+                                        input: base,
+                                        output: o_ptr,
+                                        count,
+                                        dtype,
+                                        op,
+                                    },
                                 )?;
                             }
                             env.stream.synchronize()?;
@@ -844,7 +877,7 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                             out.at(off)
                         };
                         env.ready()?;
-                        obj.all_gather_t(&env.stream, kernel, input, output, count, dtype)?;
+                        obj.all_gather_t(&env.stream, kernel, DeviceOp::gather(input, output, count, dtype))?;
                         env.stream.synchronize()?;
                         obj.check_error()?;
                         let what = format!(
@@ -910,7 +943,17 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
             } else {
                 ReduceScatterKernel::Pull
             };
-            c.reduce_scatter_t(&env.stream, kernel, base, out.at(off), count, dtype, ReduceOp::Sum)?;
+            c.reduce_scatter_t(
+                &env.stream,
+                kernel,
+                DeviceOp {
+                    input: base,
+                    output: out.at(off),
+                    count,
+                    dtype,
+                    op: ReduceOp::Sum,
+                },
+            )?;
             env.stream.synchronize()?;
             c.check_error()?;
             let got = out.read(&env.stream, off, count * es, false)?;
@@ -941,7 +984,11 @@ fn body_rs_ag(ctx: RankCtx) -> TestResult<String> {
                     inp.at(off)
                 };
                 env.ready()?;
-                c.all_gather_t(&env.stream, AllGatherKernel::CopyEnginePush, input, output, n, dtype)?;
+                c.all_gather_t(
+                    &env.stream,
+                    AllGatherKernel::CopyEnginePush,
+                    DeviceOp::gather(input, output, n, dtype),
+                )?;
                 env.stream.synchronize()?;
                 c.check_error()?;
                 let mut g = vec![0u8; n * world * es];
@@ -1085,11 +1132,13 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
                 c.all_reduce_t(
                     &env.stream,
                     algo,
-                    pl.in_ptrs[i % P],
-                    pl.out_base + (j * bytes) as u64,
-                    count,
-                    dtype,
-                    ReduceOp::Sum,
+                    DeviceOp {
+                        input: pl.in_ptrs[i % P],
+                        output: pl.out_base + (j * bytes) as u64,
+                        count,
+                        dtype,
+                        op: ReduceOp::Sum,
+                    },
                 )?;
             }
             let host = env.stream.synced_clone_dtoh(&pl.outputs)?;
@@ -1139,11 +1188,13 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
                 c.all_reduce_t(
                     &env.stream,
                     AllReduceKernel::CopyEnginePull,
-                    sym_in,
-                    pl.out_base,
-                    count,
-                    dtype,
-                    ReduceOp::Sum,
+                    DeviceOp {
+                        input: sym_in,
+                        output: pl.out_base,
+                        count,
+                        dtype,
+                        op: ReduceOp::Sum,
+                    },
                 )?;
             } else {
                 c.all_gather_t(
@@ -1153,10 +1204,7 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
                     } else {
                         AllGatherKernel::Pull
                     },
-                    sym_in,
-                    pl.out_base,
-                    count / 2,
-                    dtype,
+                    DeviceOp::gather(sym_in, pl.out_base, count / 2, dtype),
                 )?;
             }
             // SAFETY: as above; `nan` is `bytes` long.
@@ -1220,11 +1268,13 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
                 c.all_reduce_t(
                     stream,
                     algos[j % algos.len()],
-                    pl.in_ptrs[j % 5],
-                    pl.out_base + (j * bytes) as u64,
-                    count,
-                    dtype,
-                    ReduceOp::Sum,
+                    DeviceOp {
+                        input: pl.in_ptrs[j % 5],
+                        output: pl.out_base + (j * bytes) as u64,
+                        count,
+                        dtype,
+                        op: ReduceOp::Sum,
+                    },
                 )?;
             }
             Ok(())
@@ -1281,11 +1331,13 @@ fn body_stress(ctx: RankCtx, pdl: bool) -> TestResult<String> {
             c.all_reduce_t(
                 &env.stream,
                 algo,
-                pl.in_ptrs[0],
-                pl.out_base,
-                count,
-                dtype,
-                ReduceOp::Sum,
+                DeviceOp {
+                    input: pl.in_ptrs[0],
+                    output: pl.out_base,
+                    count,
+                    dtype,
+                    op: ReduceOp::Sum,
+                },
             )?;
             env.stream.synchronize()?;
             if env.stream.synced_clone_dtoh(&pl.outputs)? != sum_ref(dtype, &pl.payloads[0]) {
@@ -1338,43 +1390,109 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     let c = env.collectives("coll-err", config(symm_cuda::collectives::DEFAULT_STAGING_BYTES))?;
     let s = &env.stream;
     let bad = [
-        c.all_reduce_t(s, AllReduceKernel::OneShot, inp + 2, out, 10, dtype, ReduceOp::Sum),
-        c.all_reduce_t(s, AllReduceKernel::OneShot, inp, inp + 8, 100, dtype, ReduceOp::Sum),
-        c.all_reduce_t(s, AllReduceKernel::OneShot, inp, out, 10, DType::F64, ReduceOp::Sum),
+        c.all_reduce_t(
+            s,
+            AllReduceKernel::OneShot,
+            DeviceOp {
+                input: inp + 2,
+                output: out,
+                count: 10,
+                dtype,
+                op: ReduceOp::Sum,
+            },
+        ),
+        c.all_reduce_t(
+            s,
+            AllReduceKernel::OneShot,
+            DeviceOp {
+                input: inp,
+                output: inp + 8,
+                count: 100,
+                dtype,
+                op: ReduceOp::Sum,
+            },
+        ),
+        c.all_reduce_t(
+            s,
+            AllReduceKernel::OneShot,
+            DeviceOp {
+                input: inp,
+                output: out,
+                count: 10,
+                dtype: DType::F64,
+                op: ReduceOp::Sum,
+            },
+        ),
         // In place (no overlap error first): one element past the 16 MiB Lamport buffers.
         c.all_reduce_t(
             s,
             AllReduceKernel::Lamport,
-            out,
-            out,
-            (4 << 20) + 1,
-            dtype,
-            ReduceOp::Sum,
+            DeviceOp {
+                input: out,
+                output: out,
+                count: (4 << 20) + 1,
+                dtype,
+                op: ReduceOp::Sum,
+            },
         ),
-        c.all_reduce_t(s, AllReduceKernel::CopyEnginePull, inp, out, 10, dtype, ReduceOp::Sum),
-        c.all_reduce_t(s, AllReduceKernel::Pull, inp, out, 10, dtype, ReduceOp::Sum),
-        c.all_gather_t(s, AllGatherKernel::Pull, inp, out, 10, dtype),
-        c.all_gather_t(s, AllGatherKernel::Ring, inp, inp + 4, 10, dtype),
+        c.all_reduce_t(
+            s,
+            AllReduceKernel::CopyEnginePull,
+            DeviceOp {
+                input: inp,
+                output: out,
+                count: 10,
+                dtype,
+                op: ReduceOp::Sum,
+            },
+        ),
+        c.all_reduce_t(
+            s,
+            AllReduceKernel::Pull,
+            DeviceOp {
+                input: inp,
+                output: out,
+                count: 10,
+                dtype,
+                op: ReduceOp::Sum,
+            },
+        ),
+        c.all_gather_t(s, AllGatherKernel::Pull, DeviceOp::gather(inp, out, 10, dtype)),
+        c.all_gather_t(s, AllGatherKernel::Ring, DeviceOp::gather(inp, inp + 4, 10, dtype)),
         c.barrier(s, &[Rank::new((me + 1) % env.world(), env.world())?]),
         // The copy-engine paths: unregistered buffers, and in place.
-        c.reduce_scatter_t(s, ReduceScatterKernel::CopyEngine, inp, out, 10, dtype, ReduceOp::Sum),
-        c.all_reduce_t(
+        c.reduce_scatter_t(
             s,
-            AllReduceKernel::CopyEngineTwoShot,
-            inp,
-            out,
-            10,
-            dtype,
-            ReduceOp::Sum,
+            ReduceScatterKernel::CopyEngine,
+            DeviceOp {
+                input: inp,
+                output: out,
+                count: 10,
+                dtype,
+                op: ReduceOp::Sum,
+            },
         ),
         c.all_reduce_t(
             s,
             AllReduceKernel::CopyEngineTwoShot,
-            out,
-            out,
-            10,
-            dtype,
-            ReduceOp::Sum,
+            DeviceOp {
+                input: inp,
+                output: out,
+                count: 10,
+                dtype,
+                op: ReduceOp::Sum,
+            },
+        ),
+        c.all_reduce_t(
+            s,
+            AllReduceKernel::CopyEngineTwoShot,
+            DeviceOp {
+                input: out,
+                output: out,
+                count: 10,
+                dtype,
+                op: ReduceOp::Sum,
+            },
         ),
     ];
     for (i, r) in bad.iter().enumerate() {
@@ -1391,8 +1509,28 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     env.ctx.barrier("timeout-start", T)?;
     if me == 0 {
         let t0 = Instant::now();
-        short.all_reduce_t(s, AllReduceKernel::Lamport, inp, out, 1000, dtype, ReduceOp::Sum)?;
-        short.all_reduce_t(s, AllReduceKernel::OneShot, inp, out, 1000, dtype, ReduceOp::Sum)?;
+        short.all_reduce_t(
+            s,
+            AllReduceKernel::Lamport,
+            DeviceOp {
+                input: inp,
+                output: out,
+                count: 1000,
+                dtype,
+                op: ReduceOp::Sum,
+            },
+        )?;
+        short.all_reduce_t(
+            s,
+            AllReduceKernel::OneShot,
+            DeviceOp {
+                input: inp,
+                output: out,
+                count: 1000,
+                dtype,
+                op: ReduceOp::Sum,
+            },
+        )?;
         let all = (0..env.world())
             .map(|r| Rank::new(r, env.world()))
             .collect::<Result<Vec<_>, _>>()?;
@@ -1414,7 +1552,17 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     env.ctx.barrier("abort-start", T)?;
     if me == 0 {
         ab.set_abort(true)?;
-        ab.all_reduce_t(s, AllReduceKernel::OneShot, inp, out, 1000, dtype, ReduceOp::Sum)?;
+        ab.all_reduce_t(
+            s,
+            AllReduceKernel::OneShot,
+            DeviceOp {
+                input: inp,
+                output: out,
+                count: 1000,
+                dtype,
+                op: ReduceOp::Sum,
+            },
+        )?;
         s.synchronize()?;
         ab.set_abort(false)?;
         match ab.check_error() {
@@ -1429,10 +1577,7 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     c.all_gather_t(
         s,
         AllGatherKernel::CopyEnginePull,
-        base + (me as u64) * 4096,
-        out,
-        100,
-        dtype,
+        DeviceOp::gather(base + (me as u64) * 4096, out, 100, dtype),
     )?;
     s.synchronize()?;
     match c.check_error() {
@@ -1441,7 +1586,11 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     }
     c.check_error()?;
     // The fused pull checks the geometry the same way, and its closing barrier still completes.
-    c.all_gather_t(s, AllGatherKernel::Pull, base + (me as u64) * 4096, out, 100, dtype)?;
+    c.all_gather_t(
+        s,
+        AllGatherKernel::Pull,
+        DeviceOp::gather(base + (me as u64) * 4096, out, 100, dtype),
+    )?;
     s.synchronize()?;
     match c.check_error() {
         Err(Error::Mismatch { .. }) => {}
@@ -1449,7 +1598,17 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     }
     c.check_error()?;
     // The object still works afterwards (the barriers completed).
-    c.all_reduce_t(s, AllReduceKernel::OneShot, inp, out, 4096, dtype, ReduceOp::Sum)?;
+    c.all_reduce_t(
+        s,
+        AllReduceKernel::OneShot,
+        DeviceOp {
+            input: inp,
+            output: out,
+            count: 4096,
+            dtype,
+            op: ReduceOp::Sum,
+        },
+    )?;
     s.synchronize()?;
     c.check_error()?;
     let got = s.synced_clone_dtoh(&pl.outputs)?;

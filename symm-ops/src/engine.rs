@@ -54,6 +54,32 @@ pub(crate) struct Cx<'a> {
     pub planner: &'a Selector,
 }
 
+/// One op's operands, packed once by the op (`ops.rs`) and handed to the engine whole: the
+/// input (`I`: `Option<Buf>` for an all-reduce, `None` in place in `output`; `Buf` for a
+/// reduce-scatter and an all-gather), the output, `count` elements (an all-reduce's whole
+/// vector, a reduce-scatter's output, an all-gather's input), their dtype and the reduction (an
+/// all-gather reduces nothing: [`OpArgs::gather`]).
+pub(crate) struct OpArgs<'a, I> {
+    pub input: I,
+    pub output: BufMut<'a>,
+    pub count: usize,
+    pub dtype: DType,
+    pub op: ReduceOp,
+}
+
+impl<'a, I> OpArgs<'a, I> {
+    /// An all-gather's operands (its reduction unused: [`ReduceOp::Sum`]).
+    pub fn gather(input: I, output: BufMut<'a>, count: usize, dtype: DType) -> Self {
+        OpArgs {
+            input,
+            output,
+            count,
+            dtype,
+            op: ReduceOp::Sum,
+        }
+    }
+}
+
 /// What the planner needs from an engine at setup.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Caps {
@@ -76,44 +102,16 @@ pub(crate) trait Engine: Send + Sync {
     /// What the planner needs to know.
     fn caps(&self) -> Caps;
 
-    /// All-reduce `count` elements of `input` (`None`: in place in `output`) into `output`, as
-    /// the planner plans `req`.
-    #[allow(clippy::too_many_arguments)]
-    fn all_reduce(
-        &self,
-        cx: Cx<'_>,
-        req: AllReduceAlgo,
-        input: Option<Buf<'_>>,
-        output: BufMut<'_>,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()>;
+    /// All-reduce `a.count` elements of `a.input` (`None`: in place in `a.output`) into
+    /// `a.output`, as the planner plans `req`.
+    fn all_reduce(&self, cx: Cx<'_>, req: AllReduceAlgo, a: OpArgs<'_, Option<Buf<'_>>>) -> Result<()>;
 
-    /// Reduce-scatter `input` (`count * world` elements) into `output` (`count`).
-    #[allow(clippy::too_many_arguments)]
-    fn reduce_scatter(
-        &self,
-        cx: Cx<'_>,
-        req: ReduceScatterAlgo,
-        input: Buf<'_>,
-        output: BufMut<'_>,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()>;
+    /// Reduce-scatter `a.input` (`a.count * world` elements) into `a.output` (`a.count`).
+    fn reduce_scatter(&self, cx: Cx<'_>, req: ReduceScatterAlgo, a: OpArgs<'_, Buf<'_>>) -> Result<()>;
 
-    /// All-gather `input` (`count` elements) into `output` (`count * world`).
-    #[allow(clippy::too_many_arguments)]
-    fn all_gather(
-        &self,
-        cx: Cx<'_>,
-        req: AllGatherAlgo,
-        input: Buf<'_>,
-        output: BufMut<'_>,
-        count: usize,
-        dtype: DType,
-    ) -> Result<()>;
+    /// All-gather `a.input` (`a.count` elements) into `a.output` (`a.count * world`); `a.op` is
+    /// not used.
+    fn all_gather(&self, cx: Cx<'_>, req: AllGatherAlgo, a: OpArgs<'_, Buf<'_>>) -> Result<()>;
 
     /// Barrier over `ranks` (sorted, distinct, this rank included).
     fn barrier(&self, stream: OpStream<'_>, ranks: &[Rank]) -> Result<()>;

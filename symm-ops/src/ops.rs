@@ -19,7 +19,7 @@ use symm_core::{DType, Error, OpKind, ReduceOp, Result};
 
 use crate::buf::{check_dtype, Buf, BufMut, Element};
 use crate::comm::{try_zeroed, Communicator};
-use crate::engine::Cx;
+use crate::engine::{Cx, OpArgs};
 use crate::select::{AllGatherAlgo, AllReduceAlgo, ReduceScatterAlgo};
 
 /// A result an out-of-place op allocates: `Vec<T>` (host engine) or
@@ -207,11 +207,14 @@ impl<'c> OnStream<'c> {
                 return r;
             }
         }
-        self.comm.run(|| {
-            self.comm
-                .engine
-                .all_reduce(self.cx(), algo, input, output, count, dtype, op)
-        })
+        let a = OpArgs {
+            input,
+            output,
+            count,
+            dtype,
+            op,
+        };
+        self.comm.run(|| self.comm.engine.all_reduce(self.cx(), algo, a))
     }
 
     // ---- reduce-scatter -----------------------------------------------------
@@ -250,11 +253,14 @@ impl<'c> OnStream<'c> {
             }
         }
         let algo: ReduceScatterAlgo = self.comm.selector.reduce_scatter(input.len() * dtype.size());
-        self.comm.run(|| {
-            self.comm
-                .engine
-                .reduce_scatter(self.cx(), algo, input, output, count, dtype, op)
-        })
+        let a = OpArgs {
+            input,
+            output,
+            count,
+            dtype,
+            op,
+        };
+        self.comm.run(|| self.comm.engine.reduce_scatter(self.cx(), algo, a))
     }
 
     // ---- all-gather ---------------------------------------------------------
@@ -284,11 +290,8 @@ impl<'c> OnStream<'c> {
             }
         }
         let algo: AllGatherAlgo = self.comm.selector.all_gather(want * dtype.size());
-        self.comm.run(|| {
-            self.comm
-                .engine
-                .all_gather(self.cx(), algo, input, output, count, dtype)
-        })
+        let a = OpArgs::gather(input, output, count, dtype);
+        self.comm.run(|| self.comm.engine.all_gather(self.cx(), algo, a))
     }
 
     // ---- barrier ------------------------------------------------------------

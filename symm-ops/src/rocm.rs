@@ -36,23 +36,15 @@ use symm_core::{
     get_symmetric_memory, DType, Device, DeviceType, Error, Group, OpKind, Rank, ReduceOp, Result, SymmTensor,
     SymmetricMemory,
 };
+use symm_rocm::collectives::DeviceOp;
 use symm_rocm::{RocmCollectives, RocmCollectivesConfig};
 
 use crate::buf::{check_symm_tensor, Buf, BufMut};
 use crate::comm::CommConfig;
-use crate::engine::{is_refusal, op_lock, Caps, Cx, Engine};
+use crate::engine::{is_refusal, op_lock, Caps, Cx, Engine, OpArgs};
 use crate::epilogue::{EpiArgs, EpiBufs, EpilogueAlgo, Resolve};
 use crate::ops::OpStream;
 use crate::select::{AllGatherAlgo, AllReduceAlgo, Bufs, Plan, ReduceScatterAlgo, Selector, Side};
-
-/// One all-reduce's resolved addresses (`input == output`: in place) and shape.
-struct ArAddrs {
-    input: u64,
-    output: u64,
-    count: usize,
-    dtype: DType,
-    op: ReduceOp,
-}
 
 /// The rocm engine's buffer resolution (`RocmEngine::src` / `dst`): nothing to hold, ops are
 /// synchronous.
@@ -138,17 +130,11 @@ impl RocmEngine {
         }
     }
 
-    /// An all-reduce of resolved addresses (`input == output`: in place) as the planner plans
-    /// `req` for them.
-    fn all_reduce_at(&self, planner: &Selector, req: AllReduceAlgo, a: ArAddrs) -> Result<()> {
-        let ArAddrs {
-            input: inp,
-            output: out,
-            count,
-            dtype,
-            op,
-        } = a;
-        let bytes = count * dtype.size();
+    /// An all-reduce of resolved addresses (`d.input == d.output`: in place) as the planner
+    /// plans `req` for them.
+    fn all_reduce_at(&self, planner: &Selector, req: AllReduceAlgo, d: DeviceOp) -> Result<()> {
+        let (inp, out) = (d.input, d.output);
+        let bytes = d.count * d.dtype.size();
         let bufs = Bufs {
             in_place: inp == out,
             apart: inp.saturating_add(bytes as u64) <= out || out.saturating_add(bytes as u64) <= inp,
@@ -159,7 +145,7 @@ impl RocmEngine {
         };
         match planner.plan_all_reduce(req, bytes, &bufs) {
             // SAFETY: the addresses come from checked buffers (module docs).
-            Plan::Kernel(k) => unsafe { self.coll.all_reduce(k, inp, out, count, dtype, op) },
+            Plan::Kernel(k) => unsafe { self.coll.all_reduce(k, d) },
             Plan::Nccl => Err(Error::Unavailable("NCCL on a rocm-engine communicator".into())),
         }
     }
@@ -200,68 +186,50 @@ impl Engine for RocmEngine {
         }
     }
 
-    fn all_reduce(
-        &self,
-        cx: Cx<'_>,
-        req: AllReduceAlgo,
-        input: Option<Buf<'_>>,
-        output: BufMut<'_>,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
+    fn all_reduce(&self, cx: Cx<'_>, req: AllReduceAlgo, a: OpArgs<'_, Option<Buf<'_>>>) -> Result<()> {
         self.locked(cx.stream, || {
-            let out = self.dst(&output)?;
-            let inp = match &input {
+            let out = self.dst(&a.output)?;
+            let inp = match &a.input {
                 Some(b) => self.src(b)?,
                 None => out,
             };
-            let a = ArAddrs {
+            let d = DeviceOp {
                 input: inp,
                 output: out,
-                count,
-                dtype,
-                op,
+                count: a.count,
+                dtype: a.dtype,
+                op: a.op,
             };
-            self.all_reduce_at(cx.planner, req, a)
+            self.all_reduce_at(cx.planner, req, d)
         })
     }
 
-    fn reduce_scatter(
-        &self,
-        cx: Cx<'_>,
-        req: ReduceScatterAlgo,
-        input: Buf<'_>,
-        output: BufMut<'_>,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
+    fn reduce_scatter(&self, cx: Cx<'_>, req: ReduceScatterAlgo, a: OpArgs<'_, Buf<'_>>) -> Result<()> {
         self.locked(cx.stream, || {
-            let (inp, out) = (self.src(&input)?, self.dst(&output)?);
-            let whole = count * cx.planner.world * dtype.size();
+            let (inp, out) = (self.src(&a.input)?, self.dst(&a.output)?);
+            let d = DeviceOp {
+                input: inp,
+                output: out,
+                count: a.count,
+                dtype: a.dtype,
+                op: a.op,
+            };
+            let whole = d.count * cx.planner.world * d.dtype.size();
             match cx
                 .planner
                 .plan_reduce_scatter(req, whole, &|| self.coll.is_registered(inp, whole))
             {
                 // SAFETY: the addresses come from checked buffers (module docs).
-                Plan::Kernel(k) => unsafe { self.coll.reduce_scatter(k, inp, out, count, dtype, op) },
+                Plan::Kernel(k) => unsafe { self.coll.reduce_scatter(k, d) },
                 Plan::Nccl => Err(Error::Unavailable("NCCL on a rocm-engine communicator".into())),
             }
         })
     }
 
-    fn all_gather(
-        &self,
-        cx: Cx<'_>,
-        req: AllGatherAlgo,
-        input: Buf<'_>,
-        output: BufMut<'_>,
-        count: usize,
-        dtype: DType,
-    ) -> Result<()> {
+    fn all_gather(&self, cx: Cx<'_>, req: AllGatherAlgo, a: OpArgs<'_, Buf<'_>>) -> Result<()> {
+        let (count, dtype) = (a.count, a.dtype);
         self.locked(cx.stream, || {
-            let (inp, out) = (self.src(&input)?, self.dst(&output)?);
+            let (inp, out) = (self.src(&a.input)?, self.dst(&a.output)?);
             let bytes = count * dtype.size();
             let whole = bytes * cx.planner.world;
             let bufs = Bufs {
@@ -273,8 +241,11 @@ impl Engine for RocmEngine {
                 },
             };
             match cx.planner.plan_all_gather(req, whole, dtype, &bufs) {
-                // SAFETY: the addresses come from checked buffers (module docs).
-                Plan::Kernel(k) => unsafe { self.coll.all_gather(k, inp, out, count, dtype) },
+                Plan::Kernel(k) => {
+                    let d = DeviceOp::gather(inp, out, count, dtype);
+                    // SAFETY: the addresses come from checked buffers (module docs).
+                    unsafe { self.coll.all_gather(k, d) }
+                }
                 Plan::Nccl => Err(Error::Unavailable("NCCL on a rocm-engine communicator".into())),
             }
         })
@@ -297,7 +268,7 @@ impl Engine for RocmEngine {
             let sum = p.sum_place()?;
             match algo {
                 EpilogueAlgo::Separate(ar) => {
-                    let a = ArAddrs {
+                    let a = DeviceOp {
                         input: p.x,
                         output: sum,
                         count: rows.count(),

@@ -33,6 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use symm_core::coll::args;
+pub use symm_core::coll::launch::DeviceOp;
 use symm_core::coll::launch::{
     self, all_gather_at, all_reduce_at, lamport_world_kind, mode_op_index, mode_op_names, reduce_scatter_at, Entry,
     Launch, Launcher, Rig, Switches,
@@ -389,79 +390,60 @@ impl RocmCollectives {
         )
     }
 
-    /// All-reduce of `count` elements from `input` into `output` (equal: in place) by `kernel`,
-    /// exactly (NOTE [one-planner]): [`AllReduceKernel::Lamport`], [`AllReduceKernel::OneShot`],
+    /// All-reduce of `d.count` elements from `d.input` into `d.output` (equal: in place) by
+    /// `kernel`, exactly (NOTE [one-planner]): [`AllReduceKernel::Lamport`], [`AllReduceKernel::OneShot`],
     /// [`AllReduceKernel::TwoShot`], [`AllReduceKernel::Pull`] (input registered, apart from the
     /// output) or [`AllReduceKernel::PullTwoShot`] (input and output registered); a copy-engine
     /// kernel is refused, as is a zero-copy kernel whose buffers are not registered. Returns
     /// when the op is done.
     ///
     /// # Safety
-    /// NOTE [raw-addresses]: `input` and `output` each hold `count` elements of `dtype` in
-    /// device memory this rank's GPU can read and write, and stay allocated and untouched by
+    /// NOTE [raw-addresses]: `d.input` and `d.output` each hold `d.count` elements of `d.dtype`
+    /// in device memory this rank's GPU can read and write, and stay allocated and untouched by
     /// anything but this op until it returns; should it return an error after launching (a
     /// timeout the device did not end), until the device has gone idle, as its kernels may
     /// still read and write them.
-    #[allow(clippy::too_many_arguments)]
     #[allow(unsafe_code)] // the contract is declared here; the body is safe code
-    pub unsafe fn all_reduce(
-        &self,
-        kernel: AllReduceKernel,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        if check::all_reduce(input, output, count, dtype)?.is_none() {
-            return self.agree_empty(OpKind::AllReduce, dtype, Some(op));
+    pub unsafe fn all_reduce(&self, kernel: AllReduceKernel, d: DeviceOp) -> Result<()> {
+        if check::all_reduce(d.input, d.output, d.count, d.dtype)?.is_none() {
+            return self.agree_empty(OpKind::AllReduce, d.dtype, Some(d.op));
         }
         let tuning = &self.config.tuning;
         let (rig, reg) = (&self.rig, &self.registry);
         match all_reduce_at(kernel, self.rig.world) {
-            k @ (AllReduceKernel::Lamport | AllReduceKernel::OneShot | AllReduceKernel::TwoShot) => self
-                .run("rocm all_reduce", |to| {
-                    rig.all_reduce(to, k, tuning, input, output, count, dtype, op)
-                }),
-            AllReduceKernel::Pull => self.run("rocm all_reduce (pull)", |to| {
-                rig.all_reduce_pull(to, reg, tuning, input, output, count, dtype, op)
-            }),
+            k @ (AllReduceKernel::Lamport | AllReduceKernel::OneShot | AllReduceKernel::TwoShot) => {
+                self.run("rocm all_reduce", |to| rig.all_reduce(to, k, tuning, d))
+            }
+            AllReduceKernel::Pull => self.run("rocm all_reduce (pull)", |to| rig.all_reduce_pull(to, reg, tuning, d)),
             AllReduceKernel::PullTwoShot => self.run("rocm all_reduce (two-shot pull)", |to| {
-                rig.all_reduce_pull_two_shot(to, reg, tuning, input, output, count, dtype, op)
+                rig.all_reduce_pull_two_shot(to, reg, tuning, d)
             }),
             k => Err(launch::not_here(k, crate::driver::BACKEND)),
         }
     }
 
     /// Reduce-scatter by `kernel` ([`ReduceScatterKernel::Lamport`], [`ReduceScatterKernel::Ring`]
-    /// or [`ReduceScatterKernel::Pull`], the input registered): `input` holds `count * world` elements, `output` receives
-    /// this rank's `count` (in place when `output == input + rank * count` elements).
+    /// or [`ReduceScatterKernel::Pull`], the input registered): `d.input` holds `d.count * world`
+    /// elements, `d.output` receives this rank's `d.count` (in place when `d.output == d.input +
+    /// rank * d.count` elements).
     ///
     /// # Safety
-    /// As [`Self::all_reduce`], with `input` holding `count * world` elements and `output`
-    /// `count`.
-    #[allow(clippy::too_many_arguments)]
+    /// As [`Self::all_reduce`], with `d.input` holding `d.count * world` elements and `d.output`
+    /// `d.count`.
     #[allow(unsafe_code)] // the contract is declared here; the body is safe code
-    pub unsafe fn reduce_scatter(
-        &self,
-        kernel: ReduceScatterKernel,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let Some((_, g)) = check::reduce_scatter(input, output, count, dtype, (self.rig.rank, self.rig.world))? else {
-            return self.agree_empty(OpKind::ReduceScatter, dtype, Some(op));
+    pub unsafe fn reduce_scatter(&self, kernel: ReduceScatterKernel, d: DeviceOp) -> Result<()> {
+        let geometry = check::reduce_scatter(d.input, d.output, d.count, d.dtype, (self.rig.rank, self.rig.world))?;
+        let Some((_, g)) = geometry else {
+            return self.agree_empty(OpKind::ReduceScatter, d.dtype, Some(d.op));
         };
         let tuning = &self.config.tuning;
         let (rig, reg) = (&self.rig, &self.registry);
         match reduce_scatter_at(kernel, self.rig.world) {
-            k @ (ReduceScatterKernel::Lamport | ReduceScatterKernel::Ring) => self.run("rocm reduce_scatter", |to| {
-                rig.reduce_scatter(to, k, tuning, input, output, count, dtype, op)
-            }),
+            k @ (ReduceScatterKernel::Lamport | ReduceScatterKernel::Ring) => {
+                self.run("rocm reduce_scatter", |to| rig.reduce_scatter(to, k, tuning, d))
+            }
             ReduceScatterKernel::Pull => self.run("rocm reduce_scatter (pull)", |to| {
-                rig.reduce_scatter_pull(to, reg, tuning, &g, input, output, count, dtype, op)
+                rig.reduce_scatter_pull(to, reg, tuning, &g, d)
             }),
             k => Err(launch::not_here(k, crate::driver::BACKEND)),
         }
@@ -469,32 +451,25 @@ impl RocmCollectives {
 
     /// All-gather by `kernel` ([`AllGatherKernel::Lamport`], [`AllGatherKernel::Ring`] or
     /// [`AllGatherKernel::Pull`], the input registered or in place in a registered output):
-    /// `input` holds `count` elements, `output` `count * world` (in place when `input` is this
-    /// rank's part of `output`).
+    /// `d.input` holds `d.count` elements, `d.output` `d.count * world` (in place when `d.input`
+    /// is this rank's part of `d.output`); `d.op` is not used ([`DeviceOp::gather`]).
     ///
     /// # Safety
-    /// As [`Self::all_reduce`], with `input` holding `count` elements and `output` `count *
-    /// world`.
+    /// As [`Self::all_reduce`], with `d.input` holding `d.count` elements and `d.output`
+    /// `d.count * world`.
     #[allow(unsafe_code)] // the contract is declared here; the body is safe code
-    pub unsafe fn all_gather(
-        &self,
-        kernel: AllGatherKernel,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DType,
-    ) -> Result<()> {
-        let Some(dt) = check::all_gather(input, output, count, dtype, (self.rig.rank, self.rig.world))? else {
-            return self.agree_empty(OpKind::AllGather, dtype, None);
+    pub unsafe fn all_gather(&self, kernel: AllGatherKernel, d: DeviceOp) -> Result<()> {
+        let Some(dt) = check::all_gather(d.input, d.output, d.count, d.dtype, (self.rig.rank, self.rig.world))? else {
+            return self.agree_empty(OpKind::AllGather, d.dtype, None);
         };
         let tuning = &self.config.tuning;
         let (rig, reg) = (&self.rig, &self.registry);
         match all_gather_at(kernel, self.rig.world) {
-            k @ (AllGatherKernel::Lamport | AllGatherKernel::Ring) => self.run("rocm all_gather", |to| {
-                rig.all_gather(to, k, tuning, dt, input, output, count, dtype)
-            }),
+            k @ (AllGatherKernel::Lamport | AllGatherKernel::Ring) => {
+                self.run("rocm all_gather", |to| rig.all_gather(to, k, tuning, dt, d))
+            }
             AllGatherKernel::Pull => self.run("rocm all_gather (pull)", |to| {
-                rig.all_gather_pull(to, reg, tuning, dt, input, output, count, dtype)
+                rig.all_gather_pull(to, reg, tuning, dt, d)
             }),
             k => Err(launch::not_here(k, crate::driver::BACKEND)),
         }

@@ -186,20 +186,33 @@ pub const LAMPORT_HOST_EVERY_THREAD: u32 = 0x200;
 /// `COLL_LAM_LAG_SHIFT` in collectives.cu).
 pub const LAMPORT_LAG_SHIFT: u32 = 16;
 
+/// One Lamport launch's own operands: the mode, the kernel op ([`super::plan::kernel_op`]), the
+/// input and output addresses and `count` elements per peer slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lamport {
+    pub mode: RingMode,
+    pub op: u32,
+    pub input: u64,
+    pub output: u64,
+    pub count: usize,
+}
+
 /// `symm_lamport_{dt}(COLL_LAMPORT_ARGS)`.
-#[allow(clippy::too_many_arguments)]
 pub fn lamport(
     c: &Common,
     d: &Direct,
-    mode: RingMode,
-    op: u32,
-    input: u64,
-    output: u64,
-    count: usize,
+    l: &Lamport,
     layout: &WorkspaceLayout,
     bound: &Bound,
     hdr: &OpHeader,
 ) -> [KernelArg; 24] {
+    let Lamport {
+        mode,
+        op,
+        input,
+        output,
+        count,
+    } = *l;
     let [h0, h1] = hdr.args();
     let [w0, w1, w2, w3, w4, w5, w6, w7, pad] = d.lamport_head(c.rank);
     [
@@ -230,19 +243,32 @@ pub fn lamport(
     ]
 }
 
+/// One ring launch's own operands besides its [`RingPlan`]: the kernel op
+/// ([`super::plan::kernel_op`]), the input and output addresses and the `flags` word
+/// ([`RING_UNROLL1`], bit 0 the in-place all-reduce).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ring {
+    pub op: u32,
+    pub input: u64,
+    pub output: u64,
+    pub flags: u32,
+}
+
 /// `symm_ring_{dt}(COLL_RING_ARGS)`.
-#[allow(clippy::too_many_arguments)]
 pub fn ring(
     c: &Common,
-    op: u32,
-    input: u64,
-    output: u64,
+    o: &Ring,
     p: &RingPlan,
     layout: &WorkspaceLayout,
     bound: &Bound,
-    flags: u32,
     hdr: &OpHeader,
 ) -> [KernelArg; 24] {
+    let Ring {
+        op,
+        input,
+        output,
+        flags,
+    } = *o;
     let [a, b, r, w] = c.args();
     let [h0, h1] = hdr.args();
     [
@@ -456,11 +482,13 @@ mod tests {
         let a = lamport(
             &c,
             &d,
-            RingMode::AllGather,
-            3,
-            0,
-            0,
-            10,
+            &Lamport {
+                mode: RingMode::AllGather,
+                op: 3,
+                input: 0,
+                output: 0,
+                count: 10,
+            },
             &layout,
             &bound,
             &OpHeader::default(),
@@ -474,11 +502,13 @@ mod tests {
         let a = lamport(
             &c1,
             &d,
-            RingMode::AllGather,
-            3,
-            0,
-            0,
-            10,
+            &Lamport {
+                mode: RingMode::AllGather,
+                op: 3,
+                input: 0,
+                output: 0,
+                count: 10,
+            },
             &layout,
             &bound,
             &OpHeader::default(),

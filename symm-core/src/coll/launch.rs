@@ -171,6 +171,59 @@ impl Launch {
     }
 }
 
+/// One collective's operands as its kernels see them, packed once at a backend's door and
+/// passed down whole: the device addresses of the input and the output (equal: in place),
+/// `count` elements (an all-reduce's whole vector; a reduce-scatter's output, one rank's shard;
+/// an all-gather's input, one rank's part), their dtype and the reduction. The addresses are
+/// plain numbers here: what they must point at is the contract of each backend's `unsafe`
+/// entry that takes them (NOTE [raw-addresses]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceOp {
+    pub input: u64,
+    pub output: u64,
+    pub count: usize,
+    pub dtype: DType,
+    /// The reduction; an all-gather reduces nothing and ignores it ([`DeviceOp::gather`]).
+    pub op: ReduceOp,
+}
+
+impl DeviceOp {
+    /// An all-gather's operands (its reduction unused: [`ReduceOp::Sum`]).
+    pub fn gather(input: u64, output: u64, count: usize, dtype: DType) -> DeviceOp {
+        DeviceOp {
+            input,
+            output,
+            count,
+            dtype,
+            op: ReduceOp::Sum,
+        }
+    }
+}
+
+/// One ring launch's operands ([`Rig::ring`], NOTE [collectives-protocols]): the mode, the
+/// reduction, the input and output addresses, `total` elements of the whole vector and `shard`
+/// per rank; `in_place`: an all-reduce whose input is its output (the kernel's in-place flag).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingOp {
+    pub mode: RingMode,
+    pub op: ReduceOp,
+    pub input: u64,
+    pub output: u64,
+    pub total: usize,
+    pub shard: usize,
+    pub in_place: bool,
+}
+
+/// One reduction over per-rank pointers ([`Rig::reduce_ptrs`]): `out[0..n] = op over ranks of
+/// srcs[r][0..n]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReducePtrs<'a> {
+    pub op: ReduceOp,
+    pub out: u64,
+    pub n: usize,
+    pub srcs: &'a [u64],
+}
+
 /// Runs a [`Launch`] on a backend: finds the entry's loaded function and enqueues it on the
 /// stream this launcher was made for.
 pub trait Launcher {
@@ -337,20 +390,23 @@ impl Rig {
         Ok((mask != me).then_some(mask))
     }
 
-    /// One Lamport launch; `count` elements per peer slot (AR: the message, RS: one shard, AG:
-    /// one rank's input).
-    #[allow(clippy::too_many_arguments)]
+    /// One Lamport launch in `mode` of `d` (its dtype is `dt`'s); `d.count` elements per peer
+    /// slot (AR: the message, RS: one shard, AG: one rank's input).
     pub fn lamport(
         &self,
         dt: KernelDtype,
         mode: RingMode,
-        op: ReduceOp,
-        input: u64,
-        output: u64,
-        count: usize,
+        d: DeviceOp,
         tuning: &Tuning,
         hdr: &OpHeader,
     ) -> Result<Launch> {
+        let DeviceOp {
+            input,
+            output,
+            count,
+            op,
+            ..
+        } = d;
         let p = lamport_plan(count, dt.dtype(), &self.layout, tuning, self.grid.blocks)?;
         // The entry specialised for this world and (mode, op) (NOTE [lamport-world-entries]).
         let entry = match self.world {
@@ -362,11 +418,13 @@ impl Rig {
         let mut a = args::lamport(
             &self.common,
             &self.direct,
-            mode,
-            kernel_op(op),
-            input,
-            output,
-            count,
+            &args::Lamport {
+                mode,
+                op: kernel_op(op),
+                input,
+                output,
+                count,
+            },
             &self.layout,
             &self.bound,
             hdr,
@@ -375,49 +433,32 @@ impl Rig {
         Ok(Launch::new(entry, p.blocks, p.threads, &a))
     }
 
-    /// One ring launch (NOTE [collectives-protocols]): `total` elements of the whole vector,
-    /// `shard` per rank.
-    #[allow(clippy::too_many_arguments)]
-    pub fn ring(
-        &self,
-        dt: KernelDtype,
-        op: ReduceOp,
-        mode: RingMode,
-        input: u64,
-        output: u64,
-        total: usize,
-        shard: usize,
-        tuning: &Tuning,
-        in_place: bool,
-        hdr: &OpHeader,
-    ) -> Result<Launch> {
-        let p = ring_plan(mode, total, shard, dt.dtype(), &self.layout, tuning, self.grid.blocks)?;
-        let flags = u32::from(in_place && mode == RingMode::AllReduce && self.world > 1) | self.switches.ring_flags;
-        let a = args::ring(
-            &self.common,
-            kernel_op(op),
+    /// One ring launch (NOTE [collectives-protocols]) of `r`.
+    pub fn ring(&self, dt: KernelDtype, r: &RingOp, tuning: &Tuning, hdr: &OpHeader) -> Result<Launch> {
+        let RingOp {
+            mode,
+            op,
             input,
             output,
-            &p,
-            &self.layout,
-            &self.bound,
+            total,
+            shard,
+            in_place,
+        } = *r;
+        let p = ring_plan(mode, total, shard, dt.dtype(), &self.layout, tuning, self.grid.blocks)?;
+        let flags = u32::from(in_place && mode == RingMode::AllReduce && self.world > 1) | self.switches.ring_flags;
+        let o = args::Ring {
+            op: kernel_op(op),
+            input,
+            output,
             flags,
-            hdr,
-        );
+        };
+        let a = args::ring(&self.common, &o, &p, &self.layout, &self.bound, hdr);
         Ok(Launch::new(Entry::Ring(dt), p.blocks(), p.threads, &a))
     }
 
-    /// `out[0..n] = reduce over ranks of srcs[r][0..n]`; `None` when `n` is 0.
-    #[allow(clippy::too_many_arguments)]
-    pub fn reduce_ptrs(
-        &self,
-        dt: KernelDtype,
-        op: ReduceOp,
-        out: u64,
-        n: usize,
-        srcs: &[u64],
-        tuning: &Tuning,
-    ) -> Option<Launch> {
+    /// `r.out[0..r.n] = reduce over ranks s of r.srcs[s][0..r.n]`; `None` when `r.n` is 0.
+    pub fn reduce_ptrs(&self, dt: KernelDtype, r: &ReducePtrs<'_>, tuning: &Tuning) -> Option<Launch> {
+        let ReducePtrs { op, out, n, srcs } = *r;
         if n == 0 {
             return None;
         }
@@ -493,64 +534,51 @@ impl Rig {
     /// [`AllReduceKernel::TwoShot`] (ring reduce-scatter into this rank's shard of the output,
     /// then ring all-gather in place), on buffers [`super::check::all_reduce`] accepted. `kernel`
     /// is what runs at this world size ([`all_reduce_at`]); any other is refused.
-    #[allow(clippy::too_many_arguments)]
-    pub fn all_reduce(
-        &self,
-        to: &dyn Launcher,
-        kernel: AllReduceKernel,
-        tuning: &Tuning,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
+    pub fn all_reduce(&self, to: &dyn Launcher, kernel: AllReduceKernel, tuning: &Tuning, d: DeviceOp) -> Result<()> {
+        let DeviceOp {
+            input,
+            output,
+            count,
+            dtype,
+            op,
+        } = d;
         let dt = kernel_dtype(dtype, "all_reduce")?;
         let mech = all_reduce_mechanism(kernel).ok_or_else(|| not_here(kernel, "symm-core's launch plans"))?;
         let hdr = &header(OpKind::AllReduce, dtype, count, Some(op), mech);
         match kernel {
-            AllReduceKernel::Lamport => {
-                to.launch(&self.lamport(dt, RingMode::AllReduce, op, input, output, count, tuning, hdr)?)
+            AllReduceKernel::Lamport => to.launch(&self.lamport(dt, RingMode::AllReduce, d, tuning, hdr)?),
+            AllReduceKernel::OneShot => {
+                let r = RingOp {
+                    mode: RingMode::AllReduce,
+                    op,
+                    input,
+                    output,
+                    total: count,
+                    shard: count,
+                    in_place: input == output,
+                };
+                to.launch(&self.ring(dt, &r, tuning, hdr)?)
             }
-            AllReduceKernel::OneShot => to.launch(&self.ring(
-                dt,
-                op,
-                RingMode::AllReduce,
-                input,
-                output,
-                count,
-                count,
-                tuning,
-                input == output,
-                hdr,
-            )?),
             AllReduceKernel::TwoShot => {
                 let q = two_shot_shard(count, self.world, dtype);
                 let my_out = output + (self.rank * q * dtype.size()) as u64;
-                to.launch(&self.ring(
-                    dt,
+                let rs = RingOp {
+                    mode: RingMode::ReduceScatter,
                     op,
-                    RingMode::ReduceScatter,
                     input,
-                    my_out,
-                    count,
-                    q,
-                    tuning,
-                    false,
-                    hdr,
-                )?)?;
-                to.launch(&self.ring(
-                    dt,
-                    op,
-                    RingMode::AllGather,
-                    my_out,
+                    output: my_out,
+                    total: count,
+                    shard: q,
+                    in_place: false,
+                };
+                to.launch(&self.ring(dt, &rs, tuning, hdr)?)?;
+                let ag = RingOp {
+                    mode: RingMode::AllGather,
+                    input: my_out,
                     output,
-                    count,
-                    q,
-                    tuning,
-                    false,
-                    hdr,
-                )?)
+                    ..rs
+                };
+                to.launch(&self.ring(dt, &ag, tuning, hdr)?)
             }
             k => Err(not_here(k, "symm-core's in-kernel launch plans")),
         }
@@ -558,86 +586,80 @@ impl Rig {
 
     /// The in-kernel reduce-scatters ([`ReduceScatterKernel::Lamport`],
     /// [`ReduceScatterKernel::Ring`]) on buffers [`super::check::reduce_scatter`] accepted.
-    #[allow(clippy::too_many_arguments)]
     pub fn reduce_scatter(
         &self,
         to: &dyn Launcher,
         kernel: ReduceScatterKernel,
         tuning: &Tuning,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
+        d: DeviceOp,
     ) -> Result<()> {
+        let DeviceOp {
+            input,
+            output,
+            count,
+            dtype,
+            op,
+        } = d;
         let dt = kernel_dtype(dtype, "reduce_scatter")?;
         match kernel {
             ReduceScatterKernel::Lamport => {
                 let hdr = &header(OpKind::ReduceScatter, dtype, count, Some(op), Mechanism::Lamport);
-                to.launch(&self.lamport(dt, RingMode::ReduceScatter, op, input, output, count, tuning, hdr)?)
+                to.launch(&self.lamport(dt, RingMode::ReduceScatter, d, tuning, hdr)?)
             }
             ReduceScatterKernel::Ring => {
                 let hdr = &header(OpKind::ReduceScatter, dtype, count, Some(op), Mechanism::Ring);
-                to.launch(&self.ring(
-                    dt,
+                let r = RingOp {
+                    mode: RingMode::ReduceScatter,
                     op,
-                    RingMode::ReduceScatter,
                     input,
                     output,
-                    count * self.world,
-                    count,
-                    tuning,
-                    false,
-                    hdr,
-                )?)
+                    total: count * self.world,
+                    shard: count,
+                    in_place: false,
+                };
+                to.launch(&self.ring(dt, &r, tuning, hdr)?)
             }
             k => Err(not_here(k, "symm-core's in-kernel launch plans")),
         }
     }
 
     /// The in-kernel all-gathers ([`AllGatherKernel::Lamport`], [`AllGatherKernel::Ring`]) on
-    /// buffers [`super::check::all_gather`] accepted; `dt` the lanes it returned.
-    #[allow(clippy::too_many_arguments)]
+    /// buffers [`super::check::all_gather`] accepted; `dt` the lanes it returned. `d.op` is
+    /// not used.
     pub fn all_gather(
         &self,
         to: &dyn Launcher,
         kernel: AllGatherKernel,
         tuning: &Tuning,
         dt: KernelDtype,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DType,
+        d: DeviceOp,
     ) -> Result<()> {
+        let DeviceOp {
+            input,
+            output,
+            count,
+            dtype,
+            ..
+        } = d;
         match kernel {
             AllGatherKernel::Lamport => {
                 let hdr = &header(OpKind::AllGather, dtype, count, None, Mechanism::Lamport);
                 let dt = kernel_dtype(dtype, "the Lamport all-gather (f32, f16, bf16)")?;
-                to.launch(&self.lamport(
-                    dt,
-                    RingMode::AllGather,
-                    ReduceOp::Sum,
-                    input,
-                    output,
-                    count,
-                    tuning,
-                    hdr,
-                )?)
+                let d = DeviceOp::gather(input, output, count, dtype);
+                to.launch(&self.lamport(dt, RingMode::AllGather, d, tuning, hdr)?)
             }
             AllGatherKernel::Ring => {
                 let hdr = &header(OpKind::AllGather, dtype, count, None, Mechanism::Ring);
-                to.launch(&self.ring(
-                    dt,
-                    ReduceOp::Sum,
-                    RingMode::AllGather,
+                let r = RingOp {
+                    mode: RingMode::AllGather,
+                    op: ReduceOp::Sum,
                     input,
                     output,
-                    count * self.world,
-                    count,
-                    tuning,
-                    false,
-                    hdr,
-                )?)
+                    total: count * self.world,
+                    shard: count,
+                    in_place: false,
+                };
+                to.launch(&self.ring(dt, &r, tuning, hdr)?)
             }
             k => Err(not_here(k, "symm-core's in-kernel launch plans")),
         }

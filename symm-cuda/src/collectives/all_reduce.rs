@@ -7,54 +7,46 @@ use super::*;
 impl CudaCollectives {
     // ------------------------------------------------------------------ all-reduce
 
-    /// All-reduce of `count` elements from `input` into `output` (may be equal: in place) by
-    /// `kernel`, exactly: a kernel whose preconditions do not hold (a zero-copy kernel's buffers
+    /// All-reduce of `d.count` elements from `d.input` into `d.output` (may be equal: in place)
+    /// by `kernel`, exactly: a kernel whose preconditions do not hold (a zero-copy kernel's buffers
     /// not registered, the copy-engine two-shot on more than two ranks, ...) is an error naming
     /// them; nothing else runs instead (the choice is symm-ops' planner's, NOTE [one-planner]).
     /// With one rank every
     /// kernel is the ring kernel's local reduction: nothing is exchanged.
     ///
     /// # Safety
-    /// NOTE [raw-addresses]: `input` and `output` each hold `count` elements of `dtype` in
-    /// device memory of this object's context (or mapped for it, registered symmetric memory
+    /// NOTE [raw-addresses]: `d.input` and `d.output` each hold `d.count` elements of `d.dtype`
+    /// in device memory of this object's context (or mapped for it, registered symmetric memory
     /// included), and stay allocated and untouched by anything but this op until its work on
     /// `stream` has completed (for a captured op: until the graph's last launch has). A
     /// registered output may be written on every rank ([`AllReduceKernel::PullTwoShot`],
     /// [`AllReduceKernel::CopyEngineTwoShot`]): every rank passes an output in the same
     /// registered allocation at the same offset (the op's check word compares offsets and
     /// sizes, not which allocation).
-    #[allow(clippy::too_many_arguments)]
     #[allow(unsafe_code)] // the contract is declared here; the body is safe code
-    pub unsafe fn all_reduce(
-        &self,
-        stream: &CudaStream,
-        kernel: AllReduceKernel,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        self.all_reduce_tuned(stream, kernel, &self.config.tuning, input, output, count, dtype, op)
+    pub unsafe fn all_reduce(&self, stream: &CudaStream, kernel: AllReduceKernel, d: DeviceOp) -> Result<()> {
+        self.all_reduce_tuned(stream, kernel, &self.config.tuning, d)
     }
 
     /// [`Self::all_reduce`] with explicit launch tuning (every rank must pass the same).
     ///
     /// # Safety
     /// As [`Self::all_reduce`].
-    #[allow(clippy::too_many_arguments)]
     #[allow(unsafe_code)] // the contract is declared here; the body is safe code
     pub unsafe fn all_reduce_tuned(
         &self,
         stream: &CudaStream,
         kernel: AllReduceKernel,
         tuning: &Tuning,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
+        d: DeviceOp,
     ) -> Result<()> {
+        let DeviceOp {
+            input,
+            output,
+            count,
+            dtype,
+            op,
+        } = d;
         let Some((dt, _)) = self.all_reduce_args(stream, input, output, count, dtype)? else {
             return Ok(());
         };
@@ -66,52 +58,28 @@ impl CudaCollectives {
         let hdr = &header(OpKind::AllReduce, dtype, count, Some(op), mech);
         match kernel {
             AllReduceKernel::Lamport | AllReduceKernel::OneShot | AllReduceKernel::TwoShot => {
+                self.rig.all_reduce(&self.on(stream), kernel, tuning, d)
+            }
+            AllReduceKernel::PullTwoShot => {
                 self.rig
-                    .all_reduce(&self.on(stream), kernel, tuning, input, output, count, dtype, op)
+                    .all_reduce_pull_two_shot(&self.on(stream), &self.registry, tuning, d)
             }
-            AllReduceKernel::PullTwoShot => self.rig.all_reduce_pull_two_shot(
-                &self.on(stream),
-                &self.registry,
-                tuning,
-                input,
-                output,
-                count,
-                dtype,
-                op,
-            ),
-            AllReduceKernel::Pull => self.rig.all_reduce_pull(
-                &self.on(stream),
-                &self.registry,
-                tuning,
-                input,
-                output,
-                count,
-                dtype,
-                op,
-            ),
-            AllReduceKernel::CopyEnginePull => {
-                self.all_reduce_ce(stream, dt, dtype, op, input, output, count, tuning, hdr)
-            }
-            AllReduceKernel::CopyEngineTwoShot => {
-                self.all_reduce_ce_two_shot(stream, dt, dtype, op, input, output, count, hdr)
-            }
+            AllReduceKernel::Pull => self.rig.all_reduce_pull(&self.on(stream), &self.registry, tuning, d),
+            AllReduceKernel::CopyEnginePull => self.all_reduce_ce(stream, dt, d, tuning, hdr),
+            AllReduceKernel::CopyEngineTwoShot => self.all_reduce_ce_two_shot(stream, dt, d, hdr),
             k => Err(not_here(k)),
         }
     }
 
-    /// `out[0..n] = reduce over ranks of srcs[r][0..n]` on `stream`.
-    #[allow(clippy::too_many_arguments)]
+    /// `r.out[0..r.n] = reduce over ranks s of r.srcs[s][0..r.n]` on `stream`.
     pub(super) fn launch_reduce_ptrs(
         &self,
         stream: &CudaStream,
         dt: KernelDtype,
-        op: ReduceOp,
-        out: u64,
-        n: usize,
-        srcs: &[u64],
+        r: &ReducePtrs<'_>,
         tuning: &Tuning,
     ) -> Result<()> {
-        match self.rig.reduce_ptrs(dt, op, out, n, srcs, tuning) {
+        match self.rig.reduce_ptrs(dt, r, tuning) {
             Some(l) => self.on(stream).launch(&l),
             None => Ok(()),
         }
@@ -133,19 +101,21 @@ impl CudaCollectives {
         self.on(stream).launch(&self.rig.pull(dt, p, tuning))
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn all_reduce_ce(
         &self,
         stream: &CudaStream,
         dt: KernelDtype,
-        dtype: DType,
-        op: ReduceOp,
-        input: u64,
-        output: u64,
-        count: usize,
+        d: DeviceOp,
         tuning: &Tuning,
         hdr: &OpHeader,
     ) -> Result<()> {
+        let DeviceOp {
+            input,
+            output,
+            count,
+            dtype,
+            op,
+        } = d;
         let es = dtype.size();
         let bytes = count * es;
         let sym = self
@@ -161,7 +131,7 @@ impl CudaCollectives {
         let check = checked(hdr, &[3, sym.offset as u64, sym.alloc_size as u64]);
         if ce_elems == 0 {
             // Pure SM pull: one fused kernel.
-            let p = self.rig.all_reduce_pull_args(op, input, output, count, sym.ptrs, check);
+            let p = self.rig.all_reduce_pull_args(d, sym.ptrs, check);
             return self.launch_pull(stream, dt, &p, tuning);
         }
         let mask = self.rig.full_mask();
@@ -177,15 +147,13 @@ impl CudaCollectives {
         if ce_elems < count {
             let off = (ce_elems * es) as u64;
             let srcs = args::per_rank(self.rig.rank, self.rig.world, input + off, &sym.ptrs, off);
-            self.launch_reduce_ptrs(
-                stream,
-                dt,
+            let r = ReducePtrs {
                 op,
-                output + off,
-                count - ce_elems,
-                &srcs[..self.rig.world],
-                tuning,
-            )?;
+                out: output + off,
+                n: count - ce_elems,
+                srcs: &srcs[..self.rig.world],
+            };
+            self.launch_reduce_ptrs(stream, dt, &r, tuning)?;
         }
         let w1 = self.rig.world - 1;
         let chunk_bytes = chunk * es;
@@ -220,15 +188,13 @@ impl CudaCollectives {
             stream
                 .wait(&ce.copied[k])
                 .map_err(|e| from_driver(e, "cuStreamWaitEvent"))?;
-            self.launch_reduce_ptrs(
-                stream,
-                dt,
+            let r = ReducePtrs {
                 op,
-                output + (start * es) as u64,
+                out: output + (start * es) as u64,
                 n,
-                &srcs[..self.rig.world],
-                tuning,
-            )?;
+                srcs: &srcs[..self.rig.world],
+            };
+            self.launch_reduce_ptrs(stream, dt, &r, tuning)?;
             ce.reduced[k]
                 .record(stream)
                 .map_err(|e| from_driver(e, "cuEventRecord"))?;
@@ -265,18 +231,20 @@ impl CudaCollectives {
     /// peer's pushes into this output have landed and the peer no longer reads this input.
     /// Other world sizes, or inputs / outputs outside registered memory, get an error naming
     /// the requirement. Stream-ordered, allocates nothing, graph-capturable.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn all_reduce_ce_two_shot(
         &self,
         stream: &CudaStream,
         dt: KernelDtype,
-        dtype: DType,
-        op: ReduceOp,
-        input: u64,
-        output: u64,
-        count: usize,
+        d: DeviceOp,
         hdr: &OpHeader,
     ) -> Result<()> {
+        let DeviceOp {
+            input,
+            output,
+            count,
+            dtype,
+            op,
+        } = d;
         let bytes = count * dtype.size();
         let es = dtype.size();
         if self.rig.world != 2 {
@@ -368,7 +336,13 @@ impl CudaCollectives {
             let mut srcs = [0u64; 2];
             srcs[self.rig.rank] = p.own + off;
             srcs[peer] = p.out + off;
-            self.launch_reduce_ptrs(stream, dt, op, p.out + off, m, &srcs, &tuning)?;
+            let r = ReducePtrs {
+                op,
+                out: p.out + off,
+                n: m,
+                srcs: &srcs,
+            };
+            self.launch_reduce_ptrs(stream, dt, &r, &tuning)?;
             if let Some(dst) = p.push_to {
                 ce.reduced[k]
                     .record(stream)

@@ -7,47 +7,32 @@ impl CudaCollectives {
     // ------------------------------------------------------------------ reduce-scatter
 
     /// Reduce-scatter by `kernel`, exactly (as [`Self::all_reduce`]: unmet preconditions are an
-    /// error, nothing else runs instead): `input` holds `count * world` elements, `output`
-    /// receives this rank's `count` (in place when `output == input + rank * count` elements).
-    /// With one rank the Lamport kernel is the ring kernel's local copy.
+    /// error, nothing else runs instead): `d.input` holds `d.count * world` elements, `d.output`
+    /// receives this rank's `d.count` (in place when `d.output == d.input + rank * d.count`
+    /// elements). With one rank the Lamport kernel is the ring kernel's local copy.
     ///
     /// # Safety
-    /// NOTE [raw-addresses], with `input` holding `count * world` elements and `output`
-    /// `count`.
-    #[allow(clippy::too_many_arguments)]
+    /// NOTE [raw-addresses], as [`Self::all_reduce`] with `d.input` holding `d.count * world`
+    /// elements and `d.output` `d.count`.
     #[allow(unsafe_code)] // the contract is declared here; the body is safe code
-    pub unsafe fn reduce_scatter(
-        &self,
-        stream: &CudaStream,
-        kernel: ReduceScatterKernel,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
+    pub unsafe fn reduce_scatter(&self, stream: &CudaStream, kernel: ReduceScatterKernel, d: DeviceOp) -> Result<()> {
         let tuning = self.config.tuning;
-        self.reduce_scatter_tuned(stream, kernel, &tuning, input, output, count, dtype, op)
+        self.reduce_scatter_tuned(stream, kernel, &tuning, d)
     }
 
     /// [`Self::reduce_scatter`] with explicit launch tuning (every rank must pass the same).
     ///
     /// # Safety
     /// As [`Self::reduce_scatter`].
-    #[allow(clippy::too_many_arguments)]
     #[allow(unsafe_code)] // the contract is declared here; the body is safe code
     pub unsafe fn reduce_scatter_tuned(
         &self,
         stream: &CudaStream,
         kernel: ReduceScatterKernel,
         tuning: &Tuning,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
+        d: DeviceOp,
     ) -> Result<()> {
-        let Some((dt, g)) = self.reduce_scatter_geometry(stream, input, output, count, dtype)? else {
+        let Some((dt, g)) = self.reduce_scatter_geometry(stream, d.input, d.output, d.count, d.dtype)? else {
             return Ok(());
         };
         tuning.validate()?;
@@ -55,21 +40,12 @@ impl CudaCollectives {
         // their preconditions).
         match reduce_scatter_at(kernel, self.rig.world) {
             k @ (ReduceScatterKernel::Lamport | ReduceScatterKernel::Ring) => {
-                self.rig
-                    .reduce_scatter(&self.on(stream), k, tuning, input, output, count, dtype, op)
+                self.rig.reduce_scatter(&self.on(stream), k, tuning, d)
             }
-            ReduceScatterKernel::Pull => self.rig.reduce_scatter_pull(
-                &self.on(stream),
-                &self.registry,
-                tuning,
-                &g,
-                input,
-                output,
-                count,
-                dtype,
-                op,
-            ),
-            ReduceScatterKernel::CopyEngine => self.reduce_scatter_ce(stream, dt, &g, input, output, count, dtype, op),
+            ReduceScatterKernel::Pull => self
+                .rig
+                .reduce_scatter_pull(&self.on(stream), &self.registry, tuning, &g, d),
+            ReduceScatterKernel::CopyEngine => self.reduce_scatter_ce(stream, dt, &g, d),
             k => Err(not_here(k)),
         }
     }
@@ -102,18 +78,14 @@ impl CudaCollectives {
     /// pull's 409 at 256 MiB on 2 x H200 (docs/benchmarks.md), so the planner does not pick it.
     /// `output` must not overlap `input` (in place: use the pull). Stream-ordered, allocates
     /// nothing, graph-capturable.
-    #[allow(clippy::too_many_arguments)]
-    fn reduce_scatter_ce(
-        &self,
-        stream: &CudaStream,
-        dt: KernelDtype,
-        g: &ShardGeometry,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
+    fn reduce_scatter_ce(&self, stream: &CudaStream, dt: KernelDtype, g: &ShardGeometry, d: DeviceOp) -> Result<()> {
+        let DeviceOp {
+            input,
+            output,
+            count,
+            dtype,
+            op,
+        } = d;
         if self.rig.world != 2 {
             return Err(Error::InvalidArgument(format!(
                 "the copy-engine reduce-scatter runs on two ranks, this group has {} (use the pull)",
@@ -159,44 +131,39 @@ impl CudaCollectives {
     // ------------------------------------------------------------------ all-gather
 
     /// All-gather by `kernel`, exactly (as [`Self::all_reduce`]: unmet preconditions are an
-    /// error, nothing else runs instead): `input` holds `count` elements, `output` receives
-    /// `count * world` (in place when `input == output + rank * count` elements). With one rank
-    /// every kernel is the ring kernel's local copy.
+    /// error, nothing else runs instead): `d.input` holds `d.count` elements, `d.output`
+    /// receives `d.count * world` (in place when `d.input == d.output + rank * d.count`
+    /// elements); `d.op` is not used ([`DeviceOp::gather`]). With one rank every kernel is the
+    /// ring kernel's local copy.
     ///
     /// # Safety
-    /// NOTE [raw-addresses], with `input` holding `count` elements and `output`
-    /// `count * world`.
-    #[allow(clippy::too_many_arguments)]
+    /// NOTE [raw-addresses], as [`Self::all_reduce`] with `d.input` holding `d.count` elements
+    /// and `d.output` `d.count * world`.
     #[allow(unsafe_code)] // the contract is declared here; the body is safe code
-    pub unsafe fn all_gather(
-        &self,
-        stream: &CudaStream,
-        kernel: AllGatherKernel,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DType,
-    ) -> Result<()> {
+    pub unsafe fn all_gather(&self, stream: &CudaStream, kernel: AllGatherKernel, d: DeviceOp) -> Result<()> {
         let tuning = self.config.tuning;
-        self.all_gather_tuned(stream, kernel, &tuning, input, output, count, dtype)
+        self.all_gather_tuned(stream, kernel, &tuning, d)
     }
 
     /// [`Self::all_gather`] with explicit launch tuning.
     ///
     /// # Safety
     /// As [`Self::all_gather`].
-    #[allow(clippy::too_many_arguments)]
     #[allow(unsafe_code)] // the contract is declared here; the body is safe code
     pub unsafe fn all_gather_tuned(
         &self,
         stream: &CudaStream,
         kernel: AllGatherKernel,
         tuning: &Tuning,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DType,
+        d: DeviceOp,
     ) -> Result<()> {
+        let DeviceOp {
+            input,
+            output,
+            count,
+            dtype,
+            ..
+        } = d;
         self.check_stream(stream)?;
         let Some(dt) = check::all_gather(input, output, count, dtype, (self.rig.rank, self.rig.world))? else {
             return Ok(());
@@ -205,23 +172,15 @@ impl CudaCollectives {
         let kernel = all_gather_at(kernel, self.rig.world);
         match kernel {
             AllGatherKernel::Lamport | AllGatherKernel::Ring => {
-                self.rig
-                    .all_gather(&self.on(stream), kernel, tuning, dt, input, output, count, dtype)
+                self.rig.all_gather(&self.on(stream), kernel, tuning, dt, d)
             }
             AllGatherKernel::CopyEnginePush | AllGatherKernel::CopyEnginePull | AllGatherKernel::CopyEngineStaged => {
                 let hdr = &header(OpKind::AllGather, dtype, count, None, Mechanism::CopyEngine);
-                self.all_gather_ce(stream, kernel, input, output, count, dtype, hdr)
+                self.all_gather_ce(stream, kernel, d, hdr)
             }
-            AllGatherKernel::Pull => self.rig.all_gather_pull(
-                &self.on(stream),
-                &self.registry,
-                tuning,
-                dt,
-                input,
-                output,
-                count,
-                dtype,
-            ),
+            AllGatherKernel::Pull => self
+                .rig
+                .all_gather_pull(&self.on(stream), &self.registry, tuning, dt, d),
             k => Err(not_here(k)),
         }
     }
@@ -229,17 +188,20 @@ impl CudaCollectives {
     /// The copy-engine all-gathers: `kernel` is one of [`AllGatherKernel::CopyEnginePush`]
     /// (the output registered), [`AllGatherKernel::CopyEnginePull`] (the input registered) and
     /// [`AllGatherKernel::CopyEngineStaged`] (any buffers).
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn all_gather_ce(
         &self,
         stream: &CudaStream,
         kernel: AllGatherKernel,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DType,
+        d: DeviceOp,
         hdr: &OpHeader,
     ) -> Result<()> {
+        let DeviceOp {
+            input,
+            output,
+            count,
+            dtype,
+            ..
+        } = d;
         let bytes = count * dtype.size();
         let mask = self.rig.full_mask();
         let own = output + (self.rig.rank * bytes) as u64;

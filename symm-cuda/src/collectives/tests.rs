@@ -256,11 +256,13 @@ mod argument_lists {
                 sizes(&lamport(
                     &c,
                     &Direct::default(),
-                    RingMode::AllReduce,
-                    0,
-                    0,
-                    0,
-                    10,
+                    &Lamport {
+                        mode: RingMode::AllReduce,
+                        op: 0,
+                        input: 0,
+                        output: 0,
+                        count: 10,
+                    },
                     &layout,
                     &bound,
                     &OpHeader::default(),
@@ -268,7 +270,19 @@ mod argument_lists {
             ));
             cases.push((
                 format!("symm_ring_{dt}"),
-                sizes(&ring(&c, 0, 0, 0, &plan, &layout, &bound, 0, &OpHeader::default())),
+                sizes(&ring(
+                    &c,
+                    &Ring {
+                        op: 0,
+                        input: 0,
+                        output: 0,
+                        flags: 0,
+                    },
+                    &plan,
+                    &layout,
+                    &bound,
+                    &OpHeader::default(),
+                )),
             ));
             cases.push((
                 format!("symm_pull_{dt}"),

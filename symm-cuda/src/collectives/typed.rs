@@ -121,13 +121,20 @@ impl CudaCollectives {
         refuse_writers(kernel)?;
         let count = output.len();
         pair(self, stream, input, output, (count, count), |src, dst| {
+            let d = DeviceOp {
+                input: src,
+                output: dst,
+                count,
+                dtype: T::DTYPE,
+                op,
+            };
             #[allow(unsafe_code)]
             // SAFETY: `src` and `dst` are the addresses of live buffers of `count` elements of `T`
             // in this object's context (checked by `pair`); cudarc orders their memory with the
             // op, or `typed_op` waits for the op before they can be dropped; the borrows keep the
             // caller from touching them meanwhile; no kernel allowed here writes a peer's output.
             unsafe {
-                self.all_reduce(stream, kernel, src, dst, count, T::DTYPE, op)
+                self.all_reduce(stream, kernel, d)
             }
         })
     }
@@ -150,11 +157,18 @@ impl CudaCollectives {
         let count = buf.len();
         let (p, guard) = buf.device_ptr_mut(stream);
         self.typed_op(stream, !ordered(&guard), || {
+            let d = DeviceOp {
+                input: p,
+                output: p,
+                count,
+                dtype: T::DTYPE,
+                op,
+            };
             #[allow(unsafe_code)]
             // SAFETY: as in `all_reduce_into`: a live, checked buffer of `count` elements, input
             // and output at once, ordered with the op by cudarc or waited for by `typed_op`.
             unsafe {
-                self.all_reduce(stream, kernel, p, p, count, T::DTYPE, op)
+                self.all_reduce(stream, kernel, d)
             }
         })
     }
@@ -177,11 +191,18 @@ impl CudaCollectives {
         let count = output.len();
         let lens = (count.saturating_mul(self.rig.world), count);
         pair(self, stream, input, output, lens, |src, dst| {
+            let d = DeviceOp {
+                input: src,
+                output: dst,
+                count,
+                dtype: T::DTYPE,
+                op,
+            };
             #[allow(unsafe_code)]
             // SAFETY: live, checked buffers of `count * world` (input) and `count` (output)
             // elements of `T`, ordered with the op by cudarc or waited for by `typed_op`.
             unsafe {
-                self.reduce_scatter(stream, kernel, src, dst, count, T::DTYPE, op)
+                self.reduce_scatter(stream, kernel, d)
             }
         })
     }
@@ -206,12 +227,13 @@ impl CudaCollectives {
         let count = input.len();
         let lens = (count, count.saturating_mul(self.rig.world));
         pair(self, stream, input, output, lens, |src, dst| {
+            let d = DeviceOp::gather(src, dst, count, T::DTYPE);
             #[allow(unsafe_code)]
             // SAFETY: live, checked buffers of `count` (input) and `count * world` (output)
             // elements of `T`, ordered with the op by cudarc or waited for by `typed_op`; the
             // copy-engine push (which writes the peers' outputs) is refused above.
             unsafe {
-                self.all_gather(stream, kernel, src, dst, count, T::DTYPE)
+                self.all_gather(stream, kernel, d)
             }
         })
     }

@@ -17,9 +17,11 @@ use cudarc::driver::CudaStream;
 use symm_core::epilogue::Rows;
 use symm_core::{get_symmetric_memory, DType, Error, OpKind, Rank, ReduceOp, Result, SymmTensor, SymmetricMemory};
 
+use symm_cuda::collectives::DeviceOp;
+
 use super::CudaEngine;
-use crate::buf::{Buf, BufMut};
-use crate::engine::{Caps, Cx, Engine};
+use crate::buf::Buf;
+use crate::engine::{Caps, Cx, Engine, OpArgs};
 use crate::epilogue::{EpiArgs, EpilogueAlgo};
 use crate::ops::OpStream;
 use crate::select::{AllGatherAlgo, AllReduceAlgo, Bufs, Plan, ReduceScatterAlgo, Selector, Side};
@@ -31,18 +33,20 @@ impl CudaEngine {
     }
 
     /// The all-reduce with the lock held, on `s` (also the epilogues' first half).
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn all_reduce_on(
         &self,
         s: &CudaStream,
         planner: &Selector,
         req: AllReduceAlgo,
-        input: Option<Buf<'_>>,
-        mut output: BufMut<'_>,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
+        a: OpArgs<'_, Option<Buf<'_>>>,
     ) -> Result<()> {
+        let OpArgs {
+            input,
+            mut output,
+            count,
+            dtype,
+            op,
+        } = a;
         let (out_ptr, _g_out) = self.dst(s, &mut output)?;
         let (in_ptr, _g_in) = match &input {
             Some(b) => self.src(s, b)?,
@@ -59,8 +63,17 @@ impl CudaEngine {
         };
         match planner.plan_all_reduce(req, bytes, &bufs) {
             Plan::Nccl => self.nccl_on(s, |n| n.all_reduce(in_ptr, out_ptr, count, dtype, op)),
-            // SAFETY: the addresses come from checked buffers (module docs).
-            Plan::Kernel(k) => unsafe { self.coll()?.all_reduce(s, k, in_ptr, out_ptr, count, dtype, op) },
+            Plan::Kernel(k) => {
+                let d = DeviceOp {
+                    input: in_ptr,
+                    output: out_ptr,
+                    count,
+                    dtype,
+                    op,
+                };
+                // SAFETY: the addresses come from checked buffers (module docs).
+                unsafe { self.coll()?.all_reduce(s, k, d) }
+            }
         }
     }
 
@@ -92,31 +105,18 @@ impl Engine for CudaEngine {
         }
     }
 
-    fn all_reduce(
-        &self,
-        cx: Cx<'_>,
-        req: AllReduceAlgo,
-        input: Option<Buf<'_>>,
-        output: BufMut<'_>,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        self.locked(cx.stream, |s| {
-            self.all_reduce_on(s, cx.planner, req, input, output, count, dtype, op)
-        })
+    fn all_reduce(&self, cx: Cx<'_>, req: AllReduceAlgo, a: OpArgs<'_, Option<Buf<'_>>>) -> Result<()> {
+        self.locked(cx.stream, |s| self.all_reduce_on(s, cx.planner, req, a))
     }
 
-    fn reduce_scatter(
-        &self,
-        cx: Cx<'_>,
-        req: ReduceScatterAlgo,
-        input: Buf<'_>,
-        mut output: BufMut<'_>,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
+    fn reduce_scatter(&self, cx: Cx<'_>, req: ReduceScatterAlgo, a: OpArgs<'_, Buf<'_>>) -> Result<()> {
+        let OpArgs {
+            input,
+            mut output,
+            count,
+            dtype,
+            op,
+        } = a;
         self.locked(cx.stream, |s| {
             let (out_ptr, _g_out) = self.dst(s, &mut output)?;
             let (in_ptr, _g_in) = self.src(s, &input)?;
@@ -126,21 +126,29 @@ impl Engine for CudaEngine {
                 .plan_reduce_scatter(req, whole, &|| self.is_registered(in_ptr, whole))
             {
                 Plan::Nccl => self.nccl_on(s, |n| n.reduce_scatter(in_ptr, out_ptr, count, dtype, op)),
-                // SAFETY: the addresses come from checked buffers (module docs).
-                Plan::Kernel(k) => unsafe { self.coll()?.reduce_scatter(s, k, in_ptr, out_ptr, count, dtype, op) },
+                Plan::Kernel(k) => {
+                    let d = DeviceOp {
+                        input: in_ptr,
+                        output: out_ptr,
+                        count,
+                        dtype,
+                        op,
+                    };
+                    // SAFETY: the addresses come from checked buffers (module docs).
+                    unsafe { self.coll()?.reduce_scatter(s, k, d) }
+                }
             }
         })
     }
 
-    fn all_gather(
-        &self,
-        cx: Cx<'_>,
-        req: AllGatherAlgo,
-        input: Buf<'_>,
-        mut output: BufMut<'_>,
-        count: usize,
-        dtype: DType,
-    ) -> Result<()> {
+    fn all_gather(&self, cx: Cx<'_>, req: AllGatherAlgo, a: OpArgs<'_, Buf<'_>>) -> Result<()> {
+        let OpArgs {
+            input,
+            mut output,
+            count,
+            dtype,
+            ..
+        } = a;
         self.locked(cx.stream, |s| {
             let (out_ptr, _g_out) = self.dst(s, &mut output)?;
             let (in_ptr, _g_in) = self.src(s, &input)?;
@@ -157,8 +165,11 @@ impl Engine for CudaEngine {
             };
             match cx.planner.plan_all_gather(req, whole, dtype, &bufs) {
                 Plan::Nccl => self.nccl_on(s, |n| n.all_gather(in_ptr, out_ptr, count, dtype)),
-                // SAFETY: the addresses come from checked buffers (module docs).
-                Plan::Kernel(k) => unsafe { self.coll()?.all_gather(s, k, in_ptr, out_ptr, count, dtype) },
+                Plan::Kernel(k) => {
+                    let d = DeviceOp::gather(in_ptr, out_ptr, count, dtype);
+                    // SAFETY: the addresses come from checked buffers (module docs).
+                    unsafe { self.coll()?.all_gather(s, k, d) }
+                }
             }
         })
     }

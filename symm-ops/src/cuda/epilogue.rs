@@ -10,6 +10,7 @@ use symm_cuda::collectives::Epilogue;
 
 use super::{CudaEngine, SyncOnDrop};
 use crate::buf::{Buf, BufMut, RawDevicePtr};
+use crate::engine::OpArgs;
 use crate::epilogue::{EpiArgs, EpiBufs, EpilogueAlgo, Resolve};
 use crate::select::Selector;
 
@@ -53,7 +54,14 @@ impl CudaEngine {
                 let (count, dtype) = (rows.count(), rows.dtype());
                 let input = (sum != p.x).then(|| Buf::Raw(RawDevicePtr::checked(p.x, count, dtype)));
                 let output = BufMut::Raw(RawDevicePtr::checked(sum, count, dtype));
-                self.all_reduce_on(s, planner, ar, input, output, count, dtype, ReduceOp::Sum)?;
+                let sum_args = OpArgs {
+                    input,
+                    output,
+                    count,
+                    dtype,
+                    op: ReduceOp::Sum,
+                };
+                self.all_reduce_on(s, planner, ar, sum_args)?;
                 // SAFETY: `sum` is one of the op's checked outputs (or `x`), `rows` long.
                 unsafe { self.epilogue_kernels()?.launch(s, sum, &e) }
             }

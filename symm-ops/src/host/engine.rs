@@ -2,11 +2,11 @@
 //! (which names the generic path: one-shot or two-shot for an all-reduce) and runs it.
 
 use symm_core::epilogue::Rows;
-use symm_core::{AllReduceKernel, DType, Error, Rank, ReduceOp, Result};
+use symm_core::{AllReduceKernel, Error, Rank, Result};
 
 use super::{HostEngine, In, Out};
 use crate::buf::{Buf, BufMut};
-use crate::engine::{Caps, Cx, Engine};
+use crate::engine::{Caps, Cx, Engine, OpArgs};
 use crate::epilogue::{EpiArgs, EpilogueAlgo, HostEpi};
 use crate::ops::OpStream;
 use crate::select::{AllGatherAlgo, AllReduceAlgo, Bufs, Plan, ReduceScatterAlgo};
@@ -54,16 +54,14 @@ impl Engine for HostEngine {
         }
     }
 
-    fn all_reduce(
-        &self,
-        cx: Cx<'_>,
-        req: AllReduceAlgo,
-        input: Option<Buf<'_>>,
-        output: BufMut<'_>,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
+    fn all_reduce(&self, cx: Cx<'_>, req: AllReduceAlgo, a: OpArgs<'_, Option<Buf<'_>>>) -> Result<()> {
+        let OpArgs {
+            input,
+            output,
+            count,
+            dtype,
+            op,
+        } = a;
         self.no_stream(cx.stream)?;
         let in_place = input.is_none();
         let mut out = self.refuse(cx.stream, self.resolve_out(output, in_place))?;
@@ -82,36 +80,19 @@ impl Engine for HostEngine {
         }
     }
 
-    fn reduce_scatter(
-        &self,
-        cx: Cx<'_>,
-        req: ReduceScatterAlgo,
-        input: Buf<'_>,
-        output: BufMut<'_>,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
+    fn reduce_scatter(&self, cx: Cx<'_>, req: ReduceScatterAlgo, a: OpArgs<'_, Buf<'_>>) -> Result<()> {
         // One generic path whatever the request (the planner's plan for it names the pull: every
         // rank reads its segment).
         let _ = req;
-        let (input, mut out) = self.resolve_apart(cx, input, output)?;
-        self.reduce_scatter(&input, &mut out, count, dtype, op)
+        let (input, mut out) = self.resolve_apart(cx, a.input, a.output)?;
+        self.reduce_scatter(&input, &mut out, a.count, a.dtype, a.op)
     }
 
-    fn all_gather(
-        &self,
-        cx: Cx<'_>,
-        req: AllGatherAlgo,
-        input: Buf<'_>,
-        output: BufMut<'_>,
-        count: usize,
-        dtype: DType,
-    ) -> Result<()> {
+    fn all_gather(&self, cx: Cx<'_>, req: AllGatherAlgo, a: OpArgs<'_, Buf<'_>>) -> Result<()> {
         // One generic path whatever the request (the plan names the pull).
         let _ = req;
-        let (input, mut out) = self.resolve_apart(cx, input, output)?;
-        self.all_gather(&input, &mut out, count, dtype)
+        let (input, mut out) = self.resolve_apart(cx, a.input, a.output)?;
+        self.all_gather(&input, &mut out, a.count, a.dtype)
     }
 
     fn barrier(&self, stream: OpStream<'_>, ranks: &[Rank]) -> Result<()> {

@@ -15,18 +15,14 @@ impl Rig {
     /// [`AllReduceKernel::Pull`]: every rank reads every peer's whole input (registered) and
     /// reduces it into its own output, which must not overlap the input (peers read it while
     /// the output is written).
-    #[allow(clippy::too_many_arguments)]
-    pub fn all_reduce_pull(
-        &self,
-        to: &dyn Launcher,
-        reg: &Registry,
-        tuning: &Tuning,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
+    pub fn all_reduce_pull(&self, to: &dyn Launcher, reg: &Registry, tuning: &Tuning, d: DeviceOp) -> Result<()> {
+        let DeviceOp {
+            input,
+            output,
+            count,
+            dtype,
+            op,
+        } = d;
         let dt = kernel_dtype(dtype, "all_reduce")?;
         let bytes = count * dtype.size();
         let sym = reg.registered(input, bytes, "the zero-copy all-reduce pull needs its input")?;
@@ -38,27 +34,23 @@ impl Rig {
         }
         let hdr = &header(OpKind::AllReduce, dtype, count, Some(op), Mechanism::Pull);
         let p = self.all_reduce_pull_args(
-            op,
-            input,
-            output,
-            count,
+            d,
             sym.ptrs,
             checked(hdr, &[3, sym.offset as u64, sym.alloc_size as u64]),
         );
         to.launch(&self.pull(dt, &p, tuning))
     }
 
-    /// The one-shot pull's arguments: every rank's input (`peers`, this rank's own `input`),
-    /// reduced into `output`; `check` the check word.
-    pub fn all_reduce_pull_args(
-        &self,
-        op: ReduceOp,
-        input: u64,
-        output: u64,
-        count: usize,
-        peers: [u64; MAX_WORLD],
-        check: u32,
-    ) -> args::Pull {
+    /// The one-shot pull's arguments: every rank's input (`peers`, this rank's own `d.input`),
+    /// reduced into `d.output`; `check` the check word.
+    pub fn all_reduce_pull_args(&self, d: DeviceOp, peers: [u64; MAX_WORLD], check: u32) -> args::Pull {
+        let DeviceOp {
+            input,
+            output,
+            count,
+            op,
+            ..
+        } = d;
         args::Pull {
             mode: RingMode::AllReduce,
             op: kernel_op(op),
@@ -73,18 +65,20 @@ impl Rig {
     /// [`AllReduceKernel::PullTwoShot`] (3+ ranks; input and output both registered, equal or
     /// apart): each rank reduces its shard of the message ([`two_shot_shard`]) from every rank's
     /// input, read in place, and writes the result into every rank's output.
-    #[allow(clippy::too_many_arguments)]
     pub fn all_reduce_pull_two_shot(
         &self,
         to: &dyn Launcher,
         reg: &Registry,
         tuning: &Tuning,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
+        d: DeviceOp,
     ) -> Result<()> {
+        let DeviceOp {
+            input,
+            output,
+            count,
+            dtype,
+            op,
+        } = d;
         let dt = kernel_dtype(dtype, "all_reduce")?;
         let es = dtype.size();
         let bytes = count * es;
@@ -120,19 +114,21 @@ impl Rig {
     /// [`ReduceScatterKernel::Pull`]: every rank reads its shard straight from every peer's
     /// (registered) input and reduces it; the output may be this rank's shard of the input.
     /// `g`: the geometry [`crate::coll::check::reduce_scatter`] accepted.
-    #[allow(clippy::too_many_arguments)]
     pub fn reduce_scatter_pull(
         &self,
         to: &dyn Launcher,
         reg: &Registry,
         tuning: &Tuning,
         g: &ShardGeometry,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
+        d: DeviceOp,
     ) -> Result<()> {
+        let DeviceOp {
+            input,
+            output,
+            count,
+            dtype,
+            op,
+        } = d;
         let dt = kernel_dtype(dtype, "reduce_scatter")?;
         let shard = g.own - input;
         let sym = reg.registered(input, g.whole_bytes, "the zero-copy reduce-scatter needs its input")?;
@@ -151,19 +147,23 @@ impl Rig {
 
     /// [`AllGatherKernel::Pull`]: every rank copies every peer's input straight into its output;
     /// the inputs registered, or in place in a registered output (rank s's input is slice s of
-    /// its output). `dt`: the lanes [`crate::coll::check::all_gather`] returned.
-    #[allow(clippy::too_many_arguments)]
+    /// its output). `dt`: the lanes [`crate::coll::check::all_gather`] returned; `d.op` is not
+    /// used.
     pub fn all_gather_pull(
         &self,
         to: &dyn Launcher,
         reg: &Registry,
         tuning: &Tuning,
         dt: KernelDtype,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DType,
+        d: DeviceOp,
     ) -> Result<()> {
+        let DeviceOp {
+            input,
+            output,
+            count,
+            dtype,
+            ..
+        } = d;
         let hdr = &header(OpKind::AllGather, dtype, count, None, Mechanism::Pull);
         let bytes = count * dtype.size();
         let mut srcs = [0u64; MAX_WORLD];

@@ -113,8 +113,19 @@ fn each_world_takes_its_specialised_lamport_entry() {
     let t = Tuning::default();
     // One 1000-element bf16 Lamport all-reduce of `op` planned by `r`.
     let lamport = |r: &Rig, op: ReduceOp| {
-        r.all_reduce(&to, AllReduceKernel::Lamport, &t, 0x100, 0x200, 1000, DType::BF16, op)
-            .unwrap()
+        r.all_reduce(
+            &to,
+            AllReduceKernel::Lamport,
+            &t,
+            DeviceOp {
+                input: 0x100,
+                output: 0x200,
+                count: 1000,
+                dtype: DType::BF16,
+                op,
+            },
+        )
+        .unwrap()
     };
     let r2 = rig(1, 2);
     lamport(&r2, ReduceOp::Max);
@@ -167,11 +178,13 @@ fn two_shot_is_a_ring_reduce_scatter_then_all_gather_into_this_ranks_shard() {
         &to,
         AllReduceKernel::TwoShot,
         &Tuning::default(),
-        0x1_0000,
-        0x8_0000,
-        count,
-        DType::F32,
-        ReduceOp::Sum,
+        DeviceOp {
+            input: 0x1_0000,
+            output: 0x8_0000,
+            count,
+            dtype: DType::F32,
+            op: ReduceOp::Sum,
+        },
     )
     .unwrap();
     let l = to.0.borrow();
@@ -202,22 +215,26 @@ fn one_shot_in_place_sets_the_ring_flag_and_kernels_not_planned_here_are_refused
         &to,
         AllReduceKernel::OneShot,
         &t,
-        0x100,
-        0x100,
-        64,
-        DType::F16,
-        ReduceOp::Sum,
+        DeviceOp {
+            input: 0x100,
+            output: 0x100,
+            count: 64,
+            dtype: DType::F16,
+            op: ReduceOp::Sum,
+        },
     )
     .unwrap();
     r.all_reduce(
         &to,
         AllReduceKernel::OneShot,
         &t,
-        0x100,
-        0x900,
-        64,
-        DType::F16,
-        ReduceOp::Sum,
+        DeviceOp {
+            input: 0x100,
+            output: 0x900,
+            count: 64,
+            dtype: DType::F16,
+            op: ReduceOp::Sum,
+        },
     )
     .unwrap();
     let l = to.0.borrow();
@@ -225,7 +242,18 @@ fn one_shot_in_place_sets_the_ring_flag_and_kernels_not_planned_here_are_refused
     assert_eq!(l[1].args[20], KernelArg::U32(0));
     drop(l);
     for k in [AllReduceKernel::Pull, AllReduceKernel::CopyEngineTwoShot] {
-        let e = r.all_reduce(&to, k, &t, 0x100, 0x900, 64, DType::F16, ReduceOp::Sum);
+        let e = r.all_reduce(
+            &to,
+            k,
+            &t,
+            DeviceOp {
+                input: 0x100,
+                output: 0x900,
+                count: 64,
+                dtype: DType::F16,
+                op: ReduceOp::Sum,
+            },
+        );
         assert!(matches!(e, Err(Error::Unavailable(_))), "{k:?}: {e:?}");
     }
     assert!(r
@@ -233,11 +261,13 @@ fn one_shot_in_place_sets_the_ring_flag_and_kernels_not_planned_here_are_refused
             &to,
             ReduceScatterKernel::Pull,
             &t,
-            0x100,
-            0x900,
-            64,
-            DType::F16,
-            ReduceOp::Sum
+            DeviceOp {
+                input: 0x100,
+                output: 0x900,
+                count: 64,
+                dtype: DType::F16,
+                op: ReduceOp::Sum
+            }
         )
         .is_err());
     assert!(r
@@ -246,10 +276,7 @@ fn one_shot_in_place_sets_the_ring_flag_and_kernels_not_planned_here_are_refused
             AllGatherKernel::CopyEnginePush,
             &t,
             KernelDtype::F16,
-            0x100,
-            0x900,
-            64,
-            DType::F16
+            DeviceOp::gather(0x100, 0x900, 64, DType::F16)
         )
         .is_err());
     assert_eq!(to.0.borrow().len(), 2, "a refused kernel launches nothing");
@@ -264,11 +291,13 @@ fn reduce_scatter_and_all_gather_shapes() {
         &to,
         ReduceScatterKernel::Ring,
         &t,
-        0x1000,
-        0x9000,
-        100,
-        DType::BF16,
-        ReduceOp::Avg,
+        DeviceOp {
+            input: 0x1000,
+            output: 0x9000,
+            count: 100,
+            dtype: DType::BF16,
+            op: ReduceOp::Avg,
+        },
     )
     .unwrap();
     r.all_gather(
@@ -276,10 +305,7 @@ fn reduce_scatter_and_all_gather_shapes() {
         AllGatherKernel::Ring,
         &t,
         KernelDtype::F16,
-        0x1000,
-        0x9000,
-        100,
-        DType::BF16,
+        DeviceOp::gather(0x1000, 0x9000, 100, DType::BF16),
     )
     .unwrap();
     r.all_gather(
@@ -287,10 +313,7 @@ fn reduce_scatter_and_all_gather_shapes() {
         AllGatherKernel::Lamport,
         &t,
         KernelDtype::F16,
-        0x1000,
-        0x9000,
-        100,
-        DType::BF16,
+        DeviceOp::gather(0x1000, 0x9000, 100, DType::BF16),
     )
     .unwrap();
     let l = to.0.borrow();
@@ -455,8 +478,19 @@ fn pulls_read_every_rank_at_the_same_offset_and_refuse_what_they_cannot() {
     let to = Record::default();
     let base = 0x2000_0000u64; // rank 1's allocation
     let (input, output) = (base + 0x100, 0x9000_0000u64);
-    r.all_reduce_pull(&to, &reg, &t, input, output, 64, DType::F32, ReduceOp::Sum)
-        .unwrap();
+    r.all_reduce_pull(
+        &to,
+        &reg,
+        &t,
+        DeviceOp {
+            input,
+            output,
+            count: 64,
+            dtype: DType::F32,
+            op: ReduceOp::Sum,
+        },
+    )
+    .unwrap();
     {
         let l = to.0.borrow();
         assert_eq!(l[0].entry, Entry::Pull(KernelDtype::F32));
@@ -466,10 +500,32 @@ fn pulls_read_every_rank_at_the_same_offset_and_refuse_what_they_cannot() {
     }
     // In place, or an input outside registered memory: refused, nothing launched.
     assert!(r
-        .all_reduce_pull(&to, &reg, &t, input, input, 64, DType::F32, ReduceOp::Sum)
+        .all_reduce_pull(
+            &to,
+            &reg,
+            &t,
+            DeviceOp {
+                input,
+                output: input,
+                count: 64,
+                dtype: DType::F32,
+                op: ReduceOp::Sum
+            }
+        )
         .is_err());
     assert!(matches!(
-        r.all_reduce_pull(&to, &reg, &t, 0x5000, output, 64, DType::F32, ReduceOp::Sum),
+        r.all_reduce_pull(
+            &to,
+            &reg,
+            &t,
+            DeviceOp {
+                input: 0x5000,
+                output,
+                count: 64,
+                dtype: DType::F32,
+                op: ReduceOp::Sum
+            }
+        ),
         Err(Error::InvalidArgument(_))
     ));
     assert_eq!(to.0.borrow().len(), 1);
@@ -477,8 +533,19 @@ fn pulls_read_every_rank_at_the_same_offset_and_refuse_what_they_cannot() {
     // Two-shot pull: rank 1 reduces its shard and writes it into every rank's output.
     let count = 1000;
     let out = base + 0x8_0000;
-    r.all_reduce_pull_two_shot(&to, &reg, &t, input, out, count, DType::F32, ReduceOp::Sum)
-        .unwrap();
+    r.all_reduce_pull_two_shot(
+        &to,
+        &reg,
+        &t,
+        DeviceOp {
+            input,
+            output: out,
+            count,
+            dtype: DType::F32,
+            op: ReduceOp::Sum,
+        },
+    )
+    .unwrap();
     let q = two_shot_shard(count, 3, DType::F32);
     let off = (q * 4) as u64;
     {
@@ -493,12 +560,30 @@ fn pulls_read_every_rank_at_the_same_offset_and_refuse_what_they_cannot() {
         .unwrap()
         .unwrap()
         .1;
-    r.reduce_scatter_pull(&to, &reg, &t, &g, input, output, 16, DType::F32, ReduceOp::Sum)
-        .unwrap();
+    r.reduce_scatter_pull(
+        &to,
+        &reg,
+        &t,
+        &g,
+        DeviceOp {
+            input,
+            output,
+            count: 16,
+            dtype: DType::F32,
+            op: ReduceOp::Sum,
+        },
+    )
+    .unwrap();
     // All-gather in place in a registered output: rank s's input is slice s of its output.
     let out = base + 0x1000;
-    r.all_gather_pull(&to, &reg, &t, KernelDtype::F32, out + 64, out, 16, DType::F32)
-        .unwrap();
+    r.all_gather_pull(
+        &to,
+        &reg,
+        &t,
+        KernelDtype::F32,
+        DeviceOp::gather(out + 64, out, 16, DType::F32),
+    )
+    .unwrap();
     let l = to.0.borrow();
     let rs: Vec<u64> = (0..3).map(|i| u64_arg(&l[2].args[SRCS + i])).collect();
     assert_eq!(rs, [0x1000_0140, input + 64, 0x3000_0140]);

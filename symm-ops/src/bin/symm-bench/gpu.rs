@@ -13,7 +13,7 @@ use symm_ops::cudarc::driver::{
 use symm_ops::cudarc::nccl::{Comm, Id, NcclType, ReduceOp as NcclOp};
 use symm_ops::symm_core::{get_allocator, DeviceType, Rank, SymmetricMemory};
 use symm_ops::symm_cuda::collectives::{
-    AllGatherKernel, AllReduceKernel, CollectivesConfig, CudaCollectives, ReduceScatterKernel, Tuning,
+    AllGatherKernel, AllReduceKernel, CollectivesConfig, CudaCollectives, DeviceOp, ReduceScatterKernel, Tuning,
 };
 use symm_ops::symm_cuda::driver::mem::unchecked::{dtod_async, dtoh_sync, htod_sync, memset_d32_async};
 use symm_ops::symm_cuda::probe::Delay;
@@ -461,9 +461,18 @@ fn run_once(
                     "ce_two_shot" => AllReduceKernel::CopyEngineTwoShot,
                     _ => AllReduceKernel::CopyEnginePull,
                 };
-                Ok(st
-                    .coll
-                    .all_reduce_tuned(s, kernel, tuning, input, out, g.count, dtype, redop)?)
+                Ok(st.coll.all_reduce_tuned(
+                    s,
+                    kernel,
+                    tuning,
+                    DeviceOp {
+                        input,
+                        output: out,
+                        count: g.count,
+                        dtype,
+                        op: redop,
+                    },
+                )?)
             }
             (Op::ReduceScatter, base) => {
                 let kernel = match base {
@@ -472,9 +481,18 @@ fn run_once(
                     "copy_engine" => ReduceScatterKernel::CopyEngine,
                     _ => ReduceScatterKernel::Ring,
                 };
-                Ok(st
-                    .coll
-                    .reduce_scatter_tuned(s, kernel, tuning, input, out, g.count, dtype, redop)?)
+                Ok(st.coll.reduce_scatter_tuned(
+                    s,
+                    kernel,
+                    tuning,
+                    DeviceOp {
+                        input,
+                        output: out,
+                        count: g.count,
+                        dtype,
+                        op: redop,
+                    },
+                )?)
             }
             (Op::AllGather, base) => {
                 // The arena's output is registered: the copy engine pushes into it.
@@ -485,7 +503,9 @@ fn run_once(
                     "lamport" => (AllGatherKernel::Lamport, input),
                     _ => (AllGatherKernel::Ring, input),
                 };
-                Ok(st.coll.all_gather_tuned(s, kernel, tuning, inp, out, g.count, dtype)?)
+                Ok(st
+                    .coll
+                    .all_gather_tuned(s, kernel, tuning, DeviceOp::gather(inp, out, g.count, dtype))?)
             }
         }
     }
