@@ -49,6 +49,12 @@
 //     counter, no re-read of the row. A second cluster barrier keeps every block's shared memory
 //     alive until the others read it. Measured 0.1-1.1 us slower than whole rows at 2 and 4 ranks
 //     (bench-notes round 19): off unless SYMM_EPI_CLUSTER=1.
+//   Spread pushes (`flags & EPI_SPREAD`, `parts` > 1; add_rms.rs `fused_geometry`): whole rows,
+//     but a row is pushed by `parts` blocks (block b pushes part b / rows of row b % rows), so the
+//     row leaves through `parts` SMs instead of one (one SM's remote stores bound the whole-row
+//     push: ~15 GB/s, bench-notes round 20); blocks 0 .. rows - 1 receive their row whole and
+//     run the epilogue as whole rows do. No block waits for another: the receivers poll the
+//     peers' pushes only, and the others exit after their push (and the block count).
 //   Preloaded: right after the PDL wait, before the op state, each thread loads the input,
 //     residual and weight of the first EPI_PRE vectors of its first unit into registers. Those
 //     loads overlap the exchange; the push sends from the registers, and once the peers' data
@@ -71,10 +77,17 @@
 
 // Most vectors of one row per thread.
 #define EPI_MAXV 8
+// The first EPI_PRE vectors of a thread's first unit are loaded into registers right after the
+// PDL wait, before the op state: the input (pushed, then this rank's term of the sum), the
+// residual and the weight. Their loads overlap the exchange, so once the peers' data arrived
+// the epilogue reads nothing from memory for them (NOTE [fused-epilogue], "preloaded").
+#define EPI_PRE 2
 // `flags` bit: compute the RMSNorm (else the residual add alone; weight and norm_out unused).
 #define EPI_NORM 1u
 // `flags` bit: cluster rows (NOTE [fused-epilogue]); the launch has clusters of `parts` blocks.
 #define EPI_CLUSTER 2u
+// `flags` bit: spread pushes (NOTE [fused-epilogue]); `parts` blocks push each row.
+#define EPI_SPREAD 4u
 
 // The block's sum of v (blockDim.x a multiple of 32, at most 1024): every thread gets the same
 // bits. `red` holds 32 floats; the leading barrier lets a block reuse it row after row.
@@ -161,32 +174,60 @@ __device__ __forceinline__ float epi_rstd(float total, unsigned int vr, float ep
     return rsqrtf(__fadd_rn(__fdiv_rn(total, (float)(vr * (unsigned int)CollT<DT>::VE)), eps));
 }
 
-// One row's epilogue. s[m] holds the all-reduced vector t + m * blockDim.x (for m < k and inside
-// the row); it leaves with the residual sum. Every thread of the block calls it (barriers).
-template <int DT>
-__device__ __forceinline__ void epi_row(uint4 (&s)[EPI_MAXV], unsigned int k, unsigned int vr, const char* res,
-                                        const char* weight, char* res_out, char* norm_out, float eps, bool norm,
-                                        float* red) {
+// One row's epilogue, the one sequence both kernels run (NOTE [fused-epilogue]). This thread's
+// vectors of the row are vec_j(m), m < per_thread (>= vr: none); early(m, j) gives the
+// all-reduced vector for m < EPI_PRE (m a constant: the loop is unrolled), late(m, j) for the
+// others. The residual and weight of the first EPI_PRE vectors are rp / gp when `pre`, else read
+// at use; only those vectors stay in registers, later ones are read back from res_out for the
+// norm (this thread stored them). block_sum(ssq) sums the row's squares over the row's block
+// (every thread gets the same bits); every thread of the row's block calls this (barriers).
+template <int DT, class Early, class Late, class VecJ, class BlockSum>
+__device__ __forceinline__ void epi_row(Early early, Late late, VecJ vec_j, unsigned int per_thread, unsigned int vr,
+                                        const char* res, const char* weight, char* res_out, char* norm_out,
+                                        float eps, bool norm, bool pre, const uint4 (&rp)[EPI_PRE],
+                                        const uint4 (&gp)[EPI_PRE], BlockSum block_sum) {
+    uint4 s[EPI_PRE];
     float ssq = 0.0f;
 #pragma unroll
-    for (int m = 0; m < EPI_MAXV; ++m) {
-        const unsigned int j = threadIdx.x + (unsigned int)m * blockDim.x;
-        if ((unsigned int)m < k && j < vr) {
-            s[m] = epi_add_vec<DT>(s[m], res, res_out, j);
+    for (int m = 0; m < EPI_PRE; ++m) {
+        const unsigned int j = vec_j((unsigned int)m);
+        if (j < vr) {
+            const uint4 a = early(m, j);
+            s[m] = pre ? epi_add_val<DT>(a, rp[m], res_out, j) : epi_add_vec<DT>(a, res, res_out, j);
             if (norm) {
                 ssq = epi_ssq_vec<DT>(s[m], ssq);
+            }
+        }
+    }
+    for (unsigned int m = EPI_PRE; m < per_thread; ++m) {
+        const unsigned int j = vec_j(m);
+        if (j < vr) {
+            const uint4 sv = epi_add_vec<DT>(late(m, j), res, res_out, j);
+            if (norm) {
+                ssq = epi_ssq_vec<DT>(sv, ssq);
             }
         }
     }
     if (!norm) {
         return;
     }
-    const float rstd = epi_rstd<DT>(epi_block_sum(ssq, red), vr, eps);
+    const float rstd = epi_rstd<DT>(block_sum(ssq), vr, eps);
 #pragma unroll
-    for (int m = 0; m < EPI_MAXV; ++m) {
-        const unsigned int j = threadIdx.x + (unsigned int)m * blockDim.x;
-        if ((unsigned int)m < k && j < vr) {
-            epi_norm_vec<DT>(s[m], weight, norm_out, j, rstd);
+    for (int m = 0; m < EPI_PRE; ++m) {
+        const unsigned int j = vec_j((unsigned int)m);
+        if (j < vr) {
+            if (pre) {
+                epi_norm_val<DT>(s[m], gp[m], norm_out, j, rstd);
+            } else {
+                epi_norm_vec<DT>(s[m], weight, norm_out, j, rstd);
+            }
+        }
+    }
+    for (unsigned int m = EPI_PRE; m < per_thread; ++m) {
+        const unsigned int j = vec_j(m);
+        if (j < vr) {
+            const uint4 sv = *reinterpret_cast<const uint4*>(res_out + (unsigned long long)j * 16ull);
+            epi_norm_vec<DT>(sv, weight, norm_out, j, rstd);
         }
     }
 }
@@ -240,29 +281,48 @@ __device__ __forceinline__ void epi_norm_split(const char* sums, const char* wei
 }
 
 // The epilogue over every row of this block, from `sum` (already all-reduced; may be norm_out or
-// residual_out, read before they are written). `red`: the block's 32-float scratch.
+// residual_out, read before they are written: each vector by the thread that writes it). The
+// row's block is blockDim.x threads with k vectors each (t + m * blockDim.x); the first EPI_PRE
+// vectors' sum, residual and weight are loaded together before the row's sequence starts.
+// `red`: the block's 32-float scratch.
 template <int DT>
 __device__ __forceinline__ void epi_rows(const char* sum, const char* res, const char* weight, char* res_out,
                                          char* norm_out, unsigned long long rows, unsigned int vr, unsigned int k,
                                          float eps, bool norm, float* red) {
     const unsigned long long row_bytes = (unsigned long long)vr * 16ull;
+    auto vec_j = [&](unsigned int m) -> unsigned int { return m < k ? threadIdx.x + m * blockDim.x : vr; };
     for (unsigned long long row = blockIdx.x; row < rows; row += gridDim.x) {
         const unsigned long long o = row * row_bytes;
-        uint4 s[EPI_MAXV];
+        uint4 ap[EPI_PRE];
+        uint4 rp[EPI_PRE];
+        uint4 gp[EPI_PRE];
 #pragma unroll
-        for (int m = 0; m < EPI_MAXV; ++m) {
-            const unsigned int j = threadIdx.x + (unsigned int)m * blockDim.x;
-            if ((unsigned int)m < k && j < vr) {
-                s[m] = *reinterpret_cast<const uint4*>(sum + o + (unsigned long long)j * 16ull);
+        for (int m = 0; m < EPI_PRE; ++m) {
+            ap[m] = make_uint4(0u, 0u, 0u, 0u);
+            rp[m] = ap[m];
+            gp[m] = ap[m];
+            const unsigned int j = vec_j((unsigned int)m);
+            if (j < vr) {
+                ap[m] = *reinterpret_cast<const uint4*>(sum + o + (unsigned long long)j * 16ull);
+                rp[m] = *reinterpret_cast<const uint4*>(res + o + (unsigned long long)j * 16ull);
+                if (norm) {
+                    gp[m] = *reinterpret_cast<const uint4*>(weight + (unsigned long long)j * 16ull);
+                }
             }
         }
-        epi_row<DT>(s, k, vr, res + o, weight, res_out + o, norm_out + o, eps, norm, red);
+        epi_row<DT>([&](int m, unsigned int) { return ap[m]; },
+                    [&](unsigned int, unsigned int j) {
+                        return *reinterpret_cast<const uint4*>(sum + o + (unsigned long long)j * 16ull);
+                    },
+                    vec_j, k, vr, res + o, weight, res_out + o, norm_out + o, eps, norm, true, rp, gp,
+                    [&](float ssq) { return epi_block_sum(ssq, red); });
     }
 }
 
 // NOTE [device-trace] records of the epilogue kernels: kind 3 the generic fused entry, 4 a
-// world entry (stamps as the Lamport entries': entry, start, thread 0 of block 0 after its
-// block pushed every vector, after its first vector arrived from every peer, exit), 5 the
+// world entry (stamps as the Lamport entries': entry, start, thread 0 of block 0 after it pushed
+// all of its vectors and cleared its share of the previous op's, after its first vector arrived
+// from every peer, exit), 5 the
 // separate kernel (entry, start, start, start, exit). `count`: the vectors of the op.
 #ifdef COLL_TRACE
 #define EPI_TRACE_SEPARATE(NV)                                                      \
@@ -293,11 +353,6 @@ EPI_ENTRY(symm_add_rms_f32, COLL_F32)
 EPI_ENTRY(symm_add_rms_f16, COLL_F16)
 EPI_ENTRY(symm_add_rms_bf16, COLL_BF16)
 
-// The first EPI_PRE vectors of a thread's first unit are loaded into registers right after the
-// PDL wait, before the op state: the input (pushed, then this rank's term of the sum), the
-// residual and the weight. Their loads overlap the exchange, so once the peers' data arrived
-// the epilogue reads nothing from memory for them (NOTE [fused-epilogue], "preloaded").
-#define EPI_PRE 2
 
 // The Lamport one-shot all-reduce (sum) of `input` with the epilogue applied row by row.
 // parts == 1: blocks of `big` threads take whole rows (rows blockIdx.x, + gridDim.x, ...).
@@ -313,7 +368,8 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
                                                  unsigned long long slot_bytes, unsigned long long timeout_ns,
                                                  const unsigned int* abort_host, unsigned long long hdr_off,
                                                  const uint4 hdr, const char* res, const char* weight, char* res_out,
-                                                 char* norm_out, float eps, bool norm, bool clustered) {
+                                                 char* norm_out, float eps, bool norm, bool clustered,
+                                                 bool spread) {
     constexpr int NP = W > 0 ? W - 1 : COLL_MAXW - 1;
     const unsigned int world = W > 0 ? (unsigned int)W : world_arg;
     COLL_TRACE_DECL
@@ -328,14 +384,19 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
         epi_rows<DT>(input, res, weight, res_out, norm_out, rows, vr, k, eps, norm, red);
         return;
     }
-    const bool split = parts > 1u && !clustered;
-    // Units: a whole row, or one (row, part) pair of a split or cluster row.
-    const unsigned long long units = parts > 1u ? rows * parts : rows;
+    // Spread pushes: `parts` blocks push a row, the first of them (blocks 0 .. rows - 1) receives
+    // it as a whole row.
+    spread = spread && parts > 1u && !clustered;
+    const bool parted = parts > 1u && !spread;
+    const bool split = parted && !clustered;
+    // Units (what a block receives): a whole row, or one (row, part) pair of a split or cluster
+    // row.
+    const unsigned long long units = parted ? rows * parts : rows;
     const unsigned int part_vectors = split ? (vr + parts - 1u) / parts : vr;
     // Vectors a thread holds in one unit (m = 0 .. per_thread - 1).
     const unsigned int per_thread = split ? (part_vectors + blockDim.x - 1u) / blockDim.x : k;
     // The row of unit u, and the index in that row of this thread's vector m (>= vr: none).
-    auto row_of = [&](unsigned long long u) -> unsigned long long { return parts > 1u ? u / parts : u; };
+    auto row_of = [&](unsigned long long u) -> unsigned long long { return parted ? u / parts : u; };
     auto vec_j = [&](unsigned long long u, unsigned int m) -> unsigned int {
         if (clustered) {
             return m < k ? (unsigned int)(u % parts) * blockDim.x + threadIdx.x + m * big : vr;
@@ -446,8 +507,22 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
         return failed ? own : coll_reduce_ranks<DT, COLL_SUM>(own, pv, (int)rank, (int)world);
     };
 
-    // Phase 1: push every vector of this block's units.
-    for (unsigned long long u = blockIdx.x; u < units; u += gridDim.x) {
+    // Phase 1: push every vector of this block's units; spread pushes: block b pushes part
+    // b / rows (ceil(vr / parts) vectors) of row b % rows.
+    if (spread) {
+        const unsigned int pv = (vr + parts - 1u) / parts;
+        for (unsigned long long b = blockIdx.x; b < rows * parts; b += gridDim.x) {
+            const unsigned long long row = b % rows;
+            const unsigned int lo = (unsigned int)(b / rows) * pv;
+            const unsigned int hi = min(vr, lo + pv);
+            for (unsigned int j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+                // Vector 0 of this thread in the row it receives is preloaded.
+                const bool pre0 = b == u0 && j == threadIdx.x;
+                push(row * vr + j, pre0 ? xp[0] : *reinterpret_cast<const uint4*>(input + (row * vr + j) * 16ull));
+            }
+        }
+    }
+    for (unsigned long long u = blockIdx.x; u < units && !spread; u += gridDim.x) {
         const unsigned long long vb = row_of(u) * vr;
 #pragma unroll
         for (int m = 0; m < EPI_PRE; ++m) {
@@ -491,39 +566,14 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
         const unsigned long long o = row * row_bytes;
         const bool pre = u == u0;
         if (!split) {
-            // Whole rows and cluster rows: s[m] the row's vector vec_j(u, m), reduced and added
-            // (registers for m < EPI_PRE; later vectors are read back from res_out, where this
-            // thread stored them, so a thread holds two vectors, not EPI_MAXV).
-            uint4 s[EPI_PRE];
-            float ssq = 0.0f;
-#pragma unroll
-            for (int m = 0; m < EPI_PRE; ++m) {
-                const unsigned int j = vec_j(u, (unsigned int)m);
-                if (j < vr) {
-                    const uint4 a = receive(row * vr + j, own_vec(u, m, j));
-                    s[m] = pre ? epi_add_val<DT>(a, rp[m], res_out + o, j) : epi_add_vec<DT>(a, res + o, res_out + o, j);
-                    if (norm) {
-                        ssq = epi_ssq_vec<DT>(s[m], ssq);
-                    }
+            // Whole rows and cluster rows: the separate kernel's sequence (epi_row) over this
+            // thread's vectors of the row, each received as it is needed. Cluster rows sum the
+            // squares over the row's `big`-thread block with its warps spread over the cluster
+            // (epi_block_sum's order, the warps' sums read through the cluster's shared memory).
+            auto block_sum = [&](float ssq) -> float {
+                if (!clustered) {
+                    return epi_block_sum(ssq, red);
                 }
-            }
-            for (unsigned int m = EPI_PRE; m < per_thread; ++m) {
-                const unsigned int j = vec_j(u, m);
-                if (j < vr) {
-                    const uint4 sv =
-                        epi_add_vec<DT>(receive(row * vr + j, own_vec(u, EPI_PRE, j)), res + o, res_out + o, j);
-                    if (norm) {
-                        ssq = epi_ssq_vec<DT>(sv, ssq);
-                    }
-                }
-            }
-            if (!norm) {
-                continue;
-            }
-            float total;
-            if (clustered) {
-                // epi_block_sum over the row's `big`-thread block, its warps spread over the
-                // cluster.
 #pragma unroll
                 for (int of = 16; of > 0; of >>= 1) {
                     ssq += symm_shfl_xor32(ssq, of);
@@ -534,34 +584,18 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
                     red[threadIdx.x >> 5] = ssq;
                 }
                 symm_cluster_sync();
-                total = lane < (big >> 5) ? symm_cluster_ld_f32(&red[lane % wpb], lane / wpb) : 0.0f;
+                float total = lane < (big >> 5) ? symm_cluster_ld_f32(&red[lane % wpb], lane / wpb) : 0.0f;
 #pragma unroll
                 for (int of = 16; of > 0; of >>= 1) {
                     total += symm_shfl_xor32(total, of);
                 }
-            } else {
-                total = epi_block_sum(ssq, red);
-            }
-            const float rstd = epi_rstd<DT>(total, vr, eps);
-#pragma unroll
-            for (int m = 0; m < EPI_PRE; ++m) {
-                const unsigned int j = vec_j(u, (unsigned int)m);
-                if (j < vr) {
-                    if (pre) {
-                        epi_norm_val<DT>(s[m], gp[m], norm_out + o, j, rstd);
-                    } else {
-                        epi_norm_vec<DT>(s[m], weight, norm_out + o, j, rstd);
-                    }
-                }
-            }
-            for (unsigned int m = EPI_PRE; m < per_thread; ++m) {
-                const unsigned int j = vec_j(u, m);
-                if (j < vr) {
-                    const uint4 sv = *reinterpret_cast<const uint4*>(res_out + o + (unsigned long long)j * 16ull);
-                    epi_norm_vec<DT>(sv, weight, norm_out + o, j, rstd);
-                }
-            }
-            if (clustered) {
+                return total;
+            };
+            epi_row<DT>([&](int m, unsigned int j) { return receive(row * vr + j, own_vec(u, m, j)); },
+                        [&](unsigned int, unsigned int j) { return receive(row * vr + j, own_vec(u, EPI_PRE, j)); },
+                        [&](unsigned int m) { return vec_j(u, m); }, per_thread, vr, res + o, weight, res_out + o,
+                        norm_out + o, eps, norm, pre, rp, gp, block_sum);
+            if (clustered && norm) {
                 // Every block of the cluster keeps its shared memory until the others read it.
                 symm_cluster_sync();
             }
@@ -637,7 +671,7 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
                                 make_uint4((unsigned int)oph0, (unsigned int)(oph0 >> 32), (unsigned int)oph1,    \
                                            (unsigned int)(oph1 >> 32)),                                          \
                                 res, weight, res_out, norm_out, eps, (flags & EPI_NORM) != 0u,                   \
-                                (flags & EPI_CLUSTER) != 0u);                                                    \
+                                (flags & EPI_CLUSTER) != 0u, (flags & EPI_SPREAD) != 0u);                        \
     }
 COLL_LAMPORT_EPI_ENTRY(symm_lamport_add_rms_f32, COLL_F32, 0)
 COLL_LAMPORT_EPI_ENTRY(symm_lamport_add_rms_f16, COLL_F16, 0)

@@ -18,6 +18,7 @@ pub const LAMPORT_ACQREL_ARRIVE: &str = "SYMM_LAMPORT_ACQREL_ARRIVE";
 pub const LAMPORT_GENERIC: &str = "SYMM_LAMPORT_GENERIC";
 pub const EPI_SPLIT: &str = "SYMM_EPI_SPLIT";
 pub const EPI_CLUSTER: &str = "SYMM_EPI_CLUSTER";
+pub const EPI_SPREAD: &str = "SYMM_EPI_SPREAD";
 pub const HOST_ABORT_EVERY_THREAD: &str = "SYMM_HOST_ABORT_EVERY_THREAD";
 pub const RING_UNROLL1: &str = "SYMM_RING_UNROLL1";
 pub const TRACE: &str = "SYMM_TRACE";
@@ -72,15 +73,17 @@ pub const KNOBS: &[Knob] = &[
     },
     Knob {
         name: TRACE,
-        meaning: "`1`: the collectives are compiled with NOTE [device-trace]: every Lamport launch stamps its \
-                  phases into a per-context buffer that `symm_cuda::trace::take` reads (a diagnostic build)",
+        meaning: "`1`: the collectives are compiled with NOTE [device-trace]: every Lamport and epilogue launch \
+                  stamps its phases into a per-context buffer that `symm_cuda::trace::take` reads (a diagnostic \
+                  build)",
         default: "off",
         measurement: true,
     },
     Knob {
         name: LAMPORT_GENERIC,
-        meaning: "`1`: the generic Lamport and pull entries run at every world size instead of the ones specialised \
-                  for two ranks (Lamport, pull) and for 3-8 ranks (Lamport)",
+        meaning: "`1`: the generic Lamport, pull and fused-epilogue entries run at every world size instead of the \
+                  ones specialised for two ranks (Lamport, pull, fused epilogue) and for 3-8 ranks (Lamport, fused \
+                  epilogue)",
         default: "off",
         measurement: true,
     },
@@ -96,6 +99,13 @@ pub const KNOBS: &[Knob] = &[
         name: EPI_CLUSTER,
         meaning: "`1`: the fused all-reduce epilogue kernel runs cluster rows where they fit (a row's block \
                   spread over a thread-block cluster, NOTE [fused-epilogue]; sm_90 and newer)",
+        default: "off",
+        measurement: true,
+    },
+    Knob {
+        name: EPI_SPREAD,
+        meaning: "`1`: the fused all-reduce epilogue kernel pushes each row from several blocks, the first \
+                  of them receiving it whole (NOTE [fused-epilogue], \"spread pushes\")",
         default: "off",
         measurement: true,
     },
@@ -240,7 +250,14 @@ pub fn switches() -> symm_core::coll::launch::Switches {
         generic_entries: lamport_generic(),
         epi_split: epi_split(),
         epi_cluster: epi_cluster(),
+        epi_spread: epi_spread(),
     }
+}
+
+/// [`EPI_SPREAD`].
+pub fn epi_spread() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| flag(EPI_SPREAD))
 }
 
 /// [`EPI_CLUSTER`].

@@ -53,7 +53,7 @@ pub struct TraceRecord {
     /// The launching rank's workspace base (tells groups and ranks sharing a context apart).
     pub ws: u64,
     /// Entry (before the PDL wait), start (after it), thread 0's first vector pushed (fused:
-    /// block 0 pushed all of its vectors), thread 0's first vector received from every peer,
+    /// thread 0 of block 0 pushed all of its vectors), thread 0's first vector received from every peer,
     /// thread 0's exit; `%globaltimer` ns. The separate epilogue kernel repeats the start.
     pub t: [u64; 5],
 }

@@ -25,8 +25,10 @@ pub(crate) use addresses::{EpiBufs, Resolve};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum EpilogueAlgo {
-    /// The planner: the all-reduce table's pick for the message, then the epilogue kernel;
-    /// [`EpilogueAlgo::Fused`] at world 1 (`Selector::epilogue`).
+    /// The planner (`Selector::epilogue`): [`EpilogueAlgo::Fused`] at world 1 on the GPU engines
+    /// and on CUDA at two ranks up to `SelectionThresholds::epilogue_fused_max_bytes` where the
+    /// all-reduce table picks Lamport; otherwise the table's pick for the message, then the
+    /// epilogue kernel.
     Auto,
     /// One kernel: the Lamport one-shot with the epilogue applied to each row as it arrives
     /// (CUDA and ROCm; messages up to the Lamport buffers). The host engine runs its unfused

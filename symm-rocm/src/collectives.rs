@@ -91,7 +91,7 @@ struct KernelTable {
     pull_two_rank: PerDtype<Vec<Function>>,
     reduce_ptrs: PerDtype<Function>,
     /// `symm_lamport_add_rms_{dt}`, `symm_lamport{w}_add_rms_{dt}`: the fused all-reduce epilogue
-    /// (NOTE [fused-epilogue]), generic and two-rank.
+    /// (NOTE [fused-epilogue]), generic and for this object's world (2..=8).
     lamport_add_rms: PerDtype<Function>,
     lamport_add_rms_world: Option<(u8, PerDtype<Function>)>,
     /// `symm_add_rms_{dt}`: the separate epilogue.

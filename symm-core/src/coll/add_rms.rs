@@ -1,6 +1,6 @@
 //! The launches of the all-reduce epilogue kernels (residual add and RMSNorm over `[rows,
 //! hidden]`, NOTE [fused-epilogue] in `kernels/epilogue.cuh`), planned once for every backend
-//! like the other shared kernels: the fused Lamport one-shot (`symm_lamport{,2}_add_rms_{dt}`,
+//! like the other shared kernels: the fused Lamport one-shot (`symm_lamport{,W}_add_rms_{dt}`,
 //! [`Rig::fused_add_rms`]) and the separate kernel after any all-reduce (`symm_add_rms_{dt}`,
 //! [`separate`], which needs no workspace: an NCCL-only communicator runs it too). An op's
 //! buffers are an [`Epilogue`], checked once when built; the row layout is [`fused_geometry`]
@@ -14,7 +14,7 @@ use crate::epilogue::{Buffers, Rows, Span, MAX_ROW_VECTORS};
 use crate::{Error, OpKind, ReduceOp, Result};
 
 use super::agree::{header, Mechanism};
-use super::args::{self, AddRms, LamportAddRms, RowArgs, EPI_CLUSTER, EPI_NORM};
+use super::args::{self, AddRms, LamportAddRms, RowArgs, EPI_CLUSTER, EPI_NORM, EPI_SPREAD};
 use super::launch::{Entry, Launch, Rig, LAMPORT_WORLD_MAX, LAMPORT_WORLD_MIN};
 use super::layout::EPI_SPLIT_MAX_ROWS;
 use super::plan::{kernel_dtype, MAX_THREADS as COLL_MAX_THREADS};
@@ -30,6 +30,11 @@ pub const MAX_CLUSTER: usize = 8;
 const SPLIT_THREADS: usize = 128;
 /// Most blocks one row is split into.
 const MAX_PARTS: usize = 16;
+/// Spread pushes: about this many vectors of a row per pushing block (the Lamport entries' 256
+/// threads a block, one vector each).
+const SPREAD_VECTORS: usize = 256;
+/// Most blocks that push one row.
+const MAX_SPREAD: usize = 8;
 
 const _: () = assert!(MAX_ROW_VECTORS == MAX_THREADS * MAX_VECTORS_PER_THREAD);
 
@@ -57,6 +62,9 @@ pub struct FusedGeometry {
     pub k: u32,
     /// Cluster rows: one cluster of `parts` blocks per row (the launch's cluster size).
     pub cluster: bool,
+    /// Spread pushes: whole rows of `big` threads, each row pushed by `parts` blocks (blocks 0 ..
+    /// rows - 1 also receive).
+    pub spread: bool,
 }
 
 /// The fused kernel's layout: rows are split while one wave of `rows x parts` blocks fits in
@@ -70,6 +78,10 @@ pub struct FusedGeometry {
 /// [fused-epilogue] "cluster rows") and world > 1, a row's block of `big` threads is spread over
 /// a cluster of up to [`MAX_CLUSTER`] blocks of `big / parts` threads (a multiple of 32), one
 /// cluster per row, while `rows x parts` blocks fit in `blocks`; that layout comes first.
+///
+/// With `spread` (NOTE [fused-epilogue] "spread pushes") and world > 1, after cluster rows: whole
+/// rows whose push is shared by `parts` blocks of `big` threads (about `SPREAD_VECTORS` vectors
+/// each, at most `MAX_SPREAD`), while `rows x parts` blocks fit in `blocks`.
 pub fn fused_geometry(
     rows: usize,
     vectors_per_row: usize,
@@ -77,6 +89,7 @@ pub fn fused_geometry(
     blocks: u32,
     split: bool,
     cluster: bool,
+    spread: bool,
 ) -> FusedGeometry {
     let (big, k) = epilogue_threads(vectors_per_row);
     let whole = FusedGeometry {
@@ -86,6 +99,7 @@ pub fn fused_geometry(
         big,
         k,
         cluster: false,
+        spread: false,
     };
     if cluster && world > 1 && rows > 0 {
         let warps = big as usize / 32;
@@ -98,6 +112,21 @@ pub fn fused_geometry(
                 big,
                 k,
                 cluster: true,
+                spread: false,
+            };
+        }
+    }
+    if spread && world > 1 && rows > 0 {
+        let parts = vectors_per_row
+            .div_ceil(SPREAD_VECTORS)
+            .min(MAX_SPREAD)
+            .min(blocks as usize / rows);
+        if parts >= 2 {
+            return FusedGeometry {
+                parts: parts as u32,
+                blocks: (rows * parts) as u32,
+                spread: true,
+                ..whole
             };
         }
     }
@@ -125,6 +154,7 @@ pub fn fused_geometry(
         big,
         k,
         cluster: false,
+        spread: false,
     }
 }
 
@@ -275,10 +305,14 @@ impl Rig {
             self.grid.blocks,
             self.switches.epi_split,
             self.switches.epi_cluster && self.clusters,
+            self.switches.epi_spread,
         );
         let mut epilogue = e.add_rms();
         if g.cluster {
             epilogue.flags |= EPI_CLUSTER;
+        }
+        if g.spread {
+            epilogue.flags |= EPI_SPREAD;
         }
         let f = LamportAddRms {
             input: e.x,

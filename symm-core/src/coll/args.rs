@@ -352,6 +352,9 @@ pub const EPI_NORM: u32 = 1;
 /// `EPI_CLUSTER` in epilogue.cuh: a bit of the fused epilogue's `flags` (cluster rows; the launch
 /// has clusters of `parts` blocks).
 pub const EPI_CLUSTER: u32 = 2;
+/// `EPI_SPREAD` in epilogue.cuh: a bit of the fused epilogue's `flags` (spread pushes: `parts`
+/// blocks push each row).
+pub const EPI_SPREAD: u32 = 4;
 
 /// The buffers and parameters every all-reduce epilogue kernel takes (NOTE [fused-epilogue]):
 /// `res, weight, res_out, norm_out` (weight and norm_out 0 without the norm), `eps`, `flags`.
@@ -391,7 +394,7 @@ pub fn add_rms(sum: u64, e: &AddRms, g: &RowArgs) -> [KernelArg; 10] {
     ]
 }
 
-/// What the fused epilogue (`symm_lamport{,2}_add_rms_{dt}`) takes besides the workspace, the
+/// What the fused epilogue (`symm_lamport{,W}_add_rms_{dt}`) takes besides the workspace, the
 /// bound and the header: its input, rows and their layout over blocks (`parts` blocks a row,
 /// `big` threads in the row's block), and the epilogue.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -403,7 +406,7 @@ pub struct LamportAddRms {
     pub epilogue: AddRms,
 }
 
-/// `symm_lamport{,2}_add_rms_{dt}(COLL_LAMPORT_EPI_ARGS)`: `ws0..ws7, pad, rank, world, input,
+/// `symm_lamport{,W}_add_rms_{dt}(COLL_LAMPORT_EPI_ARGS)`: `ws0..ws7, pad, rank, world, input,
 /// rows, vr, k, parts, big, lam_off, slot_bytes, timeout_ns, abort_host, hdr_off, oph0, oph1, res,
 /// weight, res_out, norm_out, eps, flags`.
 pub fn lamport_add_rms(
@@ -529,6 +532,7 @@ mod tests {
             .text;
         assert!(epi.contains(&format!("#define EPI_NORM {EPI_NORM}u\n")));
         assert!(epi.contains(&format!("#define EPI_CLUSTER {EPI_CLUSTER}u\n")));
+        assert!(epi.contains(&format!("#define EPI_SPREAD {EPI_SPREAD}u\n")));
     }
 
     #[test]

@@ -239,13 +239,16 @@ pub struct Switches {
     /// Bits or'ed into the ring `flags` argument (`args::RING_UNROLL1`).
     pub ring_flags: u32,
     /// Run the generic Lamport, pull and fused-epilogue entries, not the ones specialised for two
-    /// ranks (Lamport, pull, fused epilogue) and for 3..=8 ranks (Lamport).
+    /// ranks (Lamport, pull, fused epilogue) and for 3..=8 ranks (Lamport, fused epilogue).
     pub generic_entries: bool,
     /// The fused epilogue splits few rows across blocks (NOTE [fused-epilogue], "split rows").
     pub epi_split: bool,
     /// The fused epilogue runs cluster rows where they fit, on a device with clusters
     /// ([`Rig::clusters`]; NOTE [fused-epilogue], "cluster rows").
     pub epi_cluster: bool,
+    /// The fused epilogue's rows are pushed by several blocks each (NOTE [fused-epilogue],
+    /// "spread pushes").
+    pub epi_spread: bool,
 }
 
 /// One rank's facts about its collectives workspace, everything a launch's arguments are built

@@ -1,7 +1,8 @@
 //! The all-reduce epilogues on ROCm (NOTE [fused-epilogue]): the fused Lamport one-shot and the
 //! separate kernel, each launched as symm-core's `coll::add_rms` plans it for CUDA too (whole
-//! rows or split rows; never cluster rows: AMD GPUs have no thread-block clusters, and the
-//! vendor header's cluster primitives are the one-block forms). Synchronous, like every op of
+//! rows: the rocm engine leaves the layout switches off, and never cluster rows, since AMD GPUs
+//! have no thread-block clusters and the vendor header's cluster primitives are the one-block
+//! forms). Synchronous, like every op of
 //! [`RocmCollectives`].
 
 #![deny(unsafe_code)]

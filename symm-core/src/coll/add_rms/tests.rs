@@ -215,24 +215,24 @@ fn epilogue_entries_are_in_the_shared_source() {
 #[test]
 fn split_rows_keep_the_rows_block_order() {
     // hidden 8192 bf16, one token, 132 SMs: 8 parts of 128 vectors, 128 threads each.
-    let g = fused_geometry(1, 1024, 2, 132, true, false);
+    let g = fused_geometry(1, 1024, 2, 132, true, false, false);
     assert_eq!((g.parts, g.threads, g.blocks, g.big, g.k), (8, 128, 8, 512, 2));
     // hidden 4096 bf16, 7 tokens: 4 parts a row.
-    let g = fused_geometry(7, 512, 2, 132, true, false);
+    let g = fused_geometry(7, 512, 2, 132, true, false, false);
     assert_eq!((g.parts, g.threads, g.blocks), (4, 128, 28));
     // Too many rows for one wave of split blocks: whole rows, the budget's blocks.
-    let g = fused_geometry(128, 1024, 2, 132, true, false);
+    let g = fused_geometry(128, 1024, 2, 132, true, false, false);
     assert_eq!((g.parts, g.threads, g.blocks), (1, 512, 128));
     // World 1 and the switch off: whole rows.
-    assert_eq!(fused_geometry(1, 1024, 1, 132, true, false).parts, 1);
-    assert_eq!(fused_geometry(1, 1024, 2, 132, false, false).parts, 1);
+    assert_eq!(fused_geometry(1, 1024, 1, 132, true, false, false).parts, 1);
+    assert_eq!(fused_geometry(1, 1024, 2, 132, false, false, false).parts, 1);
     // A shared GPU's small budget still splits.
-    assert_eq!(fused_geometry(1, 1024, 8, 14, true, false).parts, 8);
-    assert_eq!(fused_geometry(7, 1024, 8, 14, true, false).parts, 2);
+    assert_eq!(fused_geometry(1, 1024, 8, 14, true, false, false).parts, 8);
+    assert_eq!(fused_geometry(7, 1024, 8, 14, true, false, false).parts, 2);
     for vr in 1..=MAX_ROW_VECTORS {
         for rows in [1usize, 2, 7, 33] {
             for blocks in [14u32, 64, 132] {
-                let g = fused_geometry(rows, vr, 2, blocks, true, false);
+                let g = fused_geometry(rows, vr, 2, blocks, true, false, false);
                 assert_eq!(g.big % g.threads, 0, "{vr}: {g:?}");
                 assert!(g.threads.is_multiple_of(32) && g.threads as usize <= MAX_THREADS);
                 assert!(g.blocks <= blocks && g.blocks >= 1, "{vr} {rows} {blocks}: {g:?}");
@@ -250,22 +250,22 @@ fn split_rows_keep_the_rows_block_order() {
 #[test]
 fn cluster_rows_spread_the_rows_block_over_a_cluster() {
     // hidden 8192 bf16, one token: the 512-thread block as 8 blocks of 64 (two vectors each).
-    let g = fused_geometry(1, 1024, 2, 132, false, true);
+    let g = fused_geometry(1, 1024, 2, 132, false, true, false);
     assert_eq!(
         (g.parts, g.threads, g.blocks, g.big, g.k, g.cluster),
         (8, 64, 8, 512, 2, true)
     );
     // 32 tokens on 132 blocks: clusters of 4.
-    let g = fused_geometry(32, 1024, 4, 132, false, true);
+    let g = fused_geometry(32, 1024, 4, 132, false, true, false);
     assert_eq!((g.parts, g.threads, g.blocks, g.cluster), (4, 128, 128, true));
     // Too many rows for two blocks a row: the other layouts.
-    assert!(!fused_geometry(128, 1024, 2, 132, true, true).cluster);
+    assert!(!fused_geometry(128, 1024, 2, 132, true, true, false).cluster);
     // World 1: whole rows.
-    assert!(!fused_geometry(1, 1024, 1, 132, true, true).cluster);
+    assert!(!fused_geometry(1, 1024, 1, 132, true, true, false).cluster);
     for vr in 1..=MAX_ROW_VECTORS {
         for rows in [1usize, 2, 7, 33] {
             for blocks in [14u32, 64, 132] {
-                let g = fused_geometry(rows, vr, 4, blocks, false, true);
+                let g = fused_geometry(rows, vr, 4, blocks, false, true, false);
                 if g.cluster {
                     // The row's block, cut into whole warps, at most 8 blocks, one wave.
                     assert_eq!(g.threads * g.parts, g.big, "{vr}: {g:?}");
@@ -292,5 +292,51 @@ fn block_of_a_row() {
         let (t, k) = epilogue_threads(vr);
         assert!(t % 32 == 0 && t as usize <= MAX_THREADS);
         assert!((t * k) as usize >= vr && k as usize <= MAX_VECTORS_PER_THREAD, "{vr}");
+    }
+}
+
+#[test]
+fn spread_pushes_keep_whole_rows_and_add_pushing_blocks() {
+    // hidden 8192 bf16, one token, 132 SMs: four blocks of the row's 512 threads push it.
+    let g = fused_geometry(1, 1024, 2, 132, false, false, true);
+    assert_eq!(
+        (g.parts, g.threads, g.blocks, g.big, g.k, g.cluster, g.spread),
+        (4, 512, 4, 512, 2, false, true)
+    );
+    // hidden 4096: two; 32 rows of 8192 on 132 blocks: four a row; 128 rows: whole rows.
+    assert_eq!(fused_geometry(1, 512, 4, 132, false, false, true).parts, 2);
+    assert_eq!(fused_geometry(32, 1024, 4, 132, false, false, true).blocks, 128);
+    assert!(!fused_geometry(128, 1024, 4, 132, false, false, true).spread);
+    // World 1 and rows of one part: whole rows. Cluster rows come first.
+    assert!(!fused_geometry(1, 1024, 1, 132, false, false, true).spread);
+    assert!(!fused_geometry(1, 200, 2, 132, false, false, true).spread);
+    assert!(fused_geometry(1, 1024, 2, 132, false, true, true).cluster);
+    // The switch reaches the launch: the blocks, `parts` and the kernel's flag.
+    let r = Rig {
+        switches: Switches {
+            epi_spread: true,
+            ..Switches::default()
+        },
+        ..rig(0, 2)
+    };
+    let l = r.fused_add_rms(&epilogue(1, 8192, true)).unwrap().unwrap();
+    assert_eq!((l.blocks, l.threads, l.cluster), (4, 512, 0));
+    assert_eq!(u32_at(&l, 15), 4);
+    assert_eq!(u32_at(&l, 29), EPI_NORM | EPI_SPREAD);
+    for blocks in [14u32, 64, 132] {
+        for rows in [1usize, 2, 7, 33] {
+            for vr in [1usize, 255, 256, 257, 512, 1024, 4096] {
+                let g = fused_geometry(rows, vr, 4, blocks, false, false, true);
+                assert!(
+                    g.blocks <= blocks.max(1) && g.threads == g.big,
+                    "{rows} {vr} {blocks}: {g:?}"
+                );
+                if g.spread {
+                    assert_eq!(g.blocks as usize, rows * g.parts as usize);
+                    // Every pushing block has a vector.
+                    assert!(vr.div_ceil(g.parts as usize) * (g.parts as usize - 1) < vr, "{g:?}");
+                }
+            }
+        }
     }
 }

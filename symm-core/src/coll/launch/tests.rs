@@ -72,11 +72,13 @@ fn every_entry_is_in_the_shared_source() {
             Entry::LamportAddRms(dt),
             Entry::AddRms(dt),
         ]);
+        for w in LAMPORT_WORLD_MIN..=LAMPORT_WORLD_MAX {
+            all.push(Entry::LamportAddRmsWorld(dt, w as u8));
+        }
         for mode in [RingMode::AllReduce, RingMode::ReduceScatter, RingMode::AllGather] {
             for op in 0..4 {
                 for w in LAMPORT_WORLD_MIN..=LAMPORT_WORLD_MAX {
                     all.push(Entry::LamportWorld(dt, w as u8, mode, op));
-                    all.push(Entry::LamportAddRmsWorld(dt, w as u8));
                 }
                 all.push(Entry::PullTwoRank(dt, mode, op));
             }

@@ -275,6 +275,14 @@ fn point<T: symm_ops::Element>(
 /// With `SYMM_TRACE=1` (symm-cuda's NOTE [device-trace]): this rank's phases of each kernel kind
 /// of one timed variant, medians in us (one line per kind; nothing without records).
 fn print_trace(rank: usize, what: &str, records: &[trace::TraceRecord]) {
+    // The phases are one rank's: ranks sharing a GPU share its context and its records.
+    let mut ws: Vec<u64> = records.iter().filter(|r| r.exchanges()).map(|r| r.ws).collect();
+    ws.sort_unstable();
+    ws.dedup();
+    if ws.len() > 1 {
+        println!("trace r{rank} {what}: ranks share this GPU's records; the phases need one rank per GPU");
+        return;
+    }
     for p in trace::phases_by_kind(records) {
         println!(
             "trace r{rank} {what:<28} kind {} n {:>5} pdl {:>6.2} push {:>6.2} wait {:>6.2} tail {:>6.2} \
