@@ -671,4 +671,4 @@ impl Rig {
 
 mod pull;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

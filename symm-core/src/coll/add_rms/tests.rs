@@ -3,38 +3,20 @@
 
 use super::*;
 use crate::coll::arg::KernelArg;
-use crate::coll::args::{Bound, Common, Direct};
+use crate::coll::args::Bound;
 use crate::coll::launch::Switches;
-use crate::coll::layout::WorkspaceLayout;
-use crate::coll::plan::{GridBudget, KernelDtype};
+use crate::coll::plan::KernelDtype;
 use crate::kernel_source::COLLECTIVE_ENTRIES;
 use crate::DType;
 
+/// launch.rs's test rig with a host abort word (so its argument shows in the lists).
 fn rig(rank: usize, world: usize) -> Rig {
-    let layout = WorkspaceLayout::new(world, 10 << 20, 4 << 20, 64).unwrap();
-    let mut direct = Direct::default();
-    for r in 0..world {
-        direct.ws[r] = 0x1000_0000 * (r as u64 + 1);
-        direct.pads[r] = 0x9000_0000 + 0x1_0000 * r as u64;
-    }
     Rig {
-        rank,
-        world,
-        layout,
-        common: Common {
-            bufs_dev: 0x10,
-            pads_dev: 0x20,
-            rank: rank as u32,
-            world: world as u32,
-        },
-        direct,
         bound: Bound {
             timeout_ns: 1_000_000,
             abort_host: 0x7000,
         },
-        grid: GridBudget::new(132, 1, false).unwrap(),
-        switches: Switches::default(),
-        clusters: false,
+        ..crate::coll::launch::tests::rig(rank, world)
     }
 }
 

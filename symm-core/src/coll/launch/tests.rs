@@ -25,7 +25,9 @@ impl Record {
     }
 }
 
-fn rig(rank: usize, world: usize) -> Rig {
+/// A rig of `world` ranks with made-up addresses (no GPU), seen from `rank`; also the epilogue
+/// plans' tests' (`coll/add_rms/tests.rs`).
+pub(crate) fn rig(rank: usize, world: usize) -> Rig {
     let layout = WorkspaceLayout::new(world, 10 << 20, 4 << 20, 64).unwrap();
     let mut direct = Direct::default();
     for r in 0..world {
