@@ -67,7 +67,7 @@
 //     holds two vectors in registers, not EPI_MAXV.
 //   symm_lamport{W}_add_rms_{dt}, W = 2..8: the same kernel with the world fixed at W (NOTE
 //     [lamport-world-entries]'s reason: the peer loops unrolled, a fraction of the registers and
-//     code; ptxas for sm_90: no spills at W <= 5, 56-404 bytes at 6-8).
+//     code; ptxas for sm_90, git 4bc43a7: no spills at W = 2, 3, 5, 12 bytes at 4, 68-508 at 6-8).
 // Aliasing: norm_out may be x and residual_out may be residual (each vector is read and then
 // written by one thread); no output may overlap anything else, the inputs (x, residual, weight)
 // may overlap each other but x and residual (checked on the host, symm_core::epilogue).
