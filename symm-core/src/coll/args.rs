@@ -55,10 +55,13 @@ pub struct Direct {
     pub pads: [u64; MAX_WORLD],
 }
 
+/// Arguments of the Lamport head ([`Direct::lamport_head`]).
+pub const LAMPORT_HEAD: usize = 11;
+
 impl Direct {
-    /// The first arguments of every Lamport kernel (`symm_lamport*`, `symm_lamport_add_rms_*`):
-    /// the eight workspace bases, then this rank's signal pad.
-    pub fn lamport_head(&self, rank: u32) -> [KernelArg; 9] {
+    /// The first arguments of every Lamport kernel (`symm_lamport*`, `symm_lamport*_add_rms_*`):
+    /// the eight workspace bases, this rank's signal pad, the rank and the world size.
+    pub fn lamport_head(&self, c: &Common) -> [KernelArg; LAMPORT_HEAD] {
         const _: () = assert!(MAX_WORLD == 8, "the Lamport kernels take eight workspace bases");
         let w = &self.ws;
         [
@@ -70,7 +73,9 @@ impl Direct {
             KernelArg::U64(w[5]),
             KernelArg::U64(w[6]),
             KernelArg::U64(w[7]),
-            KernelArg::U64(self.pads[rank as usize % MAX_WORLD]),
+            KernelArg::U64(self.pads[c.rank as usize % MAX_WORLD]),
+            KernelArg::U32(c.rank),
+            KernelArg::U32(c.world),
         ]
     }
 }
@@ -214,33 +219,34 @@ pub fn lamport(
         count,
     } = *l;
     let [h0, h1] = hdr.args();
-    let [w0, w1, w2, w3, w4, w5, w6, w7, pad] = d.lamport_head(c.rank);
-    [
-        w0,
-        w1,
-        w2,
-        w3,
-        w4,
-        w5,
-        w6,
-        w7,
-        pad,
-        KernelArg::U32(c.rank),
-        KernelArg::U32(c.world),
-        KernelArg::U32(mode as u32),
-        KernelArg::U32(op),
-        KernelArg::U64(input),
-        KernelArg::U64(output),
-        KernelArg::U64(count as u64),
-        KernelArg::U64(layout.lamport_off as u64),
-        KernelArg::U64(layout.lamport_slot_bytes as u64),
-        KernelArg::U64(0),
-        KernelArg::U64(bound.timeout_ns),
-        KernelArg::U64(bound.abort_host),
-        KernelArg::U64(layout.lamport_headers_off() as u64),
-        h0,
-        h1,
-    ]
+    with_lamport_head(
+        c,
+        d,
+        [
+            KernelArg::U32(mode as u32),
+            KernelArg::U32(op),
+            KernelArg::U64(input),
+            KernelArg::U64(output),
+            KernelArg::U64(count as u64),
+            KernelArg::U64(layout.lamport_off as u64),
+            KernelArg::U64(layout.lamport_slot_bytes as u64),
+            KernelArg::U64(0),
+            KernelArg::U64(bound.timeout_ns),
+            KernelArg::U64(bound.abort_host),
+            KernelArg::U64(layout.lamport_headers_off() as u64),
+            h0,
+            h1,
+        ],
+    )
+}
+
+/// `d`'s Lamport head for `c` ([`Direct::lamport_head`]) followed by `tail`.
+fn with_lamport_head<const T: usize, const N: usize>(c: &Common, d: &Direct, tail: [KernelArg; T]) -> [KernelArg; N] {
+    const { assert!(N == LAMPORT_HEAD + T, "the list is the head and the tail") };
+    let mut a = [KernelArg::U64(0); N];
+    a[..LAMPORT_HEAD].copy_from_slice(&d.lamport_head(c));
+    a[LAMPORT_HEAD..].copy_from_slice(&tail);
+    a
 }
 
 /// One ring launch's own operands besides its [`RingPlan`]: the kernel op
@@ -418,40 +424,32 @@ pub fn lamport_add_rms(
     hdr: &OpHeader,
 ) -> [KernelArg; 30] {
     let [h0, h1] = hdr.args();
-    let [w0, w1, w2, w3, w4, w5, w6, w7, pad] = d.lamport_head(c.rank);
     let e = &f.epilogue;
-    [
-        w0,
-        w1,
-        w2,
-        w3,
-        w4,
-        w5,
-        w6,
-        w7,
-        pad,
-        KernelArg::U32(c.rank),
-        KernelArg::U32(c.world),
-        KernelArg::U64(f.input),
-        KernelArg::U64(f.rows.rows),
-        KernelArg::U32(f.rows.vr),
-        KernelArg::U32(f.rows.k),
-        KernelArg::U32(f.parts),
-        KernelArg::U32(f.big),
-        KernelArg::U64(layout.lamport_off as u64),
-        KernelArg::U64(layout.lamport_slot_bytes as u64),
-        KernelArg::U64(bound.timeout_ns),
-        KernelArg::U64(bound.abort_host),
-        KernelArg::U64(layout.lamport_headers_off() as u64),
-        h0,
-        h1,
-        KernelArg::U64(e.residual),
-        KernelArg::U64(e.weight),
-        KernelArg::U64(e.residual_out),
-        KernelArg::U64(e.norm_out),
-        KernelArg::F32(e.eps),
-        KernelArg::U32(e.flags),
-    ]
+    with_lamport_head(
+        c,
+        d,
+        [
+            KernelArg::U64(f.input),
+            KernelArg::U64(f.rows.rows),
+            KernelArg::U32(f.rows.vr),
+            KernelArg::U32(f.rows.k),
+            KernelArg::U32(f.parts),
+            KernelArg::U32(f.big),
+            KernelArg::U64(layout.lamport_off as u64),
+            KernelArg::U64(layout.lamport_slot_bytes as u64),
+            KernelArg::U64(bound.timeout_ns),
+            KernelArg::U64(bound.abort_host),
+            KernelArg::U64(layout.lamport_headers_off() as u64),
+            h0,
+            h1,
+            KernelArg::U64(e.residual),
+            KernelArg::U64(e.weight),
+            KernelArg::U64(e.residual_out),
+            KernelArg::U64(e.norm_out),
+            KernelArg::F32(e.eps),
+            KernelArg::U32(e.flags),
+        ],
+    )
 }
 
 #[cfg(test)]
