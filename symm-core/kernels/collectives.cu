@@ -239,6 +239,12 @@
 // The fused epilogue's split-row counters: one word per row, COLL_EPI_SPLIT_MAX_ROWS of them.
 #define COLL_ST_EPI_ROWS 256
 #define COLL_EPI_SPLIT_MAX_ROWS 256
+// The fused epilogue's slot rows: the last op's tag, then COLL_EPI_SLOTS_MAX 64-bit slots (a
+// row's warps' sums of squares, rows * big / 32 of them) from word COLL_ST_EPI_SLOTS (8-byte
+// aligned).
+#define COLL_ST_EPI_TAG 11
+#define COLL_ST_EPI_SLOTS 512
+#define COLL_EPI_SLOTS_MAX 256
 
 // Pad OPS slots used here (must match layout.rs).
 #define COLL_OPS_BAR 0

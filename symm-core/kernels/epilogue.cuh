@@ -49,6 +49,19 @@
 //     counter, no re-read of the row. A second cluster barrier keeps every block's shared memory
 //     alive until the others read it. Measured 0.1-1.1 us slower than whole rows at 2 and 4 ranks
 //     (bench-notes round 19): off unless SYMM_EPI_CLUSTER=1.
+//   Slot rows (`flags & EPI_SLOTS`, SYMM_EPI_SLOTS; add_rms.rs `fused_geometry`): cluster rows'
+//     layout (block c of a row's `parts` holds the `big` block's threads c * blockDim.x + t) in an
+//     ordinary launch, the warps' sums exchanged through global memory instead of the cluster's
+//     shared memory: each warp stores its sum with the op's tag in one 64-bit word of STATE
+//     (COLL_ST_EPI_SLOTS + row * big / 32 + its warp in the `big` block), and every warp of the
+//     row's blocks polls all the row's words until they carry the tag, then sums them in warp
+//     order (epi_block_sum's order, so the bits are epi_row's). No fence and no barrier: a word
+//     is valid by its tag alone (a reader needs nothing else another block wrote), which is why
+//     it can be cheaper than a cluster barrier, whose release orders the block's remote stores
+//     too. The tag is STATE's COLL_ST_EPI_TAG + 1 (never 0, STATE starts zeroed), stored back by
+//     the last block to count in; a stale word matches only after 2^32 - 1 slot-rows ops. Every
+//     block is resident (one wave) and writes its words whatever its receives did, so a poll
+//     waits at most for another block's bounded waits.
 //   Spread pushes (`flags & EPI_SPREAD`, `parts` > 1; add_rms.rs `fused_geometry`): whole rows,
 //     but a row is pushed by `parts` blocks (block b pushes part b / rows of row b % rows), so the
 //     row leaves through `parts` SMs instead of one (one SM's remote stores bound the whole-row
@@ -88,6 +101,42 @@
 #define EPI_CLUSTER 2u
 // `flags` bit: spread pushes (NOTE [fused-epilogue]); `parts` blocks push each row.
 #define EPI_SPREAD 4u
+// `flags` bit: slot rows (NOTE [fused-epilogue]); a row's block cut into `parts` blocks that
+// exchange their warps' sums through tagged slots in STATE (COLL_ST_EPI_SLOTS).
+#define EPI_SLOTS 8u
+
+// The tag of the next op's slot words after `t` (never 0: STATE starts zeroed).
+__device__ __forceinline__ unsigned int epi_next_tag(unsigned int t) {
+    return t + 1u == 0u ? 1u : t + 1u;
+}
+
+// Publishes one warp's sum of squares in its slot: tag in the high word, the float's bits in the
+// low word, one 64-bit store (single-copy atomic), so a reader sees the old word or this one.
+__device__ __forceinline__ void epi_slot_put(unsigned long long* s, unsigned int tag, float v) {
+    *reinterpret_cast<volatile unsigned long long*>(s) =
+        ((unsigned long long)tag << 32) | (unsigned long long)__float_as_uint(v);
+}
+
+// Polls a slot until it carries `tag`; false when the wait gave up (timeout, abort, an error
+// latched: coll_poll_gives_up).
+__device__ __forceinline__ bool epi_slot_get(const unsigned long long* s, unsigned int tag, CollWait& w,
+                                             unsigned long long& deadline, float& out) {
+    unsigned int polls = 0;
+    while (true) {
+        const unsigned long long x = *reinterpret_cast<const volatile unsigned long long*>(s);
+        if ((unsigned int)(x >> 32) == tag) {
+            out = __uint_as_float((unsigned int)x);
+            return true;
+        }
+        symm_backoff();
+        if ((++polls % SYMM_CHECK_EVERY) == 0u) {
+            coll_start_deadline(deadline, w);
+            if (coll_poll_gives_up(polls, deadline, w)) {
+                return false;
+            }
+        }
+    }
+}
 
 // The block's sum of v (blockDim.x a multiple of 32, at most 1024): every thread gets the same
 // bits. `red` holds 32 floats; the leading barrier lets a block reuse it row after row.
@@ -369,7 +418,7 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
                                                  const unsigned int* abort_host, unsigned long long hdr_off,
                                                  const uint4 hdr, const char* res, const char* weight, char* res_out,
                                                  char* norm_out, float eps, bool norm, bool clustered,
-                                                 bool spread) {
+                                                 bool spread, bool slots) {
     constexpr int NP = W > 0 ? W - 1 : COLL_MAXW - 1;
     const unsigned int world = W > 0 ? (unsigned int)W : world_arg;
     COLL_TRACE_DECL
@@ -384,11 +433,14 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
         epi_rows<DT>(input, res, weight, res_out, norm_out, rows, vr, k, eps, norm, red);
         return;
     }
+    // Cluster rows and slot rows: the row's block of `big` threads cut into `parts` blocks.
+    slots = slots && !clustered && parts > 1u;
+    const bool rowblock = clustered || slots;
     // Spread pushes: `parts` blocks push a row, the first of them (blocks 0 .. rows - 1) receives
     // it as a whole row.
-    spread = spread && parts > 1u && !clustered;
+    spread = spread && parts > 1u && !rowblock;
     const bool parted = parts > 1u && !spread;
-    const bool split = parted && !clustered;
+    const bool split = parted && !rowblock;
     // Units (what a block receives): a whole row, or one (row, part) pair of a split or cluster
     // row.
     const unsigned long long units = parted ? rows * parts : rows;
@@ -398,7 +450,7 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
     // The row of unit u, and the index in that row of this thread's vector m (>= vr: none).
     auto row_of = [&](unsigned long long u) -> unsigned long long { return parted ? u / parts : u; };
     auto vec_j = [&](unsigned long long u, unsigned int m) -> unsigned int {
-        if (clustered) {
+        if (rowblock) {
             return m < k ? (unsigned int)(u % parts) * blockDim.x + threadIdx.x + m * big : vr;
         }
         if (split) {
@@ -458,6 +510,8 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
     const unsigned long long nv = rows * vr;
     const unsigned int idx = symm_ld_volatile(st + COLL_ST_LAM_IDX) % 3u;
     const unsigned long long prev = symm_ld_volatile(st + COLL_ST_LAM_USED);
+    // Slot rows: this op's tag (the last block to count in stores it for the next op).
+    const unsigned int tag = slots ? epi_next_tag(symm_ld_volatile(st + COLL_ST_EPI_TAG)) : 0u;
     char* const cb = ws + lam_off + ((idx + 2u) % 3u) * buf_bytes;
     const char* const mine = ws + lam_off + idx * buf_bytes;
     const uint4 sentinel = make_uint4(COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL);
@@ -556,6 +610,9 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
             st[COLL_ST_LAM_ARRIVE] = 0u;
             st[COLL_ST_LAM_USED] = (unsigned int)nv;
             st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
+            if (slots) {
+                st[COLL_ST_EPI_TAG] = tag;
+            }
         }
     }
 
@@ -571,6 +628,30 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
             // squares over the row's `big`-thread block with its warps spread over the cluster
             // (epi_block_sum's order, the warps' sums read through the cluster's shared memory).
             auto block_sum = [&](float ssq) -> float {
+                if (slots) {
+                    // Each warp publishes its sum in the row's slot of its warp in the `big`
+                    // block; every warp then reads all of them in warp order (epi_block_sum's
+                    // order, so the bits are epi_row's). No fence: a slot carries its op's tag.
+#pragma unroll
+                    for (int of = 16; of > 0; of >>= 1) {
+                        ssq += symm_shfl_xor32(ssq, of);
+                    }
+                    const unsigned int lane = threadIdx.x & 31u;
+                    unsigned long long* sl = reinterpret_cast<unsigned long long*>(st + COLL_ST_EPI_SLOTS) +
+                                             row * (unsigned long long)(big >> 5);
+                    if (lane == 0u) {
+                        epi_slot_put(sl + (u % parts) * (blockDim.x >> 5) + (threadIdx.x >> 5), tag, ssq);
+                    }
+                    float total = 0.0f;
+                    if (lane < (big >> 5) && !failed) {
+                        failed = !epi_slot_get(sl + lane, tag, w, deadline, total);
+                    }
+#pragma unroll
+                    for (int of = 16; of > 0; of >>= 1) {
+                        total += symm_shfl_xor32(total, of);
+                    }
+                    return total;
+                }
                 if (!clustered) {
                     return epi_block_sum(ssq, red);
                 }
@@ -671,7 +752,8 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
                                 make_uint4((unsigned int)oph0, (unsigned int)(oph0 >> 32), (unsigned int)oph1,    \
                                            (unsigned int)(oph1 >> 32)),                                          \
                                 res, weight, res_out, norm_out, eps, (flags & EPI_NORM) != 0u,                   \
-                                (flags & EPI_CLUSTER) != 0u, (flags & EPI_SPREAD) != 0u);                        \
+                                (flags & EPI_CLUSTER) != 0u, (flags & EPI_SPREAD) != 0u,                          \
+                                (flags & EPI_SLOTS) != 0u);                                                        \
     }
 COLL_LAMPORT_EPI_ENTRY(symm_lamport_add_rms_f32, COLL_F32, 0)
 COLL_LAMPORT_EPI_ENTRY(symm_lamport_add_rms_f16, COLL_F16, 0)

@@ -19,6 +19,7 @@ pub const LAMPORT_GENERIC: &str = "SYMM_LAMPORT_GENERIC";
 pub const EPI_SPLIT: &str = "SYMM_EPI_SPLIT";
 pub const EPI_CLUSTER: &str = "SYMM_EPI_CLUSTER";
 pub const EPI_SPREAD: &str = "SYMM_EPI_SPREAD";
+pub const EPI_SLOTS: &str = "SYMM_EPI_SLOTS";
 pub const HOST_ABORT_EVERY_THREAD: &str = "SYMM_HOST_ABORT_EVERY_THREAD";
 pub const RING_UNROLL1: &str = "SYMM_RING_UNROLL1";
 pub const TRACE: &str = "SYMM_TRACE";
@@ -106,6 +107,14 @@ pub const KNOBS: &[Knob] = &[
         name: EPI_SPREAD,
         meaning: "`1`: the fused all-reduce epilogue kernel pushes each row from several blocks, the first \
                   of them receiving it whole (NOTE [fused-epilogue], \"spread pushes\")",
+        default: "off",
+        measurement: true,
+    },
+    Knob {
+        name: EPI_SLOTS,
+        meaning: "`1` (or a block size: a multiple of 32 up to 512): the fused all-reduce epilogue kernel runs \
+                  slot rows where they fit (a row's block cut into blocks of about 128 threads, or the size \
+                  given, that exchange their warps' sums through tagged STATE slots; NOTE [fused-epilogue])",
         default: "off",
         measurement: true,
     },
@@ -251,7 +260,18 @@ pub fn switches() -> symm_core::coll::launch::Switches {
         epi_split: epi_split(),
         epi_cluster: epi_cluster(),
         epi_spread: epi_spread(),
+        epi_slots: epi_slots(),
     }
+}
+
+/// [`EPI_SLOTS`]: the threads a slot-rows block asks for, 0 off (`1`: 128).
+pub fn epi_slots() -> u32 {
+    static V: OnceLock<u32> = OnceLock::new();
+    *V.get_or_init(|| match var(EPI_SLOTS).and_then(|v| v.trim().parse::<u32>().ok()) {
+        Some(1) => 128,
+        Some(t) if t % 32 == 0 && (32..=512).contains(&t) => t,
+        _ => 0,
+    })
 }
 
 /// [`EPI_SPREAD`].

@@ -14,9 +14,9 @@ use crate::epilogue::{Buffers, Rows, Span, MAX_ROW_VECTORS};
 use crate::{Error, OpKind, ReduceOp, Result};
 
 use super::agree::{header, Mechanism};
-use super::args::{self, AddRms, LamportAddRms, RowArgs, EPI_CLUSTER, EPI_NORM, EPI_SPREAD};
+use super::args::{self, AddRms, LamportAddRms, RowArgs, EPI_CLUSTER, EPI_NORM, EPI_SLOTS, EPI_SPREAD};
 use super::launch::{Entry, Launch, Rig, LAMPORT_WORLD_MAX, LAMPORT_WORLD_MIN};
-use super::layout::EPI_SPLIT_MAX_ROWS;
+use super::layout::{EPI_SLOTS_MAX, EPI_SPLIT_MAX_ROWS};
 use super::plan::{kernel_dtype, MAX_THREADS as COLL_MAX_THREADS};
 
 /// Most vectors of a row one thread holds (`EPI_MAXV` in epilogue.cuh).
@@ -65,6 +65,20 @@ pub struct FusedGeometry {
     /// Spread pushes: whole rows of `big` threads, each row pushed by `parts` blocks (blocks 0 ..
     /// rows - 1 also receive).
     pub spread: bool,
+    /// Slot rows: cluster rows' layout without a cluster, the warps' sums exchanged through
+    /// tagged STATE slots.
+    pub slots: bool,
+}
+
+/// The row layouts [`fused_geometry`] may choose, tried in this order: slot rows (`slots`: the
+/// threads a block asks for, 0 off), cluster rows, spread pushes, split rows; whole rows
+/// otherwise.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Layouts {
+    pub slots: u32,
+    pub cluster: bool,
+    pub spread: bool,
+    pub split: bool,
 }
 
 /// The fused kernel's layout: rows are split while one wave of `rows x parts` blocks fits in
@@ -82,15 +96,19 @@ pub struct FusedGeometry {
 /// With `spread` (NOTE [fused-epilogue] "spread pushes") and world > 1, after cluster rows: whole
 /// rows whose push is shared by `parts` blocks of `big` threads (about `SPREAD_VECTORS` vectors
 /// each, at most `MAX_SPREAD`), while `rows x parts` blocks fit in `blocks`.
-pub fn fused_geometry(
-    rows: usize,
-    vectors_per_row: usize,
-    world: usize,
-    blocks: u32,
-    split: bool,
-    cluster: bool,
-    spread: bool,
-) -> FusedGeometry {
+///
+/// With `slots` (NOTE [fused-epilogue] "slot rows") and world > 1, before everything else: the
+/// row's block of `big` threads cut into `parts` blocks of about `slots` threads (`big / parts`,
+/// a multiple of 32; parts the largest divisor of big's warps within that, at least 2), while
+/// `rows x parts` blocks fit in `blocks` and the rows' warps fit the STATE slots
+/// ([`EPI_SLOTS_MAX`]).
+pub fn fused_geometry(rows: usize, vectors_per_row: usize, world: usize, blocks: u32, allow: Layouts) -> FusedGeometry {
+    let Layouts {
+        slots,
+        cluster,
+        spread,
+        split,
+    } = allow;
     let (big, k) = epilogue_threads(vectors_per_row);
     let whole = FusedGeometry {
         parts: 1,
@@ -100,19 +118,31 @@ pub fn fused_geometry(
         k,
         cluster: false,
         spread: false,
+        slots: false,
     };
+    let warps = big as usize / 32;
+    if slots > 0 && world > 1 && rows > 0 && rows * warps <= EPI_SLOTS_MAX {
+        let want = (big as usize / (slots as usize).max(32)).max(2);
+        let fit = (blocks as usize / rows).min(warps).min(want);
+        if let Some(c) = (2..=fit).rev().find(|c| warps.is_multiple_of(*c)) {
+            return FusedGeometry {
+                parts: c as u32,
+                threads: big / c as u32,
+                blocks: (rows * c) as u32,
+                slots: true,
+                ..whole
+            };
+        }
+    }
     if cluster && world > 1 && rows > 0 {
-        let warps = big as usize / 32;
         let fit = (blocks as usize / rows).min(MAX_CLUSTER).min(warps);
         if let Some(c) = (2..=fit).rev().find(|c| warps.is_multiple_of(*c)) {
             return FusedGeometry {
                 parts: c as u32,
                 threads: big / c as u32,
                 blocks: (rows * c) as u32,
-                big,
-                k,
                 cluster: true,
-                spread: false,
+                ..whole
             };
         }
     }
@@ -134,7 +164,6 @@ pub fn fused_geometry(
         return whole;
     }
     // The largest multiple of 32 that divides `big` and is at most SPLIT_THREADS.
-    let warps = big as usize / 32;
     let per = (1..=SPLIT_THREADS / 32)
         .rev()
         .find(|d| warps.is_multiple_of(*d))
@@ -151,10 +180,7 @@ pub fn fused_geometry(
         parts: parts as u32,
         threads: threads as u32,
         blocks: (rows * parts) as u32,
-        big,
-        k,
-        cluster: false,
-        spread: false,
+        ..whole
     }
 }
 
@@ -298,21 +324,23 @@ impl Rig {
             Mechanism::LamportResidual
         };
         let hdr = header(OpKind::AllReduce, rows.dtype(), rows.count(), Some(ReduceOp::Sum), mech);
-        let g = fused_geometry(
-            rows.rows(),
-            rows.vectors_per_row(),
-            self.world,
-            self.grid.blocks,
-            self.switches.epi_split,
-            self.switches.epi_cluster && self.clusters,
-            self.switches.epi_spread,
-        );
+        let sw = &self.switches;
+        let allow = Layouts {
+            slots: sw.epi_slots,
+            cluster: sw.epi_cluster && self.clusters,
+            spread: sw.epi_spread,
+            split: sw.epi_split,
+        };
+        let g = fused_geometry(rows.rows(), rows.vectors_per_row(), self.world, self.grid.blocks, allow);
         let mut epilogue = e.add_rms();
         if g.cluster {
             epilogue.flags |= EPI_CLUSTER;
         }
         if g.spread {
             epilogue.flags |= EPI_SPREAD;
+        }
+        if g.slots {
+            epilogue.flags |= EPI_SLOTS;
         }
         let f = LamportAddRms {
             input: e.x,

@@ -361,6 +361,9 @@ pub const EPI_CLUSTER: u32 = 2;
 /// `EPI_SPREAD` in epilogue.cuh: a bit of the fused epilogue's `flags` (spread pushes: `parts`
 /// blocks push each row).
 pub const EPI_SPREAD: u32 = 4;
+/// `EPI_SLOTS` in epilogue.cuh: a bit of the fused epilogue's `flags` (slot rows: a row's block
+/// cut into `parts` blocks that exchange their warps' sums through tagged STATE slots).
+pub const EPI_SLOTS: u32 = 8;
 
 /// The buffers and parameters every all-reduce epilogue kernel takes (NOTE [fused-epilogue]):
 /// `res, weight, res_out, norm_out` (weight and norm_out 0 without the norm), `eps`, `flags`.
@@ -531,6 +534,7 @@ mod tests {
         assert!(epi.contains(&format!("#define EPI_NORM {EPI_NORM}u\n")));
         assert!(epi.contains(&format!("#define EPI_CLUSTER {EPI_CLUSTER}u\n")));
         assert!(epi.contains(&format!("#define EPI_SPREAD {EPI_SPREAD}u\n")));
+        assert!(epi.contains(&format!("#define EPI_SLOTS {EPI_SLOTS}u\n")));
     }
 
     #[test]

@@ -249,6 +249,9 @@ pub struct Switches {
     /// The fused epilogue's rows are pushed by several blocks each (NOTE [fused-epilogue],
     /// "spread pushes").
     pub epi_spread: bool,
+    /// Slot rows (NOTE [fused-epilogue], "slot rows"): 0 off, else the threads of a block, a
+    /// multiple of 32 (the row's block is cut into blocks of about that many).
+    pub epi_slots: u32,
 }
 
 /// One rank's facts about its collectives workspace, everything a launch's arguments are built

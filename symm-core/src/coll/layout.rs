@@ -67,6 +67,16 @@ pub const ST_BAR_CNT: usize = 64;
 pub const ST_EPI_ROWS: usize = 256;
 /// Most rows the fused epilogue splits across blocks (`COLL_EPI_SPLIT_MAX_ROWS`).
 pub const EPI_SPLIT_MAX_ROWS: usize = 256;
+/// Word index of the tag the fused epilogue's last slot-rows op used (`COLL_ST_EPI_TAG`; NOTE
+/// [fused-epilogue], "slot rows").
+// Only the tests read it here (against the kernels' define); the kernels use the define.
+#[cfg_attr(not(test), allow(dead_code))]
+pub const ST_EPI_TAG: usize = 11;
+/// Word index of the fused epilogue's slot rows: [`EPI_SLOTS_MAX`] 64-bit slots, each a warp's
+/// sum of squares and its op's tag (`COLL_ST_EPI_SLOTS`).
+pub const ST_EPI_SLOTS: usize = 512;
+/// Slots at [`ST_EPI_SLOTS`]: slot rows need `rows x big / 32` of them (`COLL_EPI_SLOTS_MAX`).
+pub const EPI_SLOTS_MAX: usize = 256;
 /// Word index of the error word copied out by `symm_coll_take_error`.
 pub const ST_ERR_OUT: usize = 200;
 /// Word index of what the kernel that latched a disagreement recorded (NOTE [op-agreement]):
@@ -109,6 +119,13 @@ const _: () =
     assert!((ST_MISMATCH + MISMATCH_WORDS) * 4 <= STATE_BYTES && ST_BAR_CNT + crate::pad::MAX_WORLD_SIZE <= ST_ERR_OUT);
 const _: () =
     assert!(ST_MISMATCH + MISMATCH_WORDS <= ST_EPI_ROWS && (ST_EPI_ROWS + EPI_SPLIT_MAX_ROWS) * 4 <= STATE_BYTES);
+const _: () = assert!(
+    (ST_EPI_ROWS + EPI_SPLIT_MAX_ROWS) <= ST_EPI_SLOTS
+        && ST_EPI_SLOTS.is_multiple_of(2)
+        && (ST_EPI_SLOTS + 2 * EPI_SLOTS_MAX) * 4 <= STATE_BYTES
+        && ST_PULL_DONE < ST_EPI_TAG
+        && ST_EPI_TAG < ST_BAR_CNT
+);
 const _: () = assert!(OPS_CHECK < crate::pad::OPS_SLOTS && OPS_PULL64 + 1 < crate::pad::OPS_SLOTS);
 // The 64-bit words start 8-byte aligned.
 const _: () = assert!((crate::pad::OPS_BASE + OPS_PULL64 * crate::pad::MAX_WORLD_SIZE).is_multiple_of(2));

@@ -20,6 +20,18 @@ fn rig(rank: usize, world: usize) -> Rig {
     }
 }
 
+/// [`fused_geometry`] with split rows, cluster rows and spread pushes allowed or not (no slot
+/// rows).
+fn geo(rows: usize, vr: usize, world: usize, blocks: u32, split: bool, cluster: bool, spread: bool) -> FusedGeometry {
+    let allow = Layouts {
+        slots: 0,
+        cluster,
+        spread,
+        split,
+    };
+    fused_geometry(rows, vr, world, blocks, allow)
+}
+
 /// The epilogue's buffers, far apart.
 const X: u64 = 0x1_0000_0000;
 const RES: u64 = 0x2_0000_0000;
@@ -197,24 +209,24 @@ fn epilogue_entries_are_in_the_shared_source() {
 #[test]
 fn split_rows_keep_the_rows_block_order() {
     // hidden 8192 bf16, one token, 132 SMs: 8 parts of 128 vectors, 128 threads each.
-    let g = fused_geometry(1, 1024, 2, 132, true, false, false);
+    let g = geo(1, 1024, 2, 132, true, false, false);
     assert_eq!((g.parts, g.threads, g.blocks, g.big, g.k), (8, 128, 8, 512, 2));
     // hidden 4096 bf16, 7 tokens: 4 parts a row.
-    let g = fused_geometry(7, 512, 2, 132, true, false, false);
+    let g = geo(7, 512, 2, 132, true, false, false);
     assert_eq!((g.parts, g.threads, g.blocks), (4, 128, 28));
     // Too many rows for one wave of split blocks: whole rows, the budget's blocks.
-    let g = fused_geometry(128, 1024, 2, 132, true, false, false);
+    let g = geo(128, 1024, 2, 132, true, false, false);
     assert_eq!((g.parts, g.threads, g.blocks), (1, 512, 128));
     // World 1 and the switch off: whole rows.
-    assert_eq!(fused_geometry(1, 1024, 1, 132, true, false, false).parts, 1);
-    assert_eq!(fused_geometry(1, 1024, 2, 132, false, false, false).parts, 1);
+    assert_eq!(geo(1, 1024, 1, 132, true, false, false).parts, 1);
+    assert_eq!(geo(1, 1024, 2, 132, false, false, false).parts, 1);
     // A shared GPU's small budget still splits.
-    assert_eq!(fused_geometry(1, 1024, 8, 14, true, false, false).parts, 8);
-    assert_eq!(fused_geometry(7, 1024, 8, 14, true, false, false).parts, 2);
+    assert_eq!(geo(1, 1024, 8, 14, true, false, false).parts, 8);
+    assert_eq!(geo(7, 1024, 8, 14, true, false, false).parts, 2);
     for vr in 1..=MAX_ROW_VECTORS {
         for rows in [1usize, 2, 7, 33] {
             for blocks in [14u32, 64, 132] {
-                let g = fused_geometry(rows, vr, 2, blocks, true, false, false);
+                let g = geo(rows, vr, 2, blocks, true, false, false);
                 assert_eq!(g.big % g.threads, 0, "{vr}: {g:?}");
                 assert!(g.threads.is_multiple_of(32) && g.threads as usize <= MAX_THREADS);
                 assert!(g.blocks <= blocks && g.blocks >= 1, "{vr} {rows} {blocks}: {g:?}");
@@ -232,22 +244,22 @@ fn split_rows_keep_the_rows_block_order() {
 #[test]
 fn cluster_rows_spread_the_rows_block_over_a_cluster() {
     // hidden 8192 bf16, one token: the 512-thread block as 8 blocks of 64 (two vectors each).
-    let g = fused_geometry(1, 1024, 2, 132, false, true, false);
+    let g = geo(1, 1024, 2, 132, false, true, false);
     assert_eq!(
         (g.parts, g.threads, g.blocks, g.big, g.k, g.cluster),
         (8, 64, 8, 512, 2, true)
     );
     // 32 tokens on 132 blocks: clusters of 4.
-    let g = fused_geometry(32, 1024, 4, 132, false, true, false);
+    let g = geo(32, 1024, 4, 132, false, true, false);
     assert_eq!((g.parts, g.threads, g.blocks, g.cluster), (4, 128, 128, true));
     // Too many rows for two blocks a row: the other layouts.
-    assert!(!fused_geometry(128, 1024, 2, 132, true, true, false).cluster);
+    assert!(!geo(128, 1024, 2, 132, true, true, false).cluster);
     // World 1: whole rows.
-    assert!(!fused_geometry(1, 1024, 1, 132, true, true, false).cluster);
+    assert!(!geo(1, 1024, 1, 132, true, true, false).cluster);
     for vr in 1..=MAX_ROW_VECTORS {
         for rows in [1usize, 2, 7, 33] {
             for blocks in [14u32, 64, 132] {
-                let g = fused_geometry(rows, vr, 4, blocks, false, true, false);
+                let g = geo(rows, vr, 4, blocks, false, true, false);
                 if g.cluster {
                     // The row's block, cut into whole warps, at most 8 blocks, one wave.
                     assert_eq!(g.threads * g.parts, g.big, "{vr}: {g:?}");
@@ -280,19 +292,19 @@ fn block_of_a_row() {
 #[test]
 fn spread_pushes_keep_whole_rows_and_add_pushing_blocks() {
     // hidden 8192 bf16, one token, 132 SMs: four blocks of the row's 512 threads push it.
-    let g = fused_geometry(1, 1024, 2, 132, false, false, true);
+    let g = geo(1, 1024, 2, 132, false, false, true);
     assert_eq!(
         (g.parts, g.threads, g.blocks, g.big, g.k, g.cluster, g.spread),
         (4, 512, 4, 512, 2, false, true)
     );
     // hidden 4096: two; 32 rows of 8192 on 132 blocks: four a row; 128 rows: whole rows.
-    assert_eq!(fused_geometry(1, 512, 4, 132, false, false, true).parts, 2);
-    assert_eq!(fused_geometry(32, 1024, 4, 132, false, false, true).blocks, 128);
-    assert!(!fused_geometry(128, 1024, 4, 132, false, false, true).spread);
+    assert_eq!(geo(1, 512, 4, 132, false, false, true).parts, 2);
+    assert_eq!(geo(32, 1024, 4, 132, false, false, true).blocks, 128);
+    assert!(!geo(128, 1024, 4, 132, false, false, true).spread);
     // World 1 and rows of one part: whole rows. Cluster rows come first.
-    assert!(!fused_geometry(1, 1024, 1, 132, false, false, true).spread);
-    assert!(!fused_geometry(1, 200, 2, 132, false, false, true).spread);
-    assert!(fused_geometry(1, 1024, 2, 132, false, true, true).cluster);
+    assert!(!geo(1, 1024, 1, 132, false, false, true).spread);
+    assert!(!geo(1, 200, 2, 132, false, false, true).spread);
+    assert!(geo(1, 1024, 2, 132, false, true, true).cluster);
     // The switch reaches the launch: the blocks, `parts` and the kernel's flag.
     let r = Rig {
         switches: Switches {
@@ -308,7 +320,7 @@ fn spread_pushes_keep_whole_rows_and_add_pushing_blocks() {
     for blocks in [14u32, 64, 132] {
         for rows in [1usize, 2, 7, 33] {
             for vr in [1usize, 255, 256, 257, 512, 1024, 4096] {
-                let g = fused_geometry(rows, vr, 4, blocks, false, false, true);
+                let g = geo(rows, vr, 4, blocks, false, false, true);
                 assert!(
                     g.blocks <= blocks.max(1) && g.threads == g.big,
                     "{rows} {vr} {blocks}: {g:?}"
@@ -321,4 +333,57 @@ fn spread_pushes_keep_whole_rows_and_add_pushing_blocks() {
             }
         }
     }
+}
+
+#[test]
+fn slot_rows_cut_the_rows_block_into_blocks_of_the_asked_size() {
+    let slots = |threads: u32| Layouts {
+        slots: threads,
+        cluster: true,
+        spread: true,
+        split: true,
+    };
+    // hidden 8192 bf16, one token: the 512-thread block as 4 blocks of 128 (two vectors each),
+    // or 8 of 64; slot rows come before every other layout.
+    let g = fused_geometry(1, 1024, 2, 132, slots(128));
+    assert_eq!(
+        (g.parts, g.threads, g.blocks, g.big, g.k, g.slots, g.cluster, g.spread),
+        (4, 128, 4, 512, 2, true, false, false)
+    );
+    assert_eq!(fused_geometry(1, 1024, 4, 132, slots(64)).parts, 8);
+    // hidden 4096, 8 tokens: 4 blocks a row (8 rows x 16 warps = 128 slots).
+    let g = fused_geometry(8, 512, 4, 132, slots(128));
+    assert_eq!((g.parts, g.threads, g.blocks, g.slots), (4, 128, 32, true));
+    // More warps than the STATE slots hold (17 rows x 16 warps > 256): another layout.
+    assert!(!fused_geometry(17, 1024, 4, 132, slots(128)).slots);
+    // World 1, or slot rows off: never.
+    assert!(!fused_geometry(1, 1024, 1, 132, slots(128)).slots);
+    assert!(!fused_geometry(1, 1024, 2, 132, Layouts::default()).slots);
+    for vr in 1..=MAX_ROW_VECTORS {
+        for rows in [1usize, 2, 7, 33] {
+            for blocks in [14u32, 64, 132] {
+                for threads in [32u32, 64, 128, 512] {
+                    let g = fused_geometry(rows, vr, 4, blocks, slots(threads));
+                    if g.slots {
+                        assert_eq!(g.threads * g.parts, g.big, "{vr}: {g:?}");
+                        assert!(g.threads.is_multiple_of(32) && g.parts >= 2);
+                        assert_eq!(g.blocks as usize, rows * g.parts as usize);
+                        assert!(g.blocks <= blocks && rows * g.big as usize / 32 <= EPI_SLOTS_MAX);
+                    }
+                }
+            }
+        }
+    }
+    // The switch reaches the launch: the blocks, `parts` and the kernel's flag, no cluster.
+    let r = Rig {
+        switches: Switches {
+            epi_slots: 128,
+            ..Switches::default()
+        },
+        ..rig(0, 4)
+    };
+    let l = r.fused_add_rms(&epilogue(1, 8192, true)).unwrap().unwrap();
+    assert_eq!((l.blocks, l.threads, l.cluster), (4, 128, 0));
+    assert_eq!(u32_at(&l, 15), 4);
+    assert_eq!(u32_at(&l, 29), EPI_NORM | EPI_SLOTS);
 }
