@@ -56,9 +56,10 @@
 //     (COLL_ST_EPI_SLOTS + row * big / 32 + its warp in the `big` block), and every warp of the
 //     row's blocks polls all the row's words until they carry the tag, then sums them in warp
 //     order (epi_block_sum's order, so the bits are epi_row's). No fence and no barrier: a word
-//     is valid by its tag alone (a reader needs nothing else another block wrote), which is why
-//     it can be cheaper than a cluster barrier, whose release orders the block's remote stores
-//     too. The tag is STATE's COLL_ST_EPI_TAG + 1 (never 0, STATE starts zeroed), stored back by
+//     is valid by its tag alone (a reader needs nothing else another block wrote). Measured no
+//     faster than cluster rows (tail 2.8 us at 4 ranks: the wait is for the row's slowest part,
+//     not the mechanism) and slower than whole rows (bench-notes round 21): off unless
+//     SYMM_EPI_SLOTS is set. The tag is STATE's COLL_ST_EPI_TAG + 1 (never 0, STATE starts zeroed), stored back by
 //     the last block to count in; a stale word matches only after 2^32 - 1 slot-rows ops. Every
 //     block is resident (one wave) and writes its words whatever its receives did, so a poll
 //     waits at most for another block's bounded waits.
