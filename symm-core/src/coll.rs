@@ -6,9 +6,9 @@
 //! - [`args`]: the argument list of every entry, each mirroring its `extern "C"` signature;
 //! - [`layout`]: the collectives workspace (state words, flags, Lamport and ring slots),
 //!   mirrored by the kernels' `COLL_ST_*` defines;
-//! - [`plan`]: grid shapes, chunking and sharding of a launch (which kernel runs is symm-ops'
+//! - [`geometry`]: grid shapes, chunking and sharding of a launch (which kernel runs is symm-ops'
 //!   planner's choice, NOTE [one-planner]);
-//! - [`agree`]: the op header and check words every launch carries, and the error a recorded
+//! - [`op_agree`]: the op header and check words every launch carries, and the error a recorded
 //!   disagreement becomes;
 //! - [`check`]: the checks on an op's device addresses (null, alignment, overflow, overlap);
 //! - [`launch`]: the launches of the in-kernel mechanisms (Lamport, ring, the fused zero-copy
@@ -21,11 +21,11 @@
 //! check each list against the parameters NVRTC compiled.
 
 pub mod add_rms;
-pub mod agree;
 pub mod arg;
 pub mod args;
 pub mod check;
+pub mod geometry;
 pub mod launch;
 pub mod layout;
-pub mod plan;
+pub mod op_agree;
 pub mod registry;

@@ -23,8 +23,8 @@
 // (`unsafe fn`, NOTE [raw-addresses]); the driver layer does the rest.
 #![deny(unsafe_code)]
 
+mod add_rms;
 mod all_reduce;
-mod epilogue;
 mod scatter_gather;
 mod setup;
 mod typed;
@@ -35,7 +35,7 @@ use symm_core::coll::launch::{
     self, all_gather_at, all_reduce_at, all_reduce_mechanism, reduce_scatter_at, Entry, Launcher, ReducePtrs, Rig,
 };
 use symm_core::coll::registry::Registry;
-use symm_core::coll::{agree, args, check, layout, plan};
+use symm_core::coll::{args, check, geometry, layout, op_agree};
 
 use std::sync::{Arc, Mutex};
 
@@ -47,17 +47,17 @@ use crate::driver::mem::{dtod_async, dtoh_sync, memset_d32_async};
 use crate::driver::{self, bind, from_driver};
 use check::{ranges_overlap, ShardGeometry};
 
-pub use epilogue::{epilogue_threads, Epilogue, Epilogues};
+pub use add_rms::{epilogue_threads, Epilogue, Epilogues};
+pub use geometry::{GridBudget, RingMode, Tuning};
 pub use layout::WorkspaceLayout;
-pub use plan::{GridBudget, RingMode, Tuning};
 pub use setup::{CollectivesConfig, DEFAULT_LAMPORT_BYTES, DEFAULT_RING_SLOTS, DEFAULT_STAGING_BYTES};
 pub use symm_core::coll::launch::DeviceOp;
 pub use symm_core::kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
 
-use agree::{checked, header, Mechanism};
 use args::OpHeader;
+use geometry::{ce_rs_chunks, ce_split, two_shot_shard, KernelDtype};
 use layout::{peer_index, MAX_WORLD, MISMATCH_WORDS, ST_ERR_OUT, ST_MISMATCH};
-use plan::{ce_rs_chunks, ce_split, two_shot_shard, KernelDtype};
+use op_agree::{checked, header, Mechanism};
 use setup::{CeState, KernelTable, CE_EVENTS};
 
 /// The error the collectives' kernels latched, read from its pinned mirror (NOTE
@@ -358,7 +358,7 @@ impl CudaCollectives {
             memset_d32_async(&self.control, at, 0, MISMATCH_WORDS)?;
             Ok(raw)
         };
-        agree::code_result(
+        op_agree::code_result(
             u32::from_le_bytes(word),
             read_record,
             (self.group.name(), self.rig.rank),

@@ -33,15 +33,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use symm_core::coll::args;
+use symm_core::coll::geometry::{GridBudget, KernelDtype, PerDtype, Tuning};
 pub use symm_core::coll::launch::DeviceOp;
 use symm_core::coll::launch::{
     self, all_gather_at, all_reduce_at, lamport_world_kind, mode_op_index, mode_op_names, reduce_scatter_at, Entry,
     Launch, Launcher, Rig, Switches,
 };
 use symm_core::coll::layout::{self, WorkspaceLayout, MISMATCH_WORDS, ST_ERR_OUT, ST_MISMATCH};
-use symm_core::coll::plan::{GridBudget, KernelDtype, PerDtype, Tuning};
 use symm_core::coll::registry::Registry;
-use symm_core::coll::{agree, check};
+use symm_core::coll::{check, op_agree};
 use symm_core::kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
 use symm_core::{
     get_allocator, Allocation, DType, Device, DeviceType, Error, Group, OpKind, Rank, ReduceOp, Result, SymmetricMemory,
@@ -381,7 +381,7 @@ impl RocmCollectives {
             self.ctl.memset_sync(at, 0, MISMATCH_WORDS * 4, HOST_MARGIN)?;
             Ok(raw)
         };
-        agree::code_result(
+        op_agree::code_result(
             u32::from_le_bytes(word),
             read_record,
             (self.group.name(), self.rig.rank),

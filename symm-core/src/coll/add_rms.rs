@@ -13,11 +13,11 @@
 use crate::epilogue::{Buffers, Rows, Span, MAX_ROW_VECTORS};
 use crate::{Error, OpKind, ReduceOp, Result};
 
-use super::agree::{header, Mechanism};
 use super::args::{self, AddRms, LamportAddRms, RowArgs, EPI_CLUSTER, EPI_NORM, EPI_SPREAD};
+use super::geometry::{kernel_dtype, MAX_THREADS as COLL_MAX_THREADS};
 use super::launch::{Entry, Launch, Rig, LAMPORT_WORLD_MAX, LAMPORT_WORLD_MIN};
 use super::layout::EPI_SPLIT_MAX_ROWS;
-use super::plan::{kernel_dtype, MAX_THREADS as COLL_MAX_THREADS};
+use super::op_agree::{header, Mechanism};
 
 /// Most vectors of a row one thread holds (`EPI_MAXV` in epilogue.cuh).
 const MAX_VECTORS_PER_THREAD: usize = 8;

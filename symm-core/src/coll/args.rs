@@ -6,8 +6,8 @@
 
 use super::arg::KernelArg;
 
+use super::geometry::{RingMode, RingPlan};
 use super::layout::{WorkspaceLayout, MAX_WORLD};
-use super::plan::{RingMode, RingPlan};
 
 /// The first four arguments of most kernels: device arrays of the peers' buffer and pad
 /// addresses, rank, world.
@@ -191,7 +191,7 @@ pub const LAMPORT_HOST_EVERY_THREAD: u32 = 0x200;
 /// `COLL_LAM_LAG_SHIFT` in collectives.cu).
 pub const LAMPORT_LAG_SHIFT: u32 = 16;
 
-/// One Lamport launch's own operands: the mode, the kernel op ([`super::plan::kernel_op`]), the
+/// One Lamport launch's own operands: the mode, the kernel op ([`super::geometry::kernel_op`]), the
 /// input and output addresses and `count` elements per peer slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lamport {
@@ -250,7 +250,7 @@ fn with_lamport_head<const T: usize, const N: usize>(c: &Common, d: &Direct, tai
 }
 
 /// One ring launch's own operands besides its [`RingPlan`]: the kernel op
-/// ([`super::plan::kernel_op`]), the input and output addresses and the `flags` word
+/// ([`super::geometry::kernel_op`]), the input and output addresses and the `flags` word
 /// ([`RING_UNROLL1`], bit 0 the in-place all-reduce).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ring {

@@ -5,7 +5,7 @@
 
 use crate::{DType, Error, Result};
 
-use super::plan::{kernel_dtype, KernelDtype};
+use super::geometry::{kernel_dtype, KernelDtype};
 
 /// Whether `[a, a + a_len)` and `[b, b + b_len)` share a byte.
 pub fn ranges_overlap(a: u64, a_len: usize, b: u64, b_len: usize) -> bool {

@@ -11,8 +11,8 @@ use crate::pad::{ERR_ABORTED, ERR_MISMATCH, ERR_OP_MISMATCH, ERR_PEER_REJECTED, 
 use crate::{DType, Error, OpDescriptor, OpKind, ReduceOp};
 
 use super::args::OpHeader;
+use super::geometry::check_word_of;
 use super::layout::{MISMATCH_CHECK, MISMATCH_HEADER, MISMATCH_REJECTED, MISMATCH_WORDS};
-use super::plan::check_word_of;
 
 /// The mechanism an op runs (its `OpDescriptor::variant` on the device): ranks whose ops
 /// agree in every other field but run different mechanisms disagree too.
@@ -267,7 +267,7 @@ mod tests {
         assert_ne!(checked(&base, &[1, 2]), checked(&base, &[1, 3]));
         let mut all: Vec<u64> = base.0.iter().map(|&w| u64::from(w)).collect();
         all.extend([1, 2]);
-        assert_eq!(checked(&base, &[1, 2]), crate::coll::plan::check_word(&all));
+        assert_eq!(checked(&base, &[1, 2]), crate::coll::geometry::check_word(&all));
     }
 
     #[test]
