@@ -52,7 +52,7 @@ pub use geometry::{GridBudget, RingMode, Tuning};
 pub use layout::WorkspaceLayout;
 pub use setup::{CollectivesConfig, DEFAULT_LAMPORT_BYTES, DEFAULT_RING_SLOTS, DEFAULT_STAGING_BYTES};
 pub use symm_core::coll::launch::DeviceOp;
-pub use symm_core::kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
+pub use symm_core::coll::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
 
 use args::OpHeader;
 use geometry::{ce_rs_chunks, ce_split, two_shot_shard, KernelDtype};

@@ -42,7 +42,7 @@ use symm_core::coll::launch::{
 use symm_core::coll::layout::{self, WorkspaceLayout, MISMATCH_WORDS, ST_ERR_OUT, ST_MISMATCH};
 use symm_core::coll::registry::Registry;
 use symm_core::coll::{check, op_agree};
-use symm_core::kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
+use symm_core::coll::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
 use symm_core::{
     get_allocator, Allocation, DType, Device, DeviceType, Error, Group, OpKind, Rank, ReduceOp, Result, SymmetricMemory,
 };

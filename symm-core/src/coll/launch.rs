@@ -8,7 +8,7 @@
 //! the backend that has them (symm-cuda). Nothing here allocates, so an op's path stays
 //! allocation-free.
 
-use crate::kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
+use super::kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
 use std::time::Duration;
 
 use crate::{DType, Error, OpKind, Rank, ReduceOp, Result, SymmetricMemory};
