@@ -18,6 +18,20 @@
 //!   locally, so any device memory works and may be reused once the op's stream work is done;
 //! - a device wait that times out or is aborted latches an error: [`CudaCollectives::check_error`]
 //!   (after synchronising the stream) returns it; after an error the object should be dropped.
+//!
+//! Where each part lives: every `impl CudaCollectives` block is in the file named for what it
+//! does, and symm-rocm's `RocmCollectives` keeps the same files (less `typed.rs`):
+//! - this file: the type, its accessors, registration, the error word and the abort, `On` (the
+//!   `Launcher` that maps symm-core's `Entry` to a loaded function), and the ops that move no
+//!   data ([`CudaCollectives::barrier`], [`CudaCollectives::agree_empty`],
+//!   [`CudaCollectives::reject`]);
+//! - `setup.rs`: building one: [`CollectivesConfig`], the kernel table it loads, the copy-engine
+//!   side streams, [`CudaCollectives::new`] / [`CudaCollectives::with_config`];
+//! - one file per op family: `all_reduce.rs`; `scatter_gather.rs` (reduce-scatter and
+//!   all-gather); `add_rms.rs` (the all-reduce epilogues, with [`Epilogues`], the separate
+//!   kernel on its own);
+//! - `typed.rs`: the safe typed entries over those families' raw-address ones; `tests.rs` the
+//!   PTX checks.
 
 // No unsafe code: the entry points that take raw device addresses only declare their contract
 // (`unsafe fn`, NOTE [raw-addresses]); the driver layer does the rest.
