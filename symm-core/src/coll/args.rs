@@ -61,7 +61,7 @@ pub(crate) const LAMPORT_HEAD: usize = 11;
 impl Direct {
     /// The first arguments of every Lamport kernel (`symm_lamport*`, `symm_lamport*_add_rms_*`):
     /// the eight workspace bases, this rank's signal pad, the rank and the world size.
-    pub fn lamport_head(&self, c: &Common) -> [KernelArg; LAMPORT_HEAD] {
+    pub(crate) fn lamport_head(&self, c: &Common) -> [KernelArg; LAMPORT_HEAD] {
         const _: () = assert!(MAX_WORLD == 8, "the Lamport kernels take eight workspace bases");
         let w = &self.ws;
         [

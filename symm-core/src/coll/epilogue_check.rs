@@ -80,7 +80,7 @@ impl Rows {
         self.count() * self.dtype.size()
     }
     /// 16-byte vectors per row.
-    pub fn vectors_per_row(&self) -> usize {
+    pub(crate) fn vectors_per_row(&self) -> usize {
         self.hidden * self.dtype.size() / ROW_ALIGN
     }
 }
