@@ -9,12 +9,12 @@
 // (kernel_source::expand_includes: neither compiler gets an include path). Both backends build
 // the same entries, listed once in symm_core::kernel_source::COLLECTIVE_ENTRIES.
 // The host side is symm-core's `coll` (`coll/layout.rs` the workspace layout, whose offsets reach
-// the kernels as arguments; `coll/plan.rs` the chunking and grids; `coll/launch.rs` every launch's
+// the kernels as arguments; `coll/geometry.rs` the chunking and grids; `coll/launch.rs` every launch's
 // entry and arguments), run by symm-cuda's collectives and symm-rocm's (symm-ops' rocm engine).
 //
 // Grids: at most one block per SM on a GPU of its own; ranks sharing a GPU get a share of its SMs
 // so every rank's waiting kernels are resident together (NOTE [co-residency] in
-// docs/architecture.md, GridBudget in plan.rs). Every kernel works at any grid size.
+// docs/architecture.md, GridBudget in coll/geometry.rs). Every kernel works at any grid size.
 //
 // NOTE [collectives-protocols]
 // ============================

@@ -84,7 +84,7 @@
 //     code; ptxas for sm_90, git 4bc43a7: no spills at W = 2, 3, 5, 12 bytes at 4, 68-508 at 6-8).
 // Aliasing: norm_out may be x and residual_out may be residual (each vector is read and then
 // written by one thread); no output may overlap anything else, the inputs (x, residual, weight)
-// may overlap each other but x and residual (checked on the host, symm_core::epilogue).
+// may overlap each other but x and residual (checked on the host, symm_core::coll::epilogue_check).
 // A poll that gives up (timeout, abort, a latched error) leaves the row reduced from this rank's
 // own input: the outputs of a failed op are garbage (the error reaches the caller, NOTE
 // [error-mirror], and the communicator refuses further ops), never a wait without end.

@@ -23,11 +23,15 @@
 //! - [`rendezvous`]: the rendezvous protocol of every backend (records, checks, the handle
 //!   exchange between threads or processes, fault points, the closing status exchange),
 //!   driven through the small [`rendezvous::RendezvousBackend`] trait.
-//! - [`kernel_source`]: the collective kernels' source, one text for every
-//!   GPU vendor (each backend adds its vendor header and compiles it);
-//!   [`kernels`]: the explicit kernels in it that symm-ops' planner names;
-//!   [`coll`]: their host side (argument lists, workspace layout, launch
-//!   plans, op agreement), which every GPU backend launches them with.
+//! - [`kernel_source`]: the GPU kernels' source (the collectives and the pad's
+//!   sync kernels), one text for every GPU vendor (each backend adds its vendor
+//!   header and compiles it); [`kernel_cache`]: the compiled kernels' disk cache.
+//! - [`coll`]: everything of the collectives that is not a vendor's, in one
+//!   bounded tree: the explicit kernels symm-ops' planner names
+//!   ([`AllReduceKernel`] and the others), what ranks agree on per op
+//!   ([`OpDescriptor`]), and the host side every GPU backend launches the
+//!   kernels with (argument lists, workspace layout, launch geometry, op
+//!   agreement, the epilogue checks).
 //!
 //! symm-core depends on no backend. A program links one (symm-cuda,
 //! symm-rocm, or the host backend in symm-testkit) and finds it by
@@ -41,18 +45,15 @@ pub mod agree;
 pub mod allocator;
 pub mod coll;
 pub mod connectivity;
-pub mod epilogue;
 pub mod error;
 pub mod fault;
 pub mod group;
 pub mod kernel_cache;
 pub mod kernel_source;
-pub mod kernels;
 pub mod knobs;
 mod liveness;
 mod membership;
 pub mod memory;
-pub mod op_desc;
 pub mod pad;
 pub mod rendezvous;
 pub mod tensor;
@@ -62,6 +63,7 @@ pub mod watch;
 pub use allocator::{
     get_allocator, has_allocator, registered_device_types, Allocation, BackendRegistration, SymmetricAllocator,
 };
+pub use coll::{AllGatherKernel, AllReduceKernel, OpDescriptor, OpKind, ReduceScatterKernel, VariantNames};
 pub use connectivity::{
     check_device_sharing, check_same_host, check_shared_queues, detect_topology, get_connectivity, is_fully_connected,
     Connectivity, ConnectivityDetector, LinkMatrix, Topology,
@@ -72,9 +74,7 @@ pub use group::{
     group_info, remove_group_info, set_group_info, Group, GroupOptions, JobId, ALLOW_OVERLAPPING_DEVICES_ENV,
     JOB_ID_ENVS, LAUNCH_ID_ENV,
 };
-pub use kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
 pub use memory::{check_range, BufferView, SymmetricMemory, SymmetricMemoryExt};
-pub use op_desc::{OpDescriptor, OpKind, VariantNames};
 pub use tensor::{
     contiguous_strides, empty_p2p, empty_strided_p2p, get_symmetric_memory, release_persistent, SymmTensor,
 };

@@ -18,13 +18,27 @@
 //!   locally, so any device memory works and may be reused once the op's stream work is done;
 //! - a device wait that times out or is aborted latches an error: [`CudaCollectives::check_error`]
 //!   (after synchronising the stream) returns it; after an error the object should be dropped.
+//!
+//! Where each part lives: every `impl CudaCollectives` block is in the file named for what it
+//! does, and symm-rocm's `RocmCollectives` keeps the same files (less `typed.rs`):
+//! - this file: the type, its accessors, registration, the error word and the abort, `On` (the
+//!   `Launcher` that maps symm-core's `Entry` to a loaded function), and the ops that move no
+//!   data ([`CudaCollectives::barrier`], [`CudaCollectives::agree_empty`],
+//!   [`CudaCollectives::reject`]);
+//! - `setup.rs`: building one: [`CollectivesConfig`], the kernel table it loads, the copy-engine
+//!   side streams, [`CudaCollectives::new`] / [`CudaCollectives::with_config`];
+//! - one file per op family: `all_reduce.rs`; `scatter_gather.rs` (reduce-scatter and
+//!   all-gather); `add_rms.rs` (the all-reduce epilogues, with [`Epilogues`], the separate
+//!   kernel on its own);
+//! - `typed.rs`: the safe typed entries over those families' raw-address ones; `tests.rs` the
+//!   PTX checks.
 
 // No unsafe code: the entry points that take raw device addresses only declare their contract
 // (`unsafe fn`, NOTE [raw-addresses]); the driver layer does the rest.
 #![deny(unsafe_code)]
 
+mod add_rms;
 mod all_reduce;
-mod epilogue;
 mod scatter_gather;
 mod setup;
 mod typed;
@@ -35,7 +49,7 @@ use symm_core::coll::launch::{
     self, all_gather_at, all_reduce_at, all_reduce_mechanism, reduce_scatter_at, Entry, Launcher, ReducePtrs, Rig,
 };
 use symm_core::coll::registry::Registry;
-use symm_core::coll::{agree, args, check, layout, plan};
+use symm_core::coll::{args, check, geometry, layout, op_agree};
 
 use std::sync::{Arc, Mutex};
 
@@ -47,17 +61,17 @@ use crate::driver::mem::{dtod_async, dtoh_sync, memset_d32_async};
 use crate::driver::{self, bind, from_driver};
 use check::{ranges_overlap, ShardGeometry};
 
-pub use epilogue::{epilogue_threads, Epilogue, Epilogues};
+pub use add_rms::{epilogue_threads, Epilogue, Epilogues};
+pub use geometry::{GridBudget, RingMode, Tuning};
 pub use layout::WorkspaceLayout;
-pub use plan::{GridBudget, RingMode, Tuning};
 pub use setup::{CollectivesConfig, DEFAULT_LAMPORT_BYTES, DEFAULT_RING_SLOTS, DEFAULT_STAGING_BYTES};
 pub use symm_core::coll::launch::DeviceOp;
-pub use symm_core::kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
+pub use symm_core::coll::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
 
-use agree::{checked, header, Mechanism};
 use args::OpHeader;
+use geometry::{ce_rs_chunks, ce_split, two_shot_shard, KernelDtype};
 use layout::{peer_index, MAX_WORLD, MISMATCH_WORDS, ST_ERR_OUT, ST_MISMATCH};
-use plan::{ce_rs_chunks, ce_split, two_shot_shard, KernelDtype};
+use op_agree::{checked, header, Mechanism};
 use setup::{CeState, KernelTable, CE_EVENTS};
 
 /// The error the collectives' kernels latched, read from its pinned mirror (NOTE
@@ -358,7 +372,7 @@ impl CudaCollectives {
             memset_d32_async(&self.control, at, 0, MISMATCH_WORDS)?;
             Ok(raw)
         };
-        agree::code_result(
+        op_agree::code_result(
             u32::from_le_bytes(word),
             read_record,
             (self.group.name(), self.rig.rank),

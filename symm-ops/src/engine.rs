@@ -13,7 +13,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
-use symm_core::epilogue::Rows;
+use symm_core::coll::epilogue_check::Rows;
 use symm_core::{DType, Error, OpKind, Rank, ReduceOp, Result, SymmTensor, SymmetricMemory};
 
 use crate::buf::{Buf, BufMut};

@@ -8,7 +8,7 @@
 //! resolves an op's buffers to their addresses for both. The host engine runs its all-reduce and
 //! the same arithmetic on the CPU.
 
-use symm_core::epilogue::{Buffers, Rows, Span};
+use symm_core::coll::epilogue_check::{Buffers, Rows, Span};
 use symm_core::{DType, Error, ReduceOp, Result};
 
 use crate::buf::{Buf, BufMut};

@@ -58,7 +58,7 @@ pub use epilogue::{EpilogueAlgo, RmsNorm};
 pub use ops::{NewOutput, OnStream};
 pub use pool::{SymmBuffer, MIN_BLOCK_BYTES};
 pub use select::{AllGatherAlgo, AllReduceAlgo, EngineKind, Plan, ReduceScatterAlgo, SelectionThresholds};
-pub use symm_core::kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
+pub use symm_core::coll::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
 
 #[cfg(feature = "cuda")]
 pub use cudarc;

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use symm_core::coll::add_rms::Epilogue;
 use symm_core::coll::check::check_ptr;
-use symm_core::epilogue::Rows;
+use symm_core::coll::epilogue_check::Rows;
 use symm_core::{
     get_symmetric_memory, DType, Device, DeviceType, Error, Group, OpKind, Rank, ReduceOp, Result, SymmTensor,
     SymmetricMemory,

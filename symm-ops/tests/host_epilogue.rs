@@ -35,7 +35,7 @@ fn is_arg_error(r: &Result<()>) -> bool {
     )
 }
 
-/// Every refusal, on host slices (the same rules as on the device: symm_core::epilogue).
+/// Every refusal, on host slices (the same rules as on the device: symm_core::coll::epilogue_check).
 fn errors(comm: &Communicator) -> Result<()> {
     let h = 16;
     let n = 3 * h;
@@ -136,7 +136,7 @@ fn errors(comm: &Communicator) -> Result<()> {
     // buffers alias), in the out-of-place forms.
     let (xs, rs, ws) = (comm.alloc::<bf16>(n)?, comm.alloc::<bf16>(n)?, comm.alloc::<bf16>(h)?);
     let (nos, ros) = (comm.alloc::<bf16>(n)?, comm.alloc::<bf16>(n)?);
-    // (An output over the weight: symm_core::epilogue's unit tests.)
+    // (An output over the weight: symm_core::coll::epilogue_check's unit tests.)
     let (xt, rt, wt, nt, rot) = (xs.tensor(), rs.tensor(), ws.tensor(), nos.tensor(), ros.tensor());
     for (what, residual_out, norm_out) in [
         ("residual_out overlaps x", xt, nt),

@@ -2,11 +2,11 @@
 //! (`symm_core::kernel_source`, compiled by hiprtc with `kernels/vendor.hip.h`) on a symmetric
 //! workspace, launched exactly as symm-cuda launches them: symm-core's `coll` plans every
 //! launch (argument lists, workspace layout, grids, op headers, NOTE [one-planner]) and this
-//! file only runs them on a HIP stream: the Lamport one-shot, the ring (one-shot, two-shot,
+//! module only runs them on a HIP stream: the Lamport one-shot, the ring (one-shot, two-shot,
 //! reduce-scatter, all-gather), the fused zero-copy pulls on allocations registered with
 //! [`RocmCollectives::register_symmetric`] (one-shot and two-shot all-reduce, reduce-scatter,
-//! all-gather), the all-reduce epilogues (`add_rms.rs`: the fused Lamport one and the separate
-//! kernel, NOTE [fused-epilogue]), the subset barrier and the empty op's agreement. The
+//! all-gather), the all-reduce epilogues (the fused Lamport one and the separate kernel, NOTE
+//! [fused-epilogue]), the subset barrier and the empty op's agreement. The
 //! copy-engine paths, which need side streams and events, are symm-cuda's only: an entry asked
 //! for one refuses it ([`symm_core::Error::Unavailable`]).
 //!
@@ -22,85 +22,43 @@
 //! Nothing here has run on AMD hardware (no AMD GPU exists on the project's machines): what is
 //! verified is that every entry compiles with hiprtc for gfx908 / gfx90a and that the launch
 //! plans are the ones symm-cuda's GPU suites run (NOTE [collectives-protocols], "On ROCm").
+//!
+//! Where each part lives, as in symm-cuda: every `impl RocmCollectives` block is in the file
+//! named for what it does:
+//! - this file: the type, its accessors, registration, running an op (`run`, the error word, the
+//!   abort), `On` (the `Launcher` that maps symm-core's `Entry` to a loaded function), and the
+//!   ops that move no data ([`RocmCollectives::barrier`], [`RocmCollectives::agree_empty`],
+//!   [`RocmCollectives::reject`]);
+//! - `setup.rs`: building one: [`RocmCollectivesConfig`], the kernel table it loads,
+//!   [`RocmCollectives::new`];
+//! - one file per op family: `all_reduce.rs`; `scatter_gather.rs` (reduce-scatter and
+//!   all-gather); `add_rms.rs` (the all-reduce epilogues).
 
 // No unsafe code: the entries that take raw device addresses only declare their contract
 // (`unsafe fn`, NOTE [raw-addresses]); the driver layer does the rest.
 #![deny(unsafe_code)]
 
+mod add_rms;
+mod all_reduce;
+mod scatter_gather;
+mod setup;
+
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
+pub use setup::RocmCollectivesConfig;
 use symm_core::coll::args;
 pub use symm_core::coll::launch::DeviceOp;
-use symm_core::coll::launch::{
-    self, all_gather_at, all_reduce_at, lamport_world_kind, mode_op_index, mode_op_names, reduce_scatter_at, Entry,
-    Launch, Launcher, Rig, Switches,
-};
-use symm_core::coll::layout::{self, WorkspaceLayout, MISMATCH_WORDS, ST_ERR_OUT, ST_MISMATCH};
-use symm_core::coll::plan::{GridBudget, KernelDtype, PerDtype, Tuning};
+use symm_core::coll::launch::{mode_op_index, Entry, Launch, Launcher, Rig};
+use symm_core::coll::layout::{MISMATCH_WORDS, ST_ERR_OUT, ST_MISMATCH};
+use symm_core::coll::op_agree;
 use symm_core::coll::registry::Registry;
-use symm_core::coll::{agree, check};
-use symm_core::kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
-use symm_core::{
-    get_allocator, Allocation, DType, Device, DeviceType, Error, Group, OpKind, Rank, ReduceOp, Result, SymmetricMemory,
-};
+use symm_core::{Allocation, DType, Device, Error, Group, OpKind, Rank, ReduceOp, Result, SymmetricMemory};
 
-use crate::driver::runtime::{self, Function, Module, Stream};
-use crate::kernels;
+use crate::driver::runtime::{self, Stream};
 use crate::symm_mem::HOST_MARGIN;
-
-/// How a [`RocmCollectives`] is built; every rank passes the same.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct RocmCollectivesConfig {
-    /// Bytes of the ring's staging area per peer and slot set (as symm-cuda's).
-    pub staging_bytes: usize,
-    /// Bytes of one Lamport slot (`None`: [`layout::lamport_bytes_for`]).
-    pub lamport_bytes: Option<usize>,
-    /// Ring slots (a power of two).
-    pub ring_slots: usize,
-    /// Every device wait's deadline (and, plus a margin, the host's wait for an op).
-    pub timeout: Duration,
-    /// Launch shapes (every rank the same). The defaults were measured on H100 / H200, not on
-    /// AMD hardware: provisional on ROCm.
-    pub tuning: Tuning,
-}
-
-impl RocmCollectivesConfig {
-    pub fn new(staging_bytes: usize, timeout: Duration) -> Self {
-        RocmCollectivesConfig {
-            staging_bytes,
-            lamport_bytes: None,
-            ring_slots: layout::DEFAULT_RING_SLOTS,
-            timeout,
-            tuning: Tuning::default(),
-        }
-    }
-}
-
-/// The entries this backend launches, loaded once (indexed as symm-cuda's table).
-struct KernelTable {
-    lamport: PerDtype<Function>,
-    /// `symm_lamport{w}_{mode}_{op}_{dt}` for this object's world `w` (2..=8), NOTE
-    /// [lamport-world-entries].
-    lamport_world: Option<(u8, PerDtype<Vec<Function>>)>,
-    ring: PerDtype<Function>,
-    pull: PerDtype<Function>,
-    pull_two_rank: PerDtype<Vec<Function>>,
-    reduce_ptrs: PerDtype<Function>,
-    /// `symm_lamport_add_rms_{dt}`, `symm_lamport{w}_add_rms_{dt}`: the fused all-reduce epilogue
-    /// (NOTE [fused-epilogue]), generic and for this object's world (2..=8).
-    lamport_add_rms: PerDtype<Function>,
-    lamport_add_rms_world: Option<(u8, PerDtype<Function>)>,
-    /// `symm_add_rms_{dt}`: the separate epilogue.
-    add_rms: PerDtype<Function>,
-    barrier: Function,
-    reject: Function,
-    take_error: Function,
-    _module: Arc<Module>,
-}
+use setup::KernelTable;
 
 /// Per (group, device) collectives over one symmetric workspace on an AMD GPU.
 pub struct RocmCollectives {
@@ -186,102 +144,6 @@ impl Launcher for On<'_> {
 }
 
 impl RocmCollectives {
-    /// Collective setup: lays out, allocates, fills and rendezvouses the workspace, loads the
-    /// kernels. Every rank of `group` calls it with equal `config`, each on its `device`, which
-    /// `device_sharers` ranks of the group use (this one included; 1 unless the group shares
-    /// devices, NOTE [shared-device]): their grids share its compute units.
-    pub fn new(group: &Arc<Group>, device: u32, device_sharers: usize, config: RocmCollectivesConfig) -> Result<Self> {
-        let world = group.world_size();
-        let rank = group.rank().get();
-        config.tuning.validate()?;
-        let layout = WorkspaceLayout::for_group(
-            "world size for the ROCm collectives",
-            world,
-            config.staging_bytes,
-            config.lamport_bytes,
-            config.ring_slots,
-        )?;
-        runtime::set_device(device)?;
-        let module = kernels::load(device, &kernels::COLLECTIVES, &kernels::clock_defines()?)?;
-        let get = |name: &str| module.function(name);
-        let per_dtype = |kind: &str| PerDtype::try_new(|d: KernelDtype| get(&format!("symm_{kind}_{}", d.suffix())));
-        let two_rank = |kind: &str| {
-            PerDtype::try_new(|d: KernelDtype| {
-                mode_op_names(kind, d.suffix())
-                    .iter()
-                    .map(|n| get(n))
-                    .collect::<Result<Vec<_>>>()
-            })
-        };
-        let kernels = KernelTable {
-            lamport: per_dtype("lamport")?,
-            lamport_world: match lamport_world_kind(world) {
-                Some((w, kind)) => Some((w, two_rank(&kind)?)),
-                None => None,
-            },
-            ring: per_dtype("ring")?,
-            pull: per_dtype("pull")?,
-            pull_two_rank: two_rank("pull2")?,
-            reduce_ptrs: per_dtype("reduce_ptrs")?,
-            lamport_add_rms: per_dtype("lamport_add_rms")?,
-            lamport_add_rms_world: match lamport_world_kind(world) {
-                Some((w, kind)) => Some((w, per_dtype(&format!("{kind}_add_rms"))?)),
-                None => None,
-            },
-            add_rms: per_dtype("add_rms")?,
-            barrier: get("symm_coll_barrier")?,
-            reject: get("symm_coll_reject")?,
-            take_error: get("symm_coll_take_error")?,
-            _module: module.clone(),
-        };
-        let init = get("symm_coll_init")?;
-
-        let alloc = get_allocator(DeviceType::Rocm)?.alloc(layout.total, Device::rocm(device), group)?;
-        if alloc.size() < layout.total {
-            return Err(Error::Mismatch {
-                what: "workspace size",
-                detail: format!("asked {} bytes, got {}", layout.total, alloc.size()),
-            });
-        }
-        let stream = Stream::new()?;
-        // Fill STATE/FLAGS with zeros and the Lamport buffers with the sentinel, and wait for it,
-        // before this rank publishes its handle in the rendezvous: no peer can write here earlier.
-        let ws = alloc.ptr();
-        let cus = runtime::compute_units(device)?;
-        init.launch(&stream, cus, 256, &args::init(ws, &layout))?;
-        stream.wait(HOST_MARGIN, "initialising the collectives workspace")?;
-        let mem = alloc.rendezvous(config.timeout)?;
-        if mem.buffer_ptrs()[rank] != ws {
-            return Err(Error::Mismatch {
-                what: "workspace address",
-                detail: format!("{:#x} after rendezvous, {ws:#x} before", mem.buffer_ptrs()[rank]),
-            });
-        }
-        // Ranks sharing a device (NOTE [shared-device]) split its compute units (NOTE
-        // [co-residency]); no programmatic dependent launch on HIP.
-        let grid = GridBudget::new(cus, device_sharers, false)?;
-        // No pinned host abort word (0): the kernels watch the pad's ABORT word, which
-        // `set_abort` writes from the host on a stream of its own. No thread-block clusters
-        // (`Rig::new` reports none): the fused epilogue takes whole rows.
-        let rig = Rig::new(mem.as_ref(), layout, config.timeout, 0, grid, Switches::default());
-        let err_word = mem.signal_pad_ptrs()[rank] + (symm_core::pad::ERROR_WORD * 4) as u64;
-        Ok(RocmCollectives {
-            group: group.clone(),
-            device,
-            mem,
-            _alloc: alloc,
-            config,
-            rig,
-            kernels,
-            registry: Registry::default(),
-            err_word,
-            stream: Mutex::new(stream),
-            ctl: Stream::new()?,
-            user_abort: AtomicBool::new(false),
-            wedged: AtomicBool::new(false),
-        })
-    }
-
     pub fn group(&self) -> &Arc<Group> {
         &self.group
     }
@@ -381,98 +243,13 @@ impl RocmCollectives {
             self.ctl.memset_sync(at, 0, MISMATCH_WORDS * 4, HOST_MARGIN)?;
             Ok(raw)
         };
-        agree::code_result(
+        op_agree::code_result(
             u32::from_le_bytes(word),
             read_record,
             (self.group.name(), self.rig.rank),
             self.config.timeout,
             crate::driver::BACKEND,
         )
-    }
-
-    /// All-reduce of `d.count` elements from `d.input` into `d.output` (equal: in place) by
-    /// `kernel`, exactly (NOTE [one-planner]): [`AllReduceKernel::Lamport`], [`AllReduceKernel::OneShot`],
-    /// [`AllReduceKernel::TwoShot`], [`AllReduceKernel::Pull`] (input registered, apart from the
-    /// output) or [`AllReduceKernel::PullTwoShot`] (input and output registered); a copy-engine
-    /// kernel is refused, as is a zero-copy kernel whose buffers are not registered. Returns
-    /// when the op is done.
-    ///
-    /// # Safety
-    /// NOTE [raw-addresses]: `d.input` and `d.output` each hold `d.count` elements of `d.dtype`
-    /// in device memory this rank's GPU can read and write, and stay allocated and untouched by
-    /// anything but this op until it returns; should it return an error after launching (a
-    /// timeout the device did not end), until the device has gone idle, as its kernels may
-    /// still read and write them.
-    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
-    pub unsafe fn all_reduce(&self, kernel: AllReduceKernel, d: DeviceOp) -> Result<()> {
-        if check::all_reduce(d.input, d.output, d.count, d.dtype)?.is_none() {
-            return self.agree_empty(OpKind::AllReduce, d.dtype, Some(d.op));
-        }
-        let tuning = &self.config.tuning;
-        let (rig, reg) = (&self.rig, &self.registry);
-        match all_reduce_at(kernel, self.rig.world) {
-            k @ (AllReduceKernel::Lamport | AllReduceKernel::OneShot | AllReduceKernel::TwoShot) => {
-                self.run("rocm all_reduce", |to| rig.all_reduce(to, k, tuning, d))
-            }
-            AllReduceKernel::Pull => self.run("rocm all_reduce (pull)", |to| rig.all_reduce_pull(to, reg, tuning, d)),
-            AllReduceKernel::PullTwoShot => self.run("rocm all_reduce (two-shot pull)", |to| {
-                rig.all_reduce_pull_two_shot(to, reg, tuning, d)
-            }),
-            k => Err(launch::not_here(k, crate::driver::BACKEND)),
-        }
-    }
-
-    /// Reduce-scatter by `kernel` ([`ReduceScatterKernel::Lamport`], [`ReduceScatterKernel::Ring`]
-    /// or [`ReduceScatterKernel::Pull`], the input registered): `d.input` holds `d.count * world`
-    /// elements, `d.output` receives this rank's `d.count` (in place when `d.output == d.input +
-    /// rank * d.count` elements).
-    ///
-    /// # Safety
-    /// As [`Self::all_reduce`], with `d.input` holding `d.count * world` elements and `d.output`
-    /// `d.count`.
-    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
-    pub unsafe fn reduce_scatter(&self, kernel: ReduceScatterKernel, d: DeviceOp) -> Result<()> {
-        let geometry = check::reduce_scatter(d.input, d.output, d.count, d.dtype, (self.rig.rank, self.rig.world))?;
-        let Some((_, g)) = geometry else {
-            return self.agree_empty(OpKind::ReduceScatter, d.dtype, Some(d.op));
-        };
-        let tuning = &self.config.tuning;
-        let (rig, reg) = (&self.rig, &self.registry);
-        match reduce_scatter_at(kernel, self.rig.world) {
-            k @ (ReduceScatterKernel::Lamport | ReduceScatterKernel::Ring) => {
-                self.run("rocm reduce_scatter", |to| rig.reduce_scatter(to, k, tuning, d))
-            }
-            ReduceScatterKernel::Pull => self.run("rocm reduce_scatter (pull)", |to| {
-                rig.reduce_scatter_pull(to, reg, tuning, &g, d)
-            }),
-            k => Err(launch::not_here(k, crate::driver::BACKEND)),
-        }
-    }
-
-    /// All-gather by `kernel` ([`AllGatherKernel::Lamport`], [`AllGatherKernel::Ring`] or
-    /// [`AllGatherKernel::Pull`], the input registered or in place in a registered output):
-    /// `d.input` holds `d.count` elements, `d.output` `d.count * world` (in place when `d.input`
-    /// is this rank's part of `d.output`); `d.op` is not used ([`DeviceOp::gather`]).
-    ///
-    /// # Safety
-    /// As [`Self::all_reduce`], with `d.input` holding `d.count` elements and `d.output`
-    /// `d.count * world`.
-    #[allow(unsafe_code)] // the contract is declared here; the body is safe code
-    pub unsafe fn all_gather(&self, kernel: AllGatherKernel, d: DeviceOp) -> Result<()> {
-        let Some(dt) = check::all_gather(d.input, d.output, d.count, d.dtype, (self.rig.rank, self.rig.world))? else {
-            return self.agree_empty(OpKind::AllGather, d.dtype, None);
-        };
-        let tuning = &self.config.tuning;
-        let (rig, reg) = (&self.rig, &self.registry);
-        match all_gather_at(kernel, self.rig.world) {
-            k @ (AllGatherKernel::Lamport | AllGatherKernel::Ring) => {
-                self.run("rocm all_gather", |to| rig.all_gather(to, k, tuning, dt, d))
-            }
-            AllGatherKernel::Pull => self.run("rocm all_gather (pull)", |to| {
-                rig.all_gather_pull(to, reg, tuning, dt, d)
-            }),
-            k => Err(launch::not_here(k, crate::driver::BACKEND)),
-        }
     }
 
     /// Registers a symmetric allocation of the same group for the zero-copy pulls: an input
@@ -525,8 +302,6 @@ impl RocmCollectives {
         self.mem.set_abort(abort)
     }
 }
-
-mod add_rms;
 
 impl Drop for RocmCollectives {
     fn drop(&mut self) {

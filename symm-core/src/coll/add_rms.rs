@@ -4,20 +4,20 @@
 //! [`Rig::fused_add_rms`]) and the separate kernel after any all-reduce (`symm_add_rms_{dt}`,
 //! [`separate`], which needs no workspace: an NCCL-only communicator runs it too). An op's
 //! buffers are an [`Epilogue`], checked once when built; the row layout is [`fused_geometry`]
-//! (and [`epilogue_threads`], the row's block both kernels share). [`crate::epilogue`] holds the
+//! (and [`epilogue_threads`], the row's block both kernels share). [`super::epilogue_check`] holds the
 //! row and aliasing rules every engine checks alike.
 
 // `Epilogue::new` declares the raw-address contract (NOTE [raw-addresses]); no unsafe block.
 #![deny(unsafe_code)]
 
-use crate::epilogue::{Buffers, Rows, Span, MAX_ROW_VECTORS};
+use super::epilogue_check::{Buffers, Rows, Span, MAX_ROW_VECTORS};
 use crate::{Error, OpKind, ReduceOp, Result};
 
-use super::agree::{header, Mechanism};
 use super::args::{self, AddRms, LamportAddRms, RowArgs, EPI_CLUSTER, EPI_NORM, EPI_SLOTS, EPI_SPREAD};
+use super::geometry::{kernel_dtype, MAX_THREADS as COLL_MAX_THREADS};
 use super::launch::{Entry, Launch, Rig, LAMPORT_WORLD_MAX, LAMPORT_WORLD_MIN};
 use super::layout::{EPI_SLOTS_MAX, EPI_SPLIT_MAX_ROWS};
-use super::plan::{kernel_dtype, MAX_THREADS as COLL_MAX_THREADS};
+use super::op_agree::{header, Mechanism};
 
 /// Most vectors of a row one thread holds (`EPI_MAXV` in epilogue.cuh).
 const MAX_VECTORS_PER_THREAD: usize = 8;

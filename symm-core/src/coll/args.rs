@@ -6,8 +6,8 @@
 
 use super::arg::KernelArg;
 
+use super::geometry::{RingMode, RingPlan};
 use super::layout::{WorkspaceLayout, MAX_WORLD};
-use super::plan::{RingMode, RingPlan};
 
 /// The first four arguments of most kernels: device arrays of the peers' buffer and pad
 /// addresses, rank, world.
@@ -56,12 +56,12 @@ pub struct Direct {
 }
 
 /// Arguments of the Lamport head ([`Direct::lamport_head`]).
-pub const LAMPORT_HEAD: usize = 11;
+pub(crate) const LAMPORT_HEAD: usize = 11;
 
 impl Direct {
     /// The first arguments of every Lamport kernel (`symm_lamport*`, `symm_lamport*_add_rms_*`):
     /// the eight workspace bases, this rank's signal pad, the rank and the world size.
-    pub fn lamport_head(&self, c: &Common) -> [KernelArg; LAMPORT_HEAD] {
+    pub(crate) fn lamport_head(&self, c: &Common) -> [KernelArg; LAMPORT_HEAD] {
         const _: () = assert!(MAX_WORLD == 8, "the Lamport kernels take eight workspace bases");
         let w = &self.ws;
         [
@@ -110,7 +110,7 @@ pub fn per_rank(rank: usize, world: usize, own: u64, peers: &[u64; MAX_WORLD], o
 }
 
 /// `COLL_MODE_AR2` in collectives.cu: the fused pull's two-shot mode.
-pub const PULL_MODE_AR2: u32 = 3;
+pub(crate) const PULL_MODE_AR2: u32 = 3;
 
 /// `symm_pull_{dt}(p0..p7, s0..s7, d0..d7, state, rank, world, mode, op, out, n, check,
 /// timeout_ns, abort_host)`.
@@ -178,7 +178,7 @@ impl OpHeader {
 }
 
 /// Index of `mode` in the Lamport argument list.
-pub const LAMPORT_MODE_ARG: usize = 11;
+pub(crate) const LAMPORT_MODE_ARG: usize = 11;
 /// `COLL_LAM_ACQREL_ARRIVE`: a bit of the Lamport `mode` argument.
 pub const LAMPORT_ACQREL_ARRIVE: u32 = 0x100;
 /// `COLL_FLAG_UNROLL1`: a bit of the ring kernel's `flags` argument (one vector in flight per
@@ -191,7 +191,7 @@ pub const LAMPORT_HOST_EVERY_THREAD: u32 = 0x200;
 /// `COLL_LAM_LAG_SHIFT` in collectives.cu).
 pub const LAMPORT_LAG_SHIFT: u32 = 16;
 
-/// One Lamport launch's own operands: the mode, the kernel op ([`super::plan::kernel_op`]), the
+/// One Lamport launch's own operands: the mode, the kernel op ([`super::geometry::kernel_op`]), the
 /// input and output addresses and `count` elements per peer slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lamport {
@@ -250,7 +250,7 @@ fn with_lamport_head<const T: usize, const N: usize>(c: &Common, d: &Direct, tai
 }
 
 /// One ring launch's own operands besides its [`RingPlan`]: the kernel op
-/// ([`super::plan::kernel_op`]), the input and output addresses and the `flags` word
+/// ([`super::geometry::kernel_op`]), the input and output addresses and the `flags` word
 /// ([`RING_UNROLL1`], bit 0 the in-place all-reduce).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ring {
@@ -354,7 +354,7 @@ pub fn take_error(err_word: u64, out: u64) -> [KernelArg; 2] {
 }
 
 /// `EPI_NORM` in epilogue.cuh: a bit of the epilogue kernels' `flags` (compute the RMSNorm).
-pub const EPI_NORM: u32 = 1;
+pub(crate) const EPI_NORM: u32 = 1;
 /// `EPI_CLUSTER` in epilogue.cuh: a bit of the fused epilogue's `flags` (cluster rows; the launch
 /// has clusters of `parts` blocks).
 pub const EPI_CLUSTER: u32 = 2;

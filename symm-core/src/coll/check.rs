@@ -5,7 +5,7 @@
 
 use crate::{DType, Error, Result};
 
-use super::plan::{kernel_dtype, KernelDtype};
+use super::geometry::{kernel_dtype, KernelDtype};
 
 /// Whether `[a, a + a_len)` and `[b, b + b_len)` share a byte.
 pub fn ranges_overlap(a: u64, a_len: usize, b: u64, b_len: usize) -> bool {
@@ -13,7 +13,7 @@ pub fn ranges_overlap(a: u64, a_len: usize, b: u64, b_len: usize) -> bool {
 }
 
 /// Bytes of `count` elements of `dtype`, or an error when that overflows.
-pub fn byte_len(count: usize, dtype: DType) -> Result<usize> {
+pub(crate) fn byte_len(count: usize, dtype: DType) -> Result<usize> {
     count
         .checked_mul(dtype.size())
         .ok_or_else(|| Error::InvalidArgument(format!("{count} elements of {dtype} overflow")))
@@ -63,7 +63,7 @@ pub struct ShardGeometry {
 /// Checks the buffers of a reduce-scatter (`whole` = input, `part` = output) or an all-gather
 /// (`part` = input, `whole` = output): aligned, sizes that do not overflow, and the part either
 /// this rank's shard of the whole (in place) or apart from it.
-pub fn shard_geometry(
+pub(crate) fn shard_geometry(
     op: &'static str,
     (whole_name, whole): (&'static str, u64),
     (part_name, part): (&'static str, u64),

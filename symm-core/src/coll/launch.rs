@@ -8,19 +8,19 @@
 //! the backend that has them (symm-cuda). Nothing here allocates, so an op's path stays
 //! allocation-free.
 
-use crate::kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
+use super::kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
 use std::time::Duration;
 
 use crate::{DType, Error, OpKind, Rank, ReduceOp, Result, SymmetricMemory};
 
-use super::agree::{checked, header, Mechanism};
 use super::arg::{KernelArg, MAX_ARGS};
 use super::args::{self, Bound, Common, Direct, OpHeader};
-use super::layout::WorkspaceLayout;
-use super::plan::{
+use super::geometry::{
     kernel_dtype, kernel_op, lamport_plan, ring_plan, two_shot_shard, vec_elems, GridBudget, KernelDtype, RingMode,
     Tuning,
 };
+use super::layout::WorkspaceLayout;
+use super::op_agree::{checked, header, Mechanism};
 
 /// The world sizes with Lamport entries of their own ([`Entry::LamportWorld`]).
 pub const LAMPORT_WORLD_MIN: usize = 2;

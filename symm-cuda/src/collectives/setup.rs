@@ -12,7 +12,7 @@ use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream};
 use symm_core::{get_allocator, Device, DeviceType, Error, Group, Result};
 
-use super::plan::PerDtype;
+use super::geometry::PerDtype;
 use super::{args, cfg, CudaCollectives, Epilogues, GridBudget, RingMode, Tuning, WorkspaceLayout};
 use crate::driver::launch::{launch, Launch};
 use crate::driver::{self, bind, from_driver};
@@ -73,7 +73,7 @@ impl CollectivesConfig {
 /// The collective kernels of one object, loaded at setup (the module is cached per context by
 /// `kernels::load`; every function is loaded here, NOTE [co-residency]). Entries
 /// compiled per element type are [`PerDtype`] tables, indexed by [`KernelDtype`] (from
-/// [`super::plan::kernel_dtype`]); the two-rank specialisations are in turn indexed by (mode,
+/// [`super::geometry::kernel_dtype`]); the two-rank specialisations are in turn indexed by (mode,
 /// op) ([`ModeOpEntries`]).
 pub(super) struct KernelTable {
     /// `symm_lamport_{dt}`: the Lamport one-shot (data as flag), any world, mode and op.
@@ -146,7 +146,7 @@ impl CeState {
 pub(super) struct ModeOpEntries(Vec<CudaFunction>);
 
 impl ModeOpEntries {
-    /// The entry for `mode` and kernel op `op` ([`super::plan::kernel_op`]; the all-gather has
+    /// The entry for `mode` and kernel op `op` ([`super::geometry::kernel_op`]; the all-gather has
     /// one entry whatever `op`).
     pub(super) fn get(&self, mode: RingMode, op: u32) -> &CudaFunction {
         &self.0[mode_op_index(mode, op)]

@@ -2,8 +2,8 @@ use std::time::Duration;
 
 use super::*;
 use crate::kernels;
+use symm_core::coll::geometry::kernel_op;
 use symm_core::coll::launch::{mode_op_index, mode_op_names};
-use symm_core::coll::plan::kernel_op;
 
 #[test]
 fn config_defaults() {
@@ -180,7 +180,7 @@ fn kernel_defines_match_layout() {
         ("COLL_OPS_CHECK", layout::OPS_CHECK),
         ("COLL_OPS_PULL64", layout::OPS_PULL64),
         ("COLL_MAXW", layout::MAX_WORLD),
-        ("COLL_MAX_THREADS", plan::MAX_THREADS as usize),
+        ("COLL_MAX_THREADS", geometry::MAX_THREADS as usize),
         ("COLL_ST_MISMATCH", layout::ST_MISMATCH),
         ("COLL_MISMATCH_HEADER", layout::MISMATCH_HEADER as usize),
         ("COLL_MISMATCH_CHECK", layout::MISMATCH_CHECK as usize),
@@ -202,8 +202,8 @@ fn kernel_defines_match_layout() {
 mod argument_lists {
     use symm_core::coll::arg::{arg_bytes, KernelArg};
     use symm_core::coll::args::*;
+    use symm_core::coll::geometry::{ring_plan, RingMode, Tuning};
     use symm_core::coll::layout::{WorkspaceLayout, MAX_WORLD};
-    use symm_core::coll::plan::{ring_plan, RingMode, Tuning};
     use symm_core::DType;
 
     use crate::kernels::ptx_param_sizes;

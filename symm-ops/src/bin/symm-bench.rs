@@ -30,7 +30,7 @@
 //! `copy_engine:ce_fraction=0.5:ce_chunk=8M`; `args::TUNING_KEYS` lists the keys, see
 //! `symm_cuda::collectives::Tuning`): all_reduce `auto lamport one_shot two_shot pull
 //! copy_engine ce_two_shot nccl`; reduce_scatter `auto lamport ring pull copy_engine nccl`; all_gather `auto lamport sm pull
-//! copy_engine nccl` (each a kernel of `symm_core::kernels`, run explicitly; `auto` is the Communicator's
+//! copy_engine nccl` (each a kernel of `symm_core::coll`, run explicitly; `auto` is the Communicator's
 //! plan, printed beside it; `pull`: the fused zero-copy pull, inputs in the registered arena, two-shot from
 //! three ranks; all_reduce `copy_engine`: the pull with `ce_fraction` of it copied by the copy engine;
 //! all_gather `sm`: the ring, `copy_engine` pushes into the peers' registered outputs;

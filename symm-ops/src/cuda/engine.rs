@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
-use symm_core::epilogue::Rows;
+use symm_core::coll::epilogue_check::Rows;
 use symm_core::{get_symmetric_memory, DType, Error, OpKind, Rank, ReduceOp, Result, SymmTensor, SymmetricMemory};
 
 use symm_cuda::collectives::DeviceOp;

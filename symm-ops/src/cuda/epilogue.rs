@@ -4,7 +4,7 @@
 #![allow(unsafe_code)] // two calls into symm-cuda's raw-address entry points, each with its reason
 
 use cudarc::driver::CudaStream;
-use symm_core::epilogue::Rows;
+use symm_core::coll::epilogue_check::Rows;
 use symm_core::{ReduceOp, Result};
 use symm_cuda::collectives::Epilogue;
 

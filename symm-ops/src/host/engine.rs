@@ -1,7 +1,7 @@
 //! The host engine's [`Engine`] implementation: resolves the op's buffers, asks the planner
 //! (which names the generic path: one-shot or two-shot for an all-reduce) and runs it.
 
-use symm_core::epilogue::Rows;
+use symm_core::coll::epilogue_check::Rows;
 use symm_core::{AllReduceKernel, Error, Rank, Result};
 
 use super::{HostEngine, In, Out};

@@ -156,7 +156,7 @@ impl fmt::Display for AllGatherAlgo {
 }
 
 /// What the planner decided an op runs: one of the engine's explicit kernels (symm-core's
-/// vocabulary, [`symm_core::kernels`]), or NCCL. The host engine's plans name the kernel its
+/// vocabulary, [`symm_core::coll`]), or NCCL. The host engine's plans name the kernel its
 /// generic path stands for: all-reduce [`symm_core::AllReduceKernel::OneShot`] or
 /// [`symm_core::AllReduceKernel::TwoShot`], reduce-scatter and all-gather the pull (every rank reads what
 /// it needs from its peers).

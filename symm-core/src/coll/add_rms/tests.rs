@@ -4,8 +4,8 @@
 use super::*;
 use crate::coll::arg::KernelArg;
 use crate::coll::args::Bound;
+use crate::coll::geometry::KernelDtype;
 use crate::coll::launch::Switches;
-use crate::coll::plan::KernelDtype;
 use crate::kernel_source::COLLECTIVE_ENTRIES;
 use crate::DType;
 

@@ -47,7 +47,7 @@ impl Op {
         }
     }
     /// Algorithms run only when `--algos` names them (all_gather `ring`: the kernel's name in
-    /// `symm_core::kernels`, the same as `sm`, which earlier results use).
+    /// `symm_core::coll`, the same as `sm`, which earlier results use).
     pub(crate) fn on_request(self) -> &'static [&'static str] {
         match self {
             Op::AllGather => &["copy_engine_staged", "ring"],

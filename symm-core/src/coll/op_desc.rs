@@ -132,7 +132,7 @@ impl OpDescriptor {
     }
 
     /// Decodes [`Self::header_words`] (`seq` 0); `None` when the words are not a header.
-    pub fn from_header_words(w: [u32; 4]) -> Option<OpDescriptor> {
+    pub(crate) fn from_header_words(w: [u32; 4]) -> Option<OpDescriptor> {
         if w[0] & 0xff00_0000 != HDR_TAG0 || w[1] & 0xffff_ff00 != HDR_TAG1 || (w[2] | w[3]) >> 31 != 0 {
             return None;
         }

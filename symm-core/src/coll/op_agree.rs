@@ -11,8 +11,8 @@ use crate::pad::{ERR_ABORTED, ERR_MISMATCH, ERR_OP_MISMATCH, ERR_PEER_REJECTED, 
 use crate::{DType, Error, OpDescriptor, OpKind, ReduceOp};
 
 use super::args::OpHeader;
+use super::geometry::check_word_of;
 use super::layout::{MISMATCH_CHECK, MISMATCH_HEADER, MISMATCH_REJECTED, MISMATCH_WORDS};
-use super::plan::check_word_of;
 
 /// The mechanism an op runs (its `OpDescriptor::variant` on the device): ranks whose ops
 /// agree in every other field but run different mechanisms disagree too.
@@ -102,7 +102,7 @@ fn describe(w: [u32; 4]) -> String {
 
 /// The error a latched disagreement becomes, from the `MISMATCH_WORDS` STATE words the kernel
 /// recorded (`None` when no record was written, e.g. after the host cleared the error).
-pub fn mismatch_error(me: usize, record: &[u32; MISMATCH_WORDS]) -> Option<Error> {
+pub(crate) fn mismatch_error(me: usize, record: &[u32; MISMATCH_WORDS]) -> Option<Error> {
     let peer = (record[0] & 0xffff).checked_sub(1)? as usize;
     let words = |i: usize| [record[i], record[i + 1], record[i + 2], record[i + 3]];
     Some(match record[0] >> 16 {
@@ -134,12 +134,12 @@ pub fn mismatch_error(me: usize, record: &[u32; MISMATCH_WORDS]) -> Option<Error
 }
 
 /// Whether an `ERROR`-word code says the ranks disagreed (a mismatch record may hold which).
-pub fn is_mismatch(code: u32) -> bool {
+pub(crate) fn is_mismatch(code: u32) -> bool {
     matches!(code, ERR_MISMATCH | ERR_OP_MISMATCH | ERR_PEER_REJECTED)
 }
 
 /// The `MISMATCH_WORDS` STATE words of a mismatch record, from their little-endian bytes.
-pub fn record_words(raw: &[u8; MISMATCH_WORDS * 4]) -> [u32; MISMATCH_WORDS] {
+pub(crate) fn record_words(raw: &[u8; MISMATCH_WORDS * 4]) -> [u32; MISMATCH_WORDS] {
     let mut record = [0u32; MISMATCH_WORDS];
     for (w, b) in record.iter_mut().zip(raw.chunks_exact(4)) {
         *w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
@@ -172,7 +172,7 @@ pub fn code_result(
 /// every backend: `(group, rank)` name where it happened, `timeout` the deadline the kernels ran
 /// under, `record` the mismatch record the backend read when [`is_mismatch`] (NOTE
 /// [op-agreement]); an unknown code names `backend`.
-pub fn collective_error(
+pub(crate) fn collective_error(
     code: u32,
     record: Option<&[u32; MISMATCH_WORDS]>,
     (group, rank): (&str, usize),
@@ -267,7 +267,7 @@ mod tests {
         assert_ne!(checked(&base, &[1, 2]), checked(&base, &[1, 3]));
         let mut all: Vec<u64> = base.0.iter().map(|&w| u64::from(w)).collect();
         all.extend([1, 2]);
-        assert_eq!(checked(&base, &[1, 2]), crate::coll::plan::check_word(&all));
+        assert_eq!(checked(&base, &[1, 2]), crate::coll::geometry::check_word(&all));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! after any all-reduce ([`Epilogues`]) or fused into the Lamport one-shot
 //! ([`CudaCollectives::lamport_epilogue`]). NOTE [fused-epilogue] in symm-core's `kernels/epilogue.cuh`
 //! holds the numerics and the aliasing rules; symm-core's `coll::add_rms` plans both launches
-//! (and holds [`Epilogue`], the checked buffers), `symm_core::epilogue` the checks.
+//! (and holds [`Epilogue`], the checked buffers), `symm_core::coll::epilogue_check` the checks.
 
 #![deny(unsafe_code)]
 
@@ -14,7 +14,7 @@ use symm_core::coll::add_rms;
 use symm_core::coll::launch::{self, Entry, Launcher};
 use symm_core::Result;
 
-use super::plan::PerDtype;
+use super::geometry::PerDtype;
 use super::{launch_planned, not_here, CudaCollectives};
 use crate::driver::launch::Launch;
 use crate::driver::{self, bind};
@@ -126,10 +126,10 @@ mod tests {
     use super::*;
     use symm_core::coll::arg::arg_bytes;
     use symm_core::coll::args::{Bound, Common, Direct};
+    use symm_core::coll::epilogue_check::Rows;
+    use symm_core::coll::geometry::GridBudget;
     use symm_core::coll::launch::{Rig, Switches};
     use symm_core::coll::layout::WorkspaceLayout;
-    use symm_core::coll::plan::GridBudget;
-    use symm_core::epilogue::Rows;
 
     use crate::kernels::ptx_param_sizes;
 

@@ -7,10 +7,10 @@
 use crate::{DType, Error, Result};
 
 /// Bytes every buffer of an epilogue op is aligned to, and that a row's bytes are a multiple of.
-pub const ROW_ALIGN: usize = 16;
+pub(crate) const ROW_ALIGN: usize = 16;
 /// Most 16-byte vectors in one row: 512 threads of 8 vectors (bf16 / f16 rows of 32768
 /// elements, f32 rows of 16384).
-pub const MAX_ROW_VECTORS: usize = 512 * 8;
+pub(crate) const MAX_ROW_VECTORS: usize = 512 * 8;
 
 /// `[rows, hidden]` elements of `dtype`, checked: `hidden > 0`, `hidden` elements a whole
 /// number of 16-byte vectors (a multiple of 8 for bf16 / f16, of 4 for f32) and at most
@@ -80,7 +80,7 @@ impl Rows {
         self.count() * self.dtype.size()
     }
     /// 16-byte vectors per row.
-    pub fn vectors_per_row(&self) -> usize {
+    pub(crate) fn vectors_per_row(&self) -> usize {
         self.hidden * self.dtype.size() / ROW_ALIGN
     }
 }
