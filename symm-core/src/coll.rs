@@ -15,7 +15,9 @@
 //!   pulls, barrier, the empty op's agreement) planned once, which a backend's `Launcher` runs;
 //! - [`registry`]: the symmetric allocations registered for the zero-copy kernels;
 //! - [`add_rms`]: the all-reduce epilogue kernels' launches (the fused Lamport one and the
-//!   separate one), their row layouts and the checked buffers of an epilogue op.
+//!   separate one), their row layouts and the checked buffers of an epilogue op;
+//! - [`backend`]: the [`Collectives`] trait every GPU backend's collectives implement, their
+//!   [`CollFacts`], and the registry that finds them by device type.
 //!
 //! symm-cuda and symm-rocm launch the same entries with these same lists; CUDA's unit tests
 //! check each list against the parameters NVRTC compiled.
@@ -24,8 +26,14 @@ pub mod add_rms;
 pub mod agree;
 pub mod arg;
 pub mod args;
+pub mod backend;
 pub mod check;
 pub mod launch;
 pub mod layout;
 pub mod plan;
 pub mod registry;
+
+pub use backend::{
+    collectives_for, has_collectives, make_collectives, CollFacts, Collectives, CollectivesRegistration,
+    CollectivesSetup, Queue,
+};

@@ -24,6 +24,7 @@
 #![deny(unsafe_code)]
 
 mod all_reduce;
+mod backend;
 mod epilogue;
 mod scatter_gather;
 mod setup;
@@ -47,6 +48,7 @@ use crate::driver::mem::{dtod_async, dtoh_sync, memset_d32_async};
 use crate::driver::{self, bind, from_driver};
 use check::{ranges_overlap, ShardGeometry};
 
+pub(crate) use backend::make_collectives;
 pub use epilogue::{epilogue_threads, Epilogue, Epilogues};
 pub use layout::WorkspaceLayout;
 pub use plan::{GridBudget, RingMode, Tuning};

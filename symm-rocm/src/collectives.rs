@@ -527,6 +527,8 @@ impl RocmCollectives {
 }
 
 mod add_rms;
+mod backend;
+pub(crate) use backend::make_collectives;
 
 impl Drop for RocmCollectives {
     fn drop(&mut self) {
