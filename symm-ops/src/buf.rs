@@ -479,6 +479,24 @@ pub(crate) fn check_dtype(dtype: DType, op: &'static str) -> Result<()> {
     }
 }
 
+/// `n` default (zero) elements in host memory, allocated fallibly: a size
+/// the allocator refuses is [`Error::OutOfMemory`] naming `what` and the
+/// size asked for, never an abort. Every host allocation sized by the
+/// user's config or an op's size goes through it.
+pub(crate) fn try_zeroed<T: Clone + Default>(n: usize, what: &str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|e| Error::OutOfMemory {
+        device: "host".into(),
+        detail: format!(
+            "{what}: {n} elements of {} bytes ({} bytes) asked: {e}",
+            std::mem::size_of::<T>(),
+            n as u128 * std::mem::size_of::<T>() as u128
+        ),
+    })?;
+    v.resize(n, T::default());
+    Ok(v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,12 +4,11 @@
 //! resolves the op's buffers (where they lie, whether they are registered), asks the planner
 //! ([`Selector`], the one place that decides what runs) for the op's [`Plan`](crate::select::Plan),
 //! and runs exactly that. Engines: the generic host engine (`host/`, any backend's
-//! `SymmetricMemory`) and the
-//! CUDA engine (`cuda/`: symm-cuda's kernels and NCCL, which share the CUDA engine's stream
-//! ordering and buffer resolution; a plan names which of the two runs) and the ROCm engine
-//! (`rocm.rs`: symm-rocm's launches of the same shared kernels). The `cuda` and `rocm` features
-//! gate the engines and the buffer types they take (device buffers, streams), today in several
-//! files of this crate (`comm/mod.rs`, `ops.rs`, `buf.rs`, ...; issue #40 would gather them).
+//! `SymmetricMemory`) and the kernel engine (`kernel/`: any GPU backend's collectives through
+//! symm-core's `coll::Collectives`, found by device type; on CUDA with the CUDA extra of
+//! `cuda/`, its stream ordering, cudarc buffers and NCCL, which a plan may name). Also here, for
+//! every engine and the communicator alike: the op's stream ([`OpStream`]), and which errors
+//! leave the group out of step ([`is_fatal`]) or are this rank's refusal ([`is_refusal`]).
 
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
@@ -18,7 +17,6 @@ use symm_core::{DType, Error, OpKind, Rank, ReduceOp, Result, SymmTensor, Symmet
 
 use crate::buf::{Buf, BufMut};
 use crate::epilogue::{EpiArgs, EpilogueAlgo};
-use crate::ops::OpStream;
 use crate::select::{AllGatherAlgo, AllReduceAlgo, ReduceScatterAlgo, Selector};
 
 /// The engine's per-op state, taken by the op: a second op running at once on one communicator
@@ -33,8 +31,28 @@ pub(crate) fn op_lock<T>(m: &Mutex<T>) -> Result<MutexGuard<'_, T>> {
     }
 }
 
+/// The stream an op was given (`None`: the communicator's own).
+#[cfg(feature = "cuda")]
+pub(crate) type OpStream<'a> = Option<&'a Arc<cudarc::driver::CudaStream>>;
+/// The stream an op was given: always `None` without CUDA.
+#[cfg(not(feature = "cuda"))]
+pub(crate) type OpStream<'a> = Option<&'a std::convert::Infallible>;
+
+/// Errors after which the ranks' protocol state is out of step.
+pub(crate) fn is_fatal(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Timeout { .. }
+            | Error::Mismatch { .. }
+            | Error::Aborted(_)
+            | Error::PeerLost { .. }
+            | Error::Backend { .. }
+            | Error::Store(_)
+            | Error::Io(_)
+    )
+}
+
 /// An error that means this rank refused its own arguments for an op its peers may be running.
-#[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
 pub(crate) fn is_refusal(e: &Error) -> bool {
     matches!(
         e,
@@ -92,6 +110,8 @@ pub(crate) struct Caps {
     pub lamport_slot: usize,
     /// Why NCCL is not there although the config asked for it.
     pub nccl_missing: Option<String>,
+    /// The copy-engine kernels run here (the backend's `CollFacts::copy_engine`).
+    pub copy_engine: bool,
 }
 
 /// The ops of one engine. Every method runs one op of this rank (every rank calls the same in

@@ -2,10 +2,10 @@
 //! partial sums `x`, add the residual, RMSNorm the sum (NOTE [fused-epilogue] in
 //! `symm-core/kernels/epilogue.cuh`; docs/ops.md, "Fused epilogues").
 //!
-//! The CUDA and rocm engines run the table's all-reduce (NCCL included, on CUDA) followed by the
-//! separate epilogue kernel, or the Lamport one-shot with the epilogue fused in (the planner's
-//! rule: `Selector::epilogue`), both planned by symm-core's `coll::add_rms`; `addresses.rs`
-//! resolves an op's buffers to their addresses for both. The host engine runs its all-reduce and
+//! The kernel engine (CUDA, ROCm) runs the table's all-reduce (NCCL included, on CUDA) followed
+//! by the separate epilogue kernel, or the Lamport one-shot with the epilogue fused in (the
+//! planner's rule: `Selector::epilogue`), both planned by symm-core's `coll::add_rms`;
+//! `addresses.rs` resolves an op's buffers to their addresses for it. The host engine runs its all-reduce and
 //! the same arithmetic on the CPU.
 
 use symm_core::epilogue::{Buffers, Rows, Span};
@@ -16,9 +16,7 @@ use crate::host::{In, Out};
 use crate::ops::OnStream;
 use crate::select::AllReduceAlgo;
 
-#[cfg(any(feature = "cuda", feature = "rocm"))]
 mod addresses;
-#[cfg(any(feature = "cuda", feature = "rocm"))]
 pub(crate) use addresses::{EpiBufs, Resolve};
 
 /// How an all-reduce epilogue runs.

@@ -27,7 +27,7 @@
 //! See `docs/user-guide.md` and `docs/ops.md`.
 
 // No unsafe code, except the declaration of `RawDevicePtr::new`'s contract (buf.rs) and the
-// engines' calls into their backends' raw-address entries (`cuda/engine.rs`, `rocm.rs`).
+// kernel engine's calls into the backends' raw-address entries (`kernel/engine.rs`).
 #![deny(unsafe_code)]
 
 mod buf;
@@ -39,14 +39,13 @@ mod device;
 mod engine;
 mod epilogue;
 mod host;
+mod kernel;
 mod knobs;
 mod local;
 mod ops;
 mod pool;
 pub mod prelude;
 mod reduce;
-#[cfg(feature = "rocm")]
-mod rocm;
 mod select;
 mod setup;
 

@@ -17,9 +17,10 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use symm_core::{DType, Error, OpKind, ReduceOp, Result};
 
+use crate::buf::try_zeroed;
 use crate::buf::{check_dtype, Buf, BufMut, Element};
-use crate::comm::{try_zeroed, Communicator};
-use crate::engine::{Cx, OpArgs};
+use crate::comm::Communicator;
+use crate::engine::{Cx, OpArgs, OpStream};
 use crate::select::{AllGatherAlgo, AllReduceAlgo, ReduceScatterAlgo};
 
 /// A result an out-of-place op allocates: `Vec<T>` (host engine) or
@@ -47,6 +48,29 @@ impl<T: Element> NewOutput for Vec<T> {
     }
 }
 
+#[cfg(feature = "cuda")]
+impl<T: Element + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits> NewOutput
+    for cudarc::driver::CudaSlice<T>
+{
+    fn new_output(on: &OnStream<'_>, len: usize, dtype: DType) -> Result<Self> {
+        if dtype != T::DTYPE {
+            return Err(Error::InvalidArgument(format!(
+                "result type {} asked for a {dtype} input",
+                T::DTYPE
+            )));
+        }
+        let stream = on
+            .stream()
+            .ok_or_else(|| Error::InvalidArgument("a CudaSlice result from a host-engine communicator".into()))?;
+        stream
+            .alloc_zeros::<T>(len)
+            .map_err(crate::cuda::drv_err("cuMemAllocAsync"))
+    }
+    fn as_output(&mut self) -> BufMut<'_> {
+        self.into()
+    }
+}
+
 /// Elements of an all-gather's output: `count` per rank, `w` ranks.
 fn gathered_len(count: usize, w: usize) -> Result<usize> {
     count
@@ -61,13 +85,6 @@ pub struct OnStream<'c> {
     comm: &'c Communicator,
     stream: OpStream<'c>,
 }
-
-/// The stream an op was given (`None`: the communicator's own).
-#[cfg(feature = "cuda")]
-pub(crate) type OpStream<'a> = Option<&'a Arc<CudaStream>>;
-/// The stream an op was given: always `None` without CUDA.
-#[cfg(not(feature = "cuda"))]
-pub(crate) type OpStream<'a> = Option<&'a std::convert::Infallible>;
 
 impl std::fmt::Debug for OnStream<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

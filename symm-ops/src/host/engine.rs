@@ -6,9 +6,9 @@ use symm_core::{AllReduceKernel, Error, Rank, Result};
 
 use super::{HostEngine, In, Out};
 use crate::buf::{Buf, BufMut};
+use crate::engine::OpStream;
 use crate::engine::{Caps, Cx, Engine, OpArgs};
 use crate::epilogue::{EpiArgs, EpilogueAlgo, HostEpi};
-use crate::ops::OpStream;
 use crate::select::{AllGatherAlgo, AllReduceAlgo, Bufs, Plan, ReduceScatterAlgo};
 
 impl HostEngine {
@@ -108,7 +108,7 @@ impl Engine for HostEngine {
     }
 
     fn reject(&self, _stream: OpStream<'_>, _e: &Error) -> bool {
-        self.send_rejection().is_err_and(|e2| crate::comm::is_fatal(&e2))
+        self.send_rejection().is_err_and(|e2| crate::engine::is_fatal(&e2))
     }
 
     fn take_told_peers(&self) -> bool {

@@ -34,12 +34,16 @@ pub enum EngineKind {
     /// defaults are the CUDA ones without the copy-engine rows, provisional until measured on
     /// AMD hardware. Not run on AMD hardware yet.
     Rocm,
+    /// The collective kernels of a backend registered for another device type
+    /// ([`symm_core::DeviceType::Other`], through [`symm_core::coll::Collectives`]): the table's
+    /// defaults are the ROCm ones (the CUDA ones without the copy-engine rows), no NCCL.
+    Kernels,
 }
 
 impl EngineKind {
     /// Whether the engine runs symm's collective kernels (the planner's kernel rows apply).
     pub(crate) fn runs_kernels(self) -> bool {
-        matches!(self, EngineKind::Cuda | EngineKind::Rocm)
+        matches!(self, EngineKind::Cuda | EngineKind::Rocm | EngineKind::Kernels)
     }
 }
 
@@ -50,6 +54,7 @@ impl fmt::Display for EngineKind {
             EngineKind::Cuda => "cuda",
             EngineKind::Nccl => "nccl",
             EngineKind::Rocm => "rocm",
+            EngineKind::Kernels => "kernels",
         })
     }
 }
@@ -199,6 +204,9 @@ pub(crate) struct Bufs<'a> {
 #[derive(Debug, Clone)]
 pub(crate) struct Selector {
     pub engine: EngineKind,
+    /// The copy-engine kernels run here (the backend's `CollFacts::copy_engine`); without, the
+    /// copy-engine requests run the zero-copy pulls.
+    pub copy_engine: bool,
     /// Symmetric-memory algorithms available (false: NCCL only).
     pub symm: bool,
     /// NCCL available as the fallback.
