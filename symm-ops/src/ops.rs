@@ -23,6 +23,8 @@ use crate::comm::Communicator;
 use crate::engine::{Cx, OpArgs, OpStream};
 use crate::select::{AllGatherAlgo, AllReduceAlgo, ReduceScatterAlgo};
 
+mod epilogue;
+
 /// A result an out-of-place op allocates: `Vec<T>` (host engine) or
 /// `cudarc::driver::CudaSlice<T>` (CUDA engine, allocated on the op's
 /// stream).

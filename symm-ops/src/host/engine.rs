@@ -4,11 +4,12 @@
 use symm_core::epilogue::Rows;
 use symm_core::{AllReduceKernel, Error, Rank, Result};
 
+use super::epilogue::HostEpi;
 use super::{HostEngine, In, Out};
 use crate::buf::{Buf, BufMut};
 use crate::engine::OpStream;
 use crate::engine::{Caps, Cx, Engine, OpArgs};
-use crate::epilogue::{EpiArgs, EpilogueAlgo, HostEpi};
+use crate::epilogue::{EpiArgs, EpilogueAlgo};
 use crate::select::{AllGatherAlgo, AllReduceAlgo, Bufs, Plan, ReduceScatterAlgo};
 
 impl HostEngine {

@@ -44,6 +44,7 @@ use crate::buf::{check_symm_tensor, Buf, BufMut, HostIn, HostOut};
 use crate::reduce;
 
 mod engine;
+pub(crate) mod epilogue;
 
 /// Channel of the ops' own barriers on the staging memory's pad.
 const OP_CHANNEL: usize = 0;
