@@ -11,10 +11,10 @@
 //! engine checks alike.
 
 use symm_core::epilogue::Rows;
-use symm_core::{DType, Error, Result};
+use symm_core::{AllReduceKernel, DType, Error, Result};
 
 use crate::buf::{Buf, BufMut};
-use crate::select::AllReduceAlgo;
+use crate::select::{AllReduceAlgo, Plan};
 
 mod addresses;
 pub(crate) use addresses::{EpiBufs, Resolve};
@@ -34,6 +34,15 @@ pub enum EpilogueAlgo {
     Fused,
     /// The given all-reduce (into an output, or in place), then the separate epilogue kernel.
     Separate(AllReduceAlgo),
+}
+
+/// How one epilogue op runs, as the op planned it: the fused kernel, or the planned all-reduce
+/// into the sum's place followed by the separate epilogue kernel (the host engine runs its
+/// unfused sequence for either).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EpiPlan {
+    Fused,
+    Separate(Plan<AllReduceKernel>),
 }
 
 /// The RMSNorm half of an epilogue: `weight` (`hidden` elements, the row length) and `eps`.
@@ -146,6 +155,25 @@ impl EpiArgs<'_> {
             (Some((_, _, None)), _) => SumAt::X,
             (None, ResArg::Apart(..)) => SumAt::ResidualOut,
             (None, ResArg::InPlace(_)) => SumAt::X,
+        }
+    }
+    /// The known addresses (`crate::buf::Buf::known_address`) of `x` and of the sum's place of
+    /// the separate sequence, and whether the sum goes to `x` itself (the same buffer).
+    pub fn sum_addresses(&self) -> (Option<u64>, Option<u64>, bool) {
+        let x = match &self.x {
+            XArg::In(b) => b.known_address(),
+            XArg::Mut(b) => b.known_address(),
+        };
+        match self.sum_at() {
+            SumAt::X => (x, x, true),
+            SumAt::NormOut => match &self.norm {
+                Some((_, _, Some(o))) => (x, o.known_address(), false),
+                _ => (x, x, true),
+            },
+            SumAt::ResidualOut => match &self.residual {
+                ResArg::Apart(_, o) => (x, o.known_address(), false),
+                ResArg::InPlace(r) => (x, r.known_address(), false),
+            },
         }
     }
     pub fn eps(&self) -> f32 {

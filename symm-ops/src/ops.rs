@@ -15,13 +15,13 @@ use std::sync::Arc;
 
 #[cfg(feature = "cuda")]
 use cudarc::driver::CudaStream;
-use symm_core::{DType, Error, OpKind, ReduceOp, Result};
+use symm_core::{AllReduceKernel, DType, Error, OpKind, ReduceOp, Result};
 
 use crate::buf::try_zeroed;
 use crate::buf::{check_dtype, Buf, BufMut, Element};
 use crate::comm::Communicator;
 use crate::engine::{Cx, OpArgs, OpStream};
-use crate::select::{AllGatherAlgo, AllReduceAlgo, ReduceScatterAlgo};
+use crate::select::{AllGatherAlgo, AllReduceAlgo, Bufs, Placement, Plan, ReduceScatterAlgo, Side};
 
 mod epilogue;
 
@@ -136,12 +136,36 @@ impl<'c> OnStream<'c> {
         self.comm.arg(self.stream, r)
     }
 
-    /// The op's context for the engine: its stream and the planner.
+    /// The op's context for the engine: its stream.
     pub(crate) fn cx(&self) -> Cx<'c> {
-        Cx {
-            stream: self.stream,
-            planner: &self.comm.selector,
-        }
+        Cx { stream: self.stream }
+    }
+
+    /// Whether `bytes` at the known address `p` lie in symmetric memory registered with the
+    /// engine (an unknown address never does: `Buf::known_address`).
+    fn registered(&self, p: Option<u64>, bytes: usize) -> bool {
+        p.is_some_and(|p| self.comm.engine.is_registered(p, bytes))
+    }
+
+    /// The plan of an all-reduce of `count` elements of `dtype` requested as `req`, on buffers
+    /// placed as `at`: the buffers' facts once, then the planner (NOTE [one-planner]).
+    pub(crate) fn plan_all_reduce(
+        &self,
+        req: AllReduceAlgo,
+        at: Placement,
+        count: usize,
+        dtype: DType,
+    ) -> Plan<AllReduceKernel> {
+        let bytes = count * dtype.size();
+        let bufs = Bufs {
+            in_place: at.in_place,
+            apart: at.apart,
+            registered: &|side| match side {
+                Side::Input => self.registered(at.input, bytes),
+                Side::Output => self.registered(at.output, bytes),
+            },
+        };
+        self.comm.selector.plan_all_reduce(req, bytes, &bufs)
     }
 
     // ---- all-reduce -------------------------------------------------------
@@ -226,6 +250,11 @@ impl<'c> OnStream<'c> {
                 return r;
             }
         }
+        let at = Placement::all_reduce(
+            input.as_ref().map(Buf::known_address),
+            output.known_address(),
+            count * dtype.size(),
+        );
         let a = OpArgs {
             input,
             output,
@@ -233,7 +262,10 @@ impl<'c> OnStream<'c> {
             dtype,
             op,
         };
-        self.comm.run(|| self.comm.engine.all_reduce(self.cx(), algo, a))
+        self.comm.run(|| {
+            let plan = self.plan_all_reduce(algo, at, count, dtype);
+            self.comm.engine.all_reduce(self.cx(), plan, a)
+        })
     }
 
     // ---- reduce-scatter -----------------------------------------------------
@@ -271,7 +303,9 @@ impl<'c> OnStream<'c> {
                 return r;
             }
         }
-        let algo: ReduceScatterAlgo = self.comm.selector.reduce_scatter(input.len() * dtype.size());
+        let whole = input.len() * dtype.size();
+        let algo: ReduceScatterAlgo = self.comm.selector.reduce_scatter(whole);
+        let input_at = input.known_address();
         let a = OpArgs {
             input,
             output,
@@ -279,7 +313,13 @@ impl<'c> OnStream<'c> {
             dtype,
             op,
         };
-        self.comm.run(|| self.comm.engine.reduce_scatter(self.cx(), algo, a))
+        self.comm.run(|| {
+            let plan = self
+                .comm
+                .selector
+                .plan_reduce_scatter(algo, whole, &|| self.registered(input_at, whole));
+            self.comm.engine.reduce_scatter(self.cx(), plan, a)
+        })
     }
 
     // ---- all-gather ---------------------------------------------------------
@@ -308,9 +348,28 @@ impl<'c> OnStream<'c> {
                 return r;
             }
         }
-        let algo: AllGatherAlgo = self.comm.selector.all_gather(want * dtype.size());
+        let whole = want * dtype.size();
+        let algo: AllGatherAlgo = self.comm.selector.all_gather(whole);
+        let bytes = count * dtype.size();
+        let at = Placement::all_gather(
+            input.known_address(),
+            output.known_address(),
+            self.comm.rank().get(),
+            bytes,
+        );
         let a = OpArgs::gather(input, output, count, dtype);
-        self.comm.run(|| self.comm.engine.all_gather(self.cx(), algo, a))
+        self.comm.run(|| {
+            let bufs = Bufs {
+                in_place: at.in_place,
+                apart: at.apart,
+                registered: &|side| match side {
+                    Side::Input => self.registered(at.input, bytes),
+                    Side::Output => self.registered(at.output, whole),
+                },
+            };
+            let plan = self.comm.selector.plan_all_gather(algo, whole, dtype, &bufs);
+            self.comm.engine.all_gather(self.cx(), plan, a)
+        })
     }
 
     // ---- barrier ------------------------------------------------------------

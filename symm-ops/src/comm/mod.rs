@@ -269,7 +269,6 @@ impl Communicator {
             }
         };
 
-        let rank = group.rank().get();
         let setup = |queue| CollectivesSetup {
             group,
             device,
@@ -309,7 +308,7 @@ impl Communicator {
                         pdl: config.pdl,
                     },
                 )?;
-                Box::new(KernelEngine::cuda(device, rank, coll, side))
+                Box::new(KernelEngine::cuda(device, coll, side))
             }
             #[cfg(not(feature = "cuda"))]
             EngineKind::Cuda | EngineKind::Nccl => {
@@ -317,11 +316,7 @@ impl Communicator {
                     "symm-ops was built without its `cuda` feature".into(),
                 ))
             }
-            _ => Box::new(KernelEngine::new(
-                device,
-                rank,
-                Some(make_collectives(&setup(Queue::own()))?),
-            )?),
+            _ => Box::new(KernelEngine::new(device, make_collectives(&setup(Queue::own()))?)),
         };
         let engine: Arc<dyn Engine> = Arc::from(engine);
         // NOTE [peer-watch]: a peer that exits or drops its communicator stops the waits on it.

@@ -1,6 +1,6 @@
-//! The kernel engine's ops ([`Engine`]): each resolves its buffers, asks the planner and runs the
-//! plan: one of the backend's explicit kernels through [`symm_core::coll::Collectives`], or NCCL
-//! (the CUDA extra). The all-reduce epilogues (NOTE [fused-epilogue]): the fused Lamport kernel,
+//! The kernel engine's ops ([`Engine`]): each resolves its buffers and runs the plan the op
+//! handed it: one of the backend's explicit kernels through [`symm_core::coll::Collectives`], or
+//! NCCL (the CUDA extra). The all-reduce epilogues (NOTE [fused-epilogue]): the fused Lamport kernel,
 //! or an all-reduce (any, NCCL included) into the sum's place followed by the epilogue kernel,
 //! the buffers resolved by `crate::epilogue::EpiBufs`.
 //!
@@ -14,13 +14,16 @@ use std::sync::Arc;
 use symm_core::coll::add_rms::Epilogue;
 use symm_core::coll::launch::DeviceOp;
 use symm_core::epilogue::Rows;
-use symm_core::{get_symmetric_memory, DType, Error, OpKind, Rank, ReduceOp, Result, SymmTensor, SymmetricMemory};
+use symm_core::{
+    get_symmetric_memory, AllGatherKernel, AllReduceKernel, DType, Error, OpKind, Rank, ReduceOp, ReduceScatterKernel,
+    Result, SymmTensor, SymmetricMemory,
+};
 
 use super::{queue, At, Held, KernelEngine};
 use crate::buf::{Buf, BufMut, RawDevicePtr};
 use crate::engine::{is_fatal, Caps, Cx, Engine, OpArgs, OpStream};
-use crate::epilogue::{EpiArgs, EpiBufs, EpilogueAlgo, Resolve};
-use crate::select::{AllGatherAlgo, AllReduceAlgo, Bufs, Plan, ReduceScatterAlgo, Selector, Side};
+use crate::epilogue::{EpiArgs, EpiBufs, EpiPlan, Resolve};
+use crate::select::Plan;
 
 /// The engine's buffer resolution on one op's queue (`KernelEngine::src` / `dst`), for the
 /// epilogues' buffers.
@@ -40,14 +43,8 @@ impl<'s, 'e: 's> Resolve<'s> for Resolver<'e> {
 }
 
 impl KernelEngine {
-    /// The all-reduce with the lock held, on `s` (also the epilogues' first half).
-    fn all_reduce_on(
-        &self,
-        s: At<'_>,
-        planner: &Selector,
-        req: AllReduceAlgo,
-        a: OpArgs<'_, Option<Buf<'_>>>,
-    ) -> Result<()> {
+    /// The all-reduce by `plan` with the lock held, on `s` (also the epilogues' first half).
+    fn all_reduce_on(&self, s: At<'_>, plan: Plan<AllReduceKernel>, a: OpArgs<'_, Option<Buf<'_>>>) -> Result<()> {
         let OpArgs {
             input,
             mut output,
@@ -60,15 +57,6 @@ impl KernelEngine {
             Some(b) => self.src(s, b)?,
             None => (out_ptr, None),
         };
-        let bytes = count * dtype.size();
-        let bufs = Bufs {
-            in_place: in_ptr == out_ptr,
-            apart: in_ptr.saturating_add(bytes as u64) <= out_ptr || out_ptr.saturating_add(bytes as u64) <= in_ptr,
-            registered: &|side| match side {
-                Side::Input => self.is_registered(in_ptr, bytes),
-                Side::Output => self.is_registered(out_ptr, bytes),
-            },
-        };
         let d = DeviceOp {
             input: in_ptr,
             output: out_ptr,
@@ -76,7 +64,7 @@ impl KernelEngine {
             dtype,
             op,
         };
-        match planner.plan_all_reduce(req, bytes, &bufs) {
+        match plan {
             Plan::Nccl => self.nccl(s, OpKind::AllReduce, d),
             // SAFETY: the addresses come from checked buffers, held until the op is enqueued
             // (module docs of mod.rs).
@@ -84,9 +72,9 @@ impl KernelEngine {
         }
     }
 
-    /// One epilogue op with the lock held, on `s`: the fused Lamport kernel, or the all-reduce
-    /// `algo` names (as the planner plans it) followed by the epilogue kernel.
-    fn epilogue_on(&self, s: At<'_>, planner: &Selector, algo: EpilogueAlgo, a: EpiArgs<'_>, rows: Rows) -> Result<()> {
+    /// One epilogue op with the lock held, on `s`: the fused Lamport kernel, or the planned
+    /// all-reduce followed by the epilogue kernel.
+    fn epilogue_on(&self, s: At<'_>, plan: EpiPlan, a: EpiArgs<'_>, rows: Rows) -> Result<()> {
         let on = Resolver { engine: self, s };
         let mut bufs = EpiBufs::from(a);
         let (p, _held) = bufs.resolve(&on)?;
@@ -95,8 +83,8 @@ impl KernelEngine {
         // of mod.rs, NOTE [raw-addresses]).
         let e = unsafe { Epilogue::new(p.op, p.x, rows, p.residual, p.residual_out, p.norm) }?;
         let sum = p.sum_place()?;
-        match algo {
-            EpilogueAlgo::Separate(ar) => {
+        match plan {
+            EpiPlan::Separate(ar) => {
                 let (count, dtype) = (rows.count(), rows.dtype());
                 let input = (sum != p.x).then(|| Buf::Raw(RawDevicePtr::checked(p.x, count, dtype)));
                 let output = BufMut::Raw(RawDevicePtr::checked(sum, count, dtype));
@@ -107,10 +95,10 @@ impl KernelEngine {
                     dtype,
                     op: ReduceOp::Sum,
                 };
-                self.all_reduce_on(s, planner, ar, sum_args)?;
+                self.all_reduce_on(s, ar, sum_args)?;
                 self.separate_epilogue(s, sum, &e)
             }
-            _ => self.coll()?.lamport_epilogue(queue(s), &e),
+            EpiPlan::Fused => self.coll()?.lamport_epilogue(queue(s), &e),
         }
     }
 
@@ -149,11 +137,15 @@ impl Engine for KernelEngine {
         }
     }
 
-    fn all_reduce(&self, cx: Cx<'_>, req: AllReduceAlgo, a: OpArgs<'_, Option<Buf<'_>>>) -> Result<()> {
-        self.locked(cx.stream, |s| self.all_reduce_on(s, cx.planner, req, a))
+    fn all_reduce(&self, cx: Cx<'_>, plan: Plan<AllReduceKernel>, a: OpArgs<'_, Option<Buf<'_>>>) -> Result<()> {
+        self.locked(cx.stream, |s| self.all_reduce_on(s, plan, a))
     }
 
-    fn reduce_scatter(&self, cx: Cx<'_>, req: ReduceScatterAlgo, a: OpArgs<'_, Buf<'_>>) -> Result<()> {
+    fn is_registered(&self, ptr: u64, bytes: usize) -> bool {
+        KernelEngine::is_registered(self, ptr, bytes)
+    }
+
+    fn reduce_scatter(&self, cx: Cx<'_>, plan: Plan<ReduceScatterKernel>, a: OpArgs<'_, Buf<'_>>) -> Result<()> {
         let OpArgs {
             input,
             mut output,
@@ -164,7 +156,6 @@ impl Engine for KernelEngine {
         self.locked(cx.stream, |s| {
             let (out_ptr, _g_out) = self.dst(s, &mut output)?;
             let (in_ptr, _g_in) = self.src(s, &input)?;
-            let whole = count * cx.planner.world * dtype.size();
             let d = DeviceOp {
                 input: in_ptr,
                 output: out_ptr,
@@ -172,10 +163,7 @@ impl Engine for KernelEngine {
                 dtype,
                 op,
             };
-            match cx
-                .planner
-                .plan_reduce_scatter(req, whole, &|| self.is_registered(in_ptr, whole))
-            {
+            match plan {
                 Plan::Nccl => self.nccl(s, OpKind::ReduceScatter, d),
                 // SAFETY: the addresses come from checked buffers (module docs of mod.rs).
                 Plan::Kernel(k) => unsafe { self.coll()?.reduce_scatter(queue(s), k, d) },
@@ -183,7 +171,7 @@ impl Engine for KernelEngine {
         })
     }
 
-    fn all_gather(&self, cx: Cx<'_>, req: AllGatherAlgo, a: OpArgs<'_, Buf<'_>>) -> Result<()> {
+    fn all_gather(&self, cx: Cx<'_>, plan: Plan<AllGatherKernel>, a: OpArgs<'_, Buf<'_>>) -> Result<()> {
         let OpArgs {
             input,
             mut output,
@@ -194,19 +182,8 @@ impl Engine for KernelEngine {
         self.locked(cx.stream, |s| {
             let (out_ptr, _g_out) = self.dst(s, &mut output)?;
             let (in_ptr, _g_in) = self.src(s, &input)?;
-            let bytes = count * dtype.size();
-            let whole = bytes * cx.planner.world;
-            let in_place = out_ptr.checked_add((self.rank * bytes) as u64) == Some(in_ptr);
-            let bufs = Bufs {
-                in_place,
-                apart: !in_place,
-                registered: &|side| match side {
-                    Side::Input => self.is_registered(in_ptr, bytes),
-                    Side::Output => self.is_registered(out_ptr, whole),
-                },
-            };
             let d = DeviceOp::gather(in_ptr, out_ptr, count, dtype);
-            match cx.planner.plan_all_gather(req, whole, dtype, &bufs) {
+            match plan {
                 Plan::Nccl => self.nccl(s, OpKind::AllGather, d),
                 // SAFETY: the addresses come from checked buffers (module docs of mod.rs).
                 Plan::Kernel(k) => unsafe { self.coll()?.all_gather(queue(s), k, d) },
@@ -227,8 +204,8 @@ impl Engine for KernelEngine {
         Err(Error::Unavailable("no engine for a barrier".into()))
     }
 
-    fn epilogue(&self, cx: Cx<'_>, algo: EpilogueAlgo, a: EpiArgs<'_>, rows: Rows) -> Result<()> {
-        self.locked(cx.stream, |s| self.epilogue_on(s, cx.planner, algo, a, rows))
+    fn epilogue(&self, cx: Cx<'_>, plan: EpiPlan, a: EpiArgs<'_>, rows: Rows) -> Result<()> {
+        self.locked(cx.stream, |s| self.epilogue_on(s, plan, a, rows))
     }
 
     fn runs_empty_ops(&self) -> bool {

@@ -55,8 +55,6 @@ fn queue<T: std::any::Any>(s: Option<&T>) -> Queue<'_> {
 /// The kernel engine (module docs).
 pub(crate) struct KernelEngine {
     device: Device,
-    /// This rank.
-    rank: usize,
     /// The backend's collectives (`None`: NCCL only, CUDA).
     coll: Option<Arc<dyn Collectives>>,
     /// What they report (the default, all off, without them).
@@ -78,32 +76,24 @@ type At<'s> = Option<&'s cudarc::driver::CudaStream>;
 type At<'s> = Option<&'s std::convert::Infallible>;
 
 impl KernelEngine {
-    /// The engine over `coll` (`None`: NCCL only, with `cuda`) on `device`.
-    pub fn new(device: Device, rank: usize, coll: Option<Arc<dyn Collectives>>) -> Result<Self> {
-        let facts = coll.as_ref().map(|c| c.facts()).unwrap_or_default();
-        if coll.is_none() {
-            return Err(Error::Unavailable(format!(
-                "the kernel engine on {device} without collectives or NCCL"
-            )));
-        }
-        Ok(KernelEngine {
+    /// The engine over `coll` on `device` (no CUDA extra: the backend's own queue).
+    pub fn new(device: Device, coll: Arc<dyn Collectives>) -> Self {
+        KernelEngine {
             device,
-            rank,
-            coll,
-            facts,
+            facts: coll.facts(),
+            coll: Some(coll),
             lock: Mutex::new(()),
             told_peers: AtomicBool::new(false),
             #[cfg(feature = "cuda")]
             cuda: None,
-        })
+        }
     }
 
     /// The engine on a CUDA device: `coll` (`None`: NCCL only) with the CUDA extra.
     #[cfg(feature = "cuda")]
-    pub fn cuda(device: Device, rank: usize, coll: Option<Arc<dyn Collectives>>, side: crate::cuda::CudaSide) -> Self {
+    pub fn cuda(device: Device, coll: Option<Arc<dyn Collectives>>, side: crate::cuda::CudaSide) -> Self {
         KernelEngine {
             device,
-            rank,
             facts: coll.as_ref().map(|c| c.facts()).unwrap_or_default(),
             coll,
             lock: Mutex::new(()),

@@ -5,7 +5,8 @@ use symm_core::{ReduceOp, Result};
 
 use super::OnStream;
 use crate::buf::{Buf, BufMut};
-use crate::epilogue::{EpiArgs, EpilogueAlgo, ResArg, RmsNorm, XArg};
+use crate::epilogue::{EpiArgs, EpiPlan, EpilogueAlgo, ResArg, RmsNorm, XArg};
+use crate::select::Placement;
 
 impl OnStream<'_> {
     /// `residual_out = residual + all_reduce_sum(x)`; `norm_out = RMSNorm(residual_out) * weight`
@@ -93,8 +94,23 @@ impl OnStream<'_> {
                 return r;
             }
         }
-        self.comm()
-            .run(|| self.comm().engine.epilogue(self.cx(), algo, a, rows))
+        // The separate sequence's all-reduce, planned on the sum's place: in place when the sum
+        // goes to `x`, else from `x` into it.
+        let (x, sum, same) = a.sum_addresses();
+        let at = if same {
+            Placement::all_reduce(None, x, rows.bytes())
+        } else {
+            Placement::all_reduce(Some(x), sum, rows.bytes())
+        };
+        self.comm().run(|| {
+            let plan = match algo {
+                EpilogueAlgo::Separate(ar) => {
+                    EpiPlan::Separate(self.plan_all_reduce(ar, at, rows.count(), rows.dtype()))
+                }
+                _ => EpiPlan::Fused,
+            };
+            self.comm().engine.epilogue(self.cx(), plan, a, rows)
+        })
     }
 }
 
