@@ -20,10 +20,12 @@
 //! buffers (host slices, cudarc slices and views, raw device pointers) are
 //! staged through the communicator's persistent symmetric buffer, in chunks
 //! when larger. Engines: the generic host engine (any backend's
-//! `SymmetricMemory`; CI runs it on symm-testkit's host backend), CUDA
-//! (symm-cuda's kernels, feature `cuda`, default), NCCL (cudarc) and ROCm
-//! (symm-rocm's launches of the same kernels, feature `rocm`; not run on AMD
-//! hardware).
+//! `SymmetricMemory`; CI runs it on symm-testkit's host backend), and the
+//! kernel engine over the collectives a backend registers for its device
+//! type (`symm_core::coll::Collectives`): CUDA (symm-cuda's kernels, feature
+//! `cuda`, default, with NCCL from cudarc), ROCm (symm-rocm's launches of the
+//! same kernels, feature `rocm`; not run on AMD hardware), or a backend of
+//! `DeviceType::Other` linked into the program.
 //! See `docs/user-guide.md` and `docs/ops.md`.
 
 // No unsafe code, except the declaration of `RawDevicePtr::new`'s contract (buf.rs) and the
