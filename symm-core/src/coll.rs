@@ -24,7 +24,9 @@
 //! - [`op_agree`]: the op header and check words every launch carries, and the error a recorded
 //!   disagreement becomes;
 //! - [`check`]: the checks on an op's device addresses (null, alignment, overflow, overlap);
-//! - [`registry`]: the symmetric allocations registered for the zero-copy kernels.
+//! - [`registry`]: the symmetric allocations registered for the zero-copy kernels;
+//! - [`backend`]: the [`Collectives`] trait every GPU backend's collectives implement, their
+//!   [`CollFacts`], and the registry that finds them by device type.
 //!
 //! symm-cuda and symm-rocm launch the same entries with these same lists; CUDA's unit tests
 //! check each list against the parameters NVRTC compiled.
@@ -32,6 +34,7 @@
 pub mod add_rms;
 pub mod arg;
 pub mod args;
+pub mod backend;
 pub mod check;
 pub mod epilogue_check;
 pub mod geometry;
@@ -42,5 +45,9 @@ pub mod op_agree;
 mod op_desc;
 pub mod registry;
 
+pub use backend::{
+    collectives_for, has_collectives, make_collectives, CollFacts, Collectives, CollectivesRegistration,
+    CollectivesSetup, Queue,
+};
 pub use kernels::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
 pub use op_desc::{OpDescriptor, OpKind, VariantNames};

@@ -37,8 +37,9 @@
 //! symm-rocm, or the host backend in symm-testkit) and finds it by
 //! [`DeviceType`].
 
-// No unsafe block anywhere; one declared contract (`coll::add_rms::Epilogue::new`, an `unsafe fn`
-// taking raw device addresses, NOTE [raw-addresses]), allowed where it is declared.
+// No unsafe block anywhere; declared contracts only (`coll::add_rms::Epilogue::new` and the op
+// entries of `coll::Collectives`, `unsafe fn`s taking raw device addresses, NOTE
+// [raw-addresses]), allowed where each is declared.
 #![deny(unsafe_code)]
 
 pub mod agree;

@@ -14,6 +14,9 @@ pub enum DeviceType {
     Cuda,
     /// AMD GPUs (symm-rocm).
     Rocm,
+    /// Any other device, named: a backend outside this workspace (a test's mock among them)
+    /// registers its allocator and collectives for `Other(name)` as symm-cuda does for `Cuda`.
+    Other(&'static str),
 }
 
 impl fmt::Display for DeviceType {
@@ -22,6 +25,7 @@ impl fmt::Display for DeviceType {
             DeviceType::Host => "host",
             DeviceType::Cuda => "cuda",
             DeviceType::Rocm => "rocm",
+            DeviceType::Other(name) => name,
         })
     }
 }

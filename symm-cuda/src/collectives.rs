@@ -39,6 +39,7 @@
 
 mod add_rms;
 mod all_reduce;
+mod backend;
 mod scatter_gather;
 mod setup;
 mod typed;
@@ -62,6 +63,7 @@ use crate::driver::{self, bind, from_driver};
 use check::{ranges_overlap, ShardGeometry};
 
 pub use add_rms::{epilogue_threads, Epilogue, Epilogues};
+pub(crate) use backend::make_collectives;
 pub use geometry::{GridBudget, RingMode, Tuning};
 pub use layout::WorkspaceLayout;
 pub use setup::{CollectivesConfig, DEFAULT_LAMPORT_BYTES, DEFAULT_RING_SLOTS, DEFAULT_STAGING_BYTES};

@@ -53,8 +53,8 @@ pub use allocator::{CudaAllocation, CudaAllocator};
 pub use cudarc;
 pub use symm_mem::{CudaSymmetricMemory, SymmView};
 
-/// Forces this crate (and so its `inventory` registrations: the allocator
-/// and the NVLink detector) to be linked into a binary. Call it once, e.g.
+/// Forces this crate (and so its `inventory` registrations: the allocator,
+/// the NVLink detector and the collectives) to be linked into a binary. Call it once, e.g.
 /// at the start of `main` or of a test.
 #[inline(never)]
 pub fn link() {
@@ -62,6 +62,12 @@ pub fn link() {
     // linker keeps their object files (and the registrations with them).
     std::hint::black_box(allocator::make_allocator as fn() -> symm_core::Result<_>);
     std::hint::black_box(connectivity::detect_nvlink as fn() -> symm_core::Result<_>);
+    std::hint::black_box(
+        collectives::make_collectives
+            as fn(
+                &symm_core::coll::CollectivesSetup<'_>,
+            ) -> symm_core::Result<std::sync::Arc<dyn symm_core::coll::Collectives>>,
+    );
 }
 
 /// Number of CUDA devices, or [`symm_core::Error::Unavailable`] with the

@@ -345,6 +345,19 @@ impl Buf<'_> {
             Buf::Raw(r) => r.ptr,
         }
     }
+    /// The device address where it is known before the engine resolves the buffer on the op's
+    /// stream (symmetric tensors, raw pointers, symmetric views); `None` for host slices and
+    /// cudarc's own buffers (never registered symmetric memory, never overlapping another
+    /// buffer of the op): what the planner's buffer facts are computed from.
+    pub(crate) fn known_address(&self) -> Option<u64> {
+        match self {
+            Buf::Symm(t) => Some(t.ptr()),
+            Buf::Host(_) => None,
+            #[cfg(feature = "cuda")]
+            Buf::Device(d) => d.known_ptr(),
+            Buf::Raw(r) => Some(r.ptr),
+        }
+    }
     pub(crate) fn kind(&self) -> &'static str {
         match self {
             Buf::Symm(_) => "Symm",
@@ -388,6 +401,16 @@ impl BufMut<'_> {
             #[cfg(feature = "cuda")]
             BufMut::Device(_) => 0,
             BufMut::Raw(r) => r.ptr,
+        }
+    }
+    /// As [`Buf::known_address`].
+    pub(crate) fn known_address(&self) -> Option<u64> {
+        match self {
+            BufMut::Symm(t) => Some(t.ptr()),
+            BufMut::Host(_) => None,
+            #[cfg(feature = "cuda")]
+            BufMut::Device(d) => d.known_ptr(),
+            BufMut::Raw(r) => Some(r.ptr),
         }
     }
     pub(crate) fn kind(&self) -> &'static str {
@@ -477,6 +500,24 @@ pub(crate) fn check_dtype(dtype: DType, op: &'static str) -> Result<()> {
             op,
         })
     }
+}
+
+/// `n` default (zero) elements in host memory, allocated fallibly: a size
+/// the allocator refuses is [`Error::OutOfMemory`] naming `what` and the
+/// size asked for, never an abort. Every host allocation sized by the
+/// user's config or an op's size goes through it.
+pub(crate) fn try_zeroed<T: Clone + Default>(n: usize, what: &str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|e| Error::OutOfMemory {
+        device: "host".into(),
+        detail: format!(
+            "{what}: {n} elements of {} bytes ({} bytes) asked: {e}",
+            std::mem::size_of::<T>(),
+            n as u128 * std::mem::size_of::<T>() as u128
+        ),
+    })?;
+    v.resize(n, T::default());
+    Ok(v)
 }
 
 #[cfg(test)]

@@ -30,6 +30,14 @@ pub trait DeviceInput {
     /// tracking), which a stream being captured into a graph cannot do for events recorded
     /// before the capture.
     fn tracks_events(&self) -> bool;
+    /// The device address where it is known without a stream (symmetric memory: a
+    /// `symm_cuda::SymmView`), for the planner's buffer facts (in place, apart, registered).
+    /// `None` (the default, and cudarc's own buffers) says the memory is no registered
+    /// symmetric memory and overlaps no other buffer of the op: an implementation over
+    /// symmetric memory returns its address, or the zero-copy plans never see it.
+    fn known_ptr(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A device buffer an op writes.
@@ -45,6 +53,36 @@ pub trait DeviceOutput {
     fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>);
     /// As [`DeviceInput::tracks_events`].
     fn tracks_events(&self) -> bool;
+    /// As [`DeviceInput::known_ptr`].
+    fn known_ptr(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// Where a buffer type's address is known without a stream ([`DeviceInput::known_ptr`]).
+trait KnownPtr {
+    fn known(&self) -> Option<u64>;
+}
+
+impl<T> KnownPtr for CudaSlice<T> {
+    fn known(&self) -> Option<u64> {
+        None
+    }
+}
+impl<T> KnownPtr for CudaView<'_, T> {
+    fn known(&self) -> Option<u64> {
+        None
+    }
+}
+impl<T> KnownPtr for CudaViewMut<'_, T> {
+    fn known(&self) -> Option<u64> {
+        None
+    }
+}
+impl<T> KnownPtr for symm_cuda::SymmView<T> {
+    fn known(&self) -> Option<u64> {
+        Some(self.ptr())
+    }
 }
 
 /// The trait impls for one cudarc-compatible buffer type (they differ only in the type).
@@ -66,6 +104,9 @@ macro_rules! device_buffer {
             fn tracks_events(&self) -> bool {
                 $tracked && DeviceInput::context(self).is_managing_stream_synchronization()
             }
+            fn known_ptr(&self) -> Option<u64> {
+                KnownPtr::known(self)
+            }
         }
     )+};
     (output, tracked $tracked:literal: $($ty:ty),+) => {$(
@@ -84,6 +125,9 @@ macro_rules! device_buffer {
             }
             fn tracks_events(&self) -> bool {
                 $tracked && DeviceOutput::context(self).is_managing_stream_synchronization()
+            }
+            fn known_ptr(&self) -> Option<u64> {
+                KnownPtr::known(self)
             }
         }
     )+};

@@ -1,15 +1,14 @@
 //! [`Engine`]: what every engine implements, so that the ops (`ops.rs`, `epilogue.rs`) are
 //! written once and the communicator holds the engine it built as an `Arc<dyn Engine>` (its peer
 //! watch holds a weak one, NOTE [peer-watch]). An engine
-//! resolves the op's buffers (where they lie, whether they are registered), asks the planner
-//! ([`Selector`], the one place that decides what runs) for the op's [`Plan`](crate::select::Plan),
-//! and runs exactly that. Engines: the generic host engine (`host/`, any backend's
-//! `SymmetricMemory`) and the
-//! CUDA engine (`cuda/`: symm-cuda's kernels and NCCL, which share the CUDA engine's stream
-//! ordering and buffer resolution; a plan names which of the two runs) and the ROCm engine
-//! (`rocm.rs`: symm-rocm's launches of the same shared kernels). The `cuda` and `rocm` features
-//! gate the engines and the buffer types they take (device buffers, streams), today in several
-//! files of this crate (`comm/mod.rs`, `ops.rs`, `buf.rs`, ...; issue #40 would gather them).
+//! is handed the op's [`Plan`] (the op, `ops.rs`, computed the buffers' facts and asked the
+//! planner, `crate::select`, the one place that decides what runs), resolves the op's buffers
+//! and runs exactly that plan. Engines: the generic host engine (`host/`, any backend's
+//! `SymmetricMemory`) and the kernel engine (`kernel/`: any GPU backend's collectives through
+//! symm-core's `coll::Collectives`, found by device type; on CUDA with the CUDA extra of
+//! `cuda/`, its stream ordering, cudarc buffers and NCCL, which a plan may name). Also here, for
+//! every engine and the communicator alike: the op's stream ([`OpStream`]), and which errors
+//! leave the group out of step ([`is_fatal`]) or are this rank's refusal ([`is_refusal`]).
 
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
@@ -17,9 +16,9 @@ use symm_core::coll::epilogue_check::Rows;
 use symm_core::{DType, Error, OpKind, Rank, ReduceOp, Result, SymmTensor, SymmetricMemory};
 
 use crate::buf::{Buf, BufMut};
-use crate::epilogue::{EpiArgs, EpilogueAlgo};
-use crate::ops::OpStream;
-use crate::select::{AllGatherAlgo, AllReduceAlgo, ReduceScatterAlgo, Selector};
+use crate::epilogue::{EpiArgs, EpiPlan};
+use crate::select::Plan;
+use symm_core::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
 
 /// The engine's per-op state, taken by the op: a second op running at once on one communicator
 /// is refused (an engine's ops must not overlap), a poisoned lock taken over.
@@ -33,8 +32,28 @@ pub(crate) fn op_lock<T>(m: &Mutex<T>) -> Result<MutexGuard<'_, T>> {
     }
 }
 
+/// The stream an op was given (`None`: the communicator's own).
+#[cfg(feature = "cuda")]
+pub(crate) type OpStream<'a> = Option<&'a Arc<cudarc::driver::CudaStream>>;
+/// The stream an op was given: always `None` without CUDA.
+#[cfg(not(feature = "cuda"))]
+pub(crate) type OpStream<'a> = Option<&'a std::convert::Infallible>;
+
+/// Errors after which the ranks' protocol state is out of step.
+pub(crate) fn is_fatal(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Timeout { .. }
+            | Error::Mismatch { .. }
+            | Error::Aborted(_)
+            | Error::PeerLost { .. }
+            | Error::Backend { .. }
+            | Error::Store(_)
+            | Error::Io(_)
+    )
+}
+
 /// An error that means this rank refused its own arguments for an op its peers may be running.
-#[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
 pub(crate) fn is_refusal(e: &Error) -> bool {
     matches!(
         e,
@@ -47,11 +66,10 @@ pub(crate) fn is_refusal(e: &Error) -> bool {
     )
 }
 
-/// One op's context: the stream it was given and the planner.
+/// One op's context: the stream it was given.
 #[derive(Clone, Copy)]
 pub(crate) struct Cx<'a> {
     pub stream: OpStream<'a>,
-    pub planner: &'a Selector,
 }
 
 /// One op's operands, packed once by the op (`ops.rs`) and handed to the engine whole: the
@@ -92,32 +110,44 @@ pub(crate) struct Caps {
     pub lamport_slot: usize,
     /// Why NCCL is not there although the config asked for it.
     pub nccl_missing: Option<String>,
+    /// The copy-engine kernels run here (the backend's `CollFacts::copy_engine`).
+    pub copy_engine: bool,
 }
 
 /// The ops of one engine. Every method runs one op of this rank (every rank calls the same in
-/// the same order); the arguments were checked by the caller (lengths, dtypes, the request's
-/// availability), the engine checks what only it can (buffers' devices, alignment,
-/// registration) and tells its peers when it refuses (NOTE [op-agreement]).
+/// the same order) as the op planned it: the caller (`ops.rs`) checked the arguments (lengths,
+/// dtypes, the request's availability), computed the buffers' facts once and asked the planner,
+/// and hands over the [`Plan`] with the operands packed in one [`OpArgs`]; the engine resolves
+/// the buffers to what it runs on, checks what only it can (buffers' devices, alignment) and
+/// tells its peers when it refuses (NOTE [op-agreement]), then runs exactly the plan.
 pub(crate) trait Engine: Send + Sync {
     /// What the planner needs to know.
     fn caps(&self) -> Caps;
 
     /// All-reduce `a.count` elements of `a.input` (`None`: in place in `a.output`) into
-    /// `a.output`, as the planner plans `req`.
-    fn all_reduce(&self, cx: Cx<'_>, req: AllReduceAlgo, a: OpArgs<'_, Option<Buf<'_>>>) -> Result<()>;
+    /// `a.output` by `plan`.
+    fn all_reduce(&self, cx: Cx<'_>, plan: Plan<AllReduceKernel>, a: OpArgs<'_, Option<Buf<'_>>>) -> Result<()>;
 
-    /// Reduce-scatter `a.input` (`a.count * world` elements) into `a.output` (`a.count`).
-    fn reduce_scatter(&self, cx: Cx<'_>, req: ReduceScatterAlgo, a: OpArgs<'_, Buf<'_>>) -> Result<()>;
+    /// Reduce-scatter `a.input` (`a.count * world` elements) into `a.output` (`a.count`) by
+    /// `plan`.
+    fn reduce_scatter(&self, cx: Cx<'_>, plan: Plan<ReduceScatterKernel>, a: OpArgs<'_, Buf<'_>>) -> Result<()>;
 
-    /// All-gather `a.input` (`a.count` elements) into `a.output` (`a.count * world`); `a.op` is
-    /// not used.
-    fn all_gather(&self, cx: Cx<'_>, req: AllGatherAlgo, a: OpArgs<'_, Buf<'_>>) -> Result<()>;
+    /// All-gather `a.input` (`a.count` elements) into `a.output` (`a.count * world`) by `plan`;
+    /// `a.op` is not used.
+    fn all_gather(&self, cx: Cx<'_>, plan: Plan<AllGatherKernel>, a: OpArgs<'_, Buf<'_>>) -> Result<()>;
+
+    /// Whether `bytes` at `ptr` lie in symmetric memory registered with this engine's kernels
+    /// (the planner's zero-copy rows; the same offsets on every rank, so the same answer).
+    fn is_registered(&self, ptr: u64, bytes: usize) -> bool {
+        let _ = (ptr, bytes);
+        false
+    }
 
     /// Barrier over `ranks` (sorted, distinct, this rank included).
     fn barrier(&self, stream: OpStream<'_>, ranks: &[Rank]) -> Result<()>;
 
-    /// An all-reduce epilogue (NOTE [fused-epilogue]) by `algo` (never `Auto`).
-    fn epilogue(&self, cx: Cx<'_>, algo: EpilogueAlgo, a: EpiArgs<'_>, rows: Rows) -> Result<()>;
+    /// An all-reduce epilogue (NOTE [fused-epilogue]) by `plan`.
+    fn epilogue(&self, cx: Cx<'_>, plan: EpiPlan, a: EpiArgs<'_>, rows: Rows) -> Result<()>;
 
     /// Whether an op with nothing to move takes its place in the group's op sequence through
     /// [`Self::empty_op`] (NOTE [op-agreement]): the CUDA engine; not the host engine, whose op

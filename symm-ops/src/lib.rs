@@ -20,14 +20,16 @@
 //! buffers (host slices, cudarc slices and views, raw device pointers) are
 //! staged through the communicator's persistent symmetric buffer, in chunks
 //! when larger. Engines: the generic host engine (any backend's
-//! `SymmetricMemory`; CI runs it on symm-testkit's host backend), CUDA
-//! (symm-cuda's kernels, feature `cuda`, default), NCCL (cudarc) and ROCm
-//! (symm-rocm's launches of the same kernels, feature `rocm`; not run on AMD
-//! hardware).
+//! `SymmetricMemory`; CI runs it on symm-testkit's host backend), and the
+//! kernel engine over the collectives a backend registers for its device
+//! type (`symm_core::coll::Collectives`): CUDA (symm-cuda's kernels, feature
+//! `cuda`, default, with NCCL from cudarc), ROCm (symm-rocm's launches of the
+//! same kernels, feature `rocm`; not run on AMD hardware), or a backend of
+//! `DeviceType::Other` linked into the program.
 //! See `docs/user-guide.md` and `docs/ops.md`.
 
 // No unsafe code, except the declaration of `RawDevicePtr::new`'s contract (buf.rs) and the
-// engines' calls into their backends' raw-address entries (`cuda/engine.rs`, `rocm.rs`).
+// kernel engine's calls into the backends' raw-address entries (`kernel/engine.rs`).
 #![deny(unsafe_code)]
 
 mod buf;
@@ -39,14 +41,13 @@ mod device;
 mod engine;
 mod epilogue;
 mod host;
+mod kernel;
 mod knobs;
 mod local;
 mod ops;
 mod pool;
 pub mod prelude;
 mod reduce;
-#[cfg(feature = "rocm")]
-mod rocm;
 mod select;
 mod setup;
 

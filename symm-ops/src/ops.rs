@@ -15,12 +15,15 @@ use std::sync::Arc;
 
 #[cfg(feature = "cuda")]
 use cudarc::driver::CudaStream;
-use symm_core::{DType, Error, OpKind, ReduceOp, Result};
+use symm_core::{AllReduceKernel, DType, Error, OpKind, ReduceOp, Result};
 
+use crate::buf::try_zeroed;
 use crate::buf::{check_dtype, Buf, BufMut, Element};
-use crate::comm::{try_zeroed, Communicator};
-use crate::engine::{Cx, OpArgs};
-use crate::select::{AllGatherAlgo, AllReduceAlgo, ReduceScatterAlgo};
+use crate::comm::Communicator;
+use crate::engine::{Cx, OpArgs, OpStream};
+use crate::select::{AllGatherAlgo, AllReduceAlgo, Bufs, Placement, Plan, ReduceScatterAlgo, Side};
+
+mod epilogue;
 
 /// A result an out-of-place op allocates: `Vec<T>` (host engine) or
 /// `cudarc::driver::CudaSlice<T>` (CUDA engine, allocated on the op's
@@ -47,6 +50,29 @@ impl<T: Element> NewOutput for Vec<T> {
     }
 }
 
+#[cfg(feature = "cuda")]
+impl<T: Element + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits> NewOutput
+    for cudarc::driver::CudaSlice<T>
+{
+    fn new_output(on: &OnStream<'_>, len: usize, dtype: DType) -> Result<Self> {
+        if dtype != T::DTYPE {
+            return Err(Error::InvalidArgument(format!(
+                "result type {} asked for a {dtype} input",
+                T::DTYPE
+            )));
+        }
+        let stream = on
+            .stream()
+            .ok_or_else(|| Error::InvalidArgument("a CudaSlice result from a host-engine communicator".into()))?;
+        stream
+            .alloc_zeros::<T>(len)
+            .map_err(crate::cuda::drv_err("cuMemAllocAsync"))
+    }
+    fn as_output(&mut self) -> BufMut<'_> {
+        self.into()
+    }
+}
+
 /// Elements of an all-gather's output: `count` per rank, `w` ranks.
 fn gathered_len(count: usize, w: usize) -> Result<usize> {
     count
@@ -61,13 +87,6 @@ pub struct OnStream<'c> {
     comm: &'c Communicator,
     stream: OpStream<'c>,
 }
-
-/// The stream an op was given (`None`: the communicator's own).
-#[cfg(feature = "cuda")]
-pub(crate) type OpStream<'a> = Option<&'a Arc<CudaStream>>;
-/// The stream an op was given: always `None` without CUDA.
-#[cfg(not(feature = "cuda"))]
-pub(crate) type OpStream<'a> = Option<&'a std::convert::Infallible>;
 
 impl std::fmt::Debug for OnStream<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -117,12 +136,36 @@ impl<'c> OnStream<'c> {
         self.comm.arg(self.stream, r)
     }
 
-    /// The op's context for the engine: its stream and the planner.
+    /// The op's context for the engine: its stream.
     pub(crate) fn cx(&self) -> Cx<'c> {
-        Cx {
-            stream: self.stream,
-            planner: &self.comm.selector,
-        }
+        Cx { stream: self.stream }
+    }
+
+    /// Whether `bytes` at the known address `p` lie in symmetric memory registered with the
+    /// engine (an unknown address never does: `Buf::known_address`).
+    fn registered(&self, p: Option<u64>, bytes: usize) -> bool {
+        p.is_some_and(|p| self.comm.engine.is_registered(p, bytes))
+    }
+
+    /// The plan of an all-reduce of `count` elements of `dtype` requested as `req`, on buffers
+    /// placed as `at`: the buffers' facts once, then the planner (NOTE [one-planner]).
+    pub(crate) fn plan_all_reduce(
+        &self,
+        req: AllReduceAlgo,
+        at: Placement,
+        count: usize,
+        dtype: DType,
+    ) -> Plan<AllReduceKernel> {
+        let bytes = count * dtype.size();
+        let bufs = Bufs {
+            in_place: at.in_place,
+            apart: at.apart,
+            registered: &|side| match side {
+                Side::Input => self.registered(at.input, bytes),
+                Side::Output => self.registered(at.output, bytes),
+            },
+        };
+        self.comm.selector.plan_all_reduce(req, bytes, &bufs)
     }
 
     // ---- all-reduce -------------------------------------------------------
@@ -207,6 +250,11 @@ impl<'c> OnStream<'c> {
                 return r;
             }
         }
+        let at = Placement::all_reduce(
+            input.as_ref().map(Buf::known_address),
+            output.known_address(),
+            count * dtype.size(),
+        );
         let a = OpArgs {
             input,
             output,
@@ -214,7 +262,10 @@ impl<'c> OnStream<'c> {
             dtype,
             op,
         };
-        self.comm.run(|| self.comm.engine.all_reduce(self.cx(), algo, a))
+        self.comm.run(|| {
+            let plan = self.plan_all_reduce(algo, at, count, dtype);
+            self.comm.engine.all_reduce(self.cx(), plan, a)
+        })
     }
 
     // ---- reduce-scatter -----------------------------------------------------
@@ -252,7 +303,9 @@ impl<'c> OnStream<'c> {
                 return r;
             }
         }
-        let algo: ReduceScatterAlgo = self.comm.selector.reduce_scatter(input.len() * dtype.size());
+        let whole = input.len() * dtype.size();
+        let algo: ReduceScatterAlgo = self.comm.selector.reduce_scatter(whole);
+        let input_at = input.known_address();
         let a = OpArgs {
             input,
             output,
@@ -260,7 +313,13 @@ impl<'c> OnStream<'c> {
             dtype,
             op,
         };
-        self.comm.run(|| self.comm.engine.reduce_scatter(self.cx(), algo, a))
+        self.comm.run(|| {
+            let plan = self
+                .comm
+                .selector
+                .plan_reduce_scatter(algo, whole, &|| self.registered(input_at, whole));
+            self.comm.engine.reduce_scatter(self.cx(), plan, a)
+        })
     }
 
     // ---- all-gather ---------------------------------------------------------
@@ -289,9 +348,28 @@ impl<'c> OnStream<'c> {
                 return r;
             }
         }
-        let algo: AllGatherAlgo = self.comm.selector.all_gather(want * dtype.size());
+        let whole = want * dtype.size();
+        let algo: AllGatherAlgo = self.comm.selector.all_gather(whole);
+        let bytes = count * dtype.size();
+        let at = Placement::all_gather(
+            input.known_address(),
+            output.known_address(),
+            self.comm.rank().get(),
+            bytes,
+        );
         let a = OpArgs::gather(input, output, count, dtype);
-        self.comm.run(|| self.comm.engine.all_gather(self.cx(), algo, a))
+        self.comm.run(|| {
+            let bufs = Bufs {
+                in_place: at.in_place,
+                apart: at.apart,
+                registered: &|side| match side {
+                    Side::Input => self.registered(at.input, bytes),
+                    Side::Output => self.registered(at.output, whole),
+                },
+            };
+            let plan = self.comm.selector.plan_all_gather(algo, whole, dtype, &bufs);
+            self.comm.engine.all_gather(self.cx(), plan, a)
+        })
     }
 
     // ---- barrier ------------------------------------------------------------

@@ -21,8 +21,9 @@ use std::sync::{Arc, Mutex};
 
 use symm_core::{empty_p2p, get_symmetric_memory, DType, Error, Result, SymmTensor};
 
+use crate::buf::try_zeroed;
 use crate::buf::{Buf, BufMut, Element};
-use crate::comm::{try_zeroed, Communicator};
+use crate::comm::Communicator;
 
 /// The smallest block the pool allocates (a CUDA backend rounds every
 /// allocation up to its granularity, 2 MiB on an H100, anyway).

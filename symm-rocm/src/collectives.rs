@@ -40,6 +40,7 @@
 
 mod add_rms;
 mod all_reduce;
+mod backend;
 mod scatter_gather;
 mod setup;
 
@@ -47,6 +48,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+pub(crate) use backend::make_collectives;
 pub use setup::RocmCollectivesConfig;
 use symm_core::coll::args;
 pub use symm_core::coll::launch::DeviceOp;

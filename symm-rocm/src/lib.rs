@@ -56,10 +56,15 @@ inventory::submit! {
     }
 }
 
-/// Forces this crate (and its inventory registrations) into the final binary.
+/// Forces this crate (and its inventory registrations: the allocator and the collectives) into
+/// the final binary.
 #[inline(never)]
 pub fn link() {
     std::hint::black_box(make_allocator as fn() -> Result<Arc<dyn SymmetricAllocator>>);
+    std::hint::black_box(
+        collectives::make_collectives
+            as fn(&symm_core::coll::CollectivesSetup<'_>) -> Result<Arc<dyn symm_core::coll::Collectives>>,
+    );
 }
 
 /// Number of AMD GPUs HIP sees, or `Error::Unavailable` with the reason.

@@ -14,14 +14,16 @@ use symm_core::{
 };
 
 use crate::buf::{Buf, BufMut};
-use crate::engine::Engine;
+use crate::engine::{is_fatal, Engine, OpStream};
 use crate::epilogue::{EpilogueAlgo, RmsNorm};
 use crate::host::HostEngine;
-use crate::ops::{NewOutput, OnStream, OpStream};
+use crate::kernel::KernelEngine;
+use crate::ops::{NewOutput, OnStream};
 use crate::select::{
     human, AllGatherAlgo, AllReduceAlgo, Bufs, EngineKind, Plan, ReduceScatterAlgo, SelectionThresholds, Selector,
 };
 use crate::setup::{self, PeerInfo};
+use symm_core::coll::{make_collectives, CollectivesSetup, Queue};
 use symm_core::watch::PeerWatch;
 use symm_core::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
 
@@ -29,38 +31,6 @@ mod config;
 mod shorthand;
 
 pub use config::{CommConfig, DEFAULT_STAGING_BYTES};
-
-/// `n` default (zero) elements in host memory, allocated fallibly: a size
-/// the allocator refuses is [`Error::OutOfMemory`] naming `what` and the
-/// size asked for, never an abort. Every host allocation sized by the
-/// user's config or an op's size goes through it.
-pub(crate) fn try_zeroed<T: Clone + Default>(n: usize, what: &str) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|e| Error::OutOfMemory {
-        device: "host".into(),
-        detail: format!(
-            "{what}: {n} elements of {} bytes ({} bytes) asked: {e}",
-            std::mem::size_of::<T>(),
-            n as u128 * std::mem::size_of::<T>() as u128
-        ),
-    })?;
-    v.resize(n, T::default());
-    Ok(v)
-}
-
-/// Errors after which the ranks' protocol state is out of step.
-pub(crate) fn is_fatal(e: &Error) -> bool {
-    matches!(
-        e,
-        Error::Timeout { .. }
-            | Error::Mismatch { .. }
-            | Error::Aborted(_)
-            | Error::PeerLost { .. }
-            | Error::Backend { .. }
-            | Error::Store(_)
-            | Error::Io(_)
-    )
-}
 
 /// The collectives of one rank of a group on one device.
 ///
@@ -202,25 +172,35 @@ impl Communicator {
                 }
                 (EngineKind::Host, Topology::FullyConnected)
             }
-            DeviceType::Rocm => match config.force_engine {
-                Some(EngineKind::Host) => (EngineKind::Host, Topology::Unknown),
-                // symm-rocm's kernels need every rank on one host (peer mappings over xGMI;
-                // the rendezvous fails where a peer cannot be mapped) and at most
-                // `coll::layout::MAX_WORLD` ranks; by default the generic engine serves the rest
-                // (and every group when symm-ops is built without its `rocm` feature, where a
-                // forced rocm engine is refused when it is built).
-                Some(EngineKind::Rocm) if same_host => (EngineKind::Rocm, Topology::Unknown),
-                None if same_host && cfg!(feature = "rocm") && world <= symm_core::coll::layout::MAX_WORLD => {
-                    (EngineKind::Rocm, Topology::Unknown)
+            // ROCm and any other device type whose backend registered collectives
+            // (`symm_core::coll::collectives_for`): the kernel engine (every rank on one host: the
+            // peer mappings; at most `coll::layout::MAX_WORLD` ranks), by default where they are
+            // registered; the generic engine serves the rest.
+            DeviceType::Rocm | DeviceType::Other(_) => {
+                let kernels = if device.ty == DeviceType::Rocm {
+                    EngineKind::Rocm
+                } else {
+                    EngineKind::Kernels
+                };
+                match config.force_engine {
+                    Some(EngineKind::Host) => (EngineKind::Host, Topology::Unknown),
+                    Some(k) if k == kernels && same_host => (kernels, Topology::Unknown),
+                    None if same_host
+                        && symm_core::coll::has_collectives(device.ty)
+                        && world <= symm_core::coll::layout::MAX_WORLD =>
+                    {
+                        (kernels, Topology::Unknown)
+                    }
+                    None => (EngineKind::Host, Topology::Unknown),
+                    Some(k) => {
+                        return Err(Error::Unavailable(format!(
+                            "engine {k} on {} devices: they run the {kernels} engine (every rank on one host) or \
+                             the host engine",
+                            device.ty
+                        )))
+                    }
                 }
-                None => (EngineKind::Host, Topology::Unknown),
-                Some(k) => {
-                    return Err(Error::Unavailable(format!(
-                        "engine {k} on ROCm devices: they run the rocm engine (every rank on one host) or \
-                         the host engine (no RCCL)"
-                    )))
-                }
-            },
+            }
             DeviceType::Cuda => {
                 let topology = if same_host {
                     // One entry per distinct device (ranks sharing a device reach each other
@@ -289,38 +269,54 @@ impl Communicator {
             }
         };
 
+        let setup = |queue| CollectivesSetup {
+            group,
+            device,
+            device_sharers,
+            staging_bytes: config.staging_bytes,
+            lamport_bytes: config.lamport_bytes,
+            timeout,
+            pdl: config.pdl,
+            queue,
+        };
         let engine: Box<dyn Engine> = match kind {
             EngineKind::Host => Box::new(HostEngine::new(group, device, config.staging_bytes, timeout)?),
             #[cfg(feature = "cuda")]
-            EngineKind::Cuda | EngineKind::Nccl => Box::new(crate::cuda::CudaEngine::new(
-                group,
-                device,
-                stream.ok_or_else(|| Error::InvalidArgument("internal: no stream for a CUDA engine".into()))?,
-                &config,
-                timeout,
-                kind == EngineKind::Cuda,
-                shared.then_some("ranks of the group share a GPU (NCCL refuses duplicate GPUs)"),
-            )?),
+            EngineKind::Cuda | EngineKind::Nccl => {
+                let stream =
+                    stream.ok_or_else(|| Error::InvalidArgument("internal: no stream for a CUDA engine".into()))?;
+                let symm = kind == EngineKind::Cuda;
+                if !symm && !config.nccl {
+                    return Err(Error::Unavailable(
+                        "the nccl engine with CommConfig::nccl = false: nothing could run the ops".into(),
+                    ));
+                }
+                let coll = if symm {
+                    Some(make_collectives(&setup(Queue::of(&*stream)))?)
+                } else {
+                    None
+                };
+                let side = crate::cuda::CudaSide::new(
+                    group,
+                    device,
+                    stream,
+                    &crate::cuda::CudaSetup {
+                        timeout,
+                        symm,
+                        nccl: config.nccl,
+                        no_nccl: shared.then_some("ranks of the group share a GPU (NCCL refuses duplicate GPUs)"),
+                        pdl: config.pdl,
+                    },
+                )?;
+                Box::new(KernelEngine::cuda(device, coll, side))
+            }
             #[cfg(not(feature = "cuda"))]
             EngineKind::Cuda | EngineKind::Nccl => {
                 return Err(Error::Unavailable(
                     "symm-ops was built without its `cuda` feature".into(),
                 ))
             }
-            #[cfg(feature = "rocm")]
-            EngineKind::Rocm => Box::new(crate::rocm::RocmEngine::new(
-                group,
-                device,
-                &config,
-                timeout,
-                device_sharers,
-            )?),
-            #[cfg(not(feature = "rocm"))]
-            EngineKind::Rocm => {
-                return Err(Error::Unavailable(
-                    "symm-ops was built without its `rocm` feature".into(),
-                ))
-            }
+            _ => Box::new(KernelEngine::new(device, make_collectives(&setup(Queue::own()))?)),
         };
         let engine: Arc<dyn Engine> = Arc::from(engine);
         // NOTE [peer-watch]: a peer that exits or drops its communicator stops the waits on it.
@@ -346,6 +342,7 @@ impl Communicator {
         }
         let selector = Selector {
             engine: kind,
+            copy_engine: caps.copy_engine,
             symm: caps.symm,
             nccl: caps.nccl,
             thresholds,

@@ -1,33 +1,27 @@
-//! The CUDA engine: symm-cuda's collective kernels on symmetric memory,
-//! with NCCL (cudarc) as the fallback. Every op resolves its buffers to
-//! device addresses (cudarc slices through their own event tracking), asks
-//! the planner what runs, and enqueues it on the op's stream: no host
-//! synchronisation, no allocation, no store traffic, so ops can be captured
-//! in a CUDA graph. This file holds the engine's setup, its stream ordering,
-//! buffer resolution and refusals; `engine.rs` the ops ([`crate::engine::Engine`]),
-//! `epilogue.rs` the epilogues, `nccl.rs` NCCL.
+//! The CUDA extra of the kernel engine (`crate::kernel`): what only cudarc streams give. The
+//! kernel engine runs symm-cuda's collectives through symm-core's `Collectives` trait like any
+//! backend's; on a CUDA device it also holds a [`CudaSide`]: the communicator's stream and the
+//! ordering of ops given other streams (events; captures), cudarc buffers resolved on the op's
+//! stream (their own event tracking), and NCCL (cudarc), the fallback, which runs the plans that
+//! name it on the NCCL communicator's stream (`nccl.rs`). Ops are enqueued on the op's stream: no
+//! host synchronisation, no allocation, no store traffic, so they can be captured in a CUDA
+//! graph.
 
-mod engine;
-mod epilogue;
 pub(crate) mod nccl;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cudarc::driver::{
-    CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DeviceRepr, SyncOnDrop, ValidAsZeroBits,
-};
-use symm_core::{DType, Device, Error, Group, Result, SymmTensor};
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
+use symm_core::coll::launch::DeviceOp;
+use symm_core::{DType, Device, Error, Group, OpKind, Rank, ReduceOp, Result};
 
-use crate::buf::{check_symm_tensor, Buf, BufMut, Element};
-use crate::comm::CommConfig;
-use crate::engine::is_refusal;
-use crate::ops::{NewOutput, OnStream, OpStream};
+use crate::device::{DeviceInput, DeviceOutput};
+use crate::engine::OpStream;
 use nccl::Nccl;
-use symm_cuda::collectives::{CollectivesConfig, CudaCollectives, Epilogues};
+use symm_cuda::collectives::Epilogues;
 
-fn drv_err(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
+pub(crate) fn drv_err(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
     move |e| Error::Backend {
         backend: "cuda",
         call: call.to_string(),
@@ -86,67 +80,54 @@ fn same_stream(a: &CudaStream, b: &CudaStream) -> bool {
 
 pub(crate) use symm_cuda::streams::capturing;
 
-pub(crate) struct CudaEngine {
+/// How the CUDA side is set up: every rank of the group passes the same.
+pub(crate) struct CudaSetup<'a> {
+    /// The op timeout.
+    pub timeout: Duration,
+    /// The symmetric-memory kernels are there (else NCCL only).
+    pub symm: bool,
+    /// Create NCCL (the config's `nccl`).
+    pub nccl: bool,
+    /// Why NCCL cannot serve this group although the config asks for it (ranks sharing a GPU),
+    /// the same on every rank.
+    pub no_nccl: Option<&'a str>,
+    /// The config's PDL switch (the NCCL-only engine's own epilogue kernels).
+    pub pdl: Option<bool>,
+}
+
+/// The CUDA extra of a kernel engine on a CUDA device (module docs).
+pub(crate) struct CudaSide {
     device: Device,
-    /// This rank.
-    rank: usize,
     stream: Arc<CudaStream>,
-    coll: Option<CudaCollectives>,
     nccl: Option<Nccl>,
     /// One element NCCL all-reduces for a barrier when there are no kernels.
     barrier_word: Option<(CudaSlice<f32>, u64)>,
     /// Why NCCL was asked for but is not there.
     nccl_missing: Option<String>,
-    /// Held by the op running; the stream the last op ran on.
-    lock: Mutex<Last>,
+    /// The streams the last ops ran on; taken while the engine's op lock is held.
+    last: Mutex<Last>,
     /// Orders an op after the previous op when their streams differ, and forks NCCL ops given
     /// another stream onto the NCCL communicator's stream and back (recorded, then waited on at
     /// once: one event serves every such edge).
     order: CudaEvent,
-    /// Set when this engine told its peers it rejected an op ([`Self::take_told_peers`]).
-    told_peers: AtomicBool,
     /// The separate epilogue kernels of an NCCL-only engine (the kernels' own otherwise), or
     /// why they could not be loaded.
     own_epilogues: Option<std::result::Result<Epilogues, String>>,
 }
 
-impl CudaEngine {
-    /// Collective setup on `stream` (of `device`). `symm`: build the
-    /// symmetric-memory kernels (one host, fully connected); else NCCL only.
-    /// `no_nccl`: why NCCL cannot serve this group although the config asks
-    /// for it (ranks sharing a GPU), the same on every rank.
-    pub fn new(
-        group: &Arc<Group>,
-        device: Device,
-        stream: Arc<CudaStream>,
-        config: &CommConfig,
-        timeout: Duration,
-        symm: bool,
-        no_nccl: Option<&str>,
-    ) -> Result<Self> {
-        if !symm && !config.nccl {
-            return Err(Error::Unavailable(
-                "the nccl engine with CommConfig::nccl = false: nothing could run the ops".into(),
-            ));
-        }
-        let coll = if symm {
-            let mut c = CollectivesConfig::new(config.staging_bytes, timeout);
-            if let Some(pdl) = config.pdl {
-                c.pdl = pdl;
-            }
-            c.lamport_bytes = config.lamport_bytes;
-            Some(CudaCollectives::with_config(group, stream.context(), c)?)
-        } else {
-            None
-        };
-        let (nccl, nccl_missing) = if let (true, Some(why)) = (config.nccl, no_nccl) {
+impl CudaSide {
+    /// The CUDA side on `stream` (of `device`), after the collectives (if any) were built: NCCL
+    /// where `s` asks for it (collective: every rank agrees whether it is available).
+    pub fn new(group: &Arc<Group>, device: Device, stream: Arc<CudaStream>, s: &CudaSetup<'_>) -> Result<Self> {
+        let (symm, timeout) = (s.symm, s.timeout);
+        let (nccl, nccl_missing) = if let (true, Some(why)) = (s.nccl, s.no_nccl) {
             if !symm {
                 return Err(Error::Unavailable(format!(
                     "NCCL, the only engine for this group: {why}"
                 )));
             }
             (None, Some(why.to_string()))
-        } else if config.nccl {
+        } else if s.nccl {
             match nccl::agree_available(group, timeout)? {
                 Ok(()) => (Some(Nccl::new(group, &stream, timeout)?), None),
                 // The fallback is optional where the kernels can run.
@@ -162,61 +143,59 @@ impl CudaEngine {
         };
         // Its address taken once here: an op never goes through cudarc's event tracking for it
         // (a barrier may run inside a capture).
-        let barrier_word = if coll.is_none() {
+        let barrier_word = if symm {
+            None
+        } else {
             let w = stream.alloc_zeros::<f32>(1).map_err(drv_err("cuMemAlloc"))?;
             let p = w.device_ptr(&stream).0;
             Some((w, p))
-        } else {
-            None
         };
         let order = stream.context().new_event(None).map_err(drv_err("cuEventCreate"))?;
         // NCCL only: the epilogue kernels without the collectives' workspace (NVRTC may be
         // missing where NCCL is not; then only the epilogue ops are unavailable).
-        let own_epilogues = coll.is_none().then(|| {
-            Epilogues::load(stream.context(), config.pdl.unwrap_or_else(symm_cuda::knobs::pdl))
-                .map_err(|e| e.to_string())
+        let own_epilogues = (!symm).then(|| {
+            Epilogues::load(stream.context(), s.pdl.unwrap_or_else(symm_cuda::knobs::pdl)).map_err(|e| e.to_string())
         });
-        Ok(CudaEngine {
+        Ok(CudaSide {
             device,
-            rank: group.rank().get(),
             stream,
-            coll,
             nccl,
             barrier_word,
             nccl_missing,
-            lock: Mutex::new(Last::default()),
+            last: Mutex::new(Last::default()),
             order,
-            told_peers: AtomicBool::new(false),
             own_epilogues,
         })
     }
 
-    fn lock(&self) -> Result<MutexGuard<'_, Last>> {
-        crate::engine::op_lock(&self.lock)
+    /// The communicator's stream.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
     }
 
-    fn coll(&self) -> Result<&CudaCollectives> {
-        self.coll
-            .as_ref()
-            .ok_or_else(|| Error::Unavailable("symmetric-memory kernels on an nccl-only communicator".into()))
+    /// Whether NCCL is there.
+    pub fn has_nccl(&self) -> bool {
+        self.nccl.is_some()
     }
-    /// The separate epilogue kernels (NOTE [fused-epilogue]).
-    fn epilogue_kernels(&self) -> Result<&Epilogues> {
-        match (&self.coll, &self.own_epilogues) {
-            (Some(c), _) => Ok(c.epilogues()),
-            (None, Some(Ok(e))) => Ok(e),
-            (None, Some(Err(why))) => Err(Error::Unavailable(format!("the all-reduce epilogue kernels: {why}"))),
-            (None, None) => Err(Error::Unavailable("the all-reduce epilogue kernels".into())),
+
+    /// Why NCCL is not there although the config asked for it.
+    pub fn nccl_missing(&self) -> Option<String> {
+        self.nccl_missing.clone()
+    }
+
+    /// The separate epilogue kernels of an NCCL-only engine (NOTE [fused-epilogue]).
+    pub fn own_epilogues(&self) -> Result<&Epilogues> {
+        match &self.own_epilogues {
+            Some(Ok(e)) => Ok(e),
+            Some(Err(why)) => Err(Error::Unavailable(format!("the all-reduce epilogue kernels: {why}"))),
+            None => Err(Error::Unavailable("the all-reduce epilogue kernels".into())),
         }
     }
+
     fn nccl(&self) -> Result<&Nccl> {
         self.nccl
             .as_ref()
             .ok_or_else(|| Error::Unavailable("nccl on a communicator built with CommConfig::nccl = false".into()))
-    }
-
-    fn check_symm(&self, t: &SymmTensor, what: &str) -> Result<()> {
-        check_symm_tensor(t, self.device, what)
     }
 
     fn check_ctx(&self, ctx: &Arc<CudaContext>, what: &str) -> Result<()> {
@@ -248,57 +227,29 @@ impl CudaEngine {
         Ok(())
     }
 
-    fn src<'s>(&'s self, s: &'s CudaStream, b: &'s Buf<'_>) -> Result<(u64, Option<SyncOnDrop<'s>>)> {
-        match b {
-            Buf::Symm(t) => {
-                self.check_symm(t, "input tensor")?;
-                Ok((t.ptr(), None))
-            }
-            Buf::Device(d) => {
-                self.check_ctx(d.context(), "input")?;
-                self.refuse_tracked_in_capture(s, d.tracks_events())?;
-                let (p, g) = d.read_ptr(s);
-                check_align("input pointer", p, d.dtype())?;
-                Ok((p, Some(g)))
-            }
-            Buf::Raw(r) => {
-                check_align("input pointer", r.ptr, r.dtype)?;
-                Ok((r.ptr, None))
-            }
-            Buf::Host(_) => Err(Error::InvalidArgument(
-                "host slices need the host engine; copy them to the device first".into(),
-            )),
-        }
+    /// A cudarc input buffer's address on the op's stream `s`, with its stream guard.
+    pub fn input<'s>(&self, s: &'s CudaStream, d: &'s dyn DeviceInput) -> Result<(u64, SyncOnDrop<'s>)> {
+        self.check_ctx(d.context(), "input")?;
+        self.refuse_tracked_in_capture(s, d.tracks_events())?;
+        let (p, g) = d.read_ptr(s);
+        check_align("input pointer", p, d.dtype())?;
+        Ok((p, g))
     }
 
-    fn dst<'s>(&'s self, s: &'s CudaStream, b: &'s mut BufMut<'_>) -> Result<(u64, Option<SyncOnDrop<'s>>)> {
-        match b {
-            BufMut::Symm(t) => {
-                self.check_symm(t, "output tensor")?;
-                Ok((t.ptr(), None))
-            }
-            BufMut::Device(d) => {
-                self.check_ctx(d.context(), "output")?;
-                self.refuse_tracked_in_capture(s, d.tracks_events())?;
-                let dtype = d.dtype();
-                let (p, g) = d.write_ptr(s);
-                check_align("output pointer", p, dtype)?;
-                Ok((p, Some(g)))
-            }
-            BufMut::Raw(r) => {
-                check_align("output pointer", r.ptr, r.dtype)?;
-                Ok((r.ptr, None))
-            }
-            BufMut::Host(_) => Err(Error::InvalidArgument(
-                "host slices need the host engine; copy them to the device first".into(),
-            )),
-        }
+    /// A cudarc output buffer's address on the op's stream `s`, with its stream guard.
+    pub fn output<'s>(&self, s: &'s CudaStream, d: &'s mut dyn DeviceOutput) -> Result<(u64, SyncOnDrop<'s>)> {
+        self.check_ctx(d.context(), "output")?;
+        self.refuse_tracked_in_capture(s, d.tracks_events())?;
+        let dtype = d.dtype();
+        let (p, g) = d.write_ptr(s);
+        check_align("output pointer", p, dtype)?;
+        Ok((p, g))
     }
 
     /// Runs `f` (an NCCL call) on the NCCL communicator's stream, ordered within `s`: when `s`
     /// is another stream, the NCCL stream waits for `s` first and `s` waits for the call after
     /// (an event each way; in a capture that forks the NCCL stream into it and joins it back).
-    fn nccl_on(&self, s: &CudaStream, f: impl FnOnce(&Nccl) -> Result<()>) -> Result<()> {
+    pub fn nccl_on(&self, s: &CudaStream, f: impl FnOnce(&Nccl) -> Result<()>) -> Result<()> {
         let nccl = self.nccl()?;
         if same_stream(s, &self.stream) {
             return f(nccl);
@@ -319,31 +270,53 @@ impl CudaEngine {
         r.and(j)
     }
 
+    /// An NCCL op (`kind` over `d`) on the op's stream `s` ([`Self::nccl_on`]).
+    pub fn nccl_op(&self, s: &CudaStream, kind: OpKind, d: DeviceOp) -> Result<()> {
+        let DeviceOp {
+            input,
+            output,
+            count,
+            dtype,
+            op,
+        } = d;
+        self.nccl_on(s, |n| match kind {
+            OpKind::AllReduce => n.all_reduce(input, output, count, dtype, op),
+            OpKind::ReduceScatter => n.reduce_scatter(input, output, count, dtype, op),
+            OpKind::AllGather => n.all_gather(input, output, count, dtype),
+            k => Err(Error::Unavailable(format!("{k:?} through NCCL"))),
+        })
+    }
+
+    /// A barrier without kernels: NCCL all-reduces one word (the whole group only).
+    pub fn nccl_barrier(&self, s: &CudaStream, ranks: &[Rank]) -> Result<()> {
+        let world = ranks.first().map(|r| r.world_size()).unwrap_or(0);
+        if ranks.len() != world {
+            return Err(Error::Unavailable(
+                "a barrier over a subset of ranks on an nccl-only communicator".into(),
+            ));
+        }
+        let p = self
+            .barrier_word
+            .as_ref()
+            .map(|(_, p)| *p)
+            .ok_or_else(|| Error::Unavailable("no engine for a barrier".into()))?;
+        self.nccl_on(s, |n| n.all_reduce(p, p, 1, DType::F32, ReduceOp::Sum))
+    }
+
     /// Makes `to` wait for the work queued on `from` so far.
     fn edge(&self, from: &CudaStream, to: &CudaStream) -> Result<()> {
         self.order.record(from).map_err(drv_err("cuEventRecord"))?;
         to.wait(&self.order).map_err(drv_err("cuStreamWaitEvent"))
     }
 
-    /// The start of every op: the communicator's lock, then any error the kernels latched since
-    /// the last op (NOTE [error-mirror]), read without a launch or a synchronisation, so a
-    /// timeout, an abort or a disagreement reaches the caller without a `check_error` call.
-    /// Returns the op's stream (`stream`, else the communicator's), checked to be of this
-    /// device and ordered after the previous op when that ran on another stream.
-    fn begin<'s>(&'s self, stream: OpStream<'s>) -> Result<(MutexGuard<'s, Last>, &'s Arc<CudaStream>)> {
-        let mut l = self.lock()?;
-        // An error the kernels latched, read without a launch or a synchronisation (NOTE
-        // [error-mirror]): taken from the device when there is one.
-        if let Some(c) = self.coll.as_ref().filter(|c| c.pending_error().is_some()) {
-            c.check_error()?;
-        }
+    /// The op's stream (`stream`, else the communicator's), checked to be of this device (an
+    /// `InvalidArgument` the engine tells the peers) and ordered after the previous op when that
+    /// ran on another stream. Called with the engine's op lock held.
+    pub fn begin<'s>(&'s self, stream: OpStream<'s>) -> Result<&'s Arc<CudaStream>> {
+        let mut l = self.last.lock().unwrap_or_else(|p| p.into_inner());
         let s = match stream {
             Some(s) => {
-                if let Err(e) = self.check_ctx(s.context(), "the op's stream") {
-                    // A refusal of this rank's own argument: the peers' matching op must fail.
-                    let _ = self.tell_peers(self.telling_stream(stream));
-                    return Err(e);
-                }
+                self.check_ctx(s.context(), "the op's stream")?;
                 s
             }
             None => &self.stream,
@@ -355,7 +328,7 @@ impl CudaEngine {
         // The launch path: the same stream as the op before it is ordered by the stream itself,
         // with no driver call. Only a switch of streams asks which streams are being captured.
         if l.recent.as_ref().is_some_and(|r| same_stream(r, s)) {
-            return Ok((l, s));
+            return Ok(s);
         }
         // Each stream's capture state is asked once (the previous op's stream is usually the
         // previous op's stream of its kind too).
@@ -382,57 +355,15 @@ impl CudaEngine {
             }
         }
         l.recent = Some(s.clone());
-        Ok((l, s))
+        Ok(s)
     }
 
     /// Where a refusal is told: the op's stream, or the communicator's when the op's stream is
     /// of another context (the refusal may be that very stream; the kernels run in this one).
-    fn telling_stream<'s>(&'s self, stream: OpStream<'s>) -> &'s CudaStream {
+    pub fn telling_stream<'s>(&'s self, stream: OpStream<'s>) -> &'s CudaStream {
         match stream {
             Some(s) if s.context().cu_ctx() == self.stream.context().cu_ctx() => s,
             _ => &self.stream,
         }
-    }
-
-    /// [`Self::reject`] with the lock held, on `s` (the op's stream).
-    fn tell_peers(&self, s: &CudaStream) -> Result<()> {
-        self.told_peers.store(true, Ordering::Release);
-        match &self.coll {
-            Some(c) => c.reject(s),
-            None => Ok(()),
-        }
-    }
-
-    /// `r` of an op that took this communicator's lock: an argument the engine refused (after
-    /// the communicator's own checks) is told to the peers like [`Self::reject`]. Errors every
-    /// rank gets alike (`Unavailable`: the same selector everywhere) and failures are not
-    /// refusals.
-    fn refused(&self, s: &CudaStream, r: Result<()>) -> Result<()> {
-        if let Err(e) = &r {
-            if is_refusal(e) {
-                // The op's own error is what the caller needs; a failure to tell the peers
-                // surfaces on their side as a timeout.
-                let _ = self.tell_peers(s);
-            }
-        }
-        r
-    }
-}
-
-impl<T: Element + DeviceRepr + ValidAsZeroBits> NewOutput for CudaSlice<T> {
-    fn new_output(on: &OnStream<'_>, len: usize, dtype: DType) -> Result<Self> {
-        if dtype != T::DTYPE {
-            return Err(Error::InvalidArgument(format!(
-                "result type {} asked for a {dtype} input",
-                T::DTYPE
-            )));
-        }
-        let stream = on
-            .stream()
-            .ok_or_else(|| Error::InvalidArgument("a CudaSlice result from a host-engine communicator".into()))?;
-        stream.alloc_zeros::<T>(len).map_err(drv_err("cuMemAllocAsync"))
-    }
-    fn as_output(&mut self) -> BufMut<'_> {
-        self.into()
     }
 }

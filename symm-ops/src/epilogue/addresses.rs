@@ -1,8 +1,7 @@
-//! An epilogue op's buffers as the device addresses the GPU engines (CUDA, rocm) hand to the
-//! kernels: split by use, resolved by the engine's own input / output resolution
-//! ([`Resolve`]), and the sum's place of the separate sequence chosen, once for both engines.
-//! Each engine then builds its `Epilogue` from [`Addresses`] where its ops cross into the
-//! raw-address entries (NOTE [raw-addresses]).
+//! An epilogue op's buffers as the device addresses the kernel engine hands to the kernels:
+//! split by use, resolved by the engine's own input / output resolution ([`Resolve`]), and the
+//! sum's place of the separate sequence chosen. The engine then builds its `Epilogue` from
+//! [`Addresses`] where its ops cross into the raw-address entries (NOTE [raw-addresses]).
 
 use symm_core::Result;
 
@@ -12,7 +11,7 @@ use crate::buf::{Buf, BufMut};
 /// How a GPU engine turns one buffer of an op into its device address (checked for its device,
 /// alignment and length, as for any op), with what it must hold until the op is enqueued.
 pub(crate) trait Resolve<'s> {
-    /// Held until the op is enqueued (CUDA: a cudarc buffer's stream guard; ROCm: nothing).
+    /// Held until the op is enqueued (a cudarc buffer's stream guard; otherwise nothing).
     type Guard;
     /// An input's address.
     fn input(&'s self, b: &'s Buf<'_>) -> Result<(u64, Self::Guard)>;
@@ -92,7 +91,7 @@ impl Addresses {
 impl EpiBufs<'_> {
     /// Every buffer's address through `r` (inputs as inputs, outputs and a written `x` as
     /// outputs; the in-place residual is its output, the in-place norm's output is `x`), in the
-    /// CUDA engine's order of old (x, residual_out, residual, weight, norm_out), with the guards
+    /// order x, residual_out, residual, weight, norm_out, with the guards
     /// to hold until the op is enqueued.
     pub fn resolve<'s, R: Resolve<'s>>(&'s mut self, r: &'s R) -> Result<(Addresses, Held<R::Guard>)> {
         let EpiBufs {

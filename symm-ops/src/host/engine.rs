@@ -1,15 +1,16 @@
-//! The host engine's [`Engine`] implementation: resolves the op's buffers, asks the planner
-//! (which names the generic path: one-shot or two-shot for an all-reduce) and runs it.
+//! The host engine's [`Engine`] implementation: resolves the op's buffers and runs the plan the
+//! op handed it (the planner names the generic path: one-shot or two-shot for an all-reduce).
 
 use symm_core::coll::epilogue_check::Rows;
-use symm_core::{AllReduceKernel, Error, Rank, Result};
+use symm_core::{AllGatherKernel, AllReduceKernel, Error, Rank, ReduceScatterKernel, Result};
 
+use super::epilogue::HostEpi;
 use super::{HostEngine, In, Out};
 use crate::buf::{Buf, BufMut};
+use crate::engine::OpStream;
 use crate::engine::{Caps, Cx, Engine, OpArgs};
-use crate::epilogue::{EpiArgs, EpilogueAlgo, HostEpi};
-use crate::ops::OpStream;
-use crate::select::{AllGatherAlgo, AllReduceAlgo, Bufs, Plan, ReduceScatterAlgo};
+use crate::epilogue::{EpiArgs, EpiPlan};
+use crate::select::Plan;
 
 impl HostEngine {
     /// `r`, told to the peers when it is this rank's refusal of its own arguments (NOTE
@@ -54,7 +55,7 @@ impl Engine for HostEngine {
         }
     }
 
-    fn all_reduce(&self, cx: Cx<'_>, req: AllReduceAlgo, a: OpArgs<'_, Option<Buf<'_>>>) -> Result<()> {
+    fn all_reduce(&self, cx: Cx<'_>, plan: Plan<AllReduceKernel>, a: OpArgs<'_, Option<Buf<'_>>>) -> Result<()> {
         let OpArgs {
             input,
             output,
@@ -69,28 +70,23 @@ impl Engine for HostEngine {
             Some(b) => self.refuse(cx.stream, self.resolve_in(b))?,
             None => In::Output,
         };
-        let bufs = Bufs {
-            in_place,
-            apart: !in_place,
-            registered: &|_| false,
-        };
-        match cx.planner.plan_all_reduce(req, count * dtype.size(), &bufs) {
+        match plan {
             Plan::Kernel(AllReduceKernel::TwoShot) => self.two_shot(&input, &mut out, count, dtype, op),
             _ => self.one_shot(&input, &mut out, count, dtype, op),
         }
     }
 
-    fn reduce_scatter(&self, cx: Cx<'_>, req: ReduceScatterAlgo, a: OpArgs<'_, Buf<'_>>) -> Result<()> {
-        // One generic path whatever the request (the planner's plan for it names the pull: every
-        // rank reads its segment).
-        let _ = req;
+    fn reduce_scatter(&self, cx: Cx<'_>, plan: Plan<ReduceScatterKernel>, a: OpArgs<'_, Buf<'_>>) -> Result<()> {
+        // One generic path whatever the plan (the planner's plan names the pull: every rank
+        // reads its segment).
+        let _ = plan;
         let (input, mut out) = self.resolve_apart(cx, a.input, a.output)?;
         self.reduce_scatter(&input, &mut out, a.count, a.dtype, a.op)
     }
 
-    fn all_gather(&self, cx: Cx<'_>, req: AllGatherAlgo, a: OpArgs<'_, Buf<'_>>) -> Result<()> {
-        // One generic path whatever the request (the plan names the pull).
-        let _ = req;
+    fn all_gather(&self, cx: Cx<'_>, plan: Plan<AllGatherKernel>, a: OpArgs<'_, Buf<'_>>) -> Result<()> {
+        // One generic path whatever the plan (it names the pull).
+        let _ = plan;
         let (input, mut out) = self.resolve_apart(cx, a.input, a.output)?;
         self.all_gather(&input, &mut out, a.count, a.dtype)
     }
@@ -100,7 +96,7 @@ impl Engine for HostEngine {
         HostEngine::barrier(self, ranks)
     }
 
-    fn epilogue(&self, cx: Cx<'_>, _algo: EpilogueAlgo, a: EpiArgs<'_>, rows: Rows) -> Result<()> {
+    fn epilogue(&self, cx: Cx<'_>, _plan: EpiPlan, a: EpiArgs<'_>, rows: Rows) -> Result<()> {
         self.no_stream(cx.stream)?;
         let mut p = self.refuse(cx.stream, HostEpi::resolve(self, a))?;
         self.refuse(cx.stream, p.check(&rows))?;
@@ -108,7 +104,7 @@ impl Engine for HostEngine {
     }
 
     fn reject(&self, _stream: OpStream<'_>, _e: &Error) -> bool {
-        self.send_rejection().is_err_and(|e2| crate::comm::is_fatal(&e2))
+        self.send_rejection().is_err_and(|e2| crate::engine::is_fatal(&e2))
     }
 
     fn take_told_peers(&self) -> bool {

@@ -44,6 +44,7 @@ use crate::buf::{check_symm_tensor, Buf, BufMut, HostIn, HostOut};
 use crate::reduce;
 
 mod engine;
+pub(crate) mod epilogue;
 
 /// Channel of the ops' own barriers on the staging memory's pad.
 const OP_CHANNEL: usize = 0;
@@ -211,8 +212,8 @@ impl HostEngine {
         // and before the staging buffer's collective rendezvous, so every rank fails here alike.
         // Largest chunk: `half` bytes of 2-byte elements.
         let what = |buf: &str| format!("the host engine's {buf} for staging_bytes = {staging_bytes}");
-        let acc = crate::comm::try_zeroed(half / 2, &what("f32 scratch"))?;
-        let bytes = crate::comm::try_zeroed(half, &what("byte scratch"))?;
+        let acc = crate::buf::try_zeroed(half / 2, &what("f32 scratch"))?;
+        let bytes = crate::buf::try_zeroed(half, &what("byte scratch"))?;
         let tensor = empty_p2p(&[2 * half + RECORD_BYTES], DType::U8, device, group, None)?;
         let staging = tensor.rendezvous(timeout)?;
         let me = group.rank();

@@ -34,12 +34,16 @@ pub enum EngineKind {
     /// defaults are the CUDA ones without the copy-engine rows, provisional until measured on
     /// AMD hardware. Not run on AMD hardware yet.
     Rocm,
+    /// The collective kernels of a backend registered for another device type
+    /// ([`symm_core::DeviceType::Other`], through [`symm_core::coll::Collectives`]): the table's
+    /// defaults are the ROCm ones (the CUDA ones without the copy-engine rows), no NCCL.
+    Kernels,
 }
 
 impl EngineKind {
     /// Whether the engine runs symm's collective kernels (the planner's kernel rows apply).
     pub(crate) fn runs_kernels(self) -> bool {
-        matches!(self, EngineKind::Cuda | EngineKind::Rocm)
+        matches!(self, EngineKind::Cuda | EngineKind::Rocm | EngineKind::Kernels)
     }
 }
 
@@ -50,6 +54,7 @@ impl fmt::Display for EngineKind {
             EngineKind::Cuda => "cuda",
             EngineKind::Nccl => "nccl",
             EngineKind::Rocm => "rocm",
+            EngineKind::Kernels => "kernels",
         })
     }
 }
@@ -195,10 +200,67 @@ pub(crate) struct Bufs<'a> {
     pub registered: &'a dyn Fn(Side) -> bool,
 }
 
+/// Where an op's input and output lie, as far as their addresses are known before the engine
+/// resolves them on the op's stream (`None`: a host slice, or a cudarc buffer, which is never
+/// registered symmetric memory and never overlaps another buffer of the op): the positional
+/// half of [`Bufs`], computed once by the op (`ops.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Placement {
+    pub input: Option<u64>,
+    pub output: Option<u64>,
+    pub in_place: bool,
+    pub apart: bool,
+}
+
+impl Placement {
+    /// An all-reduce's `bytes` from `input` (`None`: in place in the output) into `output`.
+    pub fn all_reduce(input: Option<Option<u64>>, output: Option<u64>, bytes: usize) -> Placement {
+        let Some(input) = input else {
+            return Placement {
+                input: output,
+                output,
+                in_place: true,
+                apart: false,
+            };
+        };
+        let (in_place, apart) = match (input, output) {
+            (Some(i), Some(o)) => (
+                i == o,
+                i.saturating_add(bytes as u64) <= o || o.saturating_add(bytes as u64) <= i,
+            ),
+            _ => (false, true),
+        };
+        Placement {
+            input,
+            output,
+            in_place,
+            apart,
+        }
+    }
+
+    /// An all-gather's `bytes` per rank from `input` into `output` (in place: the input is
+    /// `rank`'s slice of the output).
+    pub fn all_gather(input: Option<u64>, output: Option<u64>, rank: usize, bytes: usize) -> Placement {
+        let in_place = match (input, output) {
+            (Some(i), Some(o)) => o.checked_add((rank * bytes) as u64) == Some(i),
+            _ => false,
+        };
+        Placement {
+            input,
+            output,
+            in_place,
+            apart: !in_place,
+        }
+    }
+}
+
 /// The selection in force for one communicator.
 #[derive(Debug, Clone)]
 pub(crate) struct Selector {
     pub engine: EngineKind,
+    /// The copy-engine kernels run here (the backend's `CollFacts::copy_engine`); without, the
+    /// copy-engine requests run the zero-copy pulls.
+    pub copy_engine: bool,
     /// Symmetric-memory algorithms available (false: NCCL only).
     pub symm: bool,
     /// NCCL available as the fallback.

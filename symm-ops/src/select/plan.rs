@@ -41,9 +41,9 @@ impl Selector {
             AllReduceAlgo::Lamport => AllReduceKernel::Lamport,
             AllReduceAlgo::OneShot => AllReduceKernel::OneShot,
             AllReduceAlgo::TwoShot => AllReduceKernel::TwoShot,
-            // The copy engine is CUDA's; the rocm engine runs the pull for it.
+            // Without the copy engine (a backend fact) the pull runs for it.
             AllReduceAlgo::Pull | AllReduceAlgo::CopyEngine => {
-                match zero_copy(req == AllReduceAlgo::CopyEngine && self.engine == EngineKind::Cuda) {
+                match zero_copy(req == AllReduceAlgo::CopyEngine && self.copy_engine) {
                     Some(k) => k,
                     None => return self.plan_all_reduce(self.fallback_all_reduce(bytes), bytes, b),
                 }
@@ -101,9 +101,9 @@ impl Selector {
         if self.engine == EngineKind::Host {
             return Plan::Kernel(AllGatherKernel::Pull);
         }
-        // The copy engine is CUDA's; the rocm engine runs the pull for it.
+        // Without the copy engine (a backend fact) the pull runs for it.
         let req = match req {
-            AllGatherAlgo::CopyEngine if self.engine != EngineKind::Cuda => AllGatherAlgo::Pull,
+            AllGatherAlgo::CopyEngine if !self.copy_engine => AllGatherAlgo::Pull,
             r => r,
         };
         let zero_copy = match req {

@@ -12,6 +12,8 @@ fn sel(engine: EngineKind, world: usize, nccl: bool) -> Selector {
     };
     Selector {
         engine,
+        // symm-cuda reports the copy engine; symm-rocm does not.
+        copy_engine: engine == EngineKind::Cuda,
         symm: engine != EngineKind::Nccl,
         nccl: nccl && engine != EngineKind::Rocm,
         thresholds: SelectionThresholds::defaults(engine, world),

@@ -104,7 +104,7 @@ impl SelectionThresholds {
             // The same kernels as CUDA's, launched the same way; no copy-engine rows (the ROCm
             // engine has no copy-engine paths) and no NCCL. Provisional: every figure behind
             // the CUDA bounds was measured on H100 / H200, none on AMD hardware.
-            EngineKind::Rocm => SelectionThresholds {
+            EngineKind::Rocm | EngineKind::Kernels => SelectionThresholds {
                 all_reduce_ce_min_bytes: usize::MAX,
                 all_gather_copy_engine_min_bytes: usize::MAX,
                 // The fused kernel is unmeasured on AMD GPUs.

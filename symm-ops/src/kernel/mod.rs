@@ -1,0 +1,282 @@
+//! The kernel engine: one engine for every GPU backend's collective kernels, run through
+//! symm-core's [`Collectives`] trait (symm-cuda's `CudaCollectives`, symm-rocm's
+//! `RocmCollectives`, or any backend registered for its device type), with NCCL as a CUDA
+//! extra (`crate::cuda::CudaSide`: the communicator's stream, the ordering of ops given other
+//! streams, cudarc buffers, NCCL). What differs between backends is what they report as
+//! [`CollFacts`]: whether ops are stream-ordered (enqueued on the op's stream; CUDA) or
+//! synchronous (on the backend's own queue, done when the call returns; ROCm), whether the copy
+//! engine and a host-only abort word are there.
+//!
+//! Every op takes the op lock (one op at a time), then its queue ([`KernelEngine::begin`]: a
+//! latched error first, then the op's stream, ordered after the previous op), resolves its
+//! buffers to device addresses ([`KernelEngine::src`] / [`KernelEngine::dst`]), asks the planner
+//! and runs exactly the plan. An argument this rank refuses is told to the peers
+//! (NOTE [op-agreement]). This file holds the setup, queues, buffer resolution and refusals;
+//! `engine.rs` the ops ([`crate::engine::Engine`]).
+//!
+//! The unsafe boundary (NOTE [raw-addresses]): the backends' op entries take raw device
+//! addresses, so they are `unsafe fn`s. Every address that reaches them here comes from `src` /
+//! `dst`: a symmetric tensor of the communicator (checked for its device and contiguity), a
+//! cudarc slice held (with its stream guard) for the op, or a `RawDevicePtr`, whose `unsafe`
+//! constructor carries the caller's promise; each checked for alignment (and null), their
+//! lengths checked by the communicator against the op's count, and held until the op's work is
+//! enqueued (a stream-ordered backend: the stream keeps the memory's users ordered after it) or
+//! done (a synchronous backend).
+
+mod engine;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use symm_core::coll::check::check_ptr;
+use symm_core::coll::launch::DeviceOp;
+use symm_core::coll::{CollFacts, Collectives, Queue};
+use symm_core::{Device, Error, OpKind, Result};
+
+use crate::buf::{check_symm_tensor, Buf, BufMut};
+use crate::engine::{is_refusal, op_lock, OpStream};
+
+/// What the engine holds for one resolved buffer until the op is enqueued: a cudarc buffer's
+/// stream guard (CUDA), nothing otherwise.
+#[cfg(feature = "cuda")]
+pub(crate) type Held<'s> = Option<cudarc::driver::SyncOnDrop<'s>>;
+/// What the engine holds for one resolved buffer: nothing without CUDA.
+#[cfg(not(feature = "cuda"))]
+pub(crate) type Held<'s> = Option<std::marker::PhantomData<&'s ()>>;
+
+/// The queue `s` names for the backend: the op's stream, or the backend's own.
+fn queue<T: std::any::Any>(s: Option<&T>) -> Queue<'_> {
+    match s {
+        Some(s) => Queue::of(s),
+        None => Queue::own(),
+    }
+}
+
+/// The kernel engine (module docs).
+pub(crate) struct KernelEngine {
+    device: Device,
+    /// The backend's collectives (`None`: NCCL only, CUDA).
+    coll: Option<Arc<dyn Collectives>>,
+    /// What they report (the default, all off, without them).
+    facts: CollFacts,
+    /// Held by the op running.
+    lock: Mutex<()>,
+    /// Set when this engine told its peers it rejected an op ([`Self::take_told_peers`]).
+    told_peers: AtomicBool,
+    /// The CUDA extra: the stream, NCCL (on a CUDA device).
+    #[cfg(feature = "cuda")]
+    cuda: Option<crate::cuda::CudaSide>,
+}
+
+/// The op's stream as resolved by [`KernelEngine::begin`] (`None`: the backend's own queue).
+#[cfg(feature = "cuda")]
+type At<'s> = Option<&'s cudarc::driver::CudaStream>;
+/// The op's queue: always the backend's own without CUDA.
+#[cfg(not(feature = "cuda"))]
+type At<'s> = Option<&'s std::convert::Infallible>;
+
+impl KernelEngine {
+    /// The engine over `coll` on `device` (no CUDA extra: the backend's own queue).
+    pub fn new(device: Device, coll: Arc<dyn Collectives>) -> Self {
+        KernelEngine {
+            device,
+            facts: coll.facts(),
+            coll: Some(coll),
+            lock: Mutex::new(()),
+            told_peers: AtomicBool::new(false),
+            #[cfg(feature = "cuda")]
+            cuda: None,
+        }
+    }
+
+    /// The engine on a CUDA device: `coll` (`None`: NCCL only) with the CUDA extra.
+    #[cfg(feature = "cuda")]
+    pub fn cuda(device: Device, coll: Option<Arc<dyn Collectives>>, side: crate::cuda::CudaSide) -> Self {
+        KernelEngine {
+            device,
+            facts: coll.as_ref().map(|c| c.facts()).unwrap_or_default(),
+            coll,
+            lock: Mutex::new(()),
+            told_peers: AtomicBool::new(false),
+            cuda: Some(side),
+        }
+    }
+
+    /// The collectives, where the op needs them.
+    fn coll(&self) -> Result<&dyn Collectives> {
+        self.coll
+            .as_deref()
+            .ok_or_else(|| Error::Unavailable("symmetric-memory kernels on an nccl-only communicator".into()))
+    }
+
+    /// Whether `bytes` at `ptr` lie in symmetric memory registered with the kernels.
+    fn is_registered(&self, ptr: u64, bytes: usize) -> bool {
+        self.coll.as_ref().is_some_and(|c| c.is_registered(ptr, bytes))
+    }
+
+    /// The start of every op, with the op lock held: any error the kernels latched since the
+    /// last op (NOTE [error-mirror]), read without a launch or a synchronisation, so a timeout,
+    /// an abort or a disagreement reaches the caller without a `check_error` call; then the
+    /// op's queue: on CUDA the op's stream (`stream`, else the communicator's), checked to be of
+    /// this device and ordered after the previous op; otherwise the backend's own, and a stream
+    /// given is refused. A refused stream is told to the peers.
+    fn begin<'s>(&'s self, stream: OpStream<'s>) -> Result<At<'s>> {
+        if let Some(c) = self.coll.as_ref().filter(|c| c.has_pending_error()) {
+            c.check_error()?;
+        }
+        #[cfg(feature = "cuda")]
+        if let Some(side) = &self.cuda {
+            return match side.begin(stream) {
+                Ok(s) => Ok(Some(&**s)),
+                Err(e) => {
+                    if is_refusal(&e) {
+                        // A refusal of this rank's own argument: the peers' matching op must fail.
+                        let _ = self.tell_peers(self.telling(stream));
+                    }
+                    Err(e)
+                }
+            };
+        }
+        match stream {
+            None => Ok(None),
+            Some(_) => {
+                let e = Error::InvalidArgument(format!(
+                    "a CUDA stream given to an op of a {}-engine communicator (its ops run on the backend's own queue)",
+                    self.facts.backend
+                ));
+                let _ = self.tell_peers(self.telling(stream));
+                Err(e)
+            }
+        }
+    }
+
+    /// One op: the op lock, the op's queue ([`Self::begin`]), then `f` on it; an argument it
+    /// refuses is told to the peers.
+    fn locked(&self, stream: OpStream<'_>, f: impl FnOnce(At<'_>) -> Result<()>) -> Result<()> {
+        let _l = self.lock()?;
+        let s = self.begin(stream)?;
+        let r = f(s);
+        if let Err(e) = &r {
+            if is_refusal(e) {
+                // The op's own error is what the caller needs; a failure to tell the peers
+                // surfaces on their side as a timeout.
+                let _ = self.tell_peers(s);
+            }
+        }
+        r
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, ()>> {
+        op_lock(&self.lock)
+    }
+
+    /// Where a refusal is told: on CUDA the op's stream, or the communicator's when the op's
+    /// stream is of another context; otherwise the backend's own queue.
+    fn telling<'s>(&'s self, stream: OpStream<'s>) -> At<'s> {
+        #[cfg(feature = "cuda")]
+        if let Some(side) = &self.cuda {
+            return Some(side.telling_stream(stream));
+        }
+        let _ = stream;
+        None
+    }
+
+    /// This rank refused its own arguments for an op (NOTE [op-agreement]), on `s`: the
+    /// kernels' peers learn it at once. Without kernels nothing is sent (NCCL does not check),
+    /// but the communicator still poisons itself.
+    fn tell_peers(&self, s: At<'_>) -> Result<()> {
+        self.told_peers.store(true, Ordering::Release);
+        match &self.coll {
+            Some(c) => c.reject(queue(s)),
+            None => Ok(()),
+        }
+    }
+
+    /// This rank refused its own arguments (`reject`): told under the op lock (refused, and
+    /// nothing sent, while another op of this communicator runs: a local refusal).
+    fn send_rejection(&self, stream: OpStream<'_>) -> Result<()> {
+        let _l = self.lock()?;
+        self.tell_peers(self.telling(stream))
+    }
+
+    /// What this engine's ops take, named, for a buffer it cannot take.
+    fn not_device(&self, what: &str) -> Error {
+        Error::InvalidArgument(format!(
+            "{what}: host slices need the host engine; copy them to the device first (the {} engine takes \
+             device buffers of the communicator's device: symmetric tensors, RawDevicePtr{})",
+            self.facts.backend,
+            if cfg!(feature = "cuda") && self.facts.stream_ordered {
+                ", cudarc buffers"
+            } else {
+                ""
+            }
+        ))
+    }
+
+    /// An input's device address on the op's queue `s`, with what to hold until the op is
+    /// enqueued.
+    fn src<'s>(&'s self, s: At<'s>, b: &'s Buf<'_>) -> Result<(u64, Held<'s>)> {
+        match b {
+            Buf::Symm(t) => {
+                check_symm_tensor(t, self.device, "input tensor")?;
+                Ok((t.ptr(), None))
+            }
+            Buf::Raw(r) => {
+                check_ptr("input pointer", r.ptr, r.dtype)?;
+                Ok((r.ptr, None))
+            }
+            #[cfg(feature = "cuda")]
+            Buf::Device(d) => match (&self.cuda, s) {
+                (Some(side), Some(s)) => {
+                    let (p, g) = side.input(s, *d)?;
+                    Ok((p, Some(g)))
+                }
+                _ => Err(self.not_device("the input")),
+            },
+            Buf::Host(_) => {
+                let _ = s;
+                Err(self.not_device("the input"))
+            }
+        }
+    }
+
+    /// An output's device address on the op's queue `s`, with what to hold until the op is
+    /// enqueued.
+    fn dst<'s>(&'s self, s: At<'s>, b: &'s mut BufMut<'_>) -> Result<(u64, Held<'s>)> {
+        match b {
+            BufMut::Symm(t) => {
+                check_symm_tensor(t, self.device, "output tensor")?;
+                Ok((t.ptr(), None))
+            }
+            BufMut::Raw(r) => {
+                check_ptr("output pointer", r.ptr, r.dtype)?;
+                Ok((r.ptr, None))
+            }
+            #[cfg(feature = "cuda")]
+            BufMut::Device(d) => match (&self.cuda, s) {
+                (Some(side), Some(s)) => {
+                    let (p, g) = side.output(s, &mut **d)?;
+                    Ok((p, Some(g)))
+                }
+                _ => Err(self.not_device("the output")),
+            },
+            BufMut::Host(_) => {
+                let _ = s;
+                Err(self.not_device("the output"))
+            }
+        }
+    }
+
+    /// A plan that names NCCL (`kind` over `d`): run by the CUDA extra, unavailable elsewhere.
+    fn nccl(&self, s: At<'_>, kind: OpKind, d: DeviceOp) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let (Some(side), Some(s)) = (&self.cuda, s) {
+            return side.nccl_op(s, kind, d);
+        }
+        let _ = (s, kind, d);
+        Err(Error::Unavailable(format!(
+            "NCCL on a {}-engine communicator",
+            self.facts.backend
+        )))
+    }
+}
