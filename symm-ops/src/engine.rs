@@ -6,17 +6,20 @@
 //! and runs exactly that plan. Engines: the generic host engine (`host/`, any backend's
 //! `SymmetricMemory`) and the kernel engine (`kernel/`: any GPU backend's collectives through
 //! symm-core's `coll::Collectives`, found by device type; on CUDA with the CUDA extra of
-//! `cuda/`, its stream ordering, cudarc buffers and NCCL, which a plan may name). Also here, for
+//! `cuda/` behind `kernel::Side`: its stream ordering, cudarc buffers and NCCL, which a plan may
+//! name). Also here, for
 //! every engine and the communicator alike: the op's stream ([`OpStream`]), and which errors
 //! leave the group out of step ([`is_fatal`]) or are this rank's refusal ([`is_refusal`]).
 
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use symm_core::coll::epilogue_check::Rows;
+use symm_core::coll::Collectives;
 use symm_core::{DType, Error, OpKind, Rank, ReduceOp, Result, SymmTensor, SymmetricMemory};
 
 use crate::buf::{Buf, BufMut};
 use crate::epilogue::{EpiArgs, EpiPlan};
+use crate::kernel::Side;
 use crate::select::Plan;
 use symm_core::{AllGatherKernel, AllReduceKernel, ReduceScatterKernel};
 
@@ -208,15 +211,17 @@ pub(crate) trait Engine: Send + Sync {
         false
     }
 
-    /// The CUDA stream the ops run on by default.
-    #[cfg(feature = "cuda")]
-    fn stream(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
+    /// A stream-ordered backend's side (the kernel engine's on a CUDA device, whose stream
+    /// `crate::cuda::stream_of` reads).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    fn side(&self) -> Option<&dyn Side> {
         None
     }
 
-    /// What reads the error the engine's kernels latched, for the host copies of its buffers.
-    #[cfg(feature = "cuda")]
-    fn error_probe(&self) -> Option<symm_cuda::collectives::ErrorProbe> {
+    /// The backend's collectives (the kernel engine's; `crate::cuda::error_probe_of` reads
+    /// symm-cuda's error probe from them).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    fn collectives(&self) -> Option<&dyn Collectives> {
         None
     }
 }

@@ -29,7 +29,8 @@
 //! See `docs/user-guide.md` and `docs/ops.md`.
 
 // No unsafe code, except the declaration of `RawDevicePtr::new`'s contract (buf.rs) and the
-// kernel engine's calls into the backends' raw-address entries (`kernel/engine.rs`).
+// kernel engine's calls into the backends' raw-address entries (`kernel/engine.rs`; the side's
+// `unsafe fn Side::epilogue`, declared in `kernel/side.rs`, passed on in `cuda/mod.rs`).
 #![deny(unsafe_code)]
 
 mod buf;

@@ -260,7 +260,7 @@ impl Communicator {
             #[cfg(feature = "cuda")]
             stream: self.stream().cloned(),
             #[cfg(feature = "cuda")]
-            errors: self.engine.error_probe(),
+            errors: crate::cuda::error_probe_of(&*self.engine),
             tensor: block,
             _lease: lease,
             _t: PhantomData,

@@ -308,7 +308,7 @@ impl Communicator {
                         pdl: config.pdl,
                     },
                 )?;
-                Box::new(KernelEngine::cuda(device, coll, side))
+                Box::new(KernelEngine::new(device, coll, Some(Box::new(side))))
             }
             #[cfg(not(feature = "cuda"))]
             EngineKind::Cuda | EngineKind::Nccl => {
@@ -316,7 +316,11 @@ impl Communicator {
                     "symm-ops was built without its `cuda` feature".into(),
                 ))
             }
-            _ => Box::new(KernelEngine::new(device, make_collectives(&setup(Queue::own()))?)),
+            _ => Box::new(KernelEngine::new(
+                device,
+                Some(make_collectives(&setup(Queue::own()))?),
+                None,
+            )),
         };
         let engine: Arc<dyn Engine> = Arc::from(engine);
         // NOTE [peer-watch]: a peer that exits or drops its communicator stops the waits on it.
@@ -413,7 +417,7 @@ impl Communicator {
     /// The stream the ops run on (CUDA engine).
     #[cfg(feature = "cuda")]
     pub fn stream(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
-        self.engine.stream()
+        crate::cuda::stream_of(&*self.engine)
     }
 
     /// Reads (and clears) an error a device wait latched (timeout, abort)

@@ -13,13 +13,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
+use symm_core::coll::add_rms::Epilogue;
 use symm_core::coll::launch::DeviceOp;
+use symm_core::coll::Queue;
 use symm_core::{DType, Device, Error, Group, OpKind, Rank, ReduceOp, Result};
 
+use crate::buf::{Buf, BufMut};
 use crate::device::{DeviceInput, DeviceOutput};
-use crate::engine::OpStream;
+use crate::engine::{Engine, OpStream};
+use crate::kernel::Side;
 use nccl::Nccl;
-use symm_cuda::collectives::Epilogues;
+use symm_cuda::collectives::{CudaCollectives, Epilogues, ErrorProbe};
 
 pub(crate) fn drv_err(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
     move |e| Error::Backend {
@@ -366,4 +370,82 @@ impl CudaSide {
             _ => &self.stream,
         }
     }
+}
+
+/// The op's stream in `q` (a `Queue` from [`CudaSide::begin`] always names one).
+fn op_stream<'s>(q: Queue<'s>) -> Result<&'s CudaStream> {
+    q.get::<CudaStream>()
+        .ok_or_else(|| Error::InvalidArgument("internal: a CUDA op without its stream".into()))
+}
+
+impl Side for CudaSide {
+    fn begin<'s>(&'s self, stream: OpStream<'s>) -> Result<Queue<'s>> {
+        CudaSide::begin(self, stream).map(|s| Queue::of(&**s))
+    }
+
+    fn telling<'s>(&'s self, stream: OpStream<'s>) -> Queue<'s> {
+        Queue::of(self.telling_stream(stream))
+    }
+
+    fn input<'s>(&'s self, q: Queue<'s>, b: &'s Buf<'_>) -> Option<Result<(u64, crate::kernel::Guard<'s>)>> {
+        match (b, q.get::<CudaStream>()) {
+            (Buf::Device(d), Some(s)) => {
+                Some(CudaSide::input(self, s, *d).map(|(p, g)| (p, Box::new(g) as crate::kernel::Guard<'s>)))
+            }
+            _ => None,
+        }
+    }
+
+    fn output<'s>(&'s self, q: Queue<'s>, b: &'s mut BufMut<'_>) -> Option<Result<(u64, crate::kernel::Guard<'s>)>> {
+        match (b, q.get::<CudaStream>()) {
+            (BufMut::Device(d), Some(s)) => {
+                Some(CudaSide::output(self, s, &mut **d).map(|(p, g)| (p, Box::new(g) as crate::kernel::Guard<'s>)))
+            }
+            _ => None,
+        }
+    }
+
+    fn nccl_op(&self, q: Queue<'_>, kind: OpKind, d: DeviceOp) -> Result<()> {
+        CudaSide::nccl_op(self, op_stream(q)?, kind, d)
+    }
+
+    fn nccl_barrier(&self, q: Queue<'_>, ranks: &[Rank]) -> Result<()> {
+        CudaSide::nccl_barrier(self, op_stream(q)?, ranks)
+    }
+
+    // The one unsafe entry of the side (NOTE [raw-addresses]).
+    #[allow(unsafe_code)]
+    unsafe fn epilogue(&self, q: Queue<'_>, sum: u64, e: &Epilogue) -> Result<()> {
+        let s = op_stream(q)?;
+        // SAFETY: the caller's promise (`Side::epilogue`): `sum` and `e`'s addresses are this
+        // device's memory, `e`'s rows long, held until the work is enqueued.
+        unsafe { self.own_epilogues()?.launch(s, sum, e) }
+    }
+
+    fn has_nccl(&self) -> bool {
+        CudaSide::has_nccl(self)
+    }
+
+    fn nccl_missing(&self) -> Option<String> {
+        CudaSide::nccl_missing(self)
+    }
+
+    fn buffers(&self) -> &'static str {
+        ", cudarc buffers"
+    }
+}
+
+/// The CUDA stream `e`'s ops run on by default (a kernel engine with the CUDA side).
+pub(crate) fn stream_of(e: &dyn Engine) -> Option<&Arc<CudaStream>> {
+    let side: &dyn std::any::Any = e.side()?;
+    side.downcast_ref::<CudaSide>().map(CudaSide::stream)
+}
+
+/// What reads the error `e`'s kernels latched (symm-cuda's collectives), for the host copies of
+/// its buffers.
+pub(crate) fn error_probe_of(e: &dyn Engine) -> Option<ErrorProbe> {
+    e.collectives()?
+        .as_any()
+        .downcast_ref::<CudaCollectives>()
+        .map(|c| c.error_probe())
 }

@@ -14,12 +14,13 @@ use std::sync::Arc;
 use symm_core::coll::add_rms::Epilogue;
 use symm_core::coll::epilogue_check::Rows;
 use symm_core::coll::launch::DeviceOp;
+use symm_core::coll::Collectives;
 use symm_core::{
     get_symmetric_memory, AllGatherKernel, AllReduceKernel, DType, Error, OpKind, Rank, ReduceOp, ReduceScatterKernel,
     Result, SymmTensor, SymmetricMemory,
 };
 
-use super::{queue, At, Held, KernelEngine};
+use super::{At, Held, KernelEngine, Side};
 use crate::buf::{Buf, BufMut, RawDevicePtr};
 use crate::engine::{is_fatal, Caps, Cx, Engine, OpArgs, OpStream};
 use crate::epilogue::{EpiArgs, EpiBufs, EpiPlan, Resolve};
@@ -68,7 +69,7 @@ impl KernelEngine {
             Plan::Nccl => self.nccl(s, OpKind::AllReduce, d),
             // SAFETY: the addresses come from checked buffers, held until the op is enqueued
             // (module docs of mod.rs).
-            Plan::Kernel(k) => unsafe { self.coll()?.all_reduce(queue(s), k, d) },
+            Plan::Kernel(k) => unsafe { self.coll()?.all_reduce(s, k, d) },
         }
     }
 
@@ -98,7 +99,7 @@ impl KernelEngine {
                 self.all_reduce_on(s, ar, sum_args)?;
                 self.separate_epilogue(s, sum, &e)
             }
-            EpiPlan::Fused => self.coll()?.lamport_epilogue(queue(s), &e),
+            EpiPlan::Fused => self.coll()?.lamport_epilogue(s, &e),
         }
     }
 
@@ -107,27 +108,22 @@ impl KernelEngine {
     fn separate_epilogue(&self, s: At<'_>, sum: u64, e: &Epilogue) -> Result<()> {
         if let Some(c) = &self.coll {
             // SAFETY: `sum` is one of the op's checked outputs (or `x`), `rows` long.
-            return unsafe { c.epilogue(queue(s), sum, e) };
+            return unsafe { c.epilogue(s, sum, e) };
         }
-        #[cfg(feature = "cuda")]
-        if let (Some(side), Some(s)) = (&self.cuda, s) {
+        if let Some(side) = &self.side {
             // SAFETY: as above.
-            return unsafe { side.own_epilogues()?.launch(s, sum, e) };
+            return unsafe { side.epilogue(s, sum, e) };
         }
-        let _ = (s, sum, e);
         Err(Error::Unavailable("the all-reduce epilogue kernels".into()))
     }
 }
 
 impl Engine for KernelEngine {
     fn caps(&self) -> Caps {
-        #[cfg(feature = "cuda")]
-        let (nccl, nccl_missing) = match &self.cuda {
+        let (nccl, nccl_missing) = match &self.side {
             Some(side) => (side.has_nccl(), side.nccl_missing()),
             None => (false, None),
         };
-        #[cfg(not(feature = "cuda"))]
-        let (nccl, nccl_missing) = (false, None);
         Caps {
             symm: self.coll.is_some(),
             nccl,
@@ -166,7 +162,7 @@ impl Engine for KernelEngine {
             match plan {
                 Plan::Nccl => self.nccl(s, OpKind::ReduceScatter, d),
                 // SAFETY: the addresses come from checked buffers (module docs of mod.rs).
-                Plan::Kernel(k) => unsafe { self.coll()?.reduce_scatter(queue(s), k, d) },
+                Plan::Kernel(k) => unsafe { self.coll()?.reduce_scatter(s, k, d) },
             }
         })
     }
@@ -186,7 +182,7 @@ impl Engine for KernelEngine {
             match plan {
                 Plan::Nccl => self.nccl(s, OpKind::AllGather, d),
                 // SAFETY: the addresses come from checked buffers (module docs of mod.rs).
-                Plan::Kernel(k) => unsafe { self.coll()?.all_gather(queue(s), k, d) },
+                Plan::Kernel(k) => unsafe { self.coll()?.all_gather(s, k, d) },
             }
         })
     }
@@ -195,10 +191,9 @@ impl Engine for KernelEngine {
         let _l = self.lock()?;
         let s = self.begin(stream)?;
         if let Some(c) = &self.coll {
-            return c.barrier(queue(s), ranks);
+            return c.barrier(s, ranks);
         }
-        #[cfg(feature = "cuda")]
-        if let (Some(side), Some(s)) = (&self.cuda, s) {
+        if let Some(side) = &self.side {
             return side.nccl_barrier(s, ranks);
         }
         Err(Error::Unavailable("no engine for a barrier".into()))
@@ -217,7 +212,7 @@ impl Engine for KernelEngine {
         let _l = self.lock()?;
         let s = self.begin(stream)?;
         match &self.coll {
-            Some(c) => c.agree_empty(queue(s), kind, dtype, reduce),
+            Some(c) => c.agree_empty(s, kind, dtype, reduce),
             None => Ok(()),
         }
     }
@@ -280,16 +275,11 @@ impl Engine for KernelEngine {
         self.coll.as_ref().is_some_and(|c| c.unregister_symmetric(base))
     }
 
-    #[cfg(feature = "cuda")]
-    fn stream(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
-        self.cuda.as_ref().map(|side| side.stream())
+    fn side(&self) -> Option<&dyn Side> {
+        self.side.as_deref()
     }
 
-    #[cfg(feature = "cuda")]
-    fn error_probe(&self) -> Option<symm_cuda::collectives::ErrorProbe> {
-        self.coll
-            .as_ref()
-            .and_then(|c| c.as_any().downcast_ref::<symm_cuda::collectives::CudaCollectives>())
-            .map(|c| c.error_probe())
+    fn collectives(&self) -> Option<&dyn Collectives> {
+        self.coll.as_deref()
     }
 }

@@ -1,8 +1,10 @@
 //! The kernel engine: one engine for every GPU backend's collective kernels, run through
 //! symm-core's [`Collectives`] trait (symm-cuda's `CudaCollectives`, symm-rocm's
-//! `RocmCollectives`, or any backend registered for its device type), with NCCL as a CUDA
-//! extra (`crate::cuda::CudaSide`: the communicator's stream, the ordering of ops given other
-//! streams, cudarc buffers, NCCL). What differs between backends is what they report as
+//! `RocmCollectives`, or any backend registered for its device type), with what a
+//! stream-ordered backend's side adds behind the [`Side`] trait (`side.rs`; on a CUDA device
+//! `crate::cuda::CudaSide`: the communicator's stream, the ordering of ops given other streams,
+//! cudarc buffers, NCCL). No `cfg` here: the `cuda` feature decides only whether that side exists
+//! and who builds it (`Communicator::build`). What differs between backends is what they report as
 //! [`CollFacts`]: whether ops are stream-ordered (enqueued on the op's stream; CUDA) or
 //! synchronous (on the backend's own queue, done when the call returns; ROCm), whether the copy
 //! engine and a host-only abort word are there.
@@ -12,18 +14,23 @@
 //! buffers to device addresses ([`KernelEngine::src`] / [`KernelEngine::dst`]), asks the planner
 //! and runs exactly the plan. An argument this rank refuses is told to the peers
 //! (NOTE [op-agreement]). This file holds the setup, queues, buffer resolution and refusals;
-//! `engine.rs` the ops ([`crate::engine::Engine`]).
+//! `engine.rs` the ops ([`crate::engine::Engine`]); `side.rs` the [`Side`] trait.
 //!
 //! The unsafe boundary (NOTE [raw-addresses]): the backends' op entries take raw device
 //! addresses, so they are `unsafe fn`s. Every address that reaches them here comes from `src` /
 //! `dst`: a symmetric tensor of the communicator (checked for its device and contiguity), a
-//! cudarc slice held (with its stream guard) for the op, or a `RawDevicePtr`, whose `unsafe`
+//! buffer the side resolved (a cudarc slice, checked there), held (with its stream guard, a
+//! [`Guard`]) for the op, or a `RawDevicePtr`, whose `unsafe`
 //! constructor carries the caller's promise; each checked for alignment (and null), their
 //! lengths checked by the communicator against the op's count, and held until the op's work is
 //! enqueued (a stream-ordered backend: the stream keeps the memory's users ordered after it) or
 //! done (a synchronous backend).
 
 mod engine;
+mod side;
+
+pub(crate) use side::Guard;
+pub(crate) use side::Side;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -36,21 +43,9 @@ use symm_core::{Device, Error, OpKind, Result};
 use crate::buf::{check_symm_tensor, Buf, BufMut};
 use crate::engine::{is_refusal, op_lock, OpStream};
 
-/// What the engine holds for one resolved buffer until the op is enqueued: a cudarc buffer's
-/// stream guard (CUDA), nothing otherwise.
-#[cfg(feature = "cuda")]
-pub(crate) type Held<'s> = Option<cudarc::driver::SyncOnDrop<'s>>;
-/// What the engine holds for one resolved buffer: nothing without CUDA.
-#[cfg(not(feature = "cuda"))]
-pub(crate) type Held<'s> = Option<std::marker::PhantomData<&'s ()>>;
-
-/// The queue `s` names for the backend: the op's stream, or the backend's own.
-fn queue<T: std::any::Any>(s: Option<&T>) -> Queue<'_> {
-    match s {
-        Some(s) => Queue::of(s),
-        None => Queue::own(),
-    }
-}
+/// What the engine holds for one resolved buffer until the op is enqueued: the guard a side
+/// gave (a cudarc buffer's stream guard), nothing otherwise.
+pub(crate) type Held<'s> = Option<Guard<'s>>;
 
 /// The kernel engine (module docs).
 pub(crate) struct KernelEngine {
@@ -63,42 +58,26 @@ pub(crate) struct KernelEngine {
     lock: Mutex<()>,
     /// Set when this engine told its peers it rejected an op ([`Self::take_told_peers`]).
     told_peers: AtomicBool,
-    /// The CUDA extra: the stream, NCCL (on a CUDA device).
-    #[cfg(feature = "cuda")]
-    cuda: Option<crate::cuda::CudaSide>,
+    /// A stream-ordered backend's side (the CUDA extra on a CUDA device: the stream, cudarc
+    /// buffers, NCCL).
+    side: Option<Box<dyn Side>>,
 }
 
-/// The op's stream as resolved by [`KernelEngine::begin`] (`None`: the backend's own queue).
-#[cfg(feature = "cuda")]
-type At<'s> = Option<&'s cudarc::driver::CudaStream>;
-/// The op's queue: always the backend's own without CUDA.
-#[cfg(not(feature = "cuda"))]
-type At<'s> = Option<&'s std::convert::Infallible>;
+/// The op's queue as resolved by [`KernelEngine::begin`]: the side's stream, or the backend's
+/// own queue.
+type At<'s> = Queue<'s>;
 
 impl KernelEngine {
-    /// The engine over `coll` on `device` (no CUDA extra: the backend's own queue).
-    pub fn new(device: Device, coll: Arc<dyn Collectives>) -> Self {
-        KernelEngine {
-            device,
-            facts: coll.facts(),
-            coll: Some(coll),
-            lock: Mutex::new(()),
-            told_peers: AtomicBool::new(false),
-            #[cfg(feature = "cuda")]
-            cuda: None,
-        }
-    }
-
-    /// The engine on a CUDA device: `coll` (`None`: NCCL only) with the CUDA extra.
-    #[cfg(feature = "cuda")]
-    pub fn cuda(device: Device, coll: Option<Arc<dyn Collectives>>, side: crate::cuda::CudaSide) -> Self {
+    /// The engine over `coll` (`None`: the side's fallback only) on `device`, with a
+    /// stream-ordered backend's `side` (`None`: the backend's own queue).
+    pub fn new(device: Device, coll: Option<Arc<dyn Collectives>>, side: Option<Box<dyn Side>>) -> Self {
         KernelEngine {
             device,
             facts: coll.as_ref().map(|c| c.facts()).unwrap_or_default(),
             coll,
             lock: Mutex::new(()),
             told_peers: AtomicBool::new(false),
-            cuda: Some(side),
+            side,
         }
     }
 
@@ -124,10 +103,9 @@ impl KernelEngine {
         if let Some(c) = self.coll.as_ref().filter(|c| c.has_pending_error()) {
             c.check_error()?;
         }
-        #[cfg(feature = "cuda")]
-        if let Some(side) = &self.cuda {
+        if let Some(side) = &self.side {
             return match side.begin(stream) {
-                Ok(s) => Ok(Some(&**s)),
+                Ok(s) => Ok(s),
                 Err(e) => {
                     if is_refusal(&e) {
                         // A refusal of this rank's own argument: the peers' matching op must fail.
@@ -138,7 +116,7 @@ impl KernelEngine {
             };
         }
         match stream {
-            None => Ok(None),
+            None => Ok(Queue::own()),
             Some(_) => {
                 let e = Error::InvalidArgument(format!(
                     "a CUDA stream given to an op of a {}-engine communicator (its ops run on the backend's own queue)",
@@ -173,12 +151,10 @@ impl KernelEngine {
     /// Where a refusal is told: on CUDA the op's stream, or the communicator's when the op's
     /// stream is of another context; otherwise the backend's own queue.
     fn telling<'s>(&'s self, stream: OpStream<'s>) -> At<'s> {
-        #[cfg(feature = "cuda")]
-        if let Some(side) = &self.cuda {
-            return Some(side.telling_stream(stream));
+        match &self.side {
+            Some(side) => side.telling(stream),
+            None => Queue::own(),
         }
-        let _ = stream;
-        None
     }
 
     /// This rank refused its own arguments for an op (NOTE [op-agreement]), on `s`: the
@@ -187,7 +163,7 @@ impl KernelEngine {
     fn tell_peers(&self, s: At<'_>) -> Result<()> {
         self.told_peers.store(true, Ordering::Release);
         match &self.coll {
-            Some(c) => c.reject(queue(s)),
+            Some(c) => c.reject(s),
             None => Ok(()),
         }
     }
@@ -205,11 +181,7 @@ impl KernelEngine {
             "{what}: host slices need the host engine; copy them to the device first (the {} engine takes \
              device buffers of the communicator's device: symmetric tensors, RawDevicePtr{})",
             self.facts.backend,
-            if cfg!(feature = "cuda") && self.facts.stream_ordered {
-                ", cudarc buffers"
-            } else {
-                ""
-            }
+            self.side.as_ref().map_or("", |side| side.buffers())
         ))
     }
 
@@ -225,18 +197,11 @@ impl KernelEngine {
                 check_ptr("input pointer", r.ptr, r.dtype)?;
                 Ok((r.ptr, None))
             }
-            #[cfg(feature = "cuda")]
-            Buf::Device(d) => match (&self.cuda, s) {
-                (Some(side), Some(s)) => {
-                    let (p, g) = side.input(s, *d)?;
-                    Ok((p, Some(g)))
-                }
-                _ => Err(self.not_device("the input")),
+            // Host slices, and what only a side takes (cudarc buffers).
+            b => match self.side.as_ref().and_then(|side| side.input(s, b)) {
+                Some(r) => r.map(|(p, g)| (p, Some(g))),
+                None => Err(self.not_device("the input")),
             },
-            Buf::Host(_) => {
-                let _ = s;
-                Err(self.not_device("the input"))
-            }
         }
     }
 
@@ -252,28 +217,19 @@ impl KernelEngine {
                 check_ptr("output pointer", r.ptr, r.dtype)?;
                 Ok((r.ptr, None))
             }
-            #[cfg(feature = "cuda")]
-            BufMut::Device(d) => match (&self.cuda, s) {
-                (Some(side), Some(s)) => {
-                    let (p, g) = side.output(s, &mut **d)?;
-                    Ok((p, Some(g)))
-                }
-                _ => Err(self.not_device("the output")),
+            // Host slices, and what only a side takes (cudarc buffers).
+            b => match self.side.as_ref().and_then(|side| side.output(s, b)) {
+                Some(r) => r.map(|(p, g)| (p, Some(g))),
+                None => Err(self.not_device("the output")),
             },
-            BufMut::Host(_) => {
-                let _ = s;
-                Err(self.not_device("the output"))
-            }
         }
     }
 
-    /// A plan that names NCCL (`kind` over `d`): run by the CUDA extra, unavailable elsewhere.
+    /// A plan that names NCCL (`kind` over `d`): run by the side, unavailable elsewhere.
     fn nccl(&self, s: At<'_>, kind: OpKind, d: DeviceOp) -> Result<()> {
-        #[cfg(feature = "cuda")]
-        if let (Some(side), Some(s)) = (&self.cuda, s) {
+        if let Some(side) = &self.side {
             return side.nccl_op(s, kind, d);
         }
-        let _ = (s, kind, d);
         Err(Error::Unavailable(format!(
             "NCCL on a {}-engine communicator",
             self.facts.backend
