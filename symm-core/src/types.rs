@@ -5,8 +5,10 @@ use std::fmt;
 use crate::error::{Error, Result};
 use crate::pad;
 
-/// A kind of device a backend serves.
+/// A kind of device a backend serves. Non-exhaustive: a match outside symm-core keeps an arm
+/// for the kinds it does not serve.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum DeviceType {
     /// CPU memory (the host backend in symm-testkit).
     Host,
@@ -16,6 +18,8 @@ pub enum DeviceType {
     Rocm,
     /// Any other device, named: a backend outside this workspace (a test's mock among them)
     /// registers its allocator and collectives for `Other(name)` as symm-cuda does for `Cuda`.
+    /// Shown as `other:{name}` (so no name passes for a built-in kind in the ranks' setup
+    /// records); the name is one line of printable text.
     Other(&'static str),
 }
 
@@ -25,7 +29,7 @@ impl fmt::Display for DeviceType {
             DeviceType::Host => "host",
             DeviceType::Cuda => "cuda",
             DeviceType::Rocm => "rocm",
-            DeviceType::Other(name) => name,
+            DeviceType::Other(name) => return write!(f, "other:{name}"),
         })
     }
 }

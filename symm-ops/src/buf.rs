@@ -7,6 +7,19 @@
 use half::{bf16, f16};
 use symm_core::{DType, Error, Result, Scalar, SymmTensor};
 
+/// What an engine holds for one buffer it resolved until the op's work is enqueued: a cudarc
+/// buffer's stream guard, held in place (an op allocates nothing, NOTE [raw-addresses] and
+/// docs/ops.md), or nothing.
+pub(crate) enum Guard<'s> {
+    /// A cudarc buffer's guard (records its use on the op's stream when dropped).
+    #[cfg(feature = "cuda")]
+    #[allow(dead_code)] // held for its Drop, never read
+    Cuda(cudarc::driver::SyncOnDrop<'s>),
+    /// Nothing to hold (the lifetime alone).
+    #[allow(dead_code)] // built only where no backend side holds a guard
+    None(std::marker::PhantomData<&'s ()>),
+}
+
 mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
@@ -243,7 +256,6 @@ impl RawDevicePtr {
     }
 
     /// The engines' own addresses, already checked against the buffers they came from.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn checked(ptr: u64, len: usize, dtype: DType) -> Self {
         RawDevicePtr { ptr, len, dtype }
     }

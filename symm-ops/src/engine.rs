@@ -115,6 +115,8 @@ pub(crate) struct Caps {
     pub nccl_missing: Option<String>,
     /// The copy-engine kernels run here (the backend's `CollFacts::copy_engine`).
     pub copy_engine: bool,
+    /// The fused epilogue kernel runs here (the backend's `CollFacts::fused_epilogue`).
+    pub fused_epilogue: bool,
 }
 
 /// The ops of one engine. Every method runs one op of this rank (every rank calls the same in
@@ -209,6 +211,12 @@ pub(crate) trait Engine: Send + Sync {
     fn unregister_memory(&self, base: u64) -> bool {
         let _ = base;
         false
+    }
+
+    /// What the backend's collectives reported ([`symm_core::coll::CollFacts`]); `None` where
+    /// no collective kernels run (the host engine, NCCL alone).
+    fn facts(&self) -> Option<symm_core::coll::CollFacts> {
+        None
     }
 
     /// A stream-ordered backend's side (the kernel engine's on a CUDA device, whose stream

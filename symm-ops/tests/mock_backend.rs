@@ -132,12 +132,23 @@ fn unavailable<T>(what: &str) -> Result<T> {
     Err(Error::Unavailable(format!("{what} on the mock backend")))
 }
 
+impl MockCollectives {
+    /// What the mock reports: its name, nothing else (no Lamport slots, no copy engine, no fused
+    /// epilogue, synchronous ops).
+    const FACTS: CollFacts = CollFacts {
+        backend: "mock",
+        lamport_slot: 0,
+        copy_engine: false,
+        fused_epilogue: false,
+        pdl: false,
+        stream_ordered: false,
+        host_abort: false,
+    };
+}
+
 impl Collectives for MockCollectives {
     fn facts(&self) -> CollFacts {
-        CollFacts {
-            backend: "mock",
-            ..CollFacts::default()
-        }
+        Self::FACTS
     }
 
     /// Every kernel alike: sum the peers' f32 inputs (read from registered symmetric memory)
@@ -285,6 +296,14 @@ fn a_mock_backend_runs_communicator_ops() {
         // The kernel engine over the mock's registered collectives, not the host engine.
         assert_eq!(comm.engine_kind(), EngineKind::Kernels);
         assert!(!comm.has_nccl());
+        // The facts the mock reported reach the communicator as they were given.
+        let facts = comm.collective_facts().ok_or("the kernel engine reported no facts")?;
+        assert_eq!(facts, MockCollectives::FACTS);
+        // No fused epilogue here: an `Auto` epilogue plans the separate one.
+        assert!(matches!(
+            comm.select_epilogue(4096),
+            symm_ops::EpilogueAlgo::Separate(_)
+        ));
 
         let input = comm.persistent_buffer(1, &[N], DType::F32)?;
         let output = comm.persistent_buffer(2, &[N], DType::F32)?;

@@ -3,8 +3,10 @@
 //! device type, built like the allocators' ([`crate::BackendRegistration`]): a backend submits a
 //! [`CollectivesRegistration`] with `inventory`, and symm-ops finds it with
 //! [`collectives_for`] and builds it with [`make_collectives`]. symm-ops runs every backend's
-//! collectives through this trait alone (its kernel engine); what differs between backends is
-//! what they report as [`CollFacts`], never a check of which backend it is.
+//! ops through this trait (its kernel engine); what differs between backends is what they
+//! report as [`CollFacts`], never a check of which backend it is. (symm-ops' CUDA side also
+//! reads `CudaCollectives`' error probe through [`Collectives::as_any`], for the host copies
+//! of its buffers: a CUDA extra, not an op.)
 //!
 //! **Queues.** Backends differ in where an op runs: CUDA enqueues it on the caller's stream and
 //! returns before it is done; ROCm runs it on the collectives' own stream and returns when it
@@ -106,10 +108,16 @@ pub trait Collectives: Send + Sync + 'static {
     /// `kernel`, on `q`.
     ///
     /// # Safety
-    /// `d.input` and `d.output` are device memory of this object's device (or mapped for it,
-    /// registered symmetric memory included), each holding `d.count` elements of `d.dtype`, and
-    /// stay allocated and untouched by anything but this op until its work on `q` has
-    /// completed (a synchronous backend: until the call returns).
+    /// NOTE [raw-addresses], the union of every backend's contract:
+    /// - `d.input` and `d.output` are device memory of this object's device (or mapped for it,
+    ///   registered symmetric memory included), each holding `d.count` elements of `d.dtype`;
+    /// - they stay allocated and untouched by anything but this op until its work on `q` has
+    ///   completed: for a captured op, until the graph's last launch has; for a synchronous
+    ///   backend, until the call returns, or, should it return an error after launching (a
+    ///   timeout the device did not end), until the device has gone idle;
+    /// - a registered output may be written by every rank (the zero-copy two-shot kernels):
+    ///   every rank passes an output in the same registered allocation at the same offset (the
+    ///   op's check word compares offsets and sizes, not which allocation).
     #[allow(unsafe_code)] // the contract is declared here
     unsafe fn all_reduce(&self, q: Queue<'_>, kernel: AllReduceKernel, d: DeviceOp) -> Result<()>;
 

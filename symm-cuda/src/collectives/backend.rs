@@ -41,21 +41,24 @@ impl Collectives for CudaCollectives {
     #[allow(unsafe_code)] // forwards the contract it declares to the inherent entry
     unsafe fn all_reduce(&self, q: Queue<'_>, kernel: AllReduceKernel, d: DeviceOp) -> Result<()> {
         let s = stream(q)?;
-        // SAFETY: the caller keeps this trait method's contract, which is the inherent one's.
+        // SAFETY: the caller keeps this trait method's contract, which includes the inherent one's
+        // (Collectives' # Safety is the union of the backends' contracts).
         unsafe { CudaCollectives::all_reduce(self, s, kernel, d) }
     }
 
     #[allow(unsafe_code)] // forwards the contract it declares to the inherent entry
     unsafe fn reduce_scatter(&self, q: Queue<'_>, kernel: ReduceScatterKernel, d: DeviceOp) -> Result<()> {
         let s = stream(q)?;
-        // SAFETY: the caller keeps this trait method's contract, which is the inherent one's.
+        // SAFETY: the caller keeps this trait method's contract, which includes the inherent one's
+        // (Collectives' # Safety is the union of the backends' contracts).
         unsafe { CudaCollectives::reduce_scatter(self, s, kernel, d) }
     }
 
     #[allow(unsafe_code)] // forwards the contract it declares to the inherent entry
     unsafe fn all_gather(&self, q: Queue<'_>, kernel: AllGatherKernel, d: DeviceOp) -> Result<()> {
         let s = stream(q)?;
-        // SAFETY: the caller keeps this trait method's contract, which is the inherent one's.
+        // SAFETY: the caller keeps this trait method's contract, which includes the inherent one's
+        // (Collectives' # Safety is the union of the backends' contracts).
         unsafe { CudaCollectives::all_gather(self, s, kernel, d) }
     }
 

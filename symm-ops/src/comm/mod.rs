@@ -172,35 +172,6 @@ impl Communicator {
                 }
                 (EngineKind::Host, Topology::FullyConnected)
             }
-            // ROCm and any other device type whose backend registered collectives
-            // (`symm_core::coll::collectives_for`): the kernel engine (every rank on one host: the
-            // peer mappings; at most `coll::layout::MAX_WORLD` ranks), by default where they are
-            // registered; the generic engine serves the rest.
-            DeviceType::Rocm | DeviceType::Other(_) => {
-                let kernels = if device.ty == DeviceType::Rocm {
-                    EngineKind::Rocm
-                } else {
-                    EngineKind::Kernels
-                };
-                match config.force_engine {
-                    Some(EngineKind::Host) => (EngineKind::Host, Topology::Unknown),
-                    Some(k) if k == kernels && same_host => (kernels, Topology::Unknown),
-                    None if same_host
-                        && symm_core::coll::has_collectives(device.ty)
-                        && world <= symm_core::coll::layout::MAX_WORLD =>
-                    {
-                        (kernels, Topology::Unknown)
-                    }
-                    None => (EngineKind::Host, Topology::Unknown),
-                    Some(k) => {
-                        return Err(Error::Unavailable(format!(
-                            "engine {k} on {} devices: they run the {kernels} engine (every rank on one host) or \
-                             the host engine",
-                            device.ty
-                        )))
-                    }
-                }
-            }
             DeviceType::Cuda => {
                 let topology = if same_host {
                     // One entry per distinct device (ranks sharing a device reach each other
@@ -243,10 +214,10 @@ impl Communicator {
                             "the host engine on CUDA devices: use the cuda or nccl engine".into(),
                         ))
                     }
-                    Some(EngineKind::Rocm) => {
-                        return Err(Error::Unavailable(
-                            "the rocm engine on CUDA devices: use the cuda or nccl engine".into(),
-                        ))
+                    Some(k @ (EngineKind::Rocm | EngineKind::Kernels)) => {
+                        return Err(Error::Unavailable(format!(
+                            "the {k} engine on CUDA devices: use the cuda or nccl engine"
+                        )))
                     }
                     Some(EngineKind::Nccl) if shared => {
                         return Err(Error::Unavailable(
@@ -265,6 +236,58 @@ impl Communicator {
                     }
                     None => EngineKind::Nccl,
                 };
+                (kind, topology)
+            }
+            // ROCm and any other device type whose backend registered collectives
+            // (`symm_core::coll::collectives_for`): the kernel engine (every rank on one host: the
+            // peer mappings; at most `coll::layout::MAX_WORLD` ranks), by default where they are
+            // registered; the generic engine serves the rest.
+            // (`DeviceType` is non-exhaustive: a kind added later lands here too.)
+            _ => {
+                let kernels = if device.ty == DeviceType::Rocm {
+                    EngineKind::Rocm
+                } else {
+                    EngineKind::Kernels
+                };
+                let (kind, topology) = match config.force_engine {
+                    Some(EngineKind::Host) => (EngineKind::Host, Topology::Unknown),
+                    Some(k) if k == kernels && same_host => (kernels, Topology::Unknown),
+                    None if same_host
+                        && symm_core::coll::has_collectives(device.ty)
+                        && world <= symm_core::coll::layout::MAX_WORLD =>
+                    {
+                        (kernels, Topology::Unknown)
+                    }
+                    None => (EngineKind::Host, Topology::Unknown),
+                    Some(k) => {
+                        return Err(Error::Unavailable(format!(
+                            "engine {k} on {} devices: they run the {kernels} engine (every rank on one host) or \
+                             the host engine",
+                            device.ty
+                        )))
+                    }
+                };
+                // Every rank must build the same engine: ranks linked with different backends
+                // (one with this device type's collectives, one without) would otherwise meet in
+                // different setups and wait there until the timeout. Agree on the choice.
+                let mine = kind.to_string();
+                let chosen = group.exchange(group.next_prefix("comm-engine"), timeout)?.all_gather(
+                    group.rank().get(),
+                    world,
+                    mine.as_bytes(),
+                    timeout,
+                )?;
+                if let Some((r, other)) = chosen.iter().enumerate().find(|(_, c)| c.as_slice() != mine.as_bytes()) {
+                    return Err(Error::Mismatch {
+                        what: "engine",
+                        detail: format!(
+                            "this rank chose the {mine} engine for {} devices, rank {r} the {} engine (are the \
+                             ranks linked with the same backends?)",
+                            device.ty,
+                            String::from_utf8_lossy(other)
+                        ),
+                    });
+                }
                 (kind, topology)
             }
         };
@@ -316,11 +339,21 @@ impl Communicator {
                     "symm-ops was built without its `cuda` feature".into(),
                 ))
             }
-            _ => Box::new(KernelEngine::new(
-                device,
-                Some(make_collectives(&setup(Queue::own()))?),
-                None,
-            )),
+            _ => {
+                let coll = make_collectives(&setup(Queue::own()))?;
+                let facts = coll.facts();
+                if facts.stream_ordered {
+                    // Only the CUDA side (cudarc streams) gives a stream-ordered backend its
+                    // streams; another backend must run its ops on its own queue.
+                    return Err(Error::Unavailable(format!(
+                        "the {} collectives are stream-ordered, and symm-ops gives streams to CUDA's \
+                         alone: a backend outside CUDA runs its ops on its own queue (CollFacts::stream_ordered \
+                         false)",
+                        facts.backend
+                    )));
+                }
+                Box::new(KernelEngine::new(device, Some(coll), None))
+            }
         };
         let engine: Arc<dyn Engine> = Arc::from(engine);
         // NOTE [peer-watch]: a peer that exits or drops its communicator stops the waits on it.
@@ -347,6 +380,7 @@ impl Communicator {
         let selector = Selector {
             engine: kind,
             copy_engine: caps.copy_engine,
+            fused_epilogue: caps.fused_epilogue,
             symm: caps.symm,
             nccl: caps.nccl,
             thresholds,
@@ -404,6 +438,12 @@ impl Communicator {
     /// The engine running the ops.
     pub fn engine_kind(&self) -> EngineKind {
         self.selector.engine
+    }
+    /// What the backend's collective kernels reported (copy engine, fused epilogue, programmatic
+    /// dependent launch, Lamport slot, stream ordering); `None` where none run (the host engine,
+    /// the NCCL engine).
+    pub fn collective_facts(&self) -> Option<symm_core::coll::CollFacts> {
+        self.engine.facts()
     }
     /// Whether NCCL is available as the fallback.
     pub fn has_nccl(&self) -> bool {

@@ -390,7 +390,7 @@ impl Side for CudaSide {
     fn input<'s>(&'s self, q: Queue<'s>, b: &'s Buf<'_>) -> Option<Result<(u64, crate::kernel::Guard<'s>)>> {
         match (b, q.get::<CudaStream>()) {
             (Buf::Device(d), Some(s)) => {
-                Some(CudaSide::input(self, s, *d).map(|(p, g)| (p, Box::new(g) as crate::kernel::Guard<'s>)))
+                Some(CudaSide::input(self, s, *d).map(|(p, g)| (p, crate::kernel::Guard::Cuda(g))))
             }
             _ => None,
         }
@@ -399,7 +399,7 @@ impl Side for CudaSide {
     fn output<'s>(&'s self, q: Queue<'s>, b: &'s mut BufMut<'_>) -> Option<Result<(u64, crate::kernel::Guard<'s>)>> {
         match (b, q.get::<CudaStream>()) {
             (BufMut::Device(d), Some(s)) => {
-                Some(CudaSide::output(self, s, &mut **d).map(|(p, g)| (p, Box::new(g) as crate::kernel::Guard<'s>)))
+                Some(CudaSide::output(self, s, &mut **d).map(|(p, g)| (p, crate::kernel::Guard::Cuda(g))))
             }
             _ => None,
         }

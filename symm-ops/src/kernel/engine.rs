@@ -79,8 +79,9 @@ impl KernelEngine {
         let on = Resolver { engine: self, s };
         let mut bufs = EpiBufs::from(a);
         let (p, _held) = bufs.resolve(&on)?;
-        // SAFETY: every address was resolved by `src` / `dst` from this op's buffers, checked
-        // there against `rows` and held (`_held`) until the op is enqueued or done (module docs
+        // SAFETY: every address was resolved by `src` / `dst` from this op's buffers (checked
+        // there for device and alignment; their lengths against `rows` by the op before, in
+        // ops/epilogue.rs) and is held (`_held`) until the op is enqueued or done (module docs
         // of mod.rs, NOTE [raw-addresses]).
         let e = unsafe { Epilogue::new(p.op, p.x, rows, p.residual, p.residual_out, p.norm) }?;
         let sum = p.sum_place()?;
@@ -130,6 +131,7 @@ impl Engine for KernelEngine {
             lamport_slot: self.facts.lamport_slot,
             nccl_missing,
             copy_engine: self.facts.copy_engine,
+            fused_epilogue: self.coll.is_some() && self.facts.fused_epilogue,
         }
     }
 
@@ -139,6 +141,10 @@ impl Engine for KernelEngine {
 
     fn is_registered(&self, ptr: u64, bytes: usize) -> bool {
         KernelEngine::is_registered(self, ptr, bytes)
+    }
+
+    fn facts(&self) -> Option<symm_core::coll::CollFacts> {
+        self.coll.as_ref().map(|_| self.facts)
     }
 
     fn reduce_scatter(&self, cx: Cx<'_>, plan: Plan<ReduceScatterKernel>, a: OpArgs<'_, Buf<'_>>) -> Result<()> {

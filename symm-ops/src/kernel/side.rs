@@ -15,12 +15,9 @@ use symm_core::{OpKind, Rank, Result};
 use crate::buf::{Buf, BufMut};
 use crate::engine::OpStream;
 
-/// Anything held until the op is enqueued (type-erased; dropped after the enqueue).
-pub(crate) trait Hold {}
-impl<T: ?Sized> Hold for T {}
-
-/// What the engine holds for one buffer a side resolved (a cudarc buffer's stream guard).
-pub(crate) type Guard<'s> = Box<dyn Hold + 's>;
+/// What the engine holds for one buffer a side resolved (a cudarc buffer's stream guard, in
+/// place: no allocation).
+pub(crate) use crate::buf::Guard;
 
 /// A stream-ordered backend's side of the kernel engine (module docs). Every method is called
 /// with the engine's op lock held, except the facts ([`Self::has_nccl`], [`Self::nccl_missing`],

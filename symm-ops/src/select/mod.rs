@@ -261,6 +261,9 @@ pub(crate) struct Selector {
     /// The copy-engine kernels run here (the backend's `CollFacts::copy_engine`); without, the
     /// copy-engine requests run the zero-copy pulls.
     pub copy_engine: bool,
+    /// The fused epilogue kernel runs here (the backend's `CollFacts::fused_epilogue`); without,
+    /// `Auto` epilogues run `Separate`.
+    pub fused_epilogue: bool,
     /// Symmetric-memory algorithms available (false: NCCL only).
     pub symm: bool,
     /// NCCL available as the fallback.
@@ -309,7 +312,7 @@ impl Selector {
     /// table picks Lamport up to `epilogue_fused_max_bytes` (CUDA, two ranks); otherwise the
     /// table's all-reduce then the epilogue kernel.
     pub fn epilogue(&self, bytes: usize) -> crate::EpilogueAlgo {
-        let kernels = self.symm && self.engine.runs_kernels();
+        let kernels = self.symm && self.engine.runs_kernels() && self.fused_epilogue;
         match self.all_reduce(bytes) {
             _ if kernels && self.world == 1 => crate::EpilogueAlgo::Fused,
             AllReduceAlgo::Lamport

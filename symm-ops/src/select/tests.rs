@@ -14,6 +14,8 @@ fn sel(engine: EngineKind, world: usize, nccl: bool) -> Selector {
         engine,
         // symm-cuda reports the copy engine; symm-rocm does not.
         copy_engine: engine == EngineKind::Cuda,
+        // Both GPU backends run the fused epilogue.
+        fused_epilogue: matches!(engine, EngineKind::Cuda | EngineKind::Rocm),
         symm: engine != EngineKind::Nccl,
         nccl: nccl && engine != EngineKind::Rocm,
         thresholds: SelectionThresholds::defaults(engine, world),
