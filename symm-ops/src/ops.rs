@@ -147,6 +147,20 @@ impl<'c> OnStream<'c> {
         p.is_some_and(|p| self.comm.engine.is_registered(p, bytes))
     }
 
+    /// `f` on what the planner asks of buffers placed as `at`: their placement, and whether the
+    /// input's `in_bytes` / the output's `out_bytes` are registered (asked only when a plan
+    /// needs it).
+    fn with_bufs<R>(&self, at: Placement, in_bytes: usize, out_bytes: usize, f: impl FnOnce(&Bufs<'_>) -> R) -> R {
+        f(&Bufs {
+            in_place: at.in_place,
+            apart: at.apart,
+            registered: &|side| match side {
+                Side::Input => self.registered(at.input, in_bytes),
+                Side::Output => self.registered(at.output, out_bytes),
+            },
+        })
+    }
+
     /// The plan of an all-reduce of `count` elements of `dtype` requested as `req`, on buffers
     /// placed as `at`: the buffers' facts once, then the planner (NOTE [one-planner]).
     pub(crate) fn plan_all_reduce(
@@ -157,15 +171,7 @@ impl<'c> OnStream<'c> {
         dtype: DType,
     ) -> Plan<AllReduceKernel> {
         let bytes = count * dtype.size();
-        let bufs = Bufs {
-            in_place: at.in_place,
-            apart: at.apart,
-            registered: &|side| match side {
-                Side::Input => self.registered(at.input, bytes),
-                Side::Output => self.registered(at.output, bytes),
-            },
-        };
-        self.comm.selector.plan_all_reduce(req, bytes, &bufs)
+        self.with_bufs(at, bytes, bytes, |b| self.comm.selector.plan_all_reduce(req, bytes, b))
     }
 
     // ---- all-reduce -------------------------------------------------------
@@ -359,15 +365,9 @@ impl<'c> OnStream<'c> {
         );
         let a = OpArgs::gather(input, output, count, dtype);
         self.comm.run(|| {
-            let bufs = Bufs {
-                in_place: at.in_place,
-                apart: at.apart,
-                registered: &|side| match side {
-                    Side::Input => self.registered(at.input, bytes),
-                    Side::Output => self.registered(at.output, whole),
-                },
-            };
-            let plan = self.comm.selector.plan_all_gather(algo, whole, dtype, &bufs);
+            let plan = self.with_bufs(at, bytes, whole, |b| {
+                self.comm.selector.plan_all_gather(algo, whole, dtype, b)
+            });
             self.comm.engine.all_gather(self.cx(), plan, a)
         })
     }

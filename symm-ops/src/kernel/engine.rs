@@ -53,11 +53,7 @@ impl KernelEngine {
             dtype,
             op,
         } = a;
-        let (out_ptr, _g_out) = self.dst(s, &mut output)?;
-        let (in_ptr, _g_in) = match &input {
-            Some(b) => self.src(s, b)?,
-            None => (out_ptr, None),
-        };
+        let (in_ptr, out_ptr, _held) = self.resolve(s, input.as_ref(), &mut output)?;
         let d = DeviceOp {
             input: in_ptr,
             output: out_ptr,
@@ -156,8 +152,7 @@ impl Engine for KernelEngine {
             op,
         } = a;
         self.locked(cx.stream, |s| {
-            let (out_ptr, _g_out) = self.dst(s, &mut output)?;
-            let (in_ptr, _g_in) = self.src(s, &input)?;
+            let (in_ptr, out_ptr, _held) = self.resolve(s, Some(&input), &mut output)?;
             let d = DeviceOp {
                 input: in_ptr,
                 output: out_ptr,
@@ -182,8 +177,7 @@ impl Engine for KernelEngine {
             ..
         } = a;
         self.locked(cx.stream, |s| {
-            let (out_ptr, _g_out) = self.dst(s, &mut output)?;
-            let (in_ptr, _g_in) = self.src(s, &input)?;
+            let (in_ptr, out_ptr, _held) = self.resolve(s, Some(&input), &mut output)?;
             let d = DeviceOp::gather(in_ptr, out_ptr, count, dtype);
             match plan {
                 Plan::Nccl => self.nccl(s, OpKind::AllGather, d),

@@ -225,6 +225,22 @@ impl KernelEngine {
         }
     }
 
+    /// An op's input and output addresses on `s` (the output first; no input: in place, the
+    /// output's), with their guards, held by the caller until the op is enqueued.
+    fn resolve<'s>(
+        &'s self,
+        s: At<'s>,
+        input: Option<&'s Buf<'_>>,
+        output: &'s mut BufMut<'_>,
+    ) -> Result<(u64, u64, [Held<'s>; 2])> {
+        let (out_ptr, g_out) = self.dst(s, output)?;
+        let (in_ptr, g_in) = match input {
+            Some(b) => self.src(s, b)?,
+            None => (out_ptr, None),
+        };
+        Ok((in_ptr, out_ptr, [g_out, g_in]))
+    }
+
     /// A plan that names NCCL (`kind` over `d`): run by the side, unavailable elsewhere.
     fn nccl(&self, s: At<'_>, kind: OpKind, d: DeviceOp) -> Result<()> {
         if let Some(side) = &self.side {
