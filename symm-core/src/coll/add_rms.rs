@@ -121,29 +121,29 @@ pub fn fused_geometry(rows: usize, vectors_per_row: usize, world: usize, blocks:
         slots: false,
     };
     let warps = big as usize / 32;
-    if slots > 0 && world > 1 && rows > 0 && rows * warps <= EPI_SLOTS_MAX {
-        let want = (big as usize / (slots as usize).max(32)).max(2);
-        let fit = (blocks as usize / rows).min(warps).min(want);
-        if let Some(c) = (2..=fit).rev().find(|c| warps.is_multiple_of(*c)) {
-            return FusedGeometry {
+    // Cluster rows and slot rows cut the row's block into `c` blocks of whole warps: the
+    // largest divisor of its warps up to `most` (at least 2) while `rows x c` blocks fit.
+    let cut = |most: usize| {
+        let fit = (blocks as usize / rows).min(warps).min(most);
+        (2..=fit)
+            .rev()
+            .find(|c| warps.is_multiple_of(*c))
+            .map(|c| FusedGeometry {
                 parts: c as u32,
                 threads: big / c as u32,
                 blocks: (rows * c) as u32,
-                slots: true,
                 ..whole
-            };
+            })
+    };
+    let cut_rows = world > 1 && rows > 0;
+    if slots > 0 && cut_rows && rows * warps <= EPI_SLOTS_MAX {
+        if let Some(g) = cut((big as usize / (slots as usize).max(32)).max(2)) {
+            return FusedGeometry { slots: true, ..g };
         }
     }
-    if cluster && world > 1 && rows > 0 {
-        let fit = (blocks as usize / rows).min(MAX_CLUSTER).min(warps);
-        if let Some(c) = (2..=fit).rev().find(|c| warps.is_multiple_of(*c)) {
-            return FusedGeometry {
-                parts: c as u32,
-                threads: big / c as u32,
-                blocks: (rows * c) as u32,
-                cluster: true,
-                ..whole
-            };
+    if cluster && cut_rows {
+        if let Some(g) = cut(MAX_CLUSTER) {
+            return FusedGeometry { cluster: true, ..g };
         }
     }
     if spread && world > 1 && rows > 0 {
