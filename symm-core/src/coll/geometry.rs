@@ -255,10 +255,17 @@ pub struct LamportPlan {
     pub vectors: usize,
 }
 
+/// Threads per Lamport block while one wave of such blocks covers the message: the smallest
+/// of these whose wave (one block per SM) covers it, one vector per thread, so the vectors'
+/// remote stores spread over as many SMs as they can. Measured on 4 x H100 (graph, bf16,
+/// bench-notes.md round 22): 4 ranks 4-64 KiB 3.70-3.95 us in blocks of 128 against 3.97-4.12
+/// in blocks of 256, 256 KiB 5.40 against 5.53; 3 ranks 0.05-0.11 us faster; 2 ranks level
+/// (within 0.02) to 16 KiB and 0.04-0.08 faster above. Blocks of 64 were level with 128 to
+/// 128 KiB; 256 stays for messages beyond one wave of 128 (round 4 on 2 x H200: 256 beat 512).
+pub const LAMPORT_WAVE_THREADS: [usize; 2] = [128, 256];
+
 /// Plans a Lamport launch of `count` elements per peer slot (all-reduce: the message; reduce-scatter:
 /// one shard; all-gather: one rank's input); an error when that exceeds a Lamport slot.
-/// Threads per Lamport block while one wave of such blocks covers the message.
-pub const LAMPORT_WAVE_THREADS: usize = 256;
 
 pub fn lamport_plan(
     count: usize,
@@ -278,14 +285,13 @@ pub fn lamport_plan(
         });
     }
     let vectors = count.div_ceil(vec_elems(dtype));
-    // Blocks of LAMPORT_WAVE_THREADS while one such wave covers the message (one vector per
-    // thread, more SMs pushing and polling), `tuning.threads` above (2 x H200: 2.80 against
-    // 2.99 us at 16 KiB, 3.62 against 3.77 at 256 KiB; bench-notes.md, round 4).
-    let cap = if vectors <= LAMPORT_WAVE_THREADS * sm_count as usize {
-        LAMPORT_WAVE_THREADS.min(tuning.threads as usize)
-    } else {
-        tuning.threads as usize
-    };
+    // Blocks of the smallest LAMPORT_WAVE_THREADS whose one wave covers the message (one
+    // vector per thread, more SMs pushing and polling), `tuning.threads` above (2 x H200: 2.80
+    // against 2.99 us at 16 KiB, 3.62 against 3.77 at 256 KiB; bench-notes.md, round 4).
+    let cap = LAMPORT_WAVE_THREADS
+        .iter()
+        .find(|&&t| vectors <= t * sm_count as usize)
+        .map_or(tuning.threads as usize, |&t| t.min(tuning.threads as usize));
     let threads = (vectors.div_ceil(32) * 32).clamp(64, cap.max(64)) as u32;
     let blocks = vectors
         .div_ceil(threads as usize)
@@ -658,9 +664,21 @@ mod tests {
         let l = layout2();
         let p = lamport_plan(512, DType::BF16, &l, &t, 132).unwrap();
         assert_eq!((p.vectors, p.blocks, p.threads), (64, 1, 64));
-        // 16 KiB: 1024 vectors in blocks of 256.
+        // 16 KiB: 1024 vectors in blocks of 128.
         let p = lamport_plan(8192, DType::BF16, &l, &t, 132).unwrap();
-        assert_eq!((p.vectors, p.blocks, p.threads), (1024, 4, 256));
+        assert_eq!((p.vectors, p.blocks, p.threads), (1024, 8, 128));
+        // 2 KiB: one block of 128; 256 KiB: one wave of 128-thread blocks.
+        let p = lamport_plan(1024, DType::BF16, &l, &t, 132).unwrap();
+        assert_eq!((p.vectors, p.blocks, p.threads), (128, 1, 128));
+        let p = lamport_plan(131072, DType::BF16, &l, &t, 132).unwrap();
+        assert_eq!((p.vectors, p.blocks, p.threads), (16384, 128, 128));
+        // Beyond one wave of 128: blocks of 256 while their wave covers it (512 KiB).
+        let p = lamport_plan(262144, DType::BF16, &l, &t, 132).unwrap();
+        assert_eq!((p.vectors, p.blocks, p.threads), (32768, 128, 256));
+        // A tuning with fewer threads caps the wave's blocks.
+        let small = Tuning { threads: 64, ..t };
+        let p = lamport_plan(8192, DType::BF16, &l, &small, 132).unwrap();
+        assert_eq!((p.blocks, p.threads), (16, 64));
         // Beyond one wave of 256-thread blocks: blocks of `tuning.threads`.
         let p = lamport_plan(132 * 256 * 8 + 8, DType::BF16, &l, &t, 132).unwrap();
         assert_eq!((p.blocks, p.threads), (67, 512));
