@@ -13,8 +13,42 @@ use symm_core::DType;
 
 use crate::buf::{Buf, BufMut, Element};
 
-/// A device buffer an op reads.
-pub trait DeviceInput {
+/// Only this crate implements the buffer traits: an op trusts the address and length they
+/// report, so an implementation outside it could hand a safe op any address (NOTE
+/// [raw-addresses]; memory this crate cannot check goes through the `unsafe`
+/// `RawDevicePtr::new`).
+///
+/// ```compile_fail
+/// use std::sync::Arc;
+/// use symm_ops::cudarc::driver::{CudaContext, CudaStream, SyncOnDrop};
+/// use symm_ops::symm_core::DType;
+///
+/// struct Anywhere(Arc<CudaContext>);
+/// impl symm_ops::DeviceInput for Anywhere {
+///     fn dtype(&self) -> DType {
+///         DType::F32
+///     }
+///     fn len(&self) -> usize {
+///         1
+///     }
+///     fn context(&self) -> &Arc<CudaContext> {
+///         &self.0
+///     }
+///     fn read_ptr<'s>(&'s self, _: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
+///         (0xdead_0000, SyncOnDrop::Sync(None))
+///     }
+///     fn tracks_events(&self) -> bool {
+///         false
+///     }
+/// }
+/// ```
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A device buffer an op reads: cudarc's `CudaSlice`, `CudaView` and `CudaViewMut`, and
+/// symm-cuda's `SymmView` (sealed: other memory goes through `RawDevicePtr`).
+pub trait DeviceInput: sealed::Sealed {
     fn dtype(&self) -> DType;
     /// Elements.
     fn len(&self) -> usize;
@@ -33,15 +67,15 @@ pub trait DeviceInput {
     /// The device address where it is known without a stream (symmetric memory: a
     /// `symm_cuda::SymmView`), for the planner's buffer facts (in place, apart, registered).
     /// `None` (the default, and cudarc's own buffers) says the memory is no registered
-    /// symmetric memory and overlaps no other buffer of the op: an implementation over
-    /// symmetric memory returns its address, or the zero-copy plans never see it.
+    /// symmetric memory and overlaps no other buffer of the op.
     fn known_ptr(&self) -> Option<u64> {
         None
     }
 }
 
-/// A device buffer an op writes.
-pub trait DeviceOutput {
+/// A device buffer an op writes: cudarc's `CudaSlice` and `CudaViewMut`, and symm-cuda's
+/// `SymmView` (sealed, as [`DeviceInput`]).
+pub trait DeviceOutput: sealed::Sealed {
     fn dtype(&self) -> DType;
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {
@@ -136,6 +170,10 @@ macro_rules! device_buffer {
 // cudarc's slices and views, and symm-cuda's typed views of symmetric memory (any rank's buffer).
 // cudarc's own types track their uses with events (unless the context's tracking is off);
 // symmetric memory is ordered by the caller's streams only.
+impl<T> sealed::Sealed for CudaSlice<T> {}
+impl<T> sealed::Sealed for CudaView<'_, T> {}
+impl<T> sealed::Sealed for CudaViewMut<'_, T> {}
+impl<T> sealed::Sealed for symm_cuda::SymmView<T> {}
 device_buffer!(input, tracked true: CudaSlice<T>, CudaView<'_, T>, CudaViewMut<'_, T>);
 device_buffer!(output, tracked true: CudaSlice<T>, CudaViewMut<'_, T>);
 device_buffer!(input, tracked false: symm_cuda::SymmView<T>);
