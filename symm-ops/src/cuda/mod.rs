@@ -55,6 +55,9 @@ pub(crate) fn device_uuid(stream: &CudaStream) -> Result<String> {
     Ok(u.bytes.iter().map(|&b| format!("{:02x}", b as u8)).collect())
 }
 
+/// A cudarc buffer's address aligned to its element. Not `coll::check::check_ptr`, which also
+/// refuses a null address: cudarc's buffers are valid by construction, and an empty one may have
+/// none (the op then moves nothing); raw addresses go through `check_ptr` in the kernels' checks.
 fn check_align(what: &'static str, ptr: u64, dtype: DType) -> Result<()> {
     let a = dtype.size() as u64;
     if !ptr.is_multiple_of(a) {
