@@ -121,7 +121,7 @@ impl Table {
 /// that checks the table (names unique and described, no other file of the crate reads the
 /// environment, `doc` lists every name; `skip_bin`: leave `src/bin` out of the scan).
 ///
-/// ```ignore
+/// ```text
 /// pub const KNOBS: &[Knob] = &[...];
 /// symm_store::knob_table!(pub(crate) KNOBS, "../docs/store.md", false); // `get`'s visibility first
 /// ```
