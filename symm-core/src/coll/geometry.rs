@@ -266,7 +266,6 @@ pub const LAMPORT_WAVE_THREADS: [usize; 2] = [128, 256];
 
 /// Plans a Lamport launch of `count` elements per peer slot (all-reduce: the message; reduce-scatter:
 /// one shard; all-gather: one rank's input); an error when that exceeds a Lamport slot.
-
 pub fn lamport_plan(
     count: usize,
     dtype: DType,
