@@ -18,7 +18,7 @@ use crate::buf::{Buf, BufMut, Element};
 /// [raw-addresses]; memory this crate cannot check goes through the `unsafe`
 /// `RawDevicePtr::new`).
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// use std::sync::Arc;
 /// use symm_ops::cudarc::driver::{CudaContext, CudaStream, SyncOnDrop};
 /// use symm_ops::symm_core::DType;

@@ -30,8 +30,8 @@ pub const MAX_CLUSTER: usize = 8;
 const SPLIT_THREADS: usize = 128;
 /// Most blocks one row is split into.
 const MAX_PARTS: usize = 16;
-/// Spread pushes: about this many vectors of a row per pushing block (the Lamport entries' 256
-/// threads a block, one vector each).
+/// Spread pushes: about this many vectors of a row per pushing block (a 256-thread block, one
+/// vector each; measured so, round 20).
 const SPREAD_VECTORS: usize = 256;
 /// Most blocks that push one row.
 const MAX_SPREAD: usize = 8;

@@ -256,13 +256,16 @@ pub struct LamportPlan {
 }
 
 /// Threads per Lamport block while one wave of such blocks covers the message: the smallest
-/// of these whose wave (one block per SM) covers it, one vector per thread, so the vectors'
-/// remote stores spread over as many SMs as they can. Measured on 4 x H100 (graph, bf16,
-/// bench-notes.md round 22): 4 ranks 4-64 KiB 3.70-3.95 us in blocks of 128 against 3.97-4.12
-/// in blocks of 256, 256 KiB 5.40 against 5.53; 3 ranks 0.05-0.11 us faster; 2 ranks level
-/// (within 0.02) to 16 KiB and 0.04-0.08 faster above. Blocks of 64 were level with 128 to
-/// 128 KiB; 256 stays for messages beyond one wave of 128 (round 4 on 2 x H200: 256 beat 512).
+/// of these (ascending) whose wave (the grid's blocks, at most one per SM) covers it, one
+/// vector per thread, so the vectors' remote stores spread over as many SMs as they can.
+/// Measured on 4 x H100 (graph, bf16, bench-notes.md round 22): 4 ranks 4-64 KiB 3.70-3.95 us
+/// in blocks of 128 against 3.97-4.12 in blocks of 256, 256 KiB 5.40 against 5.53; 3 ranks
+/// 0.05-0.12 us faster; 2 ranks within 0.06 to 16 KiB (4 KiB 0.03-0.04 slower) and 0.04-0.08
+/// faster above. Blocks of 64 were level with 128 to 128 KiB; 256 stays for messages beyond
+/// one wave of 128 (round 4 on 2 x H200: 256 beat 512). Measured on H100 only; ROCm devices
+/// take the same plan.
 pub const LAMPORT_WAVE_THREADS: [usize; 2] = [128, 256];
+const _: () = assert!(LAMPORT_WAVE_THREADS[0] < LAMPORT_WAVE_THREADS[1]);
 
 /// Plans a Lamport launch of `count` elements per peer slot (all-reduce: the message; reduce-scatter:
 /// one shard; all-gather: one rank's input); an error when that exceeds a Lamport slot.
@@ -287,14 +290,13 @@ pub fn lamport_plan(
     // Blocks of the smallest LAMPORT_WAVE_THREADS whose one wave covers the message (one
     // vector per thread, more SMs pushing and polling), `tuning.threads` above (2 x H200: 2.80
     // against 2.99 us at 16 KiB, 3.62 against 3.77 at 256 KiB; bench-notes.md, round 4).
+    let wave = tuning.blocks(sm_count) as usize;
     let cap = LAMPORT_WAVE_THREADS
         .iter()
-        .find(|&&t| vectors <= t * sm_count as usize)
+        .find(|&&t| vectors <= t * wave)
         .map_or(tuning.threads as usize, |&t| t.min(tuning.threads as usize));
     let threads = (vectors.div_ceil(32) * 32).clamp(64, cap.max(64)) as u32;
-    let blocks = vectors
-        .div_ceil(threads as usize)
-        .clamp(1, tuning.blocks(sm_count) as usize) as u32;
+    let blocks = vectors.div_ceil(threads as usize).clamp(1, wave) as u32;
     Ok(LamportPlan {
         blocks,
         threads,
@@ -678,6 +680,16 @@ mod tests {
         let small = Tuning { threads: 64, ..t };
         let p = lamport_plan(8192, DType::BF16, &l, &small, 132).unwrap();
         assert_eq!((p.blocks, p.threads), (16, 64));
+        // The wave is the grid the tuning allows: 32 blocks cover 256 KiB in blocks of 512,
+        // 4096 vectors in blocks of 128.
+        let few = Tuning {
+            max_blocks: Some(32),
+            ..t
+        };
+        let p = lamport_plan(131072, DType::BF16, &l, &few, 132).unwrap();
+        assert_eq!((p.blocks, p.threads), (32, 512));
+        let p = lamport_plan(32768, DType::BF16, &l, &few, 132).unwrap();
+        assert_eq!((p.blocks, p.threads), (32, 128));
         // Beyond one wave of 256-thread blocks: blocks of `tuning.threads`.
         let p = lamport_plan(132 * 256 * 8 + 8, DType::BF16, &l, &t, 132).unwrap();
         assert_eq!((p.blocks, p.threads), (67, 512));
