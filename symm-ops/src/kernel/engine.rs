@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use symm_core::coll::add_rms::Epilogue;
 use symm_core::coll::epilogue_check::Rows;
-use symm_core::coll::launch::DeviceOp;
 use symm_core::coll::Collectives;
 use symm_core::{
     get_symmetric_memory, AllGatherKernel, AllReduceKernel, DType, Error, OpKind, Rank, ReduceOp, ReduceScatterKernel,
@@ -53,14 +52,7 @@ impl KernelEngine {
             dtype,
             op,
         } = a;
-        let (in_ptr, out_ptr, _held) = self.resolve(s, input.as_ref(), &mut output)?;
-        let d = DeviceOp {
-            input: in_ptr,
-            output: out_ptr,
-            count,
-            dtype,
-            op,
-        };
+        let (d, _held) = self.resolve(s, input.as_ref(), &mut output, (count, dtype, op))?;
         match plan {
             Plan::Nccl => self.nccl(s, OpKind::AllReduce, d),
             // SAFETY: the addresses come from checked buffers, held until the op is enqueued
@@ -152,14 +144,7 @@ impl Engine for KernelEngine {
             op,
         } = a;
         self.locked(cx.stream, |s| {
-            let (in_ptr, out_ptr, _held) = self.resolve(s, Some(&input), &mut output)?;
-            let d = DeviceOp {
-                input: in_ptr,
-                output: out_ptr,
-                count,
-                dtype,
-                op,
-            };
+            let (d, _held) = self.resolve(s, Some(&input), &mut output, (count, dtype, op))?;
             match plan {
                 Plan::Nccl => self.nccl(s, OpKind::ReduceScatter, d),
                 // SAFETY: the addresses come from checked buffers (module docs of mod.rs).
@@ -174,11 +159,11 @@ impl Engine for KernelEngine {
             mut output,
             count,
             dtype,
-            ..
+            op,
         } = a;
         self.locked(cx.stream, |s| {
-            let (in_ptr, out_ptr, _held) = self.resolve(s, Some(&input), &mut output)?;
-            let d = DeviceOp::gather(in_ptr, out_ptr, count, dtype);
+            // (`op` is `OpArgs::gather`'s unused Sum.)
+            let (d, _held) = self.resolve(s, Some(&input), &mut output, (count, dtype, op))?;
             match plan {
                 Plan::Nccl => self.nccl(s, OpKind::AllGather, d),
                 // SAFETY: the addresses come from checked buffers (module docs of mod.rs).

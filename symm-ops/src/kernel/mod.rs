@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use symm_core::coll::check::check_ptr;
 use symm_core::coll::launch::DeviceOp;
 use symm_core::coll::{CollFacts, Collectives, Queue};
-use symm_core::{Device, Error, OpKind, Result};
+use symm_core::{DType, Device, Error, OpKind, ReduceOp, Result};
 
 use crate::buf::{check_symm_tensor, Buf, BufMut};
 use crate::engine::{is_refusal, op_lock, OpStream};
@@ -225,20 +225,29 @@ impl KernelEngine {
         }
     }
 
-    /// An op's input and output addresses on `s` (the output first; no input: in place, the
-    /// output's), with their guards, held by the caller until the op is enqueued.
+    /// An op's buffers resolved on `s` into the packed [`DeviceOp`] (the output first; no input:
+    /// in place, the output's address), with their guards, held by the caller until the op is
+    /// enqueued.
     fn resolve<'s>(
         &'s self,
         s: At<'s>,
         input: Option<&'s Buf<'_>>,
         output: &'s mut BufMut<'_>,
-    ) -> Result<(u64, u64, [Held<'s>; 2])> {
+        (count, dtype, op): (usize, DType, ReduceOp),
+    ) -> Result<(DeviceOp, [Held<'s>; 2])> {
         let (out_ptr, g_out) = self.dst(s, output)?;
         let (in_ptr, g_in) = match input {
             Some(b) => self.src(s, b)?,
             None => (out_ptr, None),
         };
-        Ok((in_ptr, out_ptr, [g_out, g_in]))
+        let d = DeviceOp {
+            input: in_ptr,
+            output: out_ptr,
+            count,
+            dtype,
+            op,
+        };
+        Ok((d, [g_out, g_in]))
     }
 
     /// A plan that names NCCL (`kind` over `d`): run by the side, unavailable elsewhere.
