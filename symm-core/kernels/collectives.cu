@@ -383,24 +383,33 @@ __device__ __forceinline__ void coll_start_deadline(unsigned long long& deadline
     }
 }
 
+// One more turn of a bounded poll whose value has not come: back off, and every
+// SYMM_CHECK_EVERY polls start the deadline (at the first check) and ask coll_poll_gives_up.
+// False: give up. The waits below and epi_slot_get poll through it.
+__device__ __forceinline__ bool coll_poll_again(unsigned int& polls, unsigned long long& deadline,
+                                                const CollWait& w) {
+    symm_backoff();
+    if ((++polls % SYMM_CHECK_EVERY) == 0u) {
+        coll_start_deadline(deadline, w);
+        if (coll_poll_gives_up(polls, deadline, w)) {
+            return false;
+        }
+    }
+    return true;
+}
+
 // Slow path of a bounded wait: polls *p (acquire, system scope) until it reaches target
 // (signed difference). Returns true on success; false once the deadline passed, an abort was
 // requested, or an error is already latched (then the caller gives up its remaining work).
 __device__ __noinline__ bool coll_wait_slow(const unsigned int* p, unsigned int target, CollWait w) {
     unsigned long long deadline = 0;
     unsigned int polls = 0;
-    while (true) {
-        if (symm_epoch_reached(symm_ld_acquire_sys(p), target)) {
-            return true;
-        }
-        symm_backoff();
-        if ((++polls % SYMM_CHECK_EVERY) == 0u) {
-            coll_start_deadline(deadline, w);
-            if (coll_poll_gives_up(polls, deadline, w)) {
-                return false;
-            }
+    while (!symm_epoch_reached(symm_ld_acquire_sys(p), target)) {
+        if (!coll_poll_again(polls, deadline, w)) {
+            return false;
         }
     }
+    return true;
 }
 
 __device__ __forceinline__ bool coll_wait_geq(const unsigned int* p, unsigned int target, const CollWait& w) {

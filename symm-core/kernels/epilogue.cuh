@@ -129,12 +129,8 @@ __device__ __forceinline__ bool epi_slot_get(const unsigned long long* s, unsign
             out = __uint_as_float((unsigned int)x);
             return true;
         }
-        symm_backoff();
-        if ((++polls % SYMM_CHECK_EVERY) == 0u) {
-            coll_start_deadline(deadline, w);
-            if (coll_poll_gives_up(polls, deadline, w)) {
-                return false;
-            }
+        if (!coll_poll_again(polls, deadline, w)) {
+            return false;
         }
     }
 }

@@ -77,12 +77,8 @@ __device__ __noinline__ bool coll_wait_pull(const unsigned long long* p, unsigne
             *out = v;
             return true;
         }
-        symm_backoff();
-        if ((++polls % SYMM_CHECK_EVERY) == 0u) {
-            coll_start_deadline(deadline, w);
-            if (coll_poll_gives_up(polls, deadline, w)) {
-                return false;
-            }
+        if (!coll_poll_again(polls, deadline, w)) {
+            return false;
         }
     }
 }
