@@ -20,6 +20,7 @@ pub const EPI_SPLIT: &str = "SYMM_EPI_SPLIT";
 pub const EPI_CLUSTER: &str = "SYMM_EPI_CLUSTER";
 pub const EPI_SPREAD: &str = "SYMM_EPI_SPREAD";
 pub const EPI_SLOTS: &str = "SYMM_EPI_SLOTS";
+pub const EPI_HANDOFF: &str = "SYMM_EPI_HANDOFF";
 pub const HOST_ABORT_EVERY_THREAD: &str = "SYMM_HOST_ABORT_EVERY_THREAD";
 pub const RING_UNROLL1: &str = "SYMM_RING_UNROLL1";
 pub const TRACE: &str = "SYMM_TRACE";
@@ -115,6 +116,14 @@ pub const KNOBS: &[Knob] = &[
         meaning: "`1` (or a block size: a multiple of 32 up to 512): the fused all-reduce epilogue kernel runs \
                   slot rows where they fit (a row's block cut into blocks of about 128 threads, or the size \
                   given, that exchange their warps' sums through tagged STATE slots; NOTE [fused-epilogue])",
+        default: "off",
+        measurement: true,
+    },
+    Knob {
+        name: EPI_HANDOFF,
+        meaning: "`1`: the fused all-reduce epilogue runs as the handoff pair where its rows fit (the Lamport \
+                  all-reduce into a local buffer, then the epilogue kernel overlapping it through PDL and \
+                  taking the sums as Lamport data; NOTE [fused-epilogue], \"handoff\")",
         default: "off",
         measurement: true,
     },
@@ -239,7 +248,7 @@ pub fn ring_unroll1() -> bool {
 
 /// The kernels' diagnostic switches as symm-core's launch plans take them
 /// ([`LAMPORT_ACQREL_ARRIVE`], [`HOST_ABORT_EVERY_THREAD`], [`LAMPORT_LAG`], [`RING_UNROLL1`],
-/// [`LAMPORT_GENERIC`], [`EPI_SPLIT`], [`EPI_CLUSTER`]).
+/// [`LAMPORT_GENERIC`], [`EPI_SPLIT`], [`EPI_CLUSTER`], [`EPI_SPREAD`], [`EPI_SLOTS`], [`EPI_HANDOFF`]).
 pub fn switches() -> symm_core::coll::launch::Switches {
     use symm_core::coll::args::{LAMPORT_ACQREL_ARRIVE as ACQREL, LAMPORT_HOST_EVERY_THREAD, LAMPORT_LAG_SHIFT};
     let mut lamport_bits = lamport_lag() << LAMPORT_LAG_SHIFT;
@@ -261,7 +270,14 @@ pub fn switches() -> symm_core::coll::launch::Switches {
         epi_cluster: epi_cluster(),
         epi_spread: epi_spread(),
         epi_slots: epi_slots(),
+        epi_handoff: epi_handoff(),
     }
+}
+
+/// [`EPI_HANDOFF`].
+pub fn epi_handoff() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| flag(EPI_HANDOFF))
 }
 
 /// [`EPI_SLOTS`]: the threads a slot-rows block asks for, 0 off (`1`: 128).

@@ -42,7 +42,11 @@ pub(crate) fn defines() -> &'static str {
 pub struct TraceRecord {
     /// 1: the generic Lamport entry; 2: an entry specialised for its world size; 3: the generic
     /// fused Lamport epilogue; 4: its entry for one world size; 5: the separate epilogue kernel (no
-    /// exchange: its `rank` is 0 and its `ws` the residual's address).
+    /// exchange: its `rank` is 0 and its `ws` the residual's address); 6: the handoff pair's
+    /// epilogue half (NOTE [fused-epilogue] "handoff"; stamps: entry, start (no PDL wait there),
+    /// thread 0's first vector taken from HANDOFF, block 0's first row stored, exit after its
+    /// final wait for the all-reduce: so `push` is the wait for the sums, `wait` the epilogue,
+    /// `tail` the wait for the all-reduce to complete).
     pub kind: u8,
     pub world: u8,
     pub rank: u8,

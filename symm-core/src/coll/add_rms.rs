@@ -13,14 +13,17 @@
 use super::epilogue_check::{Buffers, Rows, Span, MAX_ROW_VECTORS};
 use crate::{Error, OpKind, ReduceOp, Result};
 
-use super::args::{self, AddRms, LamportAddRms, RowArgs, EPI_CLUSTER, EPI_NORM, EPI_SLOTS, EPI_SPREAD};
-use super::geometry::{kernel_dtype, MAX_THREADS as COLL_MAX_THREADS};
-use super::launch::{Entry, Launch, Rig, LAMPORT_WORLD_MAX, LAMPORT_WORLD_MIN};
+use super::args::{self, AddRms, LamportAddRms, RowArgs, EPI_CLUSTER, EPI_HANDOFF, EPI_NORM, EPI_SLOTS, EPI_SPREAD};
+use super::geometry::{kernel_dtype, RingMode, Tuning, MAX_THREADS as COLL_MAX_THREADS};
+use super::launch::{DeviceOp, Entry, Launch, Launcher, Rig, LAMPORT_WORLD_MAX, LAMPORT_WORLD_MIN};
 use super::layout::{EPI_SLOTS_MAX, EPI_SPLIT_MAX_ROWS};
 use super::op_agree::{header, Mechanism};
 
 /// Most vectors of a row one thread holds (`EPI_MAXV` in epilogue.cuh).
 const MAX_VECTORS_PER_THREAD: usize = 8;
+/// Vectors of a row a thread holds in registers from the start (`EPI_PRE` in epilogue.cuh): the
+/// handoff pair's epilogue half takes rows of at most this many a thread.
+pub const PRELOADED_VECTORS: u32 = 2;
 /// Most threads of an epilogue block (`COLL_MAX_THREADS`).
 const MAX_THREADS: usize = COLL_MAX_THREADS as usize;
 /// Most blocks of a cluster (the portable limit).
@@ -295,16 +298,41 @@ impl Epilogue {
     }
 }
 
+/// The launches of one fused epilogue op, in stream order: the one fused kernel, or the handoff
+/// pair (NOTE [fused-epilogue] "handoff": the Lamport all-reduce into the HANDOFF buffer, then
+/// the epilogue half, which overlaps it).
+#[derive(Debug, Clone, Copy)]
+pub struct FusedLaunches {
+    pub first: Launch,
+    /// The handoff pair's epilogue half; `None` for the one fused kernel.
+    pub then: Option<Launch>,
+}
+
+impl FusedLaunches {
+    /// Enqueues the launches in order on `to`.
+    pub fn run(&self, to: &dyn Launcher) -> Result<()> {
+        to.launch(&self.first)?;
+        match &self.then {
+            Some(l) => to.launch(l),
+            None => Ok(()),
+        }
+    }
+}
+
 impl Rig {
     /// The fused Lamport one-shot all-reduce (sum) of `e`'s input with the epilogue applied to
-    /// each row as it completes, in one kernel (NOTE [fused-epilogue]): the world's own entry at
+    /// each row as it completes (NOTE [fused-epilogue]). One kernel: the world's own entry at
     /// 2..=8 ranks unless [`super::launch::Switches::generic_entries`], the rows laid out by
     /// [`fused_geometry`] (cluster rows only where [`Rig::clusters`] and the switch allow it)
-    /// within the grid budget (every block resident, NOTE [co-residency]). `None` for zero rows
-    /// (nothing to launch). Every rank passes the same geometry and the same mechanism in the
-    /// same op order (NOTE [op-agreement]: the header carries the op, a fused op against another
-    /// op latches a mismatch).
-    pub fn fused_add_rms(&self, e: &Epilogue) -> Result<Option<Launch>> {
+    /// within the grid budget (every block resident, NOTE [co-residency]). With
+    /// [`super::launch::Switches::epi_handoff`], rows of at most [`PRELOADED_VECTORS`] a thread
+    /// and a message within the HANDOFF buffer: the handoff pair, the Lamport all-reduce as
+    /// [`Rig::lamport`] plans it (`tuning`) into HANDOFF, then the fused entry's epilogue half
+    /// over whole rows. `None` for zero rows (nothing to launch). Every rank passes the same
+    /// mechanism in the same op order (NOTE [op-agreement]: the header carries the op, a fused op
+    /// against another op latches a mismatch; the pair's all-reduce carries the fused op's
+    /// header, and its data exchange is the one kernel's, so the two layouts agree).
+    pub fn fused_add_rms(&self, e: &Epilogue, tuning: &Tuning) -> Result<Option<FusedLaunches>> {
         let rows = e.rows;
         let dt = kernel_dtype(rows.dtype(), "all_reduce_residual_rms_norm")?;
         let bytes = rows.bytes();
@@ -324,7 +352,41 @@ impl Rig {
             Mechanism::LamportResidual
         };
         let hdr = header(OpKind::AllReduce, rows.dtype(), rows.count(), Some(ReduceOp::Sum), mech);
+        // The entry specialised for this world (NOTE [lamport-world-entries]).
+        let entry = match self.world {
+            w @ LAMPORT_WORLD_MIN..=LAMPORT_WORLD_MAX if !self.switches.generic_entries => {
+                Entry::LamportAddRmsWorld(dt, w as u8)
+            }
+            _ => Entry::LamportAddRms(dt),
+        };
         let sw = &self.switches;
+        let (big, k) = epilogue_threads(rows.vectors_per_row());
+        if sw.epi_handoff && self.world > 1 && k <= PRELOADED_VECTORS && bytes <= self.layout.handoff_bytes {
+            let hand = self.direct.ws[self.rank] + self.layout.handoff_off() as u64;
+            let sum = DeviceOp {
+                input: e.x,
+                output: hand,
+                count: rows.count(),
+                dtype: rows.dtype(),
+                op: ReduceOp::Sum,
+            };
+            let first = self.lamport(dt, RingMode::AllReduce, sum, tuning, &hdr)?;
+            let mut epilogue = e.add_rms();
+            epilogue.flags |= EPI_HANDOFF;
+            let f = LamportAddRms {
+                input: hand,
+                rows: e.row_args(),
+                parts: 1,
+                big,
+                epilogue,
+            };
+            let a = args::lamport_add_rms(&self.common, &self.direct, &f, &self.layout, &self.bound, &hdr);
+            let blocks = rows.rows().min(self.grid.blocks as usize) as u32;
+            return Ok(Some(FusedLaunches {
+                first,
+                then: Some(Launch::new(entry, blocks, big, &a)),
+            }));
+        }
         let allow = Layouts {
             slots: sw.epi_slots,
             cluster: sw.epi_cluster && self.clusters,
@@ -350,16 +412,9 @@ impl Rig {
             epilogue,
         };
         let a = args::lamport_add_rms(&self.common, &self.direct, &f, &self.layout, &self.bound, &hdr);
-        // The entry specialised for this world (NOTE [lamport-world-entries]).
-        let entry = match self.world {
-            w @ LAMPORT_WORLD_MIN..=LAMPORT_WORLD_MAX if !self.switches.generic_entries => {
-                Entry::LamportAddRmsWorld(dt, w as u8)
-            }
-            _ => Entry::LamportAddRms(dt),
-        };
         let mut l = Launch::new(entry, g.blocks, g.threads, &a);
         l.cluster = if g.cluster { g.parts } else { 0 };
-        Ok(Some(l))
+        Ok(Some(FusedLaunches { first: l, then: None }))
     }
 }
 

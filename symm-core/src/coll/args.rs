@@ -37,13 +37,14 @@ pub struct Bound {
     pub abort_host: u64,
 }
 
-/// `symm_coll_init(ws, zero_words, fill_off, fill_bytes)`.
+/// `symm_coll_init(ws, zero_words, fill_off, fill_bytes)`: the fill is the sentinel over
+/// [`WorkspaceLayout::sentinel_bytes`] from `lamport_off`.
 pub fn init(ws: u64, layout: &WorkspaceLayout) -> [KernelArg; 4] {
     [
         KernelArg::U64(ws),
         KernelArg::U64(layout.zero_words() as u64),
         KernelArg::U64(layout.lamport_off as u64),
-        KernelArg::U64(layout.lamport_total() as u64),
+        KernelArg::U64(layout.sentinel_bytes() as u64),
     ]
 }
 
@@ -361,6 +362,9 @@ pub const EPI_CLUSTER: u32 = 2;
 /// `EPI_SPREAD` in epilogue.cuh: a bit of the fused epilogue's `flags` (spread pushes: `parts`
 /// blocks push each row).
 pub const EPI_SPREAD: u32 = 4;
+/// `EPI_HANDOFF` in epilogue.cuh: a bit of the fused epilogue's `flags` (the handoff pair's
+/// epilogue half: `input` is this rank's HANDOFF buffer; NOTE [fused-epilogue] "handoff").
+pub const EPI_HANDOFF: u32 = 16;
 /// `EPI_SLOTS` in epilogue.cuh: a bit of the fused epilogue's `flags` (slot rows: a row's block
 /// cut into `parts` blocks that exchange their warps' sums through tagged STATE slots).
 pub const EPI_SLOTS: u32 = 8;
@@ -534,6 +538,11 @@ mod tests {
         assert!(epi.contains(&format!("#define EPI_NORM {EPI_NORM}u\n")));
         assert!(epi.contains(&format!("#define EPI_CLUSTER {EPI_CLUSTER}u\n")));
         assert!(epi.contains(&format!("#define EPI_SPREAD {EPI_SPREAD}u\n")));
+        assert!(epi.contains(&format!("#define EPI_HANDOFF {EPI_HANDOFF}u\n")));
+        assert!(epi.contains(&format!(
+            "#define EPI_PRE {}\n",
+            crate::coll::add_rms::PRELOADED_VECTORS
+        )));
         assert!(epi.contains(&format!("#define EPI_SLOTS {EPI_SLOTS}u\n")));
     }
 

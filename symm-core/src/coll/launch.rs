@@ -252,6 +252,10 @@ pub struct Switches {
     /// Slot rows (NOTE [fused-epilogue], "slot rows"): 0 off, else the threads of a block, a
     /// multiple of 32 (the row's block is cut into blocks of about that many).
     pub epi_slots: u32,
+    /// The fused epilogue runs as the handoff pair where its rows fit (NOTE [fused-epilogue],
+    /// "handoff"): the plain Lamport all-reduce into the HANDOFF buffer, then the epilogue
+    /// overlapping it.
+    pub epi_handoff: bool,
 }
 
 /// One rank's facts about its collectives workspace, everything a launch's arguments are built

@@ -6,7 +6,8 @@
 //! flags_off     FLAGS    DATA[w1][S], ACK[w1][S] (peers write them), SENT[S] (local),
 //!                        then (16-byte aligned) HDR[w1][S]: each ring chunk's op header
 //! lamport_off   LAMPORT  3 buffers x w1 slots x lamport_slot_bytes, then HDR[3][w1] op headers
-//!                        of 16 bytes (all pre-filled with the sentinel)
+//!                        of 16 bytes, then HANDOFF (handoff_bytes: the handoff pair's sums,
+//!                        NOTE [fused-epilogue] "handoff"), all pre-filled with the sentinel
 //! ring_off      RING     w1 x S slots x slot_bytes: the staging area
 //! ```
 //! `w1 = world - 1` (a rank keeps no slot for itself), `S` = ring slots (a power of two).
@@ -24,6 +25,10 @@ pub const DEFAULT_STAGING_BYTES: usize = 10 << 20;
 pub const DEFAULT_LAMPORT_BYTES: usize = 16 << 20;
 /// Default ring slots per peer.
 pub const DEFAULT_RING_SLOTS: usize = 64;
+/// Most bytes of the HANDOFF buffer (the handoff pair's largest message: NOTE [fused-epilogue]
+/// "handoff"; decode-sized epilogues, 32 rows of hidden 8192 in bf16 are 512 KiB), capped by the
+/// Lamport slot.
+pub const HANDOFF_MAX_BYTES: usize = 1 << 20;
 
 /// Bytes of one Lamport slot: `asked`, else [`DEFAULT_LAMPORT_BYTES`] for two ranks and 16 MiB /
 /// (world - 1) for more.
@@ -144,6 +149,8 @@ pub struct WorkspaceLayout {
     pub ring_slots: usize,
     /// Bytes of one ring slot (a multiple of [`SLOT_ALIGN`]).
     pub slot_bytes: usize,
+    /// Bytes of the HANDOFF buffer (after the Lamport headers; 0 for one rank).
+    pub handoff_bytes: usize,
     /// Bytes of the whole workspace.
     pub total: usize,
 }
@@ -231,8 +238,10 @@ impl WorkspaceLayout {
             .checked_mul(3 * w1)
             .and_then(|v| v.checked_add(3 * w1 * HEADER_BYTES))
             .ok_or(too_big("lamport_bytes", lamport_bytes))?;
+        let handoff_bytes = lamport_slot_bytes.min(HANDOFF_MAX_BYTES);
         let ring_off = lamport_off
             .checked_add(lamport_total)
+            .and_then(|v| v.checked_add(handoff_bytes))
             .and_then(|v| round_up(v, SECTION_ALIGN))
             .ok_or(too_big("lamport_bytes", lamport_bytes))?;
         let total = ring_off
@@ -248,6 +257,7 @@ impl WorkspaceLayout {
             ring_off,
             ring_slots: slots,
             slot_bytes,
+            handoff_bytes,
             total,
         })
     }
@@ -265,6 +275,17 @@ impl WorkspaceLayout {
     /// Bytes of all Lamport buffers and their headers (filled with the sentinel at setup).
     pub fn lamport_total(&self) -> usize {
         (self.lamport_slot_bytes + HEADER_BYTES) * 3 * self.w1()
+    }
+
+    /// Offset of the HANDOFF buffer (after the Lamport headers, 16-byte aligned).
+    pub fn handoff_off(&self) -> usize {
+        self.lamport_off + self.lamport_total()
+    }
+
+    /// Bytes filled with the sentinel at setup from `lamport_off`: the Lamport buffers, their
+    /// headers and HANDOFF.
+    pub fn sentinel_bytes(&self) -> usize {
+        self.lamport_total() + self.handoff_bytes
     }
 
     /// Offset of the op header `from` pushed into `at`'s Lamport buffer `buf`, as the kernel
@@ -344,6 +365,19 @@ mod tests {
             assert_eq!(off % SECTION_ALIGN, 0);
         }
         assert_eq!(l.zero_words() * 4, l.flags_off + l.flags_bytes);
+    }
+
+    #[test]
+    fn handoff_sits_after_the_headers_inside_the_sentinel_fill() {
+        for (world, lamport) in [(2, 4 << 20), (4, 64 << 10), (8, 3 << 20)] {
+            let l = WorkspaceLayout::new(world, 10 << 20, lamport, 64).unwrap();
+            assert_eq!(l.handoff_bytes, l.lamport_slot_bytes.min(HANDOFF_MAX_BYTES));
+            assert_eq!(l.handoff_off(), l.lamport_headers_off() + 3 * l.w1() * HEADER_BYTES);
+            assert!(l.handoff_off().is_multiple_of(16));
+            assert_eq!(l.sentinel_bytes(), l.lamport_total() + l.handoff_bytes);
+            assert!(l.handoff_off() + l.handoff_bytes <= l.ring_off, "{l:?}");
+        }
+        assert_eq!(WorkspaceLayout::new(1, 10 << 20, 4 << 20, 64).unwrap().handoff_bytes, 0);
     }
 
     #[test]

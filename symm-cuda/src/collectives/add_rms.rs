@@ -108,14 +108,14 @@ impl CudaCollectives {
     }
 
     /// The Lamport one-shot all-reduce (sum) of `e`'s input with the epilogue applied to each
-    /// row as it completes, in one kernel (NOTE [fused-epilogue]), as symm-core's
-    /// `Rig::fused_add_rms` plans it. Every rank passes the same geometry and the same mechanism
+    /// row as it completes (NOTE [fused-epilogue]: one kernel, or the handoff pair where
+    /// `SYMM_EPI_HANDOFF` allows it), as symm-core's `Rig::fused_add_rms` plans it. Every rank passes the same geometry and the same mechanism
     /// in the same op order (NOTE [op-agreement]: the header carries the op, a fused op against
     /// another op latches a mismatch).
     pub fn lamport_epilogue(&self, stream: &CudaStream, e: &Epilogue) -> Result<()> {
         self.check_stream(stream)?;
-        match self.rig.fused_add_rms(e)? {
-            Some(l) => self.on(stream).launch(&l),
+        match self.rig.fused_add_rms(e, &self.config.tuning)? {
+            Some(f) => f.run(&self.on(stream)),
             None => Ok(()),
         }
     }
@@ -191,10 +191,27 @@ mod tests {
     /// PTX NVRTC produces, for the generic and some world entries (when NVRTC is present).
     #[test]
     fn fused_arguments_match_the_kernels() {
-        let l = rig().fused_add_rms(&epilogue()).unwrap().unwrap();
+        let tuning = symm_core::coll::geometry::Tuning::default();
+        let f = rig().fused_add_rms(&epilogue(), &tuning).unwrap().unwrap();
+        assert!(f.then.is_none());
+        let l = f.first;
         assert_eq!(l.entry.name(), "symm_lamport2_add_rms_bf16");
         let got: Vec<usize> = l.args.iter().map(arg_bytes).collect();
+        // The handoff pair: the Lamport world entry, then the fused entry's epilogue half.
+        let mut r = rig();
+        r.switches.epi_handoff = true;
+        let pair = r.fused_add_rms(&epilogue(), &tuning).unwrap().unwrap();
+        let then = pair.then.expect("the handoff pair");
+        assert_eq!(pair.first.entry.name(), "symm_lamport2_ar_sum_bf16");
+        assert_eq!(then.entry.name(), "symm_lamport2_add_rms_bf16");
+        assert_eq!(then.args.iter().map(arg_bytes).collect::<Vec<_>>(), got);
+        let first: Vec<usize> = pair.first.args.iter().map(arg_bytes).collect();
         let Some(ptx) = ptx() else { return };
+        let want = ptx_param_sizes(&ptx, "symm_lamport2_ar_sum_bf16").expect("the Lamport world entry");
+        assert_eq!(
+            first, want,
+            "the handoff pair's all-reduce: host arguments vs kernel parameters"
+        );
         for dt in ["f32", "f16", "bf16"] {
             for k in [
                 "symm_lamport_add_rms",

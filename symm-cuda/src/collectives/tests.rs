@@ -106,8 +106,31 @@ fn collectives_kernels_compile_with_nvrtc() {
             body.contains("griddepcontrol.launch_dependents"),
             "{name}: no griddepcontrol.launch_dependents"
         );
-        if let Some((at, ins)) = first_memory_access(body) {
-            assert!(wait < at, "{name}: `{ins}` before griddepcontrol.wait");
+        // The fused entries' handoff half (NOTE [pdl], "handoff") reads and writes before its
+        // wait, but only through L2 (`ld.global.cg`: residual, weight), as Lamport data
+        // (`ld.volatile.global`: HANDOFF) and with plain vector stores (re-arming HANDOFF, the
+        // outputs), besides shared memory; anything else before the wait is still a failure.
+        let handoff = name.starts_with("symm_lamport") && name.contains("_add_rms_");
+        let mut rest = body;
+        let mut base = 0;
+        while let Some((at, ins)) = first_memory_access(rest) {
+            let allowed = handoff
+                && [
+                    "ld.global.cg.",
+                    "ld.volatile.global.",
+                    "st.global.v4.",
+                    "ld.shared.",
+                    "st.shared.",
+                ]
+                .iter()
+                .any(|p| ins.starts_with(p));
+            if base + at > wait {
+                break;
+            }
+            assert!(allowed, "{name}: `{ins}` before griddepcontrol.wait");
+            let next = rest[at..].find('\n').map_or(rest.len(), |n| at + n + 1);
+            base += next;
+            rest = &rest[next..];
         }
         checked += 1;
     }

@@ -14,14 +14,15 @@ use super::RocmCollectives;
 
 impl RocmCollectives {
     /// The Lamport one-shot all-reduce (sum) of `e`'s input with the epilogue applied to each
-    /// row as it completes, in one kernel (`Rig::fused_add_rms`); returns when done. Every rank
+    /// row as it completes (`Rig::fused_add_rms`: one kernel, or the handoff pair where the
+    /// switch is on; the rocm engine leaves it off); returns when done. Every rank
     /// passes the same geometry and mechanism in the same op order (NOTE [op-agreement]). `e`'s
     /// buffers are device memory of this object's device, under [`Epilogue::new`]'s contract
     /// until this returns (or, after a timeout the device did not end, until the device is
     /// idle).
     pub fn lamport_epilogue(&self, e: &Epilogue) -> Result<()> {
-        match self.rig.fused_add_rms(e)? {
-            Some(l) => self.run("rocm all-reduce epilogue (fused)", |to| to.launch(&l)),
+        match self.rig.fused_add_rms(e, &self.config.tuning)? {
+            Some(f) => self.run("rocm all-reduce epilogue (fused)", |to| f.run(to)),
             None => Ok(()),
         }
     }

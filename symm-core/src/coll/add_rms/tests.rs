@@ -4,7 +4,7 @@
 use super::*;
 use crate::coll::arg::KernelArg;
 use crate::coll::args::Bound;
-use crate::coll::geometry::KernelDtype;
+use crate::coll::geometry::{KernelDtype, RingMode, Tuning};
 use crate::coll::launch::Switches;
 use crate::kernel_source::COLLECTIVE_ENTRIES;
 use crate::DType;
@@ -48,6 +48,20 @@ fn epilogue(rows: usize, hidden: usize, norm: bool) -> Epilogue {
     unsafe { Epilogue::new("t", X, r, RES, RES_OUT, n) }.unwrap()
 }
 
+/// The one-kernel plans of `Rig::fused_add_rms` (the handoff switch off): its only launch.
+trait OneKernel {
+    fn fused(&self, e: &Epilogue) -> Result<Option<Launch>>;
+}
+
+impl OneKernel for Rig {
+    fn fused(&self, e: &Epilogue) -> Result<Option<Launch>> {
+        Ok(self.fused_add_rms(e, &Tuning::default())?.map(|f| {
+            assert!(f.then.is_none(), "one kernel expected: {f:?}");
+            f.first
+        }))
+    }
+}
+
 fn u32_at(l: &Launch, i: usize) -> u32 {
     match l.args[i] {
         KernelArg::U32(v) => v,
@@ -65,7 +79,7 @@ fn u64_at(l: &Launch, i: usize) -> u64 {
 #[test]
 fn fused_launch_takes_the_world_entry_and_the_layout() {
     let e = epilogue(1, 8192, true);
-    let l = rig(1, 2).fused_add_rms(&e).unwrap().unwrap();
+    let l = rig(1, 2).fused(&e).unwrap().unwrap();
     assert_eq!(l.entry, Entry::LamportAddRmsWorld(KernelDtype::Bf16, 2));
     // Whole rows by default (the split switch is off): one block of the row's 512 threads.
     assert_eq!((l.blocks, l.threads, l.cluster), (1, 512, 0));
@@ -90,13 +104,13 @@ fn fused_launch_takes_the_world_entry_and_the_layout() {
     // The header names the fused mechanism, with and without the norm.
     let hdr = |m| header(OpKind::AllReduce, DType::BF16, 8192, Some(ReduceOp::Sum), m).args();
     assert_eq!(l.args[22..24], hdr(Mechanism::LamportResidualNorm));
-    let add = rig(1, 2).fused_add_rms(&epilogue(1, 8192, false)).unwrap().unwrap();
+    let add = rig(1, 2).fused(&epilogue(1, 8192, false)).unwrap().unwrap();
     assert_eq!(add.args[22..24], hdr(Mechanism::LamportResidual));
     assert_eq!(u32_at(&add, 29), 0);
     assert_eq!((u64_at(&add, 25), u64_at(&add, 27)), (0, 0));
     // The world's own entry at 2..=8 ranks; the generic entry at one rank and with the switch.
     for w in [3, 4, 8] {
-        let l = rig(0, w).fused_add_rms(&e).unwrap().unwrap();
+        let l = rig(0, w).fused(&e).unwrap().unwrap();
         assert_eq!(l.entry, Entry::LamportAddRmsWorld(KernelDtype::Bf16, w as u8));
     }
     let generic = |w| Rig {
@@ -107,7 +121,7 @@ fn fused_launch_takes_the_world_entry_and_the_layout() {
         ..rig(0, w)
     };
     for r in [rig(0, 1), generic(2), generic(4)] {
-        let l = r.fused_add_rms(&e).unwrap().unwrap();
+        let l = r.fused(&e).unwrap().unwrap();
         assert_eq!(l.entry, Entry::LamportAddRms(KernelDtype::Bf16), "world {}", r.world);
     }
 }
@@ -125,15 +139,15 @@ fn fused_launch_splits_and_clusters_only_as_told() {
         ..rig(0, 2)
     };
     // Split rows: 8 parts of 128 threads, no cluster attribute.
-    let l = with(true, false, true).fused_add_rms(&e).unwrap().unwrap();
+    let l = with(true, false, true).fused(&e).unwrap().unwrap();
     assert_eq!((l.blocks, l.threads, l.cluster, u32_at(&l, 15)), (8, 128, 0, 8));
     assert_eq!(u32_at(&l, 29), EPI_NORM);
     // Cluster rows: the switch and the device's clusters, both.
-    let l = with(false, true, true).fused_add_rms(&e).unwrap().unwrap();
+    let l = with(false, true, true).fused(&e).unwrap().unwrap();
     assert_eq!((l.blocks, l.threads, l.cluster, u32_at(&l, 15)), (8, 64, 8, 8));
     assert_eq!(u32_at(&l, 29), EPI_NORM | EPI_CLUSTER);
     for (split, cluster, clusters) in [(false, true, false), (false, false, true)] {
-        let l = with(split, cluster, clusters).fused_add_rms(&e).unwrap().unwrap();
+        let l = with(split, cluster, clusters).fused(&e).unwrap().unwrap();
         assert_eq!((l.blocks, l.threads, l.cluster), (1, 512, 0));
         assert_eq!(u32_at(&l, 29), EPI_NORM);
     }
@@ -146,16 +160,13 @@ fn fused_launch_checks_the_lamport_buffers_and_skips_empty_rows() {
     let hidden = 4096;
     let rows = max / (hidden * 2) + 1;
     assert!(matches!(
-        r.fused_add_rms(&epilogue(rows, hidden, true)),
+        r.fused(&epilogue(rows, hidden, true)),
         Err(Error::OutOfRange { .. })
     ));
     // World 1 exchanges nothing: no bound.
-    assert!(rig(0, 1)
-        .fused_add_rms(&epilogue(rows, hidden, true))
-        .unwrap()
-        .is_some());
-    assert!(r.fused_add_rms(&epilogue(0, hidden, true)).unwrap().is_none());
-    assert!(r.fused_add_rms(&epilogue(rows - 1, hidden, true)).unwrap().is_some());
+    assert!(rig(0, 1).fused(&epilogue(rows, hidden, true)).unwrap().is_some());
+    assert!(r.fused(&epilogue(0, hidden, true)).unwrap().is_none());
+    assert!(r.fused(&epilogue(rows - 1, hidden, true)).unwrap().is_some());
 }
 
 #[test]
@@ -313,7 +324,7 @@ fn spread_pushes_keep_whole_rows_and_add_pushing_blocks() {
         },
         ..rig(0, 2)
     };
-    let l = r.fused_add_rms(&epilogue(1, 8192, true)).unwrap().unwrap();
+    let l = r.fused(&epilogue(1, 8192, true)).unwrap().unwrap();
     assert_eq!((l.blocks, l.threads, l.cluster), (4, 512, 0));
     assert_eq!(u32_at(&l, 15), 4);
     assert_eq!(u32_at(&l, 29), EPI_NORM | EPI_SPREAD);
@@ -382,8 +393,65 @@ fn slot_rows_cut_the_rows_block_into_blocks_of_the_asked_size() {
         },
         ..rig(0, 4)
     };
-    let l = r.fused_add_rms(&epilogue(1, 8192, true)).unwrap().unwrap();
+    let l = r.fused(&epilogue(1, 8192, true)).unwrap().unwrap();
     assert_eq!((l.blocks, l.threads, l.cluster), (4, 128, 0));
     assert_eq!(u32_at(&l, 15), 4);
     assert_eq!(u32_at(&l, 29), EPI_NORM | EPI_SLOTS);
+}
+
+/// The handoff pair (NOTE [fused-epilogue] "handoff"): the Lamport all-reduce as `Rig::lamport`
+/// plans it into this rank's HANDOFF buffer under the fused op's header, then the fused entry's
+/// epilogue half over whole rows with `input` = HANDOFF; rows of more than two vectors a thread,
+/// messages beyond HANDOFF and one rank keep the one kernel.
+#[test]
+fn handoff_pair_plans_the_lamport_all_reduce_then_the_epilogue_half() {
+    let tuning = Tuning::default();
+    for (rank, world) in [(1, 2), (2, 4), (0, 8)] {
+        let mut r = rig(rank, world);
+        r.switches.epi_handoff = true;
+        let hand = r.direct.ws[rank] + r.layout.handoff_off() as u64;
+        for (rows, hidden) in [(1, 4096), (8, 8192), (32, 8192), (3, 2048)] {
+            let e = epilogue(rows, hidden, true);
+            let f = r.fused_add_rms(&e, &tuning).unwrap().unwrap();
+            let then = f.then.expect("the handoff pair");
+            let sum = DeviceOp {
+                input: X,
+                output: hand,
+                count: rows * hidden,
+                dtype: DType::BF16,
+                op: ReduceOp::Sum,
+            };
+            let mech = Mechanism::LamportResidualNorm;
+            let h = header(OpKind::AllReduce, DType::BF16, rows * hidden, Some(ReduceOp::Sum), mech);
+            let want = r
+                .lamport(KernelDtype::Bf16, RingMode::AllReduce, sum, &tuning, &h)
+                .unwrap();
+            assert_eq!(f.first.entry, want.entry);
+            assert_eq!((f.first.blocks, f.first.threads), (want.blocks, want.threads));
+            assert_eq!(format!("{:?}", f.first.args), format!("{:?}", want.args));
+            assert_eq!(then.entry, Entry::LamportAddRmsWorld(KernelDtype::Bf16, world as u8));
+            let (big, _) = epilogue_threads(hidden / 8);
+            assert_eq!((then.blocks, then.threads, then.cluster), (rows as u32, big, 0));
+            assert_eq!(u64_at(&then, 11), hand, "the epilogue half's input is HANDOFF");
+            assert_eq!(u32_at(&then, 15), 1);
+            assert_eq!(u32_at(&then, 29), EPI_NORM | EPI_HANDOFF);
+            assert_eq!(then.args[22..24], f.first.args[22..24], "one header for both halves");
+        }
+        // Three vectors a thread (hidden 12288 in bf16: 1536 vectors over 512 threads), a
+        // message beyond HANDOFF: the one kernel.
+        for e in [epilogue(1, 12288, true), epilogue(128, 8192, true)] {
+            assert!(r.layout.handoff_bytes < 128 * 8192 * 2 || e.rows().rows() == 1);
+            let f = r.fused_add_rms(&e, &tuning).unwrap().unwrap();
+            assert!(f.then.is_none(), "{f:?}");
+            assert_eq!(u32_at(&f.first, 29) & EPI_HANDOFF, 0);
+        }
+    }
+    let mut one = rig(0, 1);
+    one.switches.epi_handoff = true;
+    assert!(one
+        .fused_add_rms(&epilogue(1, 4096, true), &tuning)
+        .unwrap()
+        .unwrap()
+        .then
+        .is_none());
 }
