@@ -121,11 +121,12 @@ pub const KNOBS: &[Knob] = &[
     },
     Knob {
         name: EPI_HANDOFF,
-        meaning: "`1`: the fused all-reduce epilogue runs as the handoff pair where its rows fit (the Lamport \
-                  all-reduce into a local buffer, then the epilogue kernel overlapping it through PDL and \
-                  taking the sums as Lamport data; NOTE [fused-epilogue], \"handoff\")",
-        default: "off",
-        measurement: true,
+        meaning: "`0`: the fused all-reduce epilogue never runs as the handoff pair (the Lamport all-reduce \
+                  into a local buffer, then the epilogue kernel overlapping it through PDL and taking the sums \
+                  as Lamport data; NOTE [fused-epilogue], \"handoff\"), and `Auto` fuses only where the one \
+                  fused kernel is chosen (two ranks); on by default where PDL is (bench-notes round 23)",
+        default: "on (with PDL)",
+        measurement: false,
     },
     Knob {
         name: HOST_ABORT_EVERY_THREAD,
@@ -274,10 +275,10 @@ pub fn switches() -> symm_core::coll::launch::Switches {
     }
 }
 
-/// [`EPI_HANDOFF`].
+/// [`EPI_HANDOFF`]: on unless `0`.
 pub fn epi_handoff() -> bool {
     static V: OnceLock<bool> = OnceLock::new();
-    *V.get_or_init(|| flag(EPI_HANDOFF))
+    *V.get_or_init(|| var(EPI_HANDOFF).is_none_or(|v| v.trim() != "0"))
 }
 
 /// [`EPI_SLOTS`]: the threads a slot-rows block asks for, 0 off (`1`: 128).

@@ -117,6 +117,9 @@ pub(crate) struct Caps {
     pub copy_engine: bool,
     /// The fused epilogue kernel runs here (the backend's `CollFacts::fused_epilogue`).
     pub fused_epilogue: bool,
+    /// The fused epilogue runs as the handoff pair up to these bytes (the backend's
+    /// `CollFacts::handoff_bytes`; 0 never).
+    pub handoff_bytes: usize,
 }
 
 /// The ops of one engine. Every method runs one op of this rank (every rank calls the same in

@@ -140,6 +140,7 @@ impl MockCollectives {
         lamport_slot: 0,
         copy_engine: false,
         fused_epilogue: false,
+        handoff_bytes: 0,
         pdl: false,
         stream_ordered: false,
         host_abort: false,
@@ -301,7 +302,7 @@ fn a_mock_backend_runs_communicator_ops() {
         assert_eq!(facts, MockCollectives::FACTS);
         // No fused epilogue here: an `Auto` epilogue plans the separate one.
         assert!(matches!(
-            comm.select_epilogue(4096),
+            comm.select_epilogue(1, 4096, DType::F32),
             symm_ops::EpilogueAlgo::Separate(_)
         ));
 

@@ -49,6 +49,20 @@ pub fn epilogue_threads(vectors_per_row: usize) -> (u32, u32) {
     (threads as u32, vectors_per_row.div_ceil(threads).max(1) as u32)
 }
 
+/// Whether the handoff pair (NOTE [fused-epilogue] "handoff") takes `rows` rows of
+/// `vectors_per_row` 16-byte vectors with a HANDOFF buffer of `handoff_bytes` (0: the pair never
+/// runs): some rows, the message within HANDOFF, and at most [`PRELOADED_VECTORS`] vectors a
+/// thread in the row's block. [`Rig::fused_add_rms`] plans the pair exactly where this holds (and
+/// the planner fuses there, symm-ops' `Selector::epilogue`).
+pub fn handoff_fits(rows: usize, vectors_per_row: usize, handoff_bytes: usize) -> bool {
+    rows > 0
+        && rows
+            .checked_mul(vectors_per_row)
+            .and_then(|v| v.checked_mul(super::geometry::VEC_BYTES))
+            .is_some_and(|b| b <= handoff_bytes)
+        && epilogue_threads(vectors_per_row).1 <= PRELOADED_VECTORS
+}
+
 /// How the fused kernel lays out `rows` rows of `vectors_per_row` vectors at `world` ranks with at
 /// most `blocks` blocks resident (NOTE [fused-epilogue], "split rows").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -320,6 +334,17 @@ impl FusedLaunches {
 }
 
 impl Rig {
+    /// Bytes of the largest message the fused epilogue runs as the handoff pair (with
+    /// [`handoff_fits`]' row rule): the HANDOFF buffer where the switch is on and the group has
+    /// peers, else 0 (the pair never runs).
+    pub fn handoff_bytes(&self) -> usize {
+        if self.switches.epi_handoff && self.world > 1 {
+            self.layout.handoff_bytes
+        } else {
+            0
+        }
+    }
+
     /// The fused Lamport one-shot all-reduce (sum) of `e`'s input with the epilogue applied to
     /// each row as it completes (NOTE [fused-epilogue]). One kernel: the world's own entry at
     /// 2..=8 ranks unless [`super::launch::Switches::generic_entries`], the rows laid out by
@@ -360,8 +385,8 @@ impl Rig {
             _ => Entry::LamportAddRms(dt),
         };
         let sw = &self.switches;
-        let (big, k) = epilogue_threads(rows.vectors_per_row());
-        if sw.epi_handoff && self.world > 1 && k <= PRELOADED_VECTORS && bytes <= self.layout.handoff_bytes {
+        let (big, _) = epilogue_threads(rows.vectors_per_row());
+        if handoff_fits(rows.rows(), rows.vectors_per_row(), self.handoff_bytes()) {
             let hand = self.direct.ws[self.rank] + self.layout.handoff_off() as u64;
             let sum = DeviceOp {
                 input: e.x,

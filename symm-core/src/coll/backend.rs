@@ -80,6 +80,10 @@ pub struct CollFacts {
     pub copy_engine: bool,
     /// The fused all-reduce epilogue kernel runs here ([`Collectives::lamport_epilogue`]).
     pub fused_epilogue: bool,
+    /// Bytes of the largest epilogue the fused path runs as the handoff pair (NOTE
+    /// [fused-epilogue] "handoff"; for rows `coll::add_rms::handoff_fits` takes): `Rig::handoff_bytes`.
+    /// 0: never.
+    pub handoff_bytes: usize,
     /// Kernels launch with programmatic dependent launch (CUDA's PDL).
     pub pdl: bool,
     /// Ops are enqueued on a queue the caller gives ([`Queue::of`]) and return before they are

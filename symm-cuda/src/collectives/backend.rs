@@ -32,6 +32,7 @@ impl Collectives for CudaCollectives {
             lamport_slot: self.lamport_max_bytes(),
             copy_engine: true,
             fused_epilogue: true,
+            handoff_bytes: self.rig.handoff_bytes(),
             pdl: self.pdl(),
             stream_ordered: true,
             host_abort: true,

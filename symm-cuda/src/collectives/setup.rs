@@ -271,16 +271,12 @@ impl CudaCollectives {
         // The separate epilogue kernel waits on no peer: held to the grid budget on a shared GPU.
         let epilogues = Epilogues::load(ctx, config.pdl)?.with_max_blocks(grid.blocks);
         // The fused epilogue's cluster rows need a device with clusters (and the switch, NOTE
-        // [fused-epilogue]).
-        let rig = Rig::new(
-            mem.as_ref(),
-            layout,
-            config.timeout,
-            abort_host,
-            grid,
-            knobs::switches(),
-        )
-        .with_clusters(driver::supports_clusters(ctx.cu_device())?);
+        // [fused-epilogue]); its handoff pair needs PDL (without it the two halves run one after
+        // the other: the separate path's cost).
+        let mut switches = knobs::switches();
+        switches.epi_handoff &= how.pdl;
+        let rig = Rig::new(mem.as_ref(), layout, config.timeout, abort_host, grid, switches)
+            .with_clusters(driver::supports_clusters(ctx.cu_device())?);
         Ok(CudaCollectives {
             group: group.clone(),
             ctx: ctx.clone(),

@@ -237,7 +237,10 @@ impl Rank {
             None if mode == Mode::Barrier => "barrier+norm kernel".into(),
             None => "add+norm kernel".into(),
             Some(EpilogueAlgo::Separate(a)) => format!("{a:?}+norm"),
-            Some(EpilogueAlgo::Auto) => format!("auto={:?}", self.comm.select_epilogue(bytes)),
+            Some(EpilogueAlgo::Auto) => format!(
+                "auto={:?}",
+                self.comm.select_epilogue(acts.tokens, self.s.hidden, DType::BF16)
+            ),
             Some(a) => format!("{a:?}"),
         }
     }

@@ -381,6 +381,7 @@ impl Communicator {
             engine: kind,
             copy_engine: caps.copy_engine,
             fused_epilogue: caps.fused_epilogue,
+            handoff_bytes: caps.handoff_bytes,
             symm: caps.symm,
             nccl: caps.nccl,
             thresholds,
@@ -477,9 +478,11 @@ impl Communicator {
     pub fn select_all_reduce(&self, bytes: usize) -> AllReduceAlgo {
         self.selector.all_reduce(bytes)
     }
-    /// How an all-reduce epilogue of `bytes` runs ([`EpilogueAlgo::Auto`]'s choice).
-    pub fn select_epilogue(&self, bytes: usize) -> EpilogueAlgo {
-        self.selector.epilogue(bytes)
+    /// How an all-reduce epilogue of `tokens` rows of `hidden` elements of `dtype` runs
+    /// ([`EpilogueAlgo::Auto`]'s choice: it depends on the row's shape, not only on the bytes,
+    /// NOTE [fused-epilogue] "handoff").
+    pub fn select_epilogue(&self, tokens: usize, hidden: usize, dtype: DType) -> EpilogueAlgo {
+        self.selector.epilogue(tokens, hidden.saturating_mul(dtype.size()))
     }
     /// The algorithm `reduce_scatter` picks for an input of `bytes`.
     pub fn select_reduce_scatter(&self, bytes: usize) -> ReduceScatterAlgo {

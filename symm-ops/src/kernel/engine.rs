@@ -120,6 +120,11 @@ impl Engine for KernelEngine {
             nccl_missing,
             copy_engine: self.facts.copy_engine,
             fused_epilogue: self.coll.is_some() && self.facts.fused_epilogue,
+            handoff_bytes: if self.coll.is_some() {
+                self.facts.handoff_bytes
+            } else {
+                0
+            },
         }
     }
 

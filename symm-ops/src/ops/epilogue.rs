@@ -79,7 +79,10 @@ impl OnStream<'_> {
     pub(crate) fn epilogue_with(&self, algo: EpilogueAlgo, a: EpiArgs<'_>) -> Result<()> {
         let rows = self.arg(a.rows())?;
         let algo = match algo {
-            EpilogueAlgo::Auto => self.comm().selector.epilogue(rows.bytes()),
+            EpilogueAlgo::Auto => self
+                .comm()
+                .selector
+                .epilogue(rows.rows(), rows.hidden() * rows.dtype().size()),
             a => a,
         };
         if let EpilogueAlgo::Separate(ar) = algo {

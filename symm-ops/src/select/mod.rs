@@ -274,6 +274,9 @@ pub(crate) struct Selector {
     /// Bytes one Lamport slot holds (a rank's part of a Lamport reduce-scatter or all-gather);
     /// 0 without the kernels. The same on every rank.
     pub lamport_slot: usize,
+    /// The fused epilogue runs as the handoff pair up to these bytes, for the rows
+    /// `symm_core::coll::add_rms::handoff_fits` takes (0: never). The same on every rank.
+    pub handoff_bytes: usize,
 }
 
 impl Selector {
@@ -307,16 +310,23 @@ impl Selector {
         }
     }
 
-    /// How an all-reduce epilogue of `bytes` runs (NOTE [fused-epilogue]): the fused kernel at
-    /// world 1 on the GPU engines (CUDA, rocm: nothing is exchanged, one kernel) and where the
-    /// table picks Lamport up to `epilogue_fused_max_bytes` (CUDA, two ranks); otherwise the
+    /// How an all-reduce epilogue of `rows` rows of `row_bytes` runs (NOTE [fused-epilogue]):
+    /// the fused path at world 1 on the GPU engines (CUDA, rocm: nothing is exchanged, one
+    /// kernel); where the table picks Lamport, the handoff pair wherever it takes the rows
+    /// (`handoff_fits`: CUDA with PDL, up to `handoff_bytes`, at most two vectors a thread) and
+    /// the one fused kernel up to `epilogue_fused_max_bytes` (CUDA, two ranks); otherwise the
     /// table's all-reduce then the epilogue kernel.
-    pub fn epilogue(&self, bytes: usize) -> crate::EpilogueAlgo {
+    pub fn epilogue(&self, rows: usize, row_bytes: usize) -> crate::EpilogueAlgo {
+        let bytes = rows.saturating_mul(row_bytes);
         let kernels = self.symm && self.engine.runs_kernels() && self.fused_epilogue;
+        let vectors = row_bytes.div_ceil(symm_core::coll::geometry::VEC_BYTES);
+        let handoff = symm_core::coll::add_rms::handoff_fits(rows, vectors, self.handoff_bytes);
         match self.all_reduce(bytes) {
             _ if kernels && self.world == 1 => crate::EpilogueAlgo::Fused,
             AllReduceAlgo::Lamport
-                if kernels && bytes <= self.thresholds.epilogue_fused_max_bytes && bytes <= self.lamport_slot =>
+                if kernels
+                    && bytes <= self.lamport_slot
+                    && (handoff || bytes <= self.thresholds.epilogue_fused_max_bytes) =>
             {
                 crate::EpilogueAlgo::Fused
             }

@@ -27,11 +27,16 @@ impl Selector {
         let mut s = String::new();
         let mut edges = self.all_reduce_bounds().to_vec();
         edges.push(self.thresholds.epilogue_fused_max_bytes.min(self.lamport_slot));
+        // By bytes, for rows the handoff pair does not take (its rule follows the block).
+        let bytes_only = Selector {
+            handoff_bytes: 0,
+            ..self.clone()
+        };
         block(
             &mut s,
             "all_reduce_residual[_rms_norm] (bytes of x)",
             &bounds(&edges),
-            |bytes| match self.epilogue(bytes) {
+            |bytes| match bytes_only.epilogue(1, bytes) {
                 crate::EpilogueAlgo::Fused => "fused (lamport one-shot + epilogue, one kernel)".to_string(),
                 crate::EpilogueAlgo::Separate(_) => {
                     let row = |reg| format!("{}, then the epilogue", self.all_reduce_row(bytes, reg));
@@ -40,6 +45,23 @@ impl Selector {
                 crate::EpilogueAlgo::Auto => "auto".to_string(),
             },
         );
+        let h = self
+            .handoff_bytes
+            .min(self.lamport_slot)
+            .min(self.thresholds.lamport_max_bytes);
+        if h > 0 && self.symm && self.fused_epilogue && self.world > 1 {
+            s.push_str(&format!(
+                "  and up to {}, rows of at most {} vectors of 16 bytes a thread (a row of at most {} bytes): \
+                 fused as the handoff pair (the lamport all-reduce, then the epilogue overlapping it)\n",
+                human(h),
+                symm_core::coll::add_rms::PRELOADED_VECTORS,
+                human(
+                    symm_core::coll::add_rms::PRELOADED_VECTORS as usize
+                        * symm_core::coll::geometry::MAX_THREADS as usize
+                        * symm_core::coll::geometry::VEC_BYTES
+                ),
+            ));
+        }
         s
     }
 

@@ -21,7 +21,44 @@ fn sel(engine: EngineKind, world: usize, nccl: bool) -> Selector {
         thresholds: SelectionThresholds::defaults(engine, world),
         world,
         lamport_slot,
+        // The byte rules alone; `handoff_rule_fuses_the_rows_the_pair_takes` sets it.
+        handoff_bytes: 0,
     }
+}
+
+/// The handoff rule (NOTE [fused-epilogue] "handoff"): where the backend runs the pair, `Auto`
+/// fuses every epilogue whose rows it takes (at most two vectors a thread, the message within
+/// HANDOFF) where the table picks Lamport, at every world; other rows follow the byte rules.
+#[test]
+fn handoff_rule_fuses_the_rows_the_pair_takes() {
+    use crate::EpilogueAlgo::{Fused, Separate};
+    for world in [2, 3, 4, 8] {
+        let s = Selector {
+            handoff_bytes: MIB,
+            ..sel(EngineKind::Cuda, world, true)
+        };
+        // bf16 rows of 4096 and 8192 (8 and 16 KiB) at 1, 8 and 32 tokens, 2000 (a partial
+        // last pass of the row's block).
+        for (rows, row_bytes) in [(1, 8 * KIB), (8, 8 * KIB), (32, 16 * KIB), (1, 16 * KIB), (3, 4000)] {
+            assert_eq!(s.epilogue(rows, row_bytes), Fused, "{world}: {rows} x {row_bytes}");
+        }
+        // Three vectors a thread (hidden 12288 in bf16), or beyond HANDOFF: the byte rules.
+        for (rows, row_bytes) in [(1, 24 * KIB), (128, 16 * KIB)] {
+            let bytes = rows * row_bytes;
+            let want = if world == 2 && bytes <= 512 * KIB {
+                Fused
+            } else {
+                Separate(s.all_reduce(bytes))
+            };
+            assert_eq!(s.epilogue(rows, row_bytes), want, "{world}: {rows} x {row_bytes}");
+        }
+        let table = s.epilogue_table();
+        assert!(table.contains("fused as the handoff pair"), "{table}");
+        assert!(!sel(EngineKind::Cuda, world, true).epilogue_table().contains("handoff"));
+    }
+    // A backend without the pair (rocm: no PDL) never plans it.
+    let rocm = sel(EngineKind::Rocm, 4, false);
+    assert_eq!(rocm.epilogue(1, 8 * KIB), Separate(rocm.all_reduce(8 * KIB)));
 }
 
 /// The epilogue rule: fused at world 1 and, on CUDA at two ranks, up to the fused bound
@@ -48,9 +85,13 @@ fn epilogues_fuse_at_world_1_and_follow_the_all_reduce_table() {
                 } else {
                     Separate(s.all_reduce(bytes))
                 };
-                assert_eq!(s.epilogue(bytes), want, "{world} {bytes}");
+                assert_eq!(s.epilogue(1, bytes), want, "{world} {bytes}");
             }
-            assert_eq!(s.epilogue(512 * KIB + 2), Separate(AllReduceAlgo::Lamport), "{world}");
+            assert_eq!(
+                s.epilogue(1, 512 * KIB + 2),
+                Separate(AllReduceAlgo::Lamport),
+                "{world}"
+            );
             let table = s.epilogue_table();
             assert!(
                 table.contains("lamport (one-shot, data as flag), then the epilogue"),
@@ -62,23 +103,27 @@ fn epilogues_fuse_at_world_1_and_follow_the_all_reduce_table() {
                 lamport_slot: 4 * KIB,
                 ..s.clone()
             };
-            assert_eq!(small.epilogue(8 * KIB), Separate(small.all_reduce(8 * KIB)), "{world}");
+            assert_eq!(
+                small.epilogue(1, 8 * KIB),
+                Separate(small.all_reduce(8 * KIB)),
+                "{world}"
+            );
         }
     }
     let one = sel(EngineKind::Cuda, 1, true);
-    assert_eq!(one.epilogue(8 * KIB), Fused);
+    assert_eq!(one.epilogue(1, 8 * KIB), Fused);
     // The rocm engine runs both mechanisms too: the same rule.
-    assert_eq!(sel(EngineKind::Rocm, 1, false).epilogue(8 * KIB), Fused);
+    assert_eq!(sel(EngineKind::Rocm, 1, false).epilogue(1, 8 * KIB), Fused);
     for world in [2, 4] {
         let rocm = sel(EngineKind::Rocm, world, false);
-        assert_eq!(rocm.epilogue(8 * KIB), Separate(rocm.all_reduce(8 * KIB)));
+        assert_eq!(rocm.epilogue(1, 8 * KIB), Separate(rocm.all_reduce(8 * KIB)));
     }
     assert_eq!(
-        sel(EngineKind::Host, 1, false).epilogue(8 * KIB),
+        sel(EngineKind::Host, 1, false).epilogue(1, 8 * KIB),
         Separate(AllReduceAlgo::OneShot)
     );
     let host = sel(EngineKind::Host, 2, false);
-    assert!(matches!(host.epilogue(8 * MIB), Separate(_)));
+    assert!(matches!(host.epilogue(1, 8 * MIB), Separate(_)));
 }
 
 #[test]

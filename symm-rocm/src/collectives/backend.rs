@@ -32,6 +32,7 @@ impl Collectives for RocmCollectives {
             lamport_slot: self.lamport_max_bytes(),
             copy_engine: false,
             fused_epilogue: true,
+            handoff_bytes: self.rig.handoff_bytes(),
             pdl: false,
             stream_ordered: false,
             host_abort: false,

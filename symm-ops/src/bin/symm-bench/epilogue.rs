@@ -44,8 +44,9 @@ struct Variant {
     algo: EpilogueAlgo,
 }
 
-fn variants(comm: &Communicator, bytes: usize, nccl: bool) -> Vec<Variant> {
-    let planned = match comm.select_epilogue(bytes) {
+fn variants(comm: &Communicator, (hidden, tokens): (usize, usize), dtype: DType, nccl: bool) -> Vec<Variant> {
+    let bytes = hidden * tokens * dtype.size();
+    let planned = match comm.select_epilogue(tokens, hidden, dtype) {
         EpilogueAlgo::Separate(a) => a,
         _ => comm.select_all_reduce(bytes),
     };
@@ -175,7 +176,7 @@ fn point<T: symm_ops::Element>(
     let n = hidden * tokens;
     let bytes = n * T::DTYPE.size();
     let mut b = bufs::<T>(comm, hidden, tokens)?;
-    let vs = variants(comm, bytes, nccl);
+    let vs = variants(comm, (hidden, tokens), T::DTYPE, nccl);
     let iters = args.iters.unwrap_or(100);
     let mut base: Option<(Vec<T>, Vec<T>)> = None;
     let mut times: Vec<(Variant, Vec<f64>)> = Vec::new();
