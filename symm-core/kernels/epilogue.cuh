@@ -445,59 +445,41 @@ __device__ __forceinline__ void epi_handoff(char* hand, unsigned long long rows,
     // clamped, so no vector past the preloaded ones is ever read with a plain load here.
     const unsigned int kp = min(k, (unsigned int)EPI_PRE);
     auto vec_j = [&](unsigned int m) -> unsigned int { return m < kp ? threadIdx.x + m * blockDim.x : vr; };
+    // Vector v of the sums once no lane is the sentinel, re-armed for the next op.
+    auto take = [&](unsigned long long v) -> uint4 {
+        char* p = hand + v * 16ull;
+        uint4 a = coll_ld_volatile_v4(p);
+        unsigned int polls = 0;
+        while (!failed && coll_pending<DT>(a)) {
+            failed = !coll_poll_again(polls, deadline, w);
+            a = coll_ld_volatile_v4(p);
+        }
+        coll_st_v4(p, sentinel);
+        COLL_TRACE_AT(2, v == 0ull)
+        return a;
+    };
+    (void)ws;
+    (void)world;
+    (void)rank;
     for (unsigned long long row = blockIdx.x; row < rows; row += gridDim.x) {
         const unsigned long long o = row * row_bytes;
-        char* const hrow = hand + o;
-        uint4 ap[EPI_PRE];
         uint4 rp[EPI_PRE];
         uint4 gp[EPI_PRE];
-        // The row's sums, all of this thread's vectors in flight at once: every take is one
-        // round trip however many vectors a thread holds.
 #pragma unroll
         for (int m = 0; m < EPI_PRE; ++m) {
-            ap[m] = sentinel;
             rp[m] = make_uint4(0u, 0u, 0u, 0u);
             gp[m] = rp[m];
             const unsigned int j = vec_j((unsigned int)m);
             if (j < vr) {
-                ap[m] = coll_ld_volatile_v4(hrow + (unsigned long long)j * 16ull);
                 rp[m] = coll_ld_cg_v4(res + o + (unsigned long long)j * 16ull);
                 if (norm) {
                     gp[m] = coll_ld_cg_v4(weight + (unsigned long long)j * 16ull);
                 }
             }
         }
-        // Take them: poll those still holding the sentinel (a give-up leaves them as they are:
-        // the op failed, its outputs are garbage), then re-arm every one for the next op.
-        unsigned int polls = 0;
-        while (!failed) {
-            bool pending = false;
-#pragma unroll
-            for (int m = 0; m < EPI_PRE; ++m) {
-                pending = pending || (vec_j((unsigned int)m) < vr && coll_pending<DT>(ap[m]));
-            }
-            if (!pending) {
-                break;
-            }
-            failed = !coll_poll_again(polls, deadline, w);
-#pragma unroll
-            for (int m = 0; m < EPI_PRE; ++m) {
-                const unsigned int j = vec_j((unsigned int)m);
-                if (j < vr && coll_pending<DT>(ap[m])) {
-                    ap[m] = coll_ld_volatile_v4(hrow + (unsigned long long)j * 16ull);
-                }
-            }
-        }
-        COLL_TRACE_AT(2, row == 0ull && threadIdx.x == 0u)
-#pragma unroll
-        for (int m = 0; m < EPI_PRE; ++m) {
-            const unsigned int j = vec_j((unsigned int)m);
-            if (j < vr) {
-                coll_st_v4(hrow + (unsigned long long)j * 16ull, sentinel);
-            }
-        }
-        epi_row<DT>([&](int m, unsigned int) { return ap[m]; }, [&](unsigned int, unsigned int) { return sentinel; },
-                    vec_j, kp, vr, res + o, weight, res_out + o, norm_out + o, eps, norm, true, rp, gp,
+        epi_row<DT>([&](int, unsigned int j) { return take(row * vr + j); },
+                    [&](unsigned int, unsigned int j) { return take(row * vr + j); }, vec_j, kp, vr, res + o,
+                    weight, res_out + o, norm_out + o, eps, norm, true, rp, gp,
                     [&](float ssq) { return epi_block_sum(ssq, red); });
         COLL_TRACE_AT(3, row == 0ull && threadIdx.x == 0u)
     }
