@@ -312,24 +312,26 @@ impl Selector {
 
     /// How an all-reduce epilogue of `rows` rows of `row_bytes` runs (NOTE [fused-epilogue]):
     /// the fused path at world 1 on the GPU engines (CUDA, rocm: nothing is exchanged, one
-    /// kernel); where the table picks Lamport, the handoff pair wherever it takes the rows
-    /// (`handoff_fits`: CUDA with PDL, up to `handoff_bytes`, at most two vectors a thread) and
-    /// the one fused kernel up to `epilogue_fused_max_bytes` (CUDA, two ranks); otherwise the
-    /// table's all-reduce then the epilogue kernel.
+    /// kernel); where the table picks Lamport, the handoff pair for rows it takes
+    /// (`handoff_fits`: CUDA with PDL, up to `handoff_bytes`, at most two vectors a thread) from
+    /// `epilogue_handoff_min_rows` rows on, and for other rows the one fused kernel up to
+    /// `epilogue_fused_max_bytes` (CUDA, two ranks); otherwise the table's all-reduce then the
+    /// epilogue kernel.
     pub fn epilogue(&self, rows: usize, row_bytes: usize) -> crate::EpilogueAlgo {
         let bytes = rows.saturating_mul(row_bytes);
         let kernels = self.symm && self.engine.runs_kernels() && self.fused_epilogue;
         let vectors = row_bytes.div_ceil(symm_core::coll::geometry::VEC_BYTES);
         let handoff = symm_core::coll::add_rms::handoff_fits(rows, vectors, self.handoff_bytes);
+        // Where the pair takes the rows, `Fused` runs the pair (the backend plans it so), so the
+        // pair's own bound decides; elsewhere the one fused kernel's.
+        let fuse = if handoff {
+            rows >= self.thresholds.epilogue_handoff_min_rows
+        } else {
+            bytes <= self.thresholds.epilogue_fused_max_bytes
+        };
         match self.all_reduce(bytes) {
             _ if kernels && self.world == 1 => crate::EpilogueAlgo::Fused,
-            AllReduceAlgo::Lamport
-                if kernels
-                    && bytes <= self.lamport_slot
-                    && (handoff || bytes <= self.thresholds.epilogue_fused_max_bytes) =>
-            {
-                crate::EpilogueAlgo::Fused
-            }
+            AllReduceAlgo::Lamport if kernels && bytes <= self.lamport_slot && fuse => crate::EpilogueAlgo::Fused,
             a => crate::EpilogueAlgo::Separate(a),
         }
     }

@@ -51,9 +51,11 @@ impl Selector {
             .min(self.thresholds.lamport_max_bytes);
         if h > 0 && self.symm && self.fused_epilogue && self.world > 1 {
             s.push_str(&format!(
-                "  and up to {}, rows of at most {} vectors of 16 bytes a thread (a row of at most {} bytes): \
-                 fused as the handoff pair (the lamport all-reduce, then the epilogue overlapping it)\n",
+                "  and up to {}, from {} rows on, rows of at most {} vectors of 16 bytes a thread (a row of at \
+                 most {} bytes): fused as the handoff pair (the lamport all-reduce, then the epilogue \
+                 overlapping it)\n",
                 human(h),
+                self.thresholds.epilogue_handoff_min_rows,
                 symm_core::coll::add_rms::PRELOADED_VECTORS,
                 human(
                     symm_core::coll::add_rms::PRELOADED_VECTORS as usize

@@ -70,6 +70,12 @@ pub struct SelectionThresholds {
     /// all-reduce then the epilogue kernel. Chosen from the tensor-parallel layer (`tp-layer`)
     /// and symm-bench together (bench-notes round 20). CUDA only.
     pub epilogue_fused_max_bytes: usize,
+    /// all-reduce epilogues whose rows the handoff pair takes (NOTE [fused-epilogue] "handoff":
+    /// at most two vectors of 16 bytes a thread, within the backend's HANDOFF buffer): the pair
+    /// from this many rows on, where the all-reduce table picks Lamport; fewer: the table's
+    /// all-reduce then the epilogue kernel. Chosen from the tensor-parallel layer (bench-notes
+    /// round 23). CUDA only (the backend reports the pair, `CollFacts::handoff_bytes`).
+    pub epilogue_handoff_min_rows: usize,
 }
 
 impl SelectionThresholds {
@@ -109,6 +115,8 @@ impl SelectionThresholds {
                 all_gather_copy_engine_min_bytes: usize::MAX,
                 // The fused kernel is unmeasured on AMD GPUs.
                 epilogue_fused_max_bytes: 0,
+
+                epilogue_handoff_min_rows: 1,
                 ..Self::defaults(EngineKind::Cuda, world_size)
             },
             EngineKind::Host => SelectionThresholds {
@@ -127,6 +135,8 @@ impl SelectionThresholds {
                 reduce_scatter_lamport_max_bytes: 0,
                 all_gather_lamport_max_bytes: 0,
                 epilogue_fused_max_bytes: 0,
+
+                epilogue_handoff_min_rows: 1,
             },
             EngineKind::Nccl => SelectionThresholds {
                 lamport_max_bytes: 0,
@@ -144,6 +154,8 @@ impl SelectionThresholds {
                 reduce_scatter_lamport_max_bytes: 0,
                 all_gather_lamport_max_bytes: 0,
                 epilogue_fused_max_bytes: 0,
+
+                epilogue_handoff_min_rows: 1,
             },
             EngineKind::Cuda if world_size <= 2 => {
                 // Measured on 2 x H200 (NV18), graph replay, NCCL 2.28.9 in the same run
@@ -176,6 +188,8 @@ impl SelectionThresholds {
                     reduce_scatter_lamport_max_bytes: RS_AG_LAMPORT_MAX,
                     all_gather_lamport_max_bytes: RS_AG_LAMPORT_MAX,
                     epilogue_fused_max_bytes: EPILOGUE_FUSED_MAX_TWO_RANKS,
+
+                    epilogue_handoff_min_rows: EPILOGUE_HANDOFF_MIN_ROWS_TWO_RANKS,
                 }
             }
             EngineKind::Cuda => {
@@ -221,10 +235,13 @@ impl SelectionThresholds {
                     reduce_scatter_pull_min_bytes: if measured { 16 * MIB + 1 } else { usize::MAX },
                     reduce_scatter_lamport_max_bytes: RS_AG_LAMPORT_MAX,
                     all_gather_lamport_max_bytes: RS_AG_LAMPORT_MAX,
-                    // 3 and 4 ranks (4 x H100, round 20): the fused kernel is level with Lamport
-                    // + the epilogue kernel at hidden 4096 and 1-1.5 us slower at 8192 (one SM
-                    // pushes a row to three peers), in symm-bench and in the 70B TP 4 layer.
+                    // 3 and 4 ranks (4 x H100, round 20): the one fused kernel is level with
+                    // Lamport + the epilogue kernel at hidden 4096 and 1-1.5 us slower at 8192
+                    // (one SM pushes a row to three peers), in symm-bench and in the 70B TP 4
+                    // layer; the handoff pair (round 23) takes the rows it fits from one row on.
                     epilogue_fused_max_bytes: 0,
+
+                    epilogue_handoff_min_rows: 1,
                 }
             }
         }
@@ -246,6 +263,14 @@ pub const ONE_SHOT_MAX_MULTI: usize = 256 * KIB;
 /// 4.68-6.85 at hidden 4096 / 8192 x 1-32 tokens, 8-512 KiB; in the layer at TP 2 0.88-0.96 of
 /// NCCL + norm against 0.91-0.96). Larger messages were not measured with this kernel.
 pub const EPILOGUE_FUSED_MAX_TWO_RANKS: usize = 512 * KIB;
+/// All-reduce epilogues, two ranks: the handoff pair from this many rows on (4 x H100, bf16,
+/// graph, bench-notes round 23). Back to back the pair wins at one row too (hidden 4096: 3.56 us
+/// against Lamport + the epilogue kernel's 4.15), but inside the TP 2 layer at one token it lost
+/// in every run (8B: 0.921 / 0.925 / 0.945 of NCCL + norm against 0.904 / 0.901 / 0.914; 70B
+/// 0.963-0.965 against 0.957-0.963), while at 8 tokens it led or tied (8B 0.901-0.924 against
+/// 0.912-0.934); the layer decides (#37 item 4). Three and more ranks: from one row (TP 4, one
+/// token, 8B 0.842-0.864 against 0.874-0.894).
+pub const EPILOGUE_HANDOFF_MIN_ROWS_TWO_RANKS: usize = 2;
 /// Reduce-scatter / all-gather: the Lamport kernels up to this whole-tensor size (see
 /// [`SelectionThresholds::reduce_scatter_lamport_max_bytes`]).
 pub const RS_AG_LAMPORT_MAX: usize = 32 * MIB;
