@@ -77,7 +77,8 @@ static_assert(SYMM_WAVE_SIZE % 32 == 0, "the vendor header's SYMM_WAVE_SIZE");
 // symm-rocm's kernels/vendor.hip.h: nothing, HIP has no PDL), and the host never
 // sets the attribute where they compile to nothing.
 
-// The rule above in one call: the first statement of every kernel symm-cuda may launch with PDL.
+// The rule above in one call: the first statement of every kernel symm-cuda may launch with PDL
+// (but the handoff half, above).
 __device__ __forceinline__ void symm_pdl_prologue() {
     symm_pdl_wait();
     symm_pdl_launch_dependents();

@@ -86,7 +86,8 @@
 //     all-reduce's own grid, and the epilogue's launch, loads and kernel boundary overlap it.
 //     Rows of at most EPI_PRE vectors a thread only (the host checks: a later vector would be
 //     read with plain loads); no op state, no counter, no cross-block wait in (B); a take that
-//     gives up (timeout, abort, error latched) leaves the row computed from whatever it held.
+//     gives up (timeout, abort, error latched) waits for (A) to end, then leaves the row
+//     computed from whatever it held.
 //   Preloaded: right after the PDL wait, before the op state, each thread loads the input,
 //     residual and weight of the first EPI_PRE vectors of its first unit into registers. Those
 //     loads overlap the exchange; the push sends from the registers, and once the peers' data
@@ -101,11 +102,16 @@
 //     [lamport-world-entries]'s reason: the peer loops unrolled, a fraction of the registers and
 //     code; ptxas for sm_90, git 4bc43a7: no spills at W = 2, 3, 5, 12 bytes at 4, 68-508 at 6-8).
 // Aliasing: norm_out may be x and residual_out may be residual (each vector is read and then
-// written by one thread); no output may overlap anything else, the inputs (x, residual, weight)
-// may overlap each other but x and residual (checked on the host, symm_core::coll::epilogue_check).
+// written by one thread; in the handoff pair x is read by the all-reduce and written by the
+// epilogue half only after that vector's sum was taken, or after the all-reduce ended);
+// no output may overlap anything else, the inputs (x, residual, weight) may overlap each other
+// but x and residual (checked on the host, symm_core::coll::epilogue_check).
 // A poll that gives up (timeout, abort, a latched error) leaves the row reduced from this rank's
-// own input: the outputs of a failed op are garbage (the error reaches the caller, NOTE
-// [error-mirror], and the communicator refuses further ops), never a wait without end.
+// own input (the handoff half: from whatever its takes held, after waiting for the all-reduce
+// to end, so the all-reduce still pushes only the op's own input, NOTE [latched-sends-nothing],
+// and no sum lands after its vector was re-armed): the outputs of a failed op are garbage (the
+// error reaches the caller, NOTE [error-mirror], and the communicator refuses further ops),
+// never a wait without end.
 
 // Most vectors of one row per thread.
 #define EPI_MAXV 8
@@ -451,7 +457,13 @@ __device__ __forceinline__ void epi_handoff(char* hand, unsigned long long rows,
         uint4 a = coll_ld_volatile_v4(p);
         unsigned int polls = 0;
         while (!failed && coll_pending<DT>(a)) {
-            failed = !coll_poll_again(polls, deadline, w);
+            if (!coll_poll_again(polls, deadline, w)) {
+                // Given up: wait for the all-reduce to end before this thread writes anything,
+                // so it never pushes a vector of x the outputs overwrote (norm_out may be x)
+                // nor stores a sum after its vector was re-armed (its waits are bounded).
+                failed = true;
+                symm_pdl_wait();
+            }
             a = coll_ld_volatile_v4(p);
         }
         coll_st_v4(p, sentinel);

@@ -240,7 +240,8 @@ impl CudaCollectives {
     }
 
     /// Launches one of the collective kernels on the caller's stream, the way [`Self::pdl`] says
-    /// (every such kernel starts with `symm_pdl_prologue()`, NOTE [pdl]).
+    /// (every such kernel starts with `symm_pdl_prologue()`, NOTE [pdl], but the fused
+    /// epilogue's handoff half, which waits at its end: NOTE [pdl] "handoff").
     fn launch_coll(&self, stream: &CudaStream, f: &CudaFunction, grid: LaunchConfig, a: &[KernelArg]) -> Result<()> {
         launch_with(stream, f, grid, a, self.how)
     }

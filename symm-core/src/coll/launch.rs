@@ -230,8 +230,8 @@ pub trait Launcher {
     fn launch(&self, l: &Launch) -> Result<()>;
 }
 
-/// The diagnostic switches a backend passes to the kernels (symm-cuda reads them from its
-/// environment table; defaults everywhere else).
+/// The switches a backend passes to the kernels: diagnostics, and `epi_handoff`, a setting
+/// (symm-cuda reads them from its environment table; defaults everywhere else).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Switches {
     /// Bits or'ed into the Lamport `mode` argument (`args::LAMPORT_*`).
@@ -254,7 +254,10 @@ pub struct Switches {
     pub epi_slots: u32,
     /// The fused epilogue runs as the handoff pair where its rows fit (NOTE [fused-epilogue],
     /// "handoff"): the plain Lamport all-reduce into the HANDOFF buffer, then the epilogue
-    /// overlapping it.
+    /// overlapping it. A setting, not a diagnostic: symm-cuda turns it on where the kernels launch
+    /// with PDL (`SYMM_EPI_HANDOFF=0` off); the rocm engine never does (no PDL, and the half's
+    /// sentinel test relies on NVIDIA's canonical NaNs: an AMD quieted sNaN can equal it).
+    /// While it is on, the layout switches above apply to the rows the pair does not take.
     pub epi_handoff: bool,
 }
 

@@ -35,12 +35,12 @@ fn handoff_rule_fuses_the_rows_the_pair_takes() {
     use crate::EpilogueAlgo::{Fused, Separate};
     for world in [2, 3, 4, 8] {
         let s = Selector {
-            handoff_bytes: MIB,
+            handoff_bytes: 512 * KIB,
             ..sel(EngineKind::Cuda, world, true)
         };
-        // bf16 rows of 4096 and 8192 (8 and 16 KiB) at 1, 8 and 32 tokens, 2000 (a partial
+        // bf16 rows of 4096 and 8192 (8 and 16 KiB) at 1, 8 and 32 tokens, 5000 (a partial
         // last pass of the row's block).
-        for (rows, row_bytes) in [(1, 8 * KIB), (8, 8 * KIB), (32, 16 * KIB), (1, 16 * KIB), (3, 4000)] {
+        for (rows, row_bytes) in [(1, 8 * KIB), (8, 8 * KIB), (32, 16 * KIB), (1, 16 * KIB), (3, 10_000)] {
             // Two ranks: from two rows on (the TP 2 layer at one token, round 23).
             let want = if world == 2 && rows == 1 {
                 Separate(AllReduceAlgo::Lamport)

@@ -115,7 +115,6 @@ impl SelectionThresholds {
                 all_gather_copy_engine_min_bytes: usize::MAX,
                 // The fused kernel is unmeasured on AMD GPUs.
                 epilogue_fused_max_bytes: 0,
-
                 epilogue_handoff_min_rows: 1,
                 ..Self::defaults(EngineKind::Cuda, world_size)
             },
@@ -135,7 +134,6 @@ impl SelectionThresholds {
                 reduce_scatter_lamport_max_bytes: 0,
                 all_gather_lamport_max_bytes: 0,
                 epilogue_fused_max_bytes: 0,
-
                 epilogue_handoff_min_rows: 1,
             },
             EngineKind::Nccl => SelectionThresholds {
@@ -154,7 +152,6 @@ impl SelectionThresholds {
                 reduce_scatter_lamport_max_bytes: 0,
                 all_gather_lamport_max_bytes: 0,
                 epilogue_fused_max_bytes: 0,
-
                 epilogue_handoff_min_rows: 1,
             },
             EngineKind::Cuda if world_size <= 2 => {
@@ -188,7 +185,6 @@ impl SelectionThresholds {
                     reduce_scatter_lamport_max_bytes: RS_AG_LAMPORT_MAX,
                     all_gather_lamport_max_bytes: RS_AG_LAMPORT_MAX,
                     epilogue_fused_max_bytes: EPILOGUE_FUSED_MAX_TWO_RANKS,
-
                     epilogue_handoff_min_rows: EPILOGUE_HANDOFF_MIN_ROWS_TWO_RANKS,
                 }
             }
@@ -240,7 +236,6 @@ impl SelectionThresholds {
                     // (one SM pushes a row to three peers), in symm-bench and in the 70B TP 4
                     // layer; the handoff pair (round 23) takes the rows it fits from one row on.
                     epilogue_fused_max_bytes: 0,
-
                     epilogue_handoff_min_rows: 1,
                 }
             }
@@ -268,7 +263,8 @@ pub const EPILOGUE_FUSED_MAX_TWO_RANKS: usize = 512 * KIB;
 /// against Lamport + the epilogue kernel's 4.15), but inside the TP 2 layer at one token it lost
 /// in every run (8B: 0.921 / 0.925 / 0.945 of NCCL + norm against 0.904 / 0.901 / 0.914; 70B
 /// 0.963-0.965 against 0.957-0.963), while at 8 tokens it led or tied (8B 0.901-0.924 against
-/// 0.912-0.934); the layer decides (#37 item 4). Three and more ranks: from one row (TP 4, one
+/// 0.912-0.934 for 8B; 70B level, 0.965-0.975 against 0.970-0.971); the layer decides (#37
+/// item 4). Three and more ranks: from one row (TP 4, one
 /// token, 8B 0.842-0.864 against 0.874-0.894).
 pub const EPILOGUE_HANDOFF_MIN_ROWS_TWO_RANKS: usize = 2;
 /// Reduce-scatter / all-gather: the Lamport kernels up to this whole-tensor size (see
