@@ -353,6 +353,46 @@ __device__ __forceinline__ void epi_norm_split(const char* sums, const char* wei
     }
 }
 
+// The first EPI_PRE vectors of this thread in a row ("preloaded", NOTE [fused-epilogue]): vector
+// m is the row's j = vec_j(m) (>= vr: none, left zero), at byte j * 16 of the row at `o`; `load`
+// reads the sums (SUMS: at `sum`) and the residual there, and with the norm the weight at j * 16.
+// The separate kernel and the fused one load plainly; the handoff half through L2, without the
+// sums (it takes them from HANDOFF).
+template <bool SUMS, class Load, class VecJ>
+__device__ __forceinline__ void epi_preload(Load load, VecJ vec_j, unsigned int vr, const char* sum, const char* res,
+                                            unsigned long long o, const char* weight, bool norm,
+                                            uint4 (&ap)[EPI_PRE], uint4 (&rp)[EPI_PRE], uint4 (&gp)[EPI_PRE]) {
+#pragma unroll
+    for (int m = 0; m < EPI_PRE; ++m) {
+        ap[m] = make_uint4(0u, 0u, 0u, 0u);
+        rp[m] = ap[m];
+        gp[m] = ap[m];
+        const unsigned int j = vec_j((unsigned int)m);
+        if (j < vr) {
+            if (SUMS) {
+                ap[m] = load(sum + o + (unsigned long long)j * 16ull);
+            }
+            rp[m] = load(res + o + (unsigned long long)j * 16ull);
+            if (norm) {
+                gp[m] = load(weight + (unsigned long long)j * 16ull);
+            }
+        }
+    }
+}
+
+// Plain 16-byte loads (the preloads after the PDL wait) and L2-only ones (the handoff half's,
+// before it), as epi_preload takes them.
+struct EpiLdPlain {
+    __device__ __forceinline__ uint4 operator()(const char* p) const {
+        return *reinterpret_cast<const uint4*>(p);
+    }
+};
+struct EpiLdL2 {
+    __device__ __forceinline__ uint4 operator()(const char* p) const {
+        return coll_ld_cg_v4(p);
+    }
+};
+
 // The epilogue over every row of this block, from `sum` (already all-reduced; may be norm_out or
 // residual_out, read before they are written: each vector by the thread that writes it). The
 // row's block is blockDim.x threads with k vectors each (t + m * blockDim.x); the first EPI_PRE
@@ -369,20 +409,7 @@ __device__ __forceinline__ void epi_rows(const char* sum, const char* res, const
         uint4 ap[EPI_PRE];
         uint4 rp[EPI_PRE];
         uint4 gp[EPI_PRE];
-#pragma unroll
-        for (int m = 0; m < EPI_PRE; ++m) {
-            ap[m] = make_uint4(0u, 0u, 0u, 0u);
-            rp[m] = ap[m];
-            gp[m] = ap[m];
-            const unsigned int j = vec_j((unsigned int)m);
-            if (j < vr) {
-                ap[m] = *reinterpret_cast<const uint4*>(sum + o + (unsigned long long)j * 16ull);
-                rp[m] = *reinterpret_cast<const uint4*>(res + o + (unsigned long long)j * 16ull);
-                if (norm) {
-                    gp[m] = *reinterpret_cast<const uint4*>(weight + (unsigned long long)j * 16ull);
-                }
-            }
-        }
+        epi_preload<true>(EpiLdPlain{}, vec_j, vr, sum, res, o, weight, norm, ap, rp, gp);
         epi_row<DT>([&](int m, unsigned int) { return ap[m]; },
                     [&](unsigned int, unsigned int j) {
                         return *reinterpret_cast<const uint4*>(sum + o + (unsigned long long)j * 16ull);
@@ -475,20 +502,10 @@ __device__ __forceinline__ void epi_handoff(char* hand, unsigned long long rows,
     (void)rank;
     for (unsigned long long row = blockIdx.x; row < rows; row += gridDim.x) {
         const unsigned long long o = row * row_bytes;
+        uint4 ap[EPI_PRE];
         uint4 rp[EPI_PRE];
         uint4 gp[EPI_PRE];
-#pragma unroll
-        for (int m = 0; m < EPI_PRE; ++m) {
-            rp[m] = make_uint4(0u, 0u, 0u, 0u);
-            gp[m] = rp[m];
-            const unsigned int j = vec_j((unsigned int)m);
-            if (j < vr) {
-                rp[m] = coll_ld_cg_v4(res + o + (unsigned long long)j * 16ull);
-                if (norm) {
-                    gp[m] = coll_ld_cg_v4(weight + (unsigned long long)j * 16ull);
-                }
-            }
-        }
+        epi_preload<false>(EpiLdL2{}, vec_j, vr, nullptr, res, o, weight, norm, ap, rp, gp);
         epi_row<DT>([&](int, unsigned int j) { return take(row * vr + j); },
                     [&](unsigned int, unsigned int j) { return take(row * vr + j); }, vec_j, kp, vr, res + o,
                     weight, res_out + o, norm_out + o, eps, norm, true, rp, gp,
