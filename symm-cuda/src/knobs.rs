@@ -156,6 +156,11 @@ fn flag(name: &str) -> bool {
     var(name).is_some_and(|v| v == "1")
 }
 
+/// A setting that is on unless the variable says `0`.
+fn on_unless_0(name: &str) -> bool {
+    var(name).is_none_or(|v| v.trim() != "0")
+}
+
 /// [`HW_QUEUES`]: the hardware work queues this process's contexts have, as the driver reads
 /// the variable when CUDA starts (unset or unreadable: its default, 8; clamped to 1-32 as the
 /// driver does). Ranks sharing a GPU need [`symm_core::connectivity::SHARED_DEVICE_QUEUES`]
@@ -172,7 +177,7 @@ pub fn hw_queues() -> u32 {
 /// [`PDL`]: on unless set to `0`.
 pub fn pdl() -> bool {
     static V: OnceLock<bool> = OnceLock::new();
-    *V.get_or_init(|| var(PDL).is_none_or(|v| v.trim() != "0"))
+    *V.get_or_init(|| on_unless_0(PDL))
 }
 
 /// [`REQUIRE_NVRTC`].
@@ -278,7 +283,7 @@ pub fn switches() -> symm_core::coll::launch::Switches {
 /// [`EPI_HANDOFF`]: on unless `0`.
 pub fn epi_handoff() -> bool {
     static V: OnceLock<bool> = OnceLock::new();
-    *V.get_or_init(|| var(EPI_HANDOFF).is_none_or(|v| v.trim() != "0"))
+    *V.get_or_init(|| on_unless_0(EPI_HANDOFF))
 }
 
 /// [`EPI_SLOTS`]: the threads a slot-rows block asks for, 0 off (`1`: 128).

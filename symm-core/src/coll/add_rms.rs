@@ -385,8 +385,32 @@ impl Rig {
             _ => Entry::LamportAddRms(dt),
         };
         let sw = &self.switches;
-        let (big, _) = epilogue_threads(rows.vectors_per_row());
-        if handoff_fits(rows.rows(), rows.vectors_per_row(), self.handoff_bytes()) {
+        let handoff = handoff_fits(rows.rows(), rows.vectors_per_row(), self.handoff_bytes());
+        // The handoff pair's epilogue half takes whole rows (every layout switch off): its
+        // all-reduce, planned as any Lamport all-reduce, goes first, into HANDOFF.
+        let allow = if handoff {
+            Layouts::default()
+        } else {
+            Layouts {
+                slots: sw.epi_slots,
+                cluster: sw.epi_cluster && self.clusters,
+                spread: sw.epi_spread,
+                split: sw.epi_split,
+            }
+        };
+        let g = fused_geometry(rows.rows(), rows.vectors_per_row(), self.world, self.grid.blocks, allow);
+        let mut epilogue = e.add_rms();
+        for (on, bit) in [
+            (g.cluster, EPI_CLUSTER),
+            (g.spread, EPI_SPREAD),
+            (g.slots, EPI_SLOTS),
+            (handoff, EPI_HANDOFF),
+        ] {
+            if on {
+                epilogue.flags |= bit;
+            }
+        }
+        let (first, input) = if handoff {
             let hand = self.direct.ws[self.rank] + self.layout.handoff_off() as u64;
             let sum = DeviceOp {
                 input: e.x,
@@ -395,42 +419,12 @@ impl Rig {
                 dtype: rows.dtype(),
                 op: ReduceOp::Sum,
             };
-            let first = self.lamport(dt, RingMode::AllReduce, sum, tuning, &hdr)?;
-            let mut epilogue = e.add_rms();
-            epilogue.flags |= EPI_HANDOFF;
-            let f = LamportAddRms {
-                input: hand,
-                rows: e.row_args(),
-                parts: 1,
-                big,
-                epilogue,
-            };
-            let a = args::lamport_add_rms(&self.common, &self.direct, &f, &self.layout, &self.bound, &hdr);
-            let blocks = rows.rows().min(self.grid.blocks as usize) as u32;
-            return Ok(Some(FusedLaunches {
-                first,
-                then: Some(Launch::new(entry, blocks, big, &a)),
-            }));
-        }
-        let allow = Layouts {
-            slots: sw.epi_slots,
-            cluster: sw.epi_cluster && self.clusters,
-            spread: sw.epi_spread,
-            split: sw.epi_split,
+            (Some(self.lamport(dt, RingMode::AllReduce, sum, tuning, &hdr)?), hand)
+        } else {
+            (None, e.x)
         };
-        let g = fused_geometry(rows.rows(), rows.vectors_per_row(), self.world, self.grid.blocks, allow);
-        let mut epilogue = e.add_rms();
-        if g.cluster {
-            epilogue.flags |= EPI_CLUSTER;
-        }
-        if g.spread {
-            epilogue.flags |= EPI_SPREAD;
-        }
-        if g.slots {
-            epilogue.flags |= EPI_SLOTS;
-        }
         let f = LamportAddRms {
-            input: e.x,
+            input,
             rows: e.row_args(),
             parts: g.parts,
             big: g.big,
@@ -439,7 +433,10 @@ impl Rig {
         let a = args::lamport_add_rms(&self.common, &self.direct, &f, &self.layout, &self.bound, &hdr);
         let mut l = Launch::new(entry, g.blocks, g.threads, &a);
         l.cluster = if g.cluster { g.parts } else { 0 };
-        Ok(Some(FusedLaunches { first: l, then: None }))
+        Ok(Some(match first {
+            Some(first) => FusedLaunches { first, then: Some(l) },
+            None => FusedLaunches { first: l, then: None },
+        }))
     }
 }
 

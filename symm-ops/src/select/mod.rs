@@ -310,6 +310,12 @@ impl Selector {
         }
     }
 
+    /// The fused epilogue can run here: symmetric memory, an engine that runs the kernels, and a
+    /// backend with the fused entry.
+    pub fn fuses(&self) -> bool {
+        self.symm && self.engine.runs_kernels() && self.fused_epilogue
+    }
+
     /// How an all-reduce epilogue of `rows` rows of `row_bytes` runs (NOTE [fused-epilogue]):
     /// the fused path at world 1 on the GPU engines (CUDA, rocm: nothing is exchanged, one
     /// kernel); where the table picks Lamport, the handoff pair for rows it takes
@@ -319,7 +325,7 @@ impl Selector {
     /// epilogue kernel.
     pub fn epilogue(&self, rows: usize, row_bytes: usize) -> crate::EpilogueAlgo {
         let bytes = rows.saturating_mul(row_bytes);
-        let kernels = self.symm && self.engine.runs_kernels() && self.fused_epilogue;
+        let kernels = self.fuses();
         let vectors = row_bytes.div_ceil(symm_core::coll::geometry::VEC_BYTES);
         let handoff = symm_core::coll::add_rms::handoff_fits(rows, vectors, self.handoff_bytes);
         // Where the pair takes the rows, `Fused` runs the pair (the backend plans it so), so the

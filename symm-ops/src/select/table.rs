@@ -49,7 +49,7 @@ impl Selector {
             .handoff_bytes
             .min(self.lamport_slot)
             .min(self.thresholds.lamport_max_bytes);
-        if h > 0 && self.symm && self.fused_epilogue && self.world > 1 {
+        if h > 0 && self.fuses() && self.world > 1 {
             s.push_str(&format!(
                 "  and up to {}, from {} rows on, rows of at most {} vectors of 16 bytes a thread (a row of at \
                  most {} bytes): fused as the handoff pair (the lamport all-reduce, then the epilogue \
