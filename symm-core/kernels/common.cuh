@@ -71,13 +71,10 @@ static_assert(SYMM_WAVE_SIZE % 32 == 0, "the vendor header's SYMM_WAVE_SIZE");
 // output is x: a vector of x is written only after the row's sums were taken,
 // which the all-reduce computed from that vector of x; and (4) its final wait
 // makes its completion imply the all-reduce's, so the next kernel's
-// own wait sees both done (the next Lamport launch reads the op state). Each of
-// its blocks releases the next kernel once its threads took their last row's
-// sums: when all have, the all-reduce has stored every sum, so it waits for
-// nothing more (no peer, no block of its own or another grid), and the next
-// kernel, resident in its own wait, holds SMs only while the two ahead of it
-// finish by themselves (NOTE [co-residency]: the third grid a rank has in
-// flight). The PTX test checks the half's loads before its end wait (L2-only or
+// own wait sees both done (the next Lamport launch reads the op state); it
+// releases the next kernel only after that wait, so a rank still has at most two
+// grids in flight (NOTE [co-residency]). The PTX test checks the half's loads
+// before its end wait (L2-only or
 // volatile). The two are vendor primitives (symm-cuda's
 // kernels/vendor.cuh: griddepcontrol from sm_90 on, nothing before it;
 // symm-rocm's kernels/vendor.hip.h: nothing, HIP has no PDL), and the host never

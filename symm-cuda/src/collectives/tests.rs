@@ -164,22 +164,23 @@ fn ptx_entries(ptx: &str) -> Vec<(&str, &str)> {
 /// Byte offset and text of each instruction of `body` that touches memory other than the
 /// kernel's parameters (loads, stores, atomics, reductions, async copies), in order.
 fn memory_accesses(body: &str) -> impl Iterator<Item = (usize, &str)> {
-    body.split_inclusive('\n').scan(0usize, |off, line| {
-        let at = *off;
-        *off += line.len();
-        let t = line.trim_start();
-        // Skip a guard predicate (`@%p1 ld.global...`).
-        let ins = match t.strip_prefix('@') {
-            Some(rest) => rest.split_once(char::is_whitespace).map_or("", |(_, i)| i.trim_start()),
-            None => t,
-        };
-        let is_mem = ["ld.", "ldu.", "st.", "atom.", "red.", "cp."]
-            .iter()
-            .any(|p| ins.starts_with(p))
-            && !ins.starts_with("ld.param");
-        Some(is_mem.then(|| (at, ins.trim_end())))
-    })
-    .flatten()
+    body.split_inclusive('\n')
+        .scan(0usize, |off, line| {
+            let at = *off;
+            *off += line.len();
+            let t = line.trim_start();
+            // Skip a guard predicate (`@%p1 ld.global...`).
+            let ins = match t.strip_prefix('@') {
+                Some(rest) => rest.split_once(char::is_whitespace).map_or("", |(_, i)| i.trim_start()),
+                None => t,
+            };
+            let is_mem = ["ld.", "ldu.", "st.", "atom.", "red.", "cp."]
+                .iter()
+                .any(|p| ins.starts_with(p))
+                && !ins.starts_with("ld.param");
+            Some(is_mem.then(|| (at, ins.trim_end())))
+        })
+        .flatten()
 }
 
 /// The `COLL_ST_*` / `COLL_OPS_*` defines of the kernel file match layout.rs.

@@ -215,7 +215,10 @@ fn epilogue_entries_are_in_the_shared_source() {
         Entry::LamportAddRmsWorld(KernelDtype::F16, 2).name(),
         "symm_lamport2_add_rms_f16"
     );
-    assert_eq!(Entry::HandoffAddRms(KernelDtype::Bf16).name(), "symm_handoff_add_rms_bf16");
+    assert_eq!(
+        Entry::HandoffAddRms(KernelDtype::Bf16).name(),
+        "symm_handoff_add_rms_bf16"
+    );
 }
 
 #[test]
