@@ -59,23 +59,20 @@ static_assert(SYMM_WAVE_SIZE % 32 == 0, "the vendor header's SYMM_WAVE_SIZE");
 // symm_pdl_launch_dependents() (nothing after it depends on the next kernel,
 // whose own wait holds it back until this one has completed). Without the
 // attribute both are no-ops.
-// One exception, "handoff" (NOTE [fused-epilogue] in epilogue.cuh): the handoff
-// pair's epilogue half (symm_handoff_add_rms_{dt}) waits only at its end, so it
-// runs beside the Lamport all-reduce launched just before it. That is sound
-// because (1) that all-reduce called symm_pdl_wait() before it released this
-// kernel, so every kernel before it has completed and its writes are in L2,
-// which the half reads through (ld.cg: the residual and the weight); (2) of the
-// all-reduce's own writes the half reads only its HANDOFF buffer, as Lamport
-// data, valid by its value alone; (3) what the half writes (its outputs,
-// HANDOFF's re-arming) the all-reduce never reads, except x when the norm
-// output is x: a vector of x is written only after the row's sums were taken,
-// which the all-reduce computed from that vector of x; and (4) its final wait
-// makes its completion imply the all-reduce's, so the next kernel's
-// own wait sees both done (the next Lamport launch reads the op state); it
-// releases the next kernel only after that wait, so a rank still has at most two
-// grids in flight (NOTE [co-residency]). The PTX test checks the half's loads
-// before its end wait (L2-only or
-// volatile). The two are vendor primitives (symm-cuda's
+// One exception, "handoff" (NOTE [fused-epilogue] in epilogue.cuh): the fused
+// entry's handoff half waits only at its end (then releases the next kernel,
+// so a rank still has at most two grids in flight, NOTE [co-residency]), so it
+// runs beside the Lamport all-reduce launched just before it. That
+// is sound because (1) that all-reduce called symm_pdl_wait() before it
+// released this kernel, so every kernel before it has completed and its writes
+// are in L2, which the half reads through (ld.cg: the residual and the weight);
+// (2) of the all-reduce's own writes the half reads only its HANDOFF buffer,
+// as Lamport data, valid by its value alone; (3) what the half writes (its
+// outputs, HANDOFF's re-arming) the all-reduce never reads, except x when the
+// norm output is x: a vector of x is written only after the row's sums were
+// taken, which the all-reduce computed from that vector of x; and (4) its
+// final wait makes its completion imply the all-reduce's, so the next kernel's
+// own wait sees both done (the next Lamport launch reads the op state). The two are vendor primitives (symm-cuda's
 // kernels/vendor.cuh: griddepcontrol from sm_90 on, nothing before it;
 // symm-rocm's kernels/vendor.hip.h: nothing, HIP has no PDL), and the host never
 // sets the attribute where they compile to nothing.

@@ -69,26 +69,25 @@
 //     push: ~15 GB/s, bench-notes round 20); blocks 0 .. rows - 1 receive their row whole and
 //     run the epilogue as whole rows do. No block waits for another: the receivers poll the
 //     peers' pushes only, and the others exit after their push (and the block count).
-//   Handoff (SYMM_EPI_HANDOFF; add_rms.rs `Rig::fused_add_rms`): the op as two launches that
-//     overlap instead of one kernel. (A) is the plain Lamport all-reduce (any of its entries,
-//     unchanged) with its output in this rank's HANDOFF buffer (layout.rs `handoff_off`: one
-//     vector per vector of the op, filled with the sentinel at setup and between ops). (B) is
-//     symm_handoff_add_rms_{dt} (an entry of its own, epi_handoff), launched right behind (A)
-//     with PDL: it does NOT wait for (A) at its start (NOTE [pdl], "handoff"): it loads the first
-//     EPI_PRE vectors' residual and weight through L2 (ld.cg), takes each of its vectors from
-//     HANDOFF as Lamport data (valid once no lane is the sentinel: (A)'s reduced vectors never
-//     hold it, since every term is canonical and the arithmetic's NaN is the canonical one),
-//     stores the sentinel back (re-arming the vector for the next op), and runs epi_row over
-//     them, so the bits are the separate kernel's. At its end it waits for (A) (symm_pdl_wait)
-//     and only then releases the next kernel: (B) completes after (A), so whatever follows on
-//     the stream (the next op's Lamport launch reads the op state (A) advanced) sees (A) done,
-//     and a rank never has more than two grids in flight. (Releasing the next kernel once the
-//     sums were taken, before the end wait, measured 0.25-0.65 us slower an op back to back:
-//     bench-notes round 24.) The exchange keeps the all-reduce's own grid, and the epilogue's
-//     launch, loads and kernel boundary overlap it. Rows of at most EPI_PRE vectors a thread only
-//     (the host checks: a later vector would be read with plain loads); no op state, no counter,
-//     no cross-block wait in (B); a take that gives up (timeout, abort, error latched) waits for
-//     (A) to end, then leaves the row computed from whatever it held.
+//   Handoff (`flags & EPI_HANDOFF`, SYMM_EPI_HANDOFF; add_rms.rs `Rig::fused_add_rms`): the op as
+//     two launches that overlap instead of one kernel. (A) is the plain Lamport all-reduce (any
+//     of its entries, unchanged) with its output in this rank's HANDOFF buffer (layout.rs
+//     `handoff_off`: one vector per vector of the op, filled with the sentinel at setup and
+//     between ops). (B) is this entry with EPI_HANDOFF, launched right behind (A) with PDL, and
+//     `input` the HANDOFF base: it does NOT wait for (A) at its start (NOTE [pdl], "handoff"): it
+//     loads the first EPI_PRE vectors' residual and weight through L2 (ld.cg), takes each of its
+//     vectors from HANDOFF as Lamport data (valid once no lane is the sentinel: (A)'s reduced
+//     vectors never hold it, since every term is canonical and the arithmetic's NaN is the
+//     canonical one), stores the sentinel back (re-arming the vector for the next op), and runs
+//     epi_row over them, so the bits are the separate kernel's. At its end it waits for (A)
+//     (symm_pdl_wait) and only then releases the next kernel: (B) completes after (A), so
+//     whatever follows on the stream (the next op's Lamport launch reads the op state (A)
+//     advanced) sees (A) done, and a rank never has more than two grids in flight. The exchange keeps the
+//     all-reduce's own grid, and the epilogue's launch, loads and kernel boundary overlap it.
+//     Rows of at most EPI_PRE vectors a thread only (the host checks: a later vector would be
+//     read with plain loads); no op state, no counter, no cross-block wait in (B); a take that
+//     gives up (timeout, abort, error latched) waits for (A) to end, then leaves the row
+//     computed from whatever it held.
 //   Preloaded: right after the PDL wait, before the op state, each thread loads the input,
 //     residual and weight of the first EPI_PRE vectors of its first unit into registers. Those
 //     loads overlap the exchange; the push sends from the registers, and once the peers' data
@@ -130,6 +129,9 @@
 // `flags` bit: slot rows (NOTE [fused-epilogue]); a row's block cut into `parts` blocks that
 // exchange their warps' sums through tagged slots in STATE (COLL_ST_EPI_SLOTS).
 #define EPI_SLOTS 8u
+// `flags` bit: the handoff pair's epilogue half (NOTE [fused-epilogue], "handoff"); `input` is
+// this rank's HANDOFF buffer.
+#define EPI_HANDOFF 16u
 
 // The tag of the next op's slot words after `t` (never 0: STATE starts zeroed).
 __device__ __forceinline__ unsigned int epi_next_tag(unsigned int t) {
@@ -452,13 +454,13 @@ EPI_ENTRY(symm_add_rms_f16, COLL_F16)
 EPI_ENTRY(symm_add_rms_bf16, COLL_BF16)
 
 
-// The handoff pair's epilogue half, symm_handoff_add_rms_{dt} (NOTE [fused-epilogue], "handoff"):
-// the rows of `hand` (this rank's HANDOFF buffer, where the all-reduce launched just before
-// stores the sums), each vector taken once it is there and re-armed with the sentinel, run
-// through epi_row. No PDL wait before its loads (NOTE [pdl], "handoff"); the wait for the
-// all-reduce, then the release of the next kernel, at its end. Needs k <= EPI_PRE (the residual and weight of every
-// vector preloaded through L2). Trace kind 6: entry, start, thread 0's first vector taken, its
-// row stored, exit (after the wait).
+// The handoff pair's epilogue half (NOTE [fused-epilogue], "handoff"): the rows of `hand` (this
+// rank's HANDOFF buffer, where the all-reduce launched just before stores the sums), each vector
+// taken once it is there and re-armed with the sentinel, run through epi_row. Called first thing
+// in the entry: no PDL wait before its loads (NOTE [pdl], "handoff"); the wait, then the
+// release of the next kernel, at its end. Needs
+// k <= EPI_PRE (the residual and weight of every vector preloaded through L2). Trace kind 6:
+// entry, start, thread 0's first vector taken, its row stored, exit (after the wait).
 template <int DT>
 __device__ __forceinline__ void epi_handoff(char* hand, unsigned long long rows, unsigned int vr, unsigned int k,
                                             const char* res, const char* weight, char* res_out, char* norm_out,
@@ -495,6 +497,9 @@ __device__ __forceinline__ void epi_handoff(char* hand, unsigned long long rows,
         COLL_TRACE_AT(2, v == 0ull)
         return a;
     };
+    (void)ws;
+    (void)world;
+    (void)rank;
     for (unsigned long long row = blockIdx.x; row < rows; row += gridDim.x) {
         const unsigned long long o = row * row_bytes;
         uint4 ap[EPI_PRE];
@@ -516,31 +521,8 @@ __device__ __forceinline__ void epi_handoff(char* hand, unsigned long long rows,
         coll_tr[4] = symm_globaltimer();
         coll_trace_write(6u, world, rank, 0u, rows * vr, ws, coll_tr);
     }
-#else
-    (void)ws;
-    (void)world;
-    (void)rank;
 #endif
 }
-
-#define EPI_HANDOFF_ARGS                                                                                     \
-    char *hand, const char *res, const char *weight, char *res_out, char *norm_out, unsigned long long rows,  \
-        unsigned int vr, unsigned int k, float eps, unsigned int flags, unsigned long long pad_ptr,          \
-        unsigned long long timeout_ns, const unsigned int *abort_host, unsigned int rank, unsigned int world, \
-        const char *ws
-#define EPI_HANDOFF_ENTRY(NAME, DT)                                                                          \
-    extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS) NAME(EPI_HANDOFF_ARGS) {                   \
-        CollWait w;                                                                                           \
-        w.pad = reinterpret_cast<unsigned int*>(pad_ptr);                                                    \
-        w.abort_host = abort_host;                                                                            \
-        w.timeout_ns = timeout_ns;                                                                            \
-        w.host_every_thread = 0u;                                                                             \
-        epi_handoff<DT>(hand, rows, vr, k, res, weight, res_out, norm_out, eps, (flags & EPI_NORM) != 0u, w,  \
-                        world, rank, ws);                                                                     \
-    }
-EPI_HANDOFF_ENTRY(symm_handoff_add_rms_f32, COLL_F32)
-EPI_HANDOFF_ENTRY(symm_handoff_add_rms_f16, COLL_F16)
-EPI_HANDOFF_ENTRY(symm_handoff_add_rms_bf16, COLL_BF16)
 
 // The Lamport one-shot all-reduce (sum) of `input` with the epilogue applied row by row.
 // parts == 1: blocks of `big` threads take whole rows (rows blockIdx.x, + gridDim.x, ...).
@@ -557,9 +539,19 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
                                                  const unsigned int* abort_host, unsigned long long hdr_off,
                                                  const uint4 hdr, const char* res, const char* weight, char* res_out,
                                                  char* norm_out, float eps, bool norm, bool clustered,
-                                                 bool spread, bool slots) {
+                                                 bool spread, bool slots, bool handoff) {
     constexpr int NP = W > 0 ? W - 1 : COLL_MAXW - 1;
     const unsigned int world = W > 0 ? (unsigned int)W : world_arg;
+    if (handoff) {
+        CollWait hw;
+        hw.pad = pad;
+        hw.abort_host = abort_host;
+        hw.timeout_ns = timeout_ns;
+        hw.host_every_thread = 0u;
+        epi_handoff<DT>(const_cast<char*>(input), rows, vr, k, res, weight, res_out, norm_out, eps, norm, hw, world,
+                        rank, reinterpret_cast<const char*>(coll_ws(wsv, rank)));
+        return;
+    }
     COLL_TRACE_DECL
     COLL_TRACE_AT(0, true)
     symm_pdl_prologue();
@@ -892,7 +884,7 @@ __device__ __forceinline__ void coll_lamport_epi(const CollWs8 wsv, unsigned int
                                            (unsigned int)(oph1 >> 32)),                                          \
                                 res, weight, res_out, norm_out, eps, (flags & EPI_NORM) != 0u,                   \
                                 (flags & EPI_CLUSTER) != 0u, (flags & EPI_SPREAD) != 0u,                          \
-                                (flags & EPI_SLOTS) != 0u);                                                        \
+                                (flags & EPI_SLOTS) != 0u, (flags & EPI_HANDOFF) != 0u);                           \
     }
 COLL_LAMPORT_EPI_ENTRY(symm_lamport_add_rms_f32, COLL_F32, 0)
 COLL_LAMPORT_EPI_ENTRY(symm_lamport_add_rms_f16, COLL_F16, 0)

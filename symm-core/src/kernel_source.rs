@@ -95,10 +95,6 @@ pub const COLLECTIVE_ENTRIES: &[&str] = &[
     "symm_coll_init",
     "symm_coll_reject",
     "symm_coll_take_error",
-    // The handoff pair's epilogue half (NOTE [fused-epilogue] "handoff").
-    "symm_handoff_add_rms_bf16",
-    "symm_handoff_add_rms_f16",
-    "symm_handoff_add_rms_f32",
     // Lamport one-shot, generic.
     "symm_lamport_add_rms_bf16",
     "symm_lamport_add_rms_f16",
@@ -371,9 +367,9 @@ mod tests {
         assert_eq!(unique.len(), COLLECTIVE_ENTRIES.len(), "an entry is listed twice");
         // 3 dtypes x (generic Lamport, ring, reduce_ptrs, pull) + 27 two-rank pull entries + 7
         // worlds x 27 Lamport entries (NOTE [lamport-world-entries]) + the barrier, init,
-        // rejection and error entries + 3 x (separate epilogue, generic fused epilogue, handoff
-        // half) + 7 worlds x 3 fused epilogue entries.
-        assert_eq!(COLLECTIVE_ENTRIES.len(), 12 + 27 + 7 * 27 + 4 + 9 + 7 * 3);
+        // rejection and error entries + 3 x (separate epilogue, generic fused epilogue) + 7 worlds
+        // x 3 fused epilogue entries.
+        assert_eq!(COLLECTIVE_ENTRIES.len(), 12 + 27 + 7 * 27 + 4 + 6 + 7 * 3);
         for e in COLLECTIVE_ENTRIES {
             assert!(e.starts_with("symm_"), "{e}");
         }

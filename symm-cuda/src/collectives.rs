@@ -130,7 +130,6 @@ impl launch::Launcher for On<'_> {
                 Some((loaded, f)) if *loaded == w => &f[dt],
                 _ => return Err(not_here(l.entry.name())),
             },
-            Entry::HandoffAddRms(dt) => &k.handoff_epilogue[dt],
             // The separate epilogue is `Epilogues`' (loaded without a workspace too).
             Entry::AddRms(dt) => &self.c.epilogues.add_rms[dt],
         };

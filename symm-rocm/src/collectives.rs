@@ -130,7 +130,6 @@ impl Launcher for On<'_> {
                 .map(|(_, f)| &f[dt])
                 .ok_or_else(|| Error::InvalidArgument(format!("no {w}-rank fused epilogue entry")))?,
             Entry::AddRms(dt) => &k.add_rms[dt],
-            Entry::HandoffAddRms(dt) => &k.handoff_add_rms[dt],
         };
         // No thread-block clusters on AMD GPUs (the Rig never reports them here).
         if l.cluster > 1 {

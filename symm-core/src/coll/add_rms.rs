@@ -13,7 +13,7 @@
 use super::epilogue_check::{Buffers, Rows, Span, MAX_ROW_VECTORS};
 use crate::{Error, OpKind, ReduceOp, Result};
 
-use super::args::{self, AddRms, LamportAddRms, RowArgs, EPI_CLUSTER, EPI_NORM, EPI_SLOTS, EPI_SPREAD};
+use super::args::{self, AddRms, LamportAddRms, RowArgs, EPI_CLUSTER, EPI_HANDOFF, EPI_NORM, EPI_SLOTS, EPI_SPREAD};
 use super::geometry::{kernel_dtype, RingMode, Tuning, MAX_THREADS as COLL_MAX_THREADS};
 use super::launch::{DeviceOp, Entry, Launch, Launcher, Rig, LAMPORT_WORLD_MAX, LAMPORT_WORLD_MIN};
 use super::layout::{EPI_SLOTS_MAX, EPI_SPLIT_MAX_ROWS};
@@ -352,8 +352,8 @@ impl Rig {
     /// within the grid budget (every block resident, NOTE [co-residency]). With
     /// [`super::launch::Switches::epi_handoff`], rows of at most [`PRELOADED_VECTORS`] a thread
     /// and a message within the HANDOFF buffer: the handoff pair, the Lamport all-reduce as
-    /// [`Rig::lamport`] plans it (`tuning`) into HANDOFF, then the epilogue half
-    /// (`symm_handoff_add_rms_{dt}`, [`Entry::HandoffAddRms`]) over whole rows. `None` for zero rows (nothing to launch). Every rank passes the same
+    /// [`Rig::lamport`] plans it (`tuning`) into HANDOFF, then the fused entry's epilogue half
+    /// over whole rows. `None` for zero rows (nothing to launch). Every rank passes the same
     /// mechanism in the same op order (NOTE [op-agreement]: the header carries the op, a fused op
     /// against another op latches a mismatch; the pair's all-reduce carries the fused op's
     /// header, and its data exchange is the one kernel's, so the two layouts agree).
@@ -377,11 +377,41 @@ impl Rig {
             Mechanism::LamportResidual
         };
         let hdr = header(OpKind::AllReduce, rows.dtype(), rows.count(), Some(ReduceOp::Sum), mech);
+        // The entry specialised for this world (NOTE [lamport-world-entries]).
+        let entry = match self.world {
+            w @ LAMPORT_WORLD_MIN..=LAMPORT_WORLD_MAX if !self.switches.generic_entries => {
+                Entry::LamportAddRmsWorld(dt, w as u8)
+            }
+            _ => Entry::LamportAddRms(dt),
+        };
         let sw = &self.switches;
-        if handoff_fits(rows.rows(), rows.vectors_per_row(), self.handoff_bytes()) {
-            // The handoff pair: the Lamport all-reduce, planned as any (`tuning`), into HANDOFF,
-            // then the epilogue half over whole rows (every layout switch off).
-            let hand = args::handoff_buffer(&self.common, &self.direct, &self.layout);
+        let handoff = handoff_fits(rows.rows(), rows.vectors_per_row(), self.handoff_bytes());
+        // The handoff pair's epilogue half takes whole rows (every layout switch off): its
+        // all-reduce, planned as any Lamport all-reduce, goes first, into HANDOFF.
+        let allow = if handoff {
+            Layouts::default()
+        } else {
+            Layouts {
+                slots: sw.epi_slots,
+                cluster: sw.epi_cluster && self.clusters,
+                spread: sw.epi_spread,
+                split: sw.epi_split,
+            }
+        };
+        let g = fused_geometry(rows.rows(), rows.vectors_per_row(), self.world, self.grid.blocks, allow);
+        let mut epilogue = e.add_rms();
+        for (on, bit) in [
+            (g.cluster, EPI_CLUSTER),
+            (g.spread, EPI_SPREAD),
+            (g.slots, EPI_SLOTS),
+            (handoff, EPI_HANDOFF),
+        ] {
+            if on {
+                epilogue.flags |= bit;
+            }
+        }
+        let (first, input) = if handoff {
+            let hand = self.direct.ws[self.rank] + self.layout.handoff_off() as u64;
             let sum = DeviceOp {
                 input: e.x,
                 output: hand,
@@ -389,48 +419,12 @@ impl Rig {
                 dtype: rows.dtype(),
                 op: ReduceOp::Sum,
             };
-            let first = self.lamport(dt, RingMode::AllReduce, sum, tuning, &hdr)?;
-            let g = fused_geometry(
-                rows.rows(),
-                rows.vectors_per_row(),
-                self.world,
-                self.grid.blocks,
-                Layouts::default(),
-            );
-            let a = args::handoff_add_rms(
-                &self.common,
-                &self.direct,
-                &self.layout,
-                &e.add_rms(),
-                &e.row_args(),
-                &self.bound,
-            );
-            let then = Launch::new(Entry::HandoffAddRms(dt), g.blocks, g.threads, &a);
-            return Ok(Some(FusedLaunches {
-                first,
-                then: Some(then),
-            }));
-        }
-        // The entry specialised for this world (NOTE [lamport-world-entries]).
-        let entry = match self.world {
-            w @ LAMPORT_WORLD_MIN..=LAMPORT_WORLD_MAX if !sw.generic_entries => Entry::LamportAddRmsWorld(dt, w as u8),
-            _ => Entry::LamportAddRms(dt),
+            (Some(self.lamport(dt, RingMode::AllReduce, sum, tuning, &hdr)?), hand)
+        } else {
+            (None, e.x)
         };
-        let allow = Layouts {
-            slots: sw.epi_slots,
-            cluster: sw.epi_cluster && self.clusters,
-            spread: sw.epi_spread,
-            split: sw.epi_split,
-        };
-        let g = fused_geometry(rows.rows(), rows.vectors_per_row(), self.world, self.grid.blocks, allow);
-        let mut epilogue = e.add_rms();
-        for (on, bit) in [(g.cluster, EPI_CLUSTER), (g.spread, EPI_SPREAD), (g.slots, EPI_SLOTS)] {
-            if on {
-                epilogue.flags |= bit;
-            }
-        }
         let f = LamportAddRms {
-            input: e.x,
+            input,
             rows: e.row_args(),
             parts: g.parts,
             big: g.big,
@@ -439,7 +433,10 @@ impl Rig {
         let a = args::lamport_add_rms(&self.common, &self.direct, &f, &self.layout, &self.bound, &hdr);
         let mut l = Launch::new(entry, g.blocks, g.threads, &a);
         l.cluster = if g.cluster { g.parts } else { 0 };
-        Ok(Some(FusedLaunches { first: l, then: None }))
+        Ok(Some(match first {
+            Some(first) => FusedLaunches { first, then: Some(l) },
+            None => FusedLaunches { first: l, then: None },
+        }))
     }
 }
 

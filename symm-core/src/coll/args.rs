@@ -362,6 +362,9 @@ pub const EPI_CLUSTER: u32 = 2;
 /// `EPI_SPREAD` in epilogue.cuh: a bit of the fused epilogue's `flags` (spread pushes: `parts`
 /// blocks push each row).
 pub const EPI_SPREAD: u32 = 4;
+/// `EPI_HANDOFF` in epilogue.cuh: a bit of the fused epilogue's `flags` (the handoff pair's
+/// epilogue half: `input` is this rank's HANDOFF buffer; NOTE [fused-epilogue] "handoff").
+pub const EPI_HANDOFF: u32 = 16;
 /// `EPI_SLOTS` in epilogue.cuh: a bit of the fused epilogue's `flags` (slot rows: a row's block
 /// cut into `parts` blocks that exchange their warps' sums through tagged STATE slots).
 pub const EPI_SLOTS: u32 = 8;
@@ -401,45 +404,6 @@ pub fn add_rms(sum: u64, e: &AddRms, g: &RowArgs) -> [KernelArg; 10] {
         KernelArg::U32(g.k),
         KernelArg::F32(e.eps),
         KernelArg::U32(e.flags),
-    ]
-}
-
-/// This rank's HANDOFF buffer ([`WorkspaceLayout::handoff_off`] in its workspace), where the
-/// handoff pair's all-reduce stores its sums and its epilogue half takes them.
-pub fn handoff_buffer(c: &Common, d: &Direct, layout: &WorkspaceLayout) -> u64 {
-    d.ws[c.rank as usize % MAX_WORLD] + layout.handoff_off() as u64
-}
-
-/// `symm_handoff_add_rms_{dt}(EPI_HANDOFF_ARGS)`, the handoff pair's epilogue half (NOTE
-/// [fused-epilogue] "handoff"): `hand, res, weight, res_out, norm_out, rows, vr, k, eps, flags,
-/// pad, timeout_ns, abort_host, rank, world, ws` (`hand` this rank's [`handoff_buffer`], `pad`
-/// its signal pad, `ws` its workspace base: the trace's log).
-pub fn handoff_add_rms(
-    c: &Common,
-    d: &Direct,
-    layout: &WorkspaceLayout,
-    e: &AddRms,
-    g: &RowArgs,
-    bound: &Bound,
-) -> [KernelArg; 16] {
-    let rank = c.rank as usize % MAX_WORLD;
-    [
-        KernelArg::U64(handoff_buffer(c, d, layout)),
-        KernelArg::U64(e.residual),
-        KernelArg::U64(e.weight),
-        KernelArg::U64(e.residual_out),
-        KernelArg::U64(e.norm_out),
-        KernelArg::U64(g.rows),
-        KernelArg::U32(g.vr),
-        KernelArg::U32(g.k),
-        KernelArg::F32(e.eps),
-        KernelArg::U32(e.flags),
-        KernelArg::U64(d.pads[rank]),
-        KernelArg::U64(bound.timeout_ns),
-        KernelArg::U64(bound.abort_host),
-        KernelArg::U32(c.rank),
-        KernelArg::U32(c.world),
-        KernelArg::U64(d.ws[rank]),
     ]
 }
 
@@ -574,6 +538,7 @@ mod tests {
         assert!(epi.contains(&format!("#define EPI_NORM {EPI_NORM}u\n")));
         assert!(epi.contains(&format!("#define EPI_CLUSTER {EPI_CLUSTER}u\n")));
         assert!(epi.contains(&format!("#define EPI_SPREAD {EPI_SPREAD}u\n")));
+        assert!(epi.contains(&format!("#define EPI_HANDOFF {EPI_HANDOFF}u\n")));
         assert!(epi.contains(&format!(
             "#define EPI_PRE {}\n",
             crate::coll::add_rms::PRELOADED_VECTORS

@@ -56,9 +56,6 @@ pub enum Entry {
     LamportAddRmsWorld(KernelDtype, u8),
     /// `symm_add_rms_{dt}`: the epilogue alone, over an all-reduced sum.
     AddRms(KernelDtype),
-    /// `symm_handoff_add_rms_{dt}`: the handoff pair's epilogue half, over the sums the Lamport
-    /// all-reduce launched just before stores in HANDOFF (NOTE [fused-epilogue] "handoff").
-    HandoffAddRms(KernelDtype),
 }
 
 impl Entry {
@@ -76,7 +73,6 @@ impl Entry {
             Entry::LamportAddRms(dt) => format!("symm_lamport_add_rms_{}", dt.suffix()),
             Entry::LamportAddRmsWorld(dt, w) => format!("symm_lamport{w}_add_rms_{}", dt.suffix()),
             Entry::AddRms(dt) => format!("symm_add_rms_{}", dt.suffix()),
-            Entry::HandoffAddRms(dt) => format!("symm_handoff_add_rms_{}", dt.suffix()),
         }
     }
 }

@@ -97,9 +97,6 @@ pub(super) struct KernelTable {
     pub(super) lamport_epilogue: PerDtype<CudaFunction>,
     /// `symm_lamport{w}_add_rms_{dt}`: its entry for this object's world `w` (2..=8).
     pub(super) lamport_epilogue_world: Option<(u8, PerDtype<CudaFunction>)>,
-    /// `symm_handoff_add_rms_{dt}`: the handoff pair's epilogue half (NOTE [fused-epilogue]
-    /// "handoff").
-    pub(super) handoff_epilogue: PerDtype<CudaFunction>,
     /// `symm_coll_barrier`: the (subset) barrier, with an optional check word.
     pub(super) barrier: CudaFunction,
     /// `symm_coll_reject`: tells every peer this rank rejected its op (NOTE [op-agreement]).
@@ -215,7 +212,6 @@ impl CudaCollectives {
                 Some((w, kind)) => Some((w, per_dtype(&format!("{kind}_add_rms"))?)),
                 None => None,
             },
-            handoff_epilogue: per_dtype("handoff_add_rms")?,
             barrier: get("symm_coll_barrier")?,
             reject: get("symm_coll_reject")?,
             take_error: get("symm_coll_take_error")?,

@@ -64,9 +64,6 @@ pub(super) struct KernelTable {
     /// (NOTE [fused-epilogue]), generic and for this object's world (2..=8).
     pub(super) lamport_add_rms: PerDtype<Function>,
     pub(super) lamport_add_rms_world: Option<(u8, PerDtype<Function>)>,
-    /// `symm_handoff_add_rms_{dt}`: the handoff pair's epilogue half (the rocm engine never
-    /// plans the pair: it needs PDL).
-    pub(super) handoff_add_rms: PerDtype<Function>,
     /// `symm_add_rms_{dt}`: the separate epilogue.
     pub(super) add_rms: PerDtype<Function>,
     pub(super) barrier: Function,
@@ -118,7 +115,6 @@ impl RocmCollectives {
                 Some((w, kind)) => Some((w, per_dtype(&format!("{kind}_add_rms"))?)),
                 None => None,
             },
-            handoff_add_rms: per_dtype("handoff_add_rms")?,
             add_rms: per_dtype("add_rms")?,
             barrier: get("symm_coll_barrier")?,
             reject: get("symm_coll_reject")?,

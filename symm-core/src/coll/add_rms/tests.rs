@@ -203,7 +203,7 @@ fn separate_launch_takes_whole_rows_within_the_budget() {
 #[test]
 fn epilogue_entries_are_in_the_shared_source() {
     for dt in KernelDtype::ALL {
-        for e in [Entry::LamportAddRms(dt), Entry::AddRms(dt), Entry::HandoffAddRms(dt)] {
+        for e in [Entry::LamportAddRms(dt), Entry::AddRms(dt)] {
             assert!(COLLECTIVE_ENTRIES.contains(&e.name().as_str()), "{e:?}");
         }
         for w in 2..=8 {
@@ -214,10 +214,6 @@ fn epilogue_entries_are_in_the_shared_source() {
     assert_eq!(
         Entry::LamportAddRmsWorld(KernelDtype::F16, 2).name(),
         "symm_lamport2_add_rms_f16"
-    );
-    assert_eq!(
-        Entry::HandoffAddRms(KernelDtype::Bf16).name(),
-        "symm_handoff_add_rms_bf16"
     );
 }
 
@@ -404,8 +400,8 @@ fn slot_rows_cut_the_rows_block_into_blocks_of_the_asked_size() {
 }
 
 /// The handoff pair (NOTE [fused-epilogue] "handoff"): the Lamport all-reduce as `Rig::lamport`
-/// plans it into this rank's HANDOFF buffer under the fused op's header, then the epilogue half
-/// (`symm_handoff_add_rms_{dt}`) over whole rows of HANDOFF; rows of more than two vectors a thread,
+/// plans it into this rank's HANDOFF buffer under the fused op's header, then the fused entry's
+/// epilogue half over whole rows with `input` = HANDOFF; rows of more than two vectors a thread,
 /// messages beyond HANDOFF and one rank keep the one kernel.
 #[test]
 fn handoff_pair_plans_the_lamport_all_reduce_then_the_epilogue_half() {
@@ -433,17 +429,13 @@ fn handoff_pair_plans_the_lamport_all_reduce_then_the_epilogue_half() {
             assert_eq!(f.first.entry, want.entry);
             assert_eq!((f.first.blocks, f.first.threads), (want.blocks, want.threads));
             assert_eq!(format!("{:?}", f.first.args), format!("{:?}", want.args));
-            assert_eq!(then.entry, Entry::HandoffAddRms(KernelDtype::Bf16));
-            let (big, k) = epilogue_threads(hidden / 8);
+            assert_eq!(then.entry, Entry::LamportAddRmsWorld(KernelDtype::Bf16, world as u8));
+            let (big, _) = epilogue_threads(hidden / 8);
             assert_eq!((then.blocks, then.threads, then.cluster), (rows as u32, big, 0));
-            assert_eq!(u64_at(&then, 0), hand, "the epilogue half's input is HANDOFF");
-            assert_eq!(u64_at(&then, 5), rows as u64);
-            assert_eq!((u32_at(&then, 6), u32_at(&then, 7)), (hidden as u32 / 8, k));
-            assert_eq!(u32_at(&then, 9), EPI_NORM);
-            assert_eq!(u64_at(&then, 10), r.direct.pads[rank], "this rank's pad");
-            assert_eq!((u32_at(&then, 13), u32_at(&then, 14)), (rank as u32, world as u32));
-            assert_eq!(u64_at(&then, 15), r.direct.ws[rank], "the trace's workspace");
-            assert_eq!(then.args.len(), 16);
+            assert_eq!(u64_at(&then, 11), hand, "the epilogue half's input is HANDOFF");
+            assert_eq!(u32_at(&then, 15), 1);
+            assert_eq!(u32_at(&then, 29), EPI_NORM | EPI_HANDOFF);
+            assert_eq!(then.args[22..24], f.first.args[22..24], "one header for both halves");
         }
         // Three vectors a thread (hidden 12288 in bf16: 1536 vectors over 512 threads), a
         // message beyond HANDOFF: the one kernel.
@@ -451,7 +443,7 @@ fn handoff_pair_plans_the_lamport_all_reduce_then_the_epilogue_half() {
             assert!(r.layout.handoff_bytes < 128 * 8192 * 2 || e.rows().rows() == 1);
             let f = r.fused_add_rms(&e, &tuning).unwrap().unwrap();
             assert!(f.then.is_none(), "{f:?}");
-            assert_eq!(f.first.entry, Entry::LamportAddRmsWorld(KernelDtype::Bf16, world as u8));
+            assert_eq!(u32_at(&f.first, 29) & EPI_HANDOFF, 0);
         }
     }
     let mut one = rig(0, 1);

@@ -73,7 +73,6 @@ fn every_entry_is_in_the_shared_source() {
             Entry::Pull(dt),
             Entry::LamportAddRms(dt),
             Entry::AddRms(dt),
-            Entry::HandoffAddRms(dt),
         ]);
         for w in LAMPORT_WORLD_MIN..=LAMPORT_WORLD_MAX {
             all.push(Entry::LamportAddRmsWorld(dt, w as u8));
