@@ -63,6 +63,12 @@ pub fn handoff_fits(rows: usize, vectors_per_row: usize, handoff_bytes: usize) -
         && epilogue_threads(vectors_per_row).1 <= PRELOADED_VECTORS
 }
 
+/// Bytes of the longest row [`handoff_fits`] takes: [`PRELOADED_VECTORS`] vectors a thread of the
+/// widest row block ([`epilogue_threads`]), what symm-ops' selection table prints.
+pub const fn handoff_max_row_bytes() -> usize {
+    PRELOADED_VECTORS as usize * MAX_THREADS * super::geometry::VEC_BYTES
+}
+
 /// How the fused kernel lays out `rows` rows of `vectors_per_row` vectors at `world` ranks with at
 /// most `blocks` blocks resident (NOTE [fused-epilogue], "split rows").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -57,11 +57,7 @@ impl Selector {
                 human(h),
                 self.thresholds.epilogue_handoff_min_rows,
                 symm_core::coll::add_rms::PRELOADED_VECTORS,
-                human(
-                    symm_core::coll::add_rms::PRELOADED_VECTORS as usize
-                        * symm_core::coll::geometry::MAX_THREADS as usize
-                        * symm_core::coll::geometry::VEC_BYTES
-                ),
+                human(symm_core::coll::add_rms::handoff_max_row_bytes()),
             ));
         }
         s

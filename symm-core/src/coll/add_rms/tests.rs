@@ -455,3 +455,12 @@ fn handoff_pair_plans_the_lamport_all_reduce_then_the_epilogue_half() {
         .then
         .is_none());
 }
+
+/// The longest row the pair takes, as the selection table prints it, is `handoff_fits`' own
+/// bound: the pair takes a row of that many bytes and not one vector more.
+#[test]
+fn handoff_max_row_bytes_is_the_rule_s_bound() {
+    let v = handoff_max_row_bytes() / crate::coll::geometry::VEC_BYTES;
+    assert!(handoff_fits(1, v, usize::MAX));
+    assert!(!handoff_fits(1, v + 1, usize::MAX));
+}
