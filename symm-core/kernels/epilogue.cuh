@@ -425,6 +425,16 @@ __device__ __forceinline__ void epi_rows(const char* sum, const char* res, const
 // from every peer, exit), 5 the
 // separate kernel (entry, start, start, start, exit). `count`: the vectors of the op.
 #ifdef COLL_TRACE
+// Thread 0's stamps of one block of the handoff half (kind 7); stamp 0 at the block's entry.
+#define EPI_TRACE_BLOCK_DECL                                                        \
+    unsigned long long epi_tr[5] = {0ull, 0ull, 0ull, 0ull, 0ull};                  \
+    if (threadIdx.x == 0u) {                                                        \
+        epi_tr[0] = symm_globaltimer();                                             \
+    }
+#define EPI_TRACE_BLOCK_AT(i, cond)                                                 \
+    if (threadIdx.x == 0u && (cond)) {                                              \
+        epi_tr[i] = symm_globaltimer();                                             \
+    }
 #define EPI_TRACE_SEPARATE(NV)                                                      \
     if (blockIdx.x == 0u && threadIdx.x == 0u) {                                    \
         coll_tr[2] = coll_tr[1];                                                    \
@@ -434,6 +444,8 @@ __device__ __forceinline__ void epi_rows(const char* sum, const char* res, const
     }
 #else
 #define EPI_TRACE_SEPARATE(NV)
+#define EPI_TRACE_BLOCK_DECL
+#define EPI_TRACE_BLOCK_AT(i, cond)
 #endif
 
 #define EPI_ARGS                                                                                          \
@@ -500,17 +512,26 @@ __device__ __forceinline__ void epi_handoff(char* hand, unsigned long long rows,
     (void)ws;
     (void)world;
     (void)rank;
+    // Kind 7, one record a block (trace builds only): entry, its first row's preload issued,
+    // the block sum of its last row (every thread took its sums), its last row stored by thread
+    // 0, exit after the end wait.
+    EPI_TRACE_BLOCK_DECL
     for (unsigned long long row = blockIdx.x; row < rows; row += gridDim.x) {
         const unsigned long long o = row * row_bytes;
         uint4 ap[EPI_PRE];
         uint4 rp[EPI_PRE];
         uint4 gp[EPI_PRE];
         epi_preload<false>(EpiLdL2{}, vec_j, vr, nullptr, res, o, weight, norm, ap, rp, gp);
+        EPI_TRACE_BLOCK_AT(1, row == blockIdx.x)
         epi_row<DT>([&](int, unsigned int j) { return take(row * vr + j); },
                     [&](unsigned int, unsigned int j) { return take(row * vr + j); }, vec_j, kp, vr, res + o,
-                    weight, res_out + o, norm_out + o, eps, norm, true, rp, gp,
-                    [&](float ssq) { return epi_block_sum(ssq, red); });
+                    weight, res_out + o, norm_out + o, eps, norm, true, rp, gp, [&](float ssq) {
+                        const float t = epi_block_sum(ssq, red);
+                        EPI_TRACE_BLOCK_AT(2, true)
+                        return t;
+                    });
         COLL_TRACE_AT(3, row == 0ull && threadIdx.x == 0u)
+        EPI_TRACE_BLOCK_AT(3, true)
     }
     // (A) completes before this kernel does, and the next kernel is released only now, so a
     // rank has at most two grids in flight (NOTE [pdl], "handoff"; NOTE [co-residency]).
@@ -520,6 +541,10 @@ __device__ __forceinline__ void epi_handoff(char* hand, unsigned long long rows,
     if (blockIdx.x == 0u && threadIdx.x == 0u) {
         coll_tr[4] = symm_globaltimer();
         coll_trace_write(6u, world, rank, 0u, rows * vr, ws, coll_tr);
+    }
+    if (threadIdx.x == 0u) {
+        epi_tr[4] = symm_globaltimer();
+        coll_trace_write(7u, world, rank, 0u, rows * vr, ws, epi_tr);
     }
 #endif
 }

@@ -12,6 +12,10 @@
 
 #![forbid(unsafe_code)]
 
+mod handoff;
+
+pub use handoff::{handoff_timeline, HandoffTimeline};
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -46,7 +50,10 @@ pub struct TraceRecord {
     /// epilogue half (NOTE [fused-epilogue] "handoff"; stamps: entry, start (no PDL wait there),
     /// thread 0's first vector taken from HANDOFF, block 0's first row stored, exit after its
     /// final wait for the all-reduce: so `push` is the wait for the sums, `wait` the epilogue,
-    /// `tail` the wait for the all-reduce to complete).
+    /// `tail` the wait for the all-reduce to complete); 7: one block of that half (thread 0's
+    /// stamps: entry, its first row's preload issued, its last row's block sum, its last row
+    /// stored, exit after the end wait; [`handoff_timeline`] reads them, [`phases_by_kind`]
+    /// leaves them out).
     pub kind: u8,
     pub world: u8,
     pub rank: u8,
@@ -104,7 +111,8 @@ fn median_us(mut v: Vec<f64>) -> f64 {
 /// order. Launches are paired with the next one started, so the last launch counts only in the
 /// phases inside it.
 pub fn phases_by_kind(records: &[TraceRecord]) -> Vec<KindPhases> {
-    let mut r: Vec<&TraceRecord> = records.iter().collect();
+    // Kind 7 is one record a block, not a launch.
+    let mut r: Vec<&TraceRecord> = records.iter().filter(|x| x.kind != 7).collect();
     r.sort_by_key(|x| x.t[1]);
     let us = |a: u64, b: u64| (b as f64 - a as f64) / 1e3;
     let mut kinds: Vec<u8> = r.iter().map(|x| x.kind).collect();

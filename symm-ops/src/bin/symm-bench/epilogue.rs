@@ -291,6 +291,24 @@ fn print_trace(rank: usize, what: &str, records: &[trace::TraceRecord]) {
             p.kind, p.launches, p.pdl, p.push, p.wait, p.tail, p.kernel, p.gap
         );
     }
+    // The pair's blocks, us from the all-reduce's start (bench-notes round 25).
+    if let Some(h) = trace::handoff_timeline(records) {
+        println!(
+            "handoff r{rank} {what:<28} ops {:>4} blocks {:>3} entry {:>5.2}..{:>5.2} sums {:>5.2}..{:>5.2} \
+             ar_exit {:>5.2} epilogue {:>5.2} end {:>5.2} next {:>5.2} period {:>5.2}",
+            h.ops,
+            h.blocks,
+            h.entry_first,
+            h.entry_last,
+            h.sums_first,
+            h.sums_last,
+            h.ar_exit,
+            h.epilogue,
+            h.end,
+            h.next,
+            h.period
+        );
+    }
 }
 
 /// The `--ops ar_rms_norm` table on this rank; rank 0 prints it and writes `--json`.
