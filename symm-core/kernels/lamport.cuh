@@ -280,6 +280,11 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
         coll_tr[4] = symm_globaltimer();
         coll_trace_write(W > 0 ? 2u : 1u, world, rank, mode, count, ws, coll_tr);
     }
+    // Kind 8: every block's thread 0 (entry, start, exit; stamps 2 and 3 only block 0's).
+    if (threadIdx.x == 0u) {
+        coll_tr[4] = symm_globaltimer();
+        coll_trace_write(8u, world, rank, mode, count, ws, coll_tr);
+    }
 #endif
 }
 

@@ -53,7 +53,8 @@ pub struct TraceRecord {
     /// `tail` the wait for the all-reduce to complete); 7: one block of that half (thread 0's
     /// stamps: entry, its first row's preload issued, its last row's block sum, its last row
     /// stored, exit after the end wait; [`handoff_timeline`] reads them, [`phases_by_kind`]
-    /// leaves them out).
+    /// leaves them out); 8: one block of a Lamport all-reduce (kinds 1-2; entry, start, exit;
+    /// stamps 2 and 3 are block 0's only).
     pub kind: u8,
     pub world: u8,
     pub rank: u8,
@@ -111,8 +112,8 @@ fn median_us(mut v: Vec<f64>) -> f64 {
 /// order. Launches are paired with the next one started, so the last launch counts only in the
 /// phases inside it.
 pub fn phases_by_kind(records: &[TraceRecord]) -> Vec<KindPhases> {
-    // Kind 7 is one record a block, not a launch.
-    let mut r: Vec<&TraceRecord> = records.iter().filter(|x| x.kind != 7).collect();
+    // Kinds 7 and 8 are one record a block, not a launch.
+    let mut r: Vec<&TraceRecord> = records.iter().filter(|x| x.kind < 7).collect();
     r.sort_by_key(|x| x.t[1]);
     let us = |a: u64, b: u64| (b as f64 - a as f64) / 1e3;
     let mut kinds: Vec<u8> = r.iter().map(|x| x.kind).collect();

@@ -1,5 +1,5 @@
 //! The handoff pair's timeline from one rank's trace records (bench-notes round 25): the
-//! all-reduce (kinds 1-2) and, per block of the epilogue half, kind 7's stamps (entry, first
+//! all-reduce (kinds 1-2; kind 8 its blocks' exits) and, per block of the epilogue half, kind 7's stamps (entry, first
 //! preload issued, last row's block sum, last row stored by thread 0, exit after the end wait).
 //! Every figure is a difference of one GPU's stamps, relative to the op's all-reduce start.
 
@@ -21,6 +21,8 @@ pub struct HandoffTimeline {
     pub sums_last: f64,
     /// The all-reduce's block 0 exit.
     pub ar_exit: f64,
+    /// The all-reduce's last block exit (kind 8; NaN without those records).
+    pub ar_last: f64,
     /// From the last block sum to the last row stored.
     pub epilogue: f64,
     /// From the last row stored to the last half block's exit (the end wait).
@@ -37,15 +39,27 @@ pub fn handoff_timeline(records: &[TraceRecord]) -> Option<HandoffTimeline> {
     let mut ars: Vec<&TraceRecord> = records.iter().filter(|r| r.kind == 1 || r.kind == 2).collect();
     ars.sort_by_key(|r| r.t[1]);
     let mut per_op: Vec<Vec<&TraceRecord>> = vec![Vec::new(); ars.len()];
-    for b in records.iter().filter(|r| r.kind == 7) {
-        // The op whose all-reduce started last before this block's sums were taken.
-        let i = ars.partition_point(|a| a.t[1] <= b.t[2]);
-        if i > 0 {
+    let mut ar_blocks: Vec<u64> = vec![0; ars.len()];
+    for b in records {
+        // The op whose all-reduce started last before this half block's sums were taken, or
+        // this all-reduce block exited (the next op's all-reduce starts after both).
+        let at = match b.kind {
+            7 => b.t[2],
+            8 => b.t[4],
+            _ => continue,
+        };
+        let i = ars.partition_point(|a| a.t[1] <= at);
+        if i == 0 {
+            continue;
+        }
+        if b.kind == 7 {
             per_op[i - 1].push(b);
+        } else {
+            ar_blocks[i - 1] = ar_blocks[i - 1].max(b.t[4]);
         }
     }
     let us = |a: u64, b: u64| (b as f64 - a as f64) / 1e3;
-    let mut cols: [Vec<f64>; 10] = Default::default();
+    let mut cols: [Vec<f64>; 11] = Default::default();
     let mut ops = 0;
     for (i, blocks) in per_op.iter().enumerate() {
         if blocks.is_empty() {
@@ -62,6 +76,11 @@ pub fn handoff_timeline(records: &[TraceRecord]) -> Option<HandoffTimeline> {
             us(s, min(2)),
             us(s, max(2)),
             us(s, ars[i].t[4]),
+            if ar_blocks[i] == 0 {
+                f64::NAN
+            } else {
+                us(s, ar_blocks[i])
+            },
             us(max(2), max(3)),
             us(max(3), max(4)),
         ];
@@ -69,14 +88,14 @@ pub fn handoff_timeline(records: &[TraceRecord]) -> Option<HandoffTimeline> {
             c.push(v);
         }
         if let Some(n) = ars.get(i + 1) {
-            cols[8].push(us(max(4), n.t[1]));
-            cols[9].push(us(s, n.t[1]));
+            cols[9].push(us(max(4), n.t[1]));
+            cols[10].push(us(s, n.t[1]));
         }
     }
     if ops == 0 {
         return None;
     }
-    let [blocks, entry_first, entry_last, sums_first, sums_last, ar_exit, epilogue, end, next, period] =
+    let [blocks, entry_first, entry_last, sums_first, sums_last, ar_exit, ar_last, epilogue, end, next, period] =
         cols.map(median_us);
     Some(HandoffTimeline {
         ops,
@@ -86,6 +105,7 @@ pub fn handoff_timeline(records: &[TraceRecord]) -> Option<HandoffTimeline> {
         sums_first,
         sums_last,
         ar_exit,
+        ar_last,
         epilogue,
         end,
         next,
@@ -122,6 +142,9 @@ mod tests {
             v.push(rec(7, [b + 500, b + 600, b + 3500, b + 3900, b + 4300]));
             // Block B enters at +3.0 (no SM before), sums at +4.2, stored +4.8, exits +5.0.
             v.push(rec(7, [b + 3000, b + 3100, b + 4200, b + 4800, b + 5000]));
+            // The all-reduce's other block exits at +4.1 (then block 0's own kind-8 record).
+            v.push(rec(8, [b - 100, b + 100, 0, 0, b + 4100]));
+            v.push(rec(8, [b - 200, b, 0, 0, b + 4000]));
             // Noise the timeline ignores: the separate kernel and the half's block-0 record.
             v.push(rec(6, [b + 500, b + 500, b + 3500, b + 3900, b + 5000]));
             v.push(rec(5, [b + 6000, b + 6000, b + 6000, b + 6000, b + 6500]));

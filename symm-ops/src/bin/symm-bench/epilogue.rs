@@ -295,7 +295,7 @@ fn print_trace(rank: usize, what: &str, records: &[trace::TraceRecord]) {
     if let Some(h) = trace::handoff_timeline(records) {
         println!(
             "handoff r{rank} {what:<28} ops {:>4} blocks {:>3} entry {:>5.2}..{:>5.2} sums {:>5.2}..{:>5.2} \
-             ar_exit {:>5.2} epilogue {:>5.2} end {:>5.2} next {:>5.2} period {:>5.2}",
+             ar_exit {:>5.2} ar_last {:>5.2} epilogue {:>5.2} end {:>5.2} next {:>5.2} period {:>5.2}",
             h.ops,
             h.blocks,
             h.entry_first,
@@ -303,6 +303,7 @@ fn print_trace(rank: usize, what: &str, records: &[trace::TraceRecord]) {
             h.sums_first,
             h.sums_last,
             h.ar_exit,
+            h.ar_last,
             h.epilogue,
             h.end,
             h.next,
