@@ -31,7 +31,7 @@ impl ProcessRecord {
             host: host_id(),
             pid_ns: pid_namespace(),
             pid,
-            start: proc_state(pid).map_or(0, |(_, s)| s),
+            start: symm_store::process::stat(pid).map_or(0, |s| s.start),
         }
     }
 
@@ -68,24 +68,20 @@ impl ProcessRecord {
         if self.host != me.host || self.pid_ns != me.pid_ns || self.pid == 0 {
             return None;
         }
-        match proc_state(self.pid) {
+        match symm_store::process::stat(self.pid).ok() {
             None => Some(format!("its process (pid {}) exited", self.pid)),
-            Some((state, _)) if state == 'Z' || state == 'X' => {
-                Some(format!("its process (pid {}) exited (state {state})", self.pid))
-            }
-            Some((_, start)) if start != self.start => Some(format!(
+            Some(s) if s.start != self.start => Some(format!(
                 "its process (pid {}) exited (the pid now belongs to another process)",
                 self.pid
             )),
+            Some(s) if s.exiting && !matches!(s.state, 'Z' | 'X') => Some(format!(
+                "its process (pid {}) is exiting (killed or returned; state {})",
+                self.pid, s.state
+            )),
+            Some(s) if s.gone() => Some(format!("its process (pid {}) exited (state {})", self.pid, s.state)),
             Some(_) => None,
         }
     }
-}
-
-/// State letter and start time of process `pid` (`symm_store::process::stat`); `None` when
-/// there is no such process or its stat line cannot be read.
-fn proc_state(pid: u32) -> Option<(char, u64)> {
-    symm_store::process::stat(pid).ok()
 }
 
 /// The store key of `rank`'s process record under a group's `prefix`.

@@ -158,7 +158,7 @@ fn io_err(context: &str, e: io::Error) -> StoreError {
     StoreError::Io(io::Error::new(e.kind(), format!("fd channel: {context}: {e}")))
 }
 
-/// True while `pid` exists and is not a zombie.
+/// True while `pid` exists and is neither a zombie nor exiting (`process::alive`).
 fn pid_alive(pid: i32) -> bool {
     crate::process::alive(pid)
 }
