@@ -685,7 +685,8 @@ extern "C" __global__ void symm_coll_init(unsigned long long ws, unsigned long l
 // `symm_trace_buf` (0: nothing recorded): word 0 of the buffer counts records, records start at
 // word COLL_TRACE_WORDS, a full buffer (COLL_TRACE_CAP) drops them. Record: [kind | world << 8 |
 // rank << 16 | mode << 24, count, own workspace base, the five stamps]; kind 1 the generic entry,
-// 2 an entry specialised for its world size (symm-cuda's trace.rs reads them). Without
+// 2 an entry specialised for its world size, and kind 8 thread 0 of EVERY block (entry, start,
+// exit) (symm-cuda's trace.rs reads them; the epilogue kernels' kinds in epilogue.cuh). Without
 // COLL_TRACE none of this is compiled, so the kernels' code is unchanged.
 #ifdef COLL_TRACE
 __device__ unsigned long long symm_trace_buf;

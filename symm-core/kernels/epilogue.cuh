@@ -129,11 +129,6 @@
 // `flags` bit: slot rows (NOTE [fused-epilogue]); a row's block cut into `parts` blocks that
 // exchange their warps' sums through tagged slots in STATE (COLL_ST_EPI_SLOTS).
 #define EPI_SLOTS 8u
-// Round 25's experiment: the handoff half's takes sleep this long between polls (0: they spin).
-#ifndef EPI_HANDOFF_NAP_NS
-#define EPI_HANDOFF_NAP_NS 0
-#endif
-
 // `flags` bit: the handoff pair's epilogue half (NOTE [fused-epilogue], "handoff"); `input` is
 // this rank's HANDOFF buffer.
 #define EPI_HANDOFF 16u
@@ -508,9 +503,6 @@ __device__ __forceinline__ void epi_handoff(char* hand, unsigned long long rows,
                 failed = true;
                 symm_pdl_wait();
             }
-#if EPI_HANDOFF_NAP_NS > 0
-            symm_nap(EPI_HANDOFF_NAP_NS);
-#endif
             a = coll_ld_volatile_v4(p);
         }
         coll_st_v4(p, sentinel);

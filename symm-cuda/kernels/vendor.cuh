@@ -94,12 +94,6 @@ __device__ __forceinline__ unsigned long long symm_globaltimer() {
 // theirs, NOTE [co-residency]).
 __device__ __forceinline__ void symm_backoff() {}
 
-// A sleep of about `ns` (at most twice that) between the polls of a waiter that should leave
-// the memory system to the kernel it waits for (the handoff half's takes).
-__device__ __forceinline__ void symm_nap(unsigned int ns) {
-    __nanosleep(ns);
-}
-
 // ---- the collectives' primitives (symm-core/kernels/collectives.cu) -------
 
 __device__ __forceinline__ void coll_atom_add_release_gpu(unsigned int* p, unsigned int v) {

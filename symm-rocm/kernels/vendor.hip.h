@@ -91,13 +91,6 @@ __device__ __forceinline__ void symm_backoff() {
     __builtin_amdgcn_s_sleep(1);
 }
 
-// A sleep between the polls of a waiter that should leave the memory system to the kernel it
-// waits for (the handoff half's takes); s_sleep takes a constant, so `ns` is not honoured.
-__device__ __forceinline__ void symm_nap(unsigned int ns) {
-    (void)ns;
-    __builtin_amdgcn_s_sleep(2);
-}
-
 // ---- the collectives' primitives (symm-core/kernels/collectives.cu) -------
 
 __device__ __forceinline__ void coll_atom_add_release_gpu(unsigned int* p, unsigned int v) {
