@@ -239,7 +239,8 @@ pub fn take(ctx: &Arc<CudaContext>) -> Result<Vec<TraceRecord>> {
 mod tests {
     use super::*;
 
-    fn rec(kind: u8, t: [u64; 5]) -> TraceRecord {
+    /// A record of rank 0 of two (the timeline tests of `handoff` use it too).
+    pub(super) fn rec(kind: u8, t: [u64; 5]) -> TraceRecord {
         TraceRecord {
             kind,
             world: 2,

@@ -116,18 +116,7 @@ pub fn handoff_timeline(records: &[TraceRecord]) -> Option<HandoffTimeline> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn rec(kind: u8, t: [u64; 5]) -> TraceRecord {
-        TraceRecord {
-            kind,
-            world: 4,
-            rank: 0,
-            mode: 0,
-            count: 1,
-            ws: 0,
-            t,
-        }
-    }
+    use crate::trace::tests::rec;
 
     /// Three ops 10 us apart, each an all-reduce and two half blocks (the second entering 3 us
     /// late), shuffled: each figure is the construction's.
