@@ -186,31 +186,55 @@ fn worker(
         rank.warm_up(&mut acts)?;
         barrier.wait()?;
         for &kv_len in &plan.kv_lens {
+            let mut checked = Vec::with_capacity(plan.modes.len());
             for &mode in &plan.modes {
-                let checked = layer_fn || mode.is_layer();
-                let outputs = if checked {
+                let outputs = if layer_fn || mode.is_layer() {
                     Some(rank.check(&mut acts, mode, kv_len)?)
                 } else {
                     None
                 };
-                let fp = outputs.as_ref().map(fingerprint);
-                let (mut times, mut traces) = (Vec::new(), Vec::new());
-                for &exec in &plan.execs {
-                    if tracing {
-                        // Drop what the check ran; every rank's stream is idle here.
+                checked.push(outputs);
+            }
+            let mut times = vec![Vec::new(); plan.modes.len()];
+            let mut traces = vec![Vec::new(); plan.modes.len()];
+            for &exec in &plan.execs {
+                if tracing {
+                    // One mode at a time, so each mode's records are its own.
+                    for (i, &mode) in plan.modes.iter().enumerate() {
+                        // Drop what ran before; every rank's stream is idle here.
                         barrier.wait()?;
                         trace::take(ctx)?;
                         barrier.wait()?;
-                    }
-                    times.push((
-                        exec,
-                        rank.time(&mut acts, mode, kv_len, exec, plan.layers, plan.rounds)?,
-                    ));
-                    if tracing {
+                        times[i].push((
+                            exec,
+                            rank.time(&mut acts, mode, kv_len, exec, plan.layers, plan.rounds)?,
+                        ));
                         barrier.wait()?;
-                        traces.push((exec, trace::take(ctx)?));
+                        traces[i].push((exec, trace::take(ctx)?));
+                    }
+                    continue;
+                }
+                // Every mode's rounds in turn (mode 1, mode 2, ..., mode 1, ...): a drift of the
+                // GPU over the run (clocks, heat) reaches each mode alike. Run one mode after the
+                // other, the later of two identical modes measured 1.5-3 % slower (bench-notes
+                // round 25, sitting 6).
+                let timers = plan
+                    .modes
+                    .iter()
+                    .map(|&mode| rank.timer(&mut acts, mode, kv_len, exec, plan.layers))
+                    .collect::<Res<Vec<_>>>()?;
+                let mut rounds = vec![Vec::with_capacity(plan.rounds); plan.modes.len()];
+                for _ in 0..plan.rounds {
+                    for (t, r) in timers.iter().zip(rounds.iter_mut()) {
+                        r.push(rank.round(&mut acts, t)?);
                     }
                 }
+                for (i, r) in rounds.into_iter().enumerate() {
+                    times[i].push((exec, r));
+                }
+            }
+            for (((&mode, outputs), times), traces) in plan.modes.iter().zip(checked).zip(times).zip(traces) {
+                let fp = outputs.as_ref().map(fingerprint);
                 let record = Record {
                     tokens,
                     kv_len,

@@ -400,8 +400,65 @@ impl Rank {
         })
     }
 
-    /// Microseconds per layer, one figure per round: `layers` layers per round, launched one by
-    /// one (eager) or as one CUDA graph replayed `replays` times per round.
+    /// `mode`'s timed execution, warmed up and ready for [`Rank::round`]: `layers` layers per
+    /// round, launched one by one (eager) or as one CUDA graph of them. Several modes' timers
+    /// live at once, so their rounds interleave (the group's plan).
+    pub fn timer(&mut self, a: &mut Acts, mode: Mode, kv_len: usize, exec: Exec, layers: usize) -> Res<Timer> {
+        let st = self.stream.clone();
+        // Warm-up, eager: cuBLAS loads its kernels outside any capture.
+        for _ in 0..2 {
+            self.layer(a, mode, kv_len)?;
+        }
+        drain(&st, "warm-up")?;
+        let graph = match exec {
+            Exec::Eager => None,
+            Exec::Graph => {
+                st.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+                let captured = (0..layers).try_for_each(|_| self.layer(a, mode, kv_len));
+                let graph = st.end_capture(CUgraphInstantiate_flags(0))?;
+                captured?; // the capture ended before its error is returned
+                let graph = graph.ok_or("the capture recorded nothing")?;
+                graph.launch()?;
+                drain(&st, "graph warm-up")?;
+                Some(graph)
+            }
+        };
+        Ok(Timer {
+            mode,
+            kv_len,
+            layers,
+            graph,
+        })
+    }
+
+    /// One timed round of `t`: microseconds per layer (a graph is replayed [`Timer::REPLAYS`]
+    /// times a round).
+    pub fn round(&mut self, a: &mut Acts, t: &Timer) -> Res<f64> {
+        let st = self.stream.clone();
+        let event = || st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
+        let e0 = event()?;
+        let per_round = match &t.graph {
+            None => {
+                for _ in 0..t.layers {
+                    self.layer(a, t.mode, t.kv_len)?;
+                }
+                t.layers
+            }
+            Some(graph) => {
+                for _ in 0..Timer::REPLAYS {
+                    graph.launch()?;
+                }
+                Timer::REPLAYS * t.layers
+            }
+        };
+        let e1 = event()?;
+        drain(&st, "timed round")?;
+        self.comm.check_error()?;
+        Ok(e0.elapsed_ms(&e1)? as f64 * 1e3 / per_round as f64)
+    }
+
+    /// Microseconds per layer of `mode` alone, one figure per round ([`Rank::timer`], then
+    /// `rounds` rounds).
     pub fn time(
         &mut self,
         a: &mut Acts,
@@ -411,47 +468,20 @@ impl Rank {
         layers: usize,
         rounds: usize,
     ) -> Res<Vec<f64>> {
-        const REPLAYS: usize = 4;
-        let st = self.stream.clone();
-        let event = || st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
-        let mut out = Vec::with_capacity(rounds);
-        // Warm-up, eager: cuBLAS loads its kernels outside any capture.
-        for _ in 0..2 {
-            self.layer(a, mode, kv_len)?;
-        }
-        drain(&st, "warm-up")?;
-        match exec {
-            Exec::Eager => {
-                for _ in 0..rounds {
-                    let e0 = event()?;
-                    for _ in 0..layers {
-                        self.layer(a, mode, kv_len)?;
-                    }
-                    let e1 = event()?;
-                    drain(&st, "timed round")?;
-                    out.push(e0.elapsed_ms(&e1)? as f64 * 1e3 / layers as f64);
-                }
-            }
-            Exec::Graph => {
-                st.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-                let captured = (0..layers).try_for_each(|_| self.layer(a, mode, kv_len));
-                let graph = st.end_capture(CUgraphInstantiate_flags(0))?;
-                captured?; // the capture ended before its error is returned
-                let graph = graph.ok_or("the capture recorded nothing")?;
-                graph.launch()?;
-                drain(&st, "graph warm-up")?;
-                for _ in 0..rounds {
-                    let e0 = event()?;
-                    for _ in 0..REPLAYS {
-                        graph.launch()?;
-                    }
-                    let e1 = event()?;
-                    drain(&st, "timed round")?;
-                    out.push(e0.elapsed_ms(&e1)? as f64 * 1e3 / (REPLAYS * layers) as f64);
-                }
-            }
-        }
-        self.comm.check_error()?;
-        Ok(out)
+        let t = self.timer(a, mode, kv_len, exec, layers)?;
+        (0..rounds).map(|_| self.round(a, &t)).collect()
     }
+}
+
+/// One mode's timed execution ([`Rank::timer`]): its eager layers, or its captured graph.
+pub struct Timer {
+    mode: Mode,
+    kv_len: usize,
+    layers: usize,
+    graph: Option<symm_ops::cudarc::driver::CudaGraph>,
+}
+
+impl Timer {
+    /// Graph replays per timed round.
+    const REPLAYS: usize = 4;
 }
