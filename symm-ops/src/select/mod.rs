@@ -319,8 +319,9 @@ impl Selector {
     /// How an all-reduce epilogue of `rows` rows of `row_bytes` runs (NOTE [fused-epilogue]):
     /// the fused path at world 1 on the GPU engines (CUDA, rocm: nothing is exchanged, one
     /// kernel); where the table picks Lamport, the handoff pair for rows it takes
-    /// (`handoff_fits`: CUDA with PDL, up to `handoff_bytes`, at most two vectors a thread) from
-    /// `epilogue_handoff_min_rows` rows on, and for other rows the one fused kernel up to
+    /// (`handoff_fits`: CUDA with PDL, up to `handoff_bytes`, at most two vectors a thread; rows
+    /// of two vectors a thread up to `epilogue_handoff_wide_max_rows`), and for other rows the
+    /// one fused kernel up to
     /// `epilogue_fused_max_bytes` (CUDA, two ranks); otherwise the table's all-reduce then the
     /// epilogue kernel.
     pub fn epilogue(&self, rows: usize, row_bytes: usize) -> crate::EpilogueAlgo {
@@ -331,7 +332,8 @@ impl Selector {
         // Where the pair takes the rows, `Fused` runs the pair (the backend plans it so), so the
         // pair's own bound decides; elsewhere the one fused kernel's.
         let fuse = if handoff {
-            rows >= self.thresholds.epilogue_handoff_min_rows
+            let (_, per_thread) = symm_core::coll::add_rms::epilogue_threads(vectors);
+            per_thread <= 1 || rows <= self.thresholds.epilogue_handoff_wide_max_rows
         } else {
             bytes <= self.thresholds.epilogue_fused_max_bytes
         };

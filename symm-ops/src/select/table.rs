@@ -50,12 +50,17 @@ impl Selector {
             .min(self.lamport_slot)
             .min(self.thresholds.lamport_max_bytes);
         if h > 0 && self.fuses() && self.world > 1 {
+            let wide = match self.thresholds.epilogue_handoff_wide_max_rows {
+                usize::MAX => String::new(),
+                n => format!(
+                    " (rows of {} vectors a thread: only up to {n} of them)",
+                    symm_core::coll::add_rms::PRELOADED_VECTORS
+                ),
+            };
             s.push_str(&format!(
-                "  and up to {}, from {} rows on, rows of at most {} vectors of 16 bytes a thread (a row of at \
-                 most {} bytes): fused as the handoff pair (the lamport all-reduce, then the epilogue \
-                 overlapping it)\n",
+                "  and up to {}, rows of at most {} vectors of 16 bytes a thread (a row of at most {} bytes){wide}: \
+                 fused as the handoff pair (the lamport all-reduce, then the epilogue overlapping it)\n",
                 human(h),
-                self.thresholds.epilogue_handoff_min_rows,
                 symm_core::coll::add_rms::PRELOADED_VECTORS,
                 human(symm_core::coll::add_rms::handoff_max_row_bytes()),
             ));

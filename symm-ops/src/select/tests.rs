@@ -28,8 +28,8 @@ fn sel(engine: EngineKind, world: usize, nccl: bool) -> Selector {
 
 /// The handoff rule (NOTE [fused-epilogue] "handoff"): where the backend runs the pair, `Auto`
 /// fuses every epilogue whose rows it takes (at most two vectors a thread, the message within
-/// HANDOFF) where the table picks Lamport, from one row at 3+ ranks and two rows at two ranks;
-/// other rows follow the byte rules.
+/// HANDOFF) where the table picks Lamport, but at two ranks rows of two vectors a thread only at
+/// one row; other rows follow the byte rules.
 #[test]
 fn handoff_rule_fuses_the_rows_the_pair_takes() {
     use crate::EpilogueAlgo::{Fused, Separate};
@@ -40,9 +40,18 @@ fn handoff_rule_fuses_the_rows_the_pair_takes() {
         };
         // bf16 rows of 4096 and 8192 (8 and 16 KiB) at 1, 8 and 32 tokens, 5000 (a partial
         // last pass of the row's block).
-        for (rows, row_bytes) in [(1, 8 * KIB), (8, 8 * KIB), (32, 16 * KIB), (1, 16 * KIB), (3, 10_000)] {
-            // Two ranks: from two rows on (the TP 2 layer at one token, round 23).
-            let want = if world == 2 && rows == 1 {
+        for (rows, row_bytes) in [
+            (1, 8 * KIB),
+            (8, 8 * KIB),
+            (64, 8 * KIB),
+            (1, 16 * KIB),
+            (8, 16 * KIB),
+            (32, 16 * KIB),
+            (3, 10_000),
+        ] {
+            // Two ranks: rows of two vectors a thread (above 8 KiB) only at one row (the TP 2
+            // 70B layer at eight tokens, round 25).
+            let want = if world == 2 && rows > 1 && row_bytes > 8 * KIB {
                 Separate(AllReduceAlgo::Lamport)
             } else {
                 Fused
@@ -61,6 +70,7 @@ fn handoff_rule_fuses_the_rows_the_pair_takes() {
         }
         let table = s.epilogue_table();
         assert!(table.contains("fused as the handoff pair"), "{table}");
+        assert_eq!(table.contains("only up to 1 of them"), world == 2, "{table}");
         assert!(!sel(EngineKind::Cuda, world, true).epilogue_table().contains("handoff"));
     }
     // A backend without the pair (rocm: no PDL) never plans it.

@@ -71,11 +71,13 @@ pub struct SelectionThresholds {
     /// and symm-bench together (bench-notes round 20). CUDA only.
     pub epilogue_fused_max_bytes: usize,
     /// all-reduce epilogues whose rows the handoff pair takes (NOTE [fused-epilogue] "handoff":
-    /// at most two vectors of 16 bytes a thread, within the backend's HANDOFF buffer): the pair
-    /// from this many rows on, where the all-reduce table picks Lamport; fewer: the table's
-    /// all-reduce then the epilogue kernel. Chosen from the tensor-parallel layer (bench-notes
-    /// round 23). CUDA only (the backend reports the pair, `CollFacts::handoff_bytes`).
-    pub epilogue_handoff_min_rows: usize,
+    /// at most two vectors of 16 bytes a thread, within the backend's HANDOFF buffer), where the
+    /// all-reduce table picks Lamport: rows of one vector a thread always run as the pair; rows
+    /// of two (more than `epilogue_threads`' 512 vectors: hidden above 4096 in bf16) as the pair
+    /// up to this many rows, above it the table's all-reduce then the epilogue kernel. Chosen
+    /// from the tensor-parallel layer with its modes interleaved (bench-notes round 25). CUDA
+    /// only (the backend reports the pair, `CollFacts::handoff_bytes`).
+    pub epilogue_handoff_wide_max_rows: usize,
 }
 
 impl SelectionThresholds {
@@ -115,7 +117,7 @@ impl SelectionThresholds {
                 all_gather_copy_engine_min_bytes: usize::MAX,
                 // The fused kernel is unmeasured on AMD GPUs.
                 epilogue_fused_max_bytes: 0,
-                epilogue_handoff_min_rows: 1,
+                epilogue_handoff_wide_max_rows: usize::MAX,
                 ..Self::defaults(EngineKind::Cuda, world_size)
             },
             EngineKind::Host => SelectionThresholds {
@@ -134,7 +136,7 @@ impl SelectionThresholds {
                 reduce_scatter_lamport_max_bytes: 0,
                 all_gather_lamport_max_bytes: 0,
                 epilogue_fused_max_bytes: 0,
-                epilogue_handoff_min_rows: 1,
+                epilogue_handoff_wide_max_rows: usize::MAX,
             },
             EngineKind::Nccl => SelectionThresholds {
                 lamport_max_bytes: 0,
@@ -152,7 +154,7 @@ impl SelectionThresholds {
                 reduce_scatter_lamport_max_bytes: 0,
                 all_gather_lamport_max_bytes: 0,
                 epilogue_fused_max_bytes: 0,
-                epilogue_handoff_min_rows: 1,
+                epilogue_handoff_wide_max_rows: usize::MAX,
             },
             EngineKind::Cuda if world_size <= 2 => {
                 // Measured on 2 x H200 (NV18), graph replay, NCCL 2.28.9 in the same run
@@ -185,7 +187,7 @@ impl SelectionThresholds {
                     reduce_scatter_lamport_max_bytes: RS_AG_LAMPORT_MAX,
                     all_gather_lamport_max_bytes: RS_AG_LAMPORT_MAX,
                     epilogue_fused_max_bytes: EPILOGUE_FUSED_MAX_TWO_RANKS,
-                    epilogue_handoff_min_rows: EPILOGUE_HANDOFF_MIN_ROWS_TWO_RANKS,
+                    epilogue_handoff_wide_max_rows: EPILOGUE_HANDOFF_WIDE_MAX_ROWS_TWO_RANKS,
                 }
             }
             EngineKind::Cuda => {
@@ -236,7 +238,7 @@ impl SelectionThresholds {
                     // (one SM pushes a row to three peers), in symm-bench and in the 70B TP 4
                     // layer; the handoff pair (round 23) takes the rows it fits from one row on.
                     epilogue_fused_max_bytes: 0,
-                    epilogue_handoff_min_rows: 1,
+                    epilogue_handoff_wide_max_rows: usize::MAX,
                 }
             }
         }
@@ -258,15 +260,16 @@ pub const ONE_SHOT_MAX_MULTI: usize = 256 * KIB;
 /// 4.68-6.85 at hidden 4096 / 8192 x 1-32 tokens, 8-512 KiB; in the layer at TP 2 0.88-0.96 of
 /// NCCL + norm against 0.91-0.96). Larger messages were not measured with this kernel.
 pub const EPILOGUE_FUSED_MAX_TWO_RANKS: usize = 512 * KIB;
-/// All-reduce epilogues, two ranks: the handoff pair from this many rows on (4 x H100, bf16,
-/// graph, bench-notes round 23). Back to back the pair wins at one row too (hidden 4096: 3.56 us
-/// against Lamport + the epilogue kernel's 4.15), but inside the TP 2 layer at one token it lost
-/// in every run (8B: 0.921 / 0.925 / 0.945 of NCCL + norm against 0.904 / 0.901 / 0.914; 70B
-/// 0.963-0.965 against 0.957-0.963), while at 8 tokens it led or tied (8B 0.901-0.924 against
-/// 0.912-0.934 for 8B; 70B level, 0.965-0.975 against 0.970-0.971); the layer decides (#37
-/// item 4). Three and more ranks: from one row (TP 4, one
-/// token, 8B 0.842-0.864 against 0.874-0.894).
-pub const EPILOGUE_HANDOFF_MIN_ROWS_TWO_RANKS: usize = 2;
+/// All-reduce epilogues, two ranks: rows of two vectors a thread run as the handoff pair up to
+/// this many rows (4 x H100, bf16, graph, tp-layer with its modes interleaved, bench-notes round
+/// 25). Hidden 8192 (70B) at TP 2: one token the pair 358.4 us a layer against Lamport + the
+/// epilogue kernel's 359.1-359.6, eight tokens 369.1-369.6 against 363.2-363.6 (back to back at
+/// 8 rows 5.14 against 4.85-4.90 us an op). Hidden 4096 (8B), one vector a thread, the pair at
+/// every row count (one token 138.7-139.3 against 140.4-140.7; eight level). Round 23's rule
+/// (Lamport + norm at one row) came from runs where the pair's mode ran after the other and
+/// carried tp-layer's order bias. Three and more ranks: the pair at every row count it takes
+/// (TP 4, 70B eight tokens level, 8B ahead; 8192 x 32 back to back 9.61 against 9.87).
+pub const EPILOGUE_HANDOFF_WIDE_MAX_ROWS_TWO_RANKS: usize = 1;
 /// Reduce-scatter / all-gather: the Lamport kernels up to this whole-tensor size (see
 /// [`SelectionThresholds::reduce_scatter_lamport_max_bytes`]).
 pub const RS_AG_LAMPORT_MAX: usize = 32 * MIB;
