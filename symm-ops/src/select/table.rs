@@ -52,6 +52,10 @@ impl Selector {
         if h > 0 && self.fuses() && self.world > 1 {
             let wide = match self.thresholds.epilogue_handoff_wide_max_rows {
                 usize::MAX => String::new(),
+                0 => format!(
+                    " (not rows of {} vectors a thread)",
+                    symm_core::coll::add_rms::PRELOADED_VECTORS
+                ),
                 n => format!(
                     " (rows of {} vectors a thread: only up to {n} of them)",
                     symm_core::coll::add_rms::PRELOADED_VECTORS

@@ -28,8 +28,8 @@ fn sel(engine: EngineKind, world: usize, nccl: bool) -> Selector {
 
 /// The handoff rule (NOTE [fused-epilogue] "handoff"): where the backend runs the pair, `Auto`
 /// fuses every epilogue whose rows it takes (at most two vectors a thread, the message within
-/// HANDOFF) where the table picks Lamport, but at two ranks rows of two vectors a thread only at
-/// one row; other rows follow the byte rules.
+/// HANDOFF) where the table picks Lamport, but at two ranks not rows of two vectors a thread;
+/// other rows follow the byte rules.
 #[test]
 fn handoff_rule_fuses_the_rows_the_pair_takes() {
     use crate::EpilogueAlgo::{Fused, Separate};
@@ -49,9 +49,9 @@ fn handoff_rule_fuses_the_rows_the_pair_takes() {
             (32, 16 * KIB),
             (3, 10_000),
         ] {
-            // Two ranks: rows of two vectors a thread (above 8 KiB) only at one row (the TP 2
-            // 70B layer at eight tokens, round 25).
-            let want = if world == 2 && rows > 1 && row_bytes > 8 * KIB {
+            // Two ranks: not rows of two vectors a thread (above 8 KiB; the TP 2 70B layer,
+            // round 25).
+            let want = if world == 2 && row_bytes > 8 * KIB {
                 Separate(AllReduceAlgo::Lamport)
             } else {
                 Fused
@@ -70,7 +70,11 @@ fn handoff_rule_fuses_the_rows_the_pair_takes() {
         }
         let table = s.epilogue_table();
         assert!(table.contains("fused as the handoff pair"), "{table}");
-        assert_eq!(table.contains("only up to 1 of them"), world == 2, "{table}");
+        assert_eq!(
+            table.contains("(not rows of 2 vectors a thread)"),
+            world == 2,
+            "{table}"
+        );
         assert!(!sel(EngineKind::Cuda, world, true).epilogue_table().contains("handoff"));
     }
     // A backend without the pair (rocm: no PDL) never plans it.

@@ -260,16 +260,19 @@ pub const ONE_SHOT_MAX_MULTI: usize = 256 * KIB;
 /// 4.68-6.85 at hidden 4096 / 8192 x 1-32 tokens, 8-512 KiB; in the layer at TP 2 0.88-0.96 of
 /// NCCL + norm against 0.91-0.96). Larger messages were not measured with this kernel.
 pub const EPILOGUE_FUSED_MAX_TWO_RANKS: usize = 512 * KIB;
-/// All-reduce epilogues, two ranks: rows of two vectors a thread run as the handoff pair up to
-/// this many rows (4 x H100, bf16, graph, tp-layer with its modes interleaved, bench-notes round
-/// 25). Hidden 8192 (70B) at TP 2: one token the pair 358.4 us a layer against Lamport + the
-/// epilogue kernel's 359.1-359.6, eight tokens 369.1-369.6 against 363.2-363.6 (back to back at
-/// 8 rows 5.14 against 4.85-4.90 us an op). Hidden 4096 (8B), one vector a thread, the pair at
-/// every row count (one token 138.7-139.3 against 140.4-140.7; eight level). Round 23's rule
-/// (Lamport + norm at one row) came from runs where the pair's mode ran after the other and
-/// carried tp-layer's order bias. Three and more ranks: the pair at every row count it takes
-/// (TP 4, 70B eight tokens level, 8B ahead; 8192 x 32 back to back 9.61 against 9.87).
-pub const EPILOGUE_HANDOFF_WIDE_MAX_ROWS_TWO_RANKS: usize = 1;
+/// All-reduce epilogues, two ranks: rows of two vectors a thread (hidden above 4096 in bf16) run
+/// as the handoff pair up to this many rows: none (4 x H100, bf16, graph, tp-layer with its modes
+/// interleaved, bench-notes round 25). Hidden 8192 (70B) at TP 2, per layer: eight tokens the
+/// pair 369.1-370.5 us against Lamport + the epilogue kernel's 363.2-365.1 (four runs, two
+/// machines; back to back at 8 rows 5.13 against 4.85 us an op); one token it was 0.7-1.2 us
+/// ahead on one machine and 4.9-5.4 behind on another (back to back 4.07 against 4.51 an op),
+/// so the kernel boundary it saves does not pay on every machine. Hidden 4096 (8B), one vector
+/// a thread: the pair at every row count (one token 138.7-139.3 against 140.4-140.7, eight
+/// level). Round 23's rule (Lamport + norm at one row, every hidden size) came from runs where
+/// the pair's mode ran after the other and carried tp-layer's order bias. Three and more ranks:
+/// the pair at every row count it takes (TP 4 70B level, 8B level or ahead; 8192 x 32 back to
+/// back 9.61 against 9.80-9.87).
+pub const EPILOGUE_HANDOFF_WIDE_MAX_ROWS_TWO_RANKS: usize = 0;
 /// Reduce-scatter / all-gather: the Lamport kernels up to this whole-tensor size (see
 /// [`SelectionThresholds::reduce_scatter_lamport_max_bytes`]).
 pub const RS_AG_LAMPORT_MAX: usize = 32 * MIB;
