@@ -53,7 +53,7 @@ const USAGE: &str = "usage: tp-layer [options]
                            communication modes besides `none` (always run); also `barrier`
   --exec graph,eager       timed executions
   --layers 4               layers per CUDA graph (and per eager round)
-  --rounds 7               timed rounds (median reported)
+  --rounds 7               timed rounds (median reported; the modes' rounds interleave)
   --seed 1                 weight seed
   --no-tiny                skip the float64 reference checks of the tiny layer
   --quick                  8b, tokens 1,8, kv 1024, tp 1,2, 3 rounds
