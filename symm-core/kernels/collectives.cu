@@ -683,7 +683,7 @@ extern "C" __global__ void symm_coll_init(unsigned long long ws, unsigned long l
 // 0's first vector received from every peer (the last peer's data arrived), and thread 0's exit.
 // Thread 0 of block 0 writes one record of COLL_TRACE_WORDS u64 into the buffer at
 // `symm_trace_buf` (0: nothing recorded): word 0 of the buffer counts records, records start at
-// word COLL_TRACE_WORDS, a full buffer (COLL_TRACE_CAP) drops them. Record: [kind | world << 8 |
+// word COLL_TRACE_WORDS, a full buffer (COLL_TRACE_CAP) drops them (and `take` says so). Record: [kind | world << 8 |
 // rank << 16 | mode << 24, count, own workspace base, the five stamps]; kind 1 the generic entry,
 // 2 an entry specialised for its world size, and kind 8 thread 0 of EVERY block (entry, start,
 // exit) (symm-cuda's trace.rs reads them; the epilogue kernels' kinds in epilogue.cuh). Without
@@ -691,7 +691,7 @@ extern "C" __global__ void symm_coll_init(unsigned long long ws, unsigned long l
 #ifdef COLL_TRACE
 __device__ unsigned long long symm_trace_buf;
 #define COLL_TRACE_WORDS 8
-#define COLL_TRACE_CAP 65536u
+#define COLL_TRACE_CAP 1048576u
 __device__ __forceinline__ void coll_trace_write(unsigned int kind, unsigned int world, unsigned int rank,
                                                  unsigned int mode, unsigned long long count, const char* ws,
                                                  const unsigned long long (&t)[5]) {

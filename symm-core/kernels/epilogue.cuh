@@ -538,12 +538,14 @@ __device__ __forceinline__ void epi_handoff(char* hand, unsigned long long rows,
     symm_pdl_wait();
     symm_pdl_launch_dependents();
 #ifdef COLL_TRACE
-    if (blockIdx.x == 0u && threadIdx.x == 0u) {
-        coll_tr[4] = symm_globaltimer();
-        coll_trace_write(6u, world, rank, 0u, rows * vr, ws, coll_tr);
-    }
     if (threadIdx.x == 0u) {
-        epi_tr[4] = symm_globaltimer();
+        // One exit stamp for both records (block 0's kind 6 is written first).
+        const unsigned long long exit_at = symm_globaltimer();
+        if (blockIdx.x == 0u) {
+            coll_tr[4] = exit_at;
+            coll_trace_write(6u, world, rank, 0u, rows * vr, ws, coll_tr);
+        }
+        epi_tr[4] = exit_at;
         coll_trace_write(7u, world, rank, 0u, rows * vr, ws, epi_tr);
     }
 #endif

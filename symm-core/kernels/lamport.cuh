@@ -276,13 +276,13 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
         st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
     }
 #ifdef COLL_TRACE
-    if (tid == 0ull) {
-        coll_tr[4] = symm_globaltimer();
-        coll_trace_write(W > 0 ? 2u : 1u, world, rank, mode, count, ws, coll_tr);
-    }
-    // Kind 8: every block's thread 0 (entry, start, exit; stamps 2 and 3 only block 0's).
+    // Kind 8: every block's thread 0 (entry, start, exit; stamps 2 and 3 only block 0's), with
+    // the exit stamp of block 0's kind 1 / 2 record.
     if (threadIdx.x == 0u) {
         coll_tr[4] = symm_globaltimer();
+        if (tid == 0ull) {
+            coll_trace_write(W > 0 ? 2u : 1u, world, rank, mode, count, ws, coll_tr);
+        }
         coll_trace_write(8u, world, rank, mode, count, ws, coll_tr);
     }
 #endif

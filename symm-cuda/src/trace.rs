@@ -29,8 +29,10 @@ use crate::streams::{self, HOST_COPY_TIMEOUT};
 
 /// u64 words per record (`COLL_TRACE_WORDS`).
 pub const WORDS: usize = 8;
-/// Records one buffer holds (`COLL_TRACE_CAP`); later launches are not recorded.
-pub const CAP: usize = 65536;
+/// Records one buffer holds (`COLL_TRACE_CAP`; 64 MiB of device memory a traced context): the
+/// per-block kinds 7 and 8 write up to ~160 records an op. Later records are dropped and
+/// [`take`] fails.
+pub const CAP: usize = 1 << 20;
 
 /// The define the collectives module is compiled with when tracing ("" otherwise).
 pub(crate) fn defines() -> &'static str {
@@ -214,7 +216,9 @@ pub(crate) fn install(ctx: &Arc<CudaContext>, module: &Arc<CudaModule>) -> Resul
 
 /// The records of `ctx` (in the order the launches took their slots) and an empty buffer
 /// afterwards; empty when tracing is off. Waits for the control stream (at most
-/// [`HOST_COPY_TIMEOUT`]): call it after the traced work finished.
+/// [`HOST_COPY_TIMEOUT`]): call it after the traced work finished. `OutOfRange` (the buffer
+/// emptied all the same) when more records were written than [`CAP`]: a partial timeline would
+/// describe only the first launches.
 pub fn take(ctx: &Arc<CudaContext>) -> Result<Vec<TraceRecord>> {
     let m = bufs().lock().unwrap_or_else(|e| e.into_inner());
     let Some(b) = m.get(&ctx_key(ctx)) else {
@@ -224,8 +228,16 @@ pub fn take(ctx: &Arc<CudaContext>) -> Result<Vec<TraceRecord>> {
     let base = b.buf.device_ptr(&b.stream).0;
     let mut head = [0u8; 8];
     dtoh_sync(&b.stream, &mut head, base)?;
-    let n = (u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize).min(CAP);
-    let mut raw = vec![0u8; n * WORDS * 8];
+    let written = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    if written > CAP {
+        htod_sync(&b.stream, base, &[0u8; 8])?;
+        return Err(Error::OutOfRange {
+            what: "device trace records since the last take (take more often)",
+            value: written as u64,
+            limit: CAP as u64,
+        });
+    }
+    let mut raw = vec![0u8; written * WORDS * 8];
     dtoh_sync(&b.stream, &mut raw, base + (WORDS * 8) as u64)?;
     htod_sync(&b.stream, base, &[0u8; 8])?;
     let words: Vec<u64> = raw

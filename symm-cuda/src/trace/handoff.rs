@@ -16,14 +16,15 @@ pub struct HandoffTimeline {
     /// The first and the last half block's entry (later than the start: the block waited for an SM).
     pub entry_first: f64,
     pub entry_last: f64,
-    /// The first and the last block's block sum of its last row (all its sums taken).
+    /// The first and the last block's block sum of its last row (all its sums taken); NaN
+    /// without the norm (no block sum).
     pub sums_first: f64,
     pub sums_last: f64,
     /// The all-reduce's block 0 exit.
     pub ar_exit: f64,
     /// The all-reduce's last block exit (kind 8; NaN without those records).
     pub ar_last: f64,
-    /// From the last block sum to the last row stored.
+    /// From the last block sum to the last row stored (NaN without the norm).
     pub epilogue: f64,
     /// From the last row stored to the last half block's exit (the end wait).
     pub end: f64,
@@ -41,10 +42,10 @@ pub fn handoff_timeline(records: &[TraceRecord]) -> Option<HandoffTimeline> {
     let mut per_op: Vec<Vec<&TraceRecord>> = vec![Vec::new(); ars.len()];
     let mut ar_blocks: Vec<u64> = vec![0; ars.len()];
     for b in records {
-        // The op whose all-reduce started last before this half block's sums were taken, or
+        // The op whose all-reduce started last before this half block stored its last row, or
         // this all-reduce block exited (the next op's all-reduce starts after both).
         let at = match b.kind {
-            7 => b.t[2],
+            7 => b.t[3],
             8 => b.t[4],
             _ => continue,
         };
@@ -69,19 +70,22 @@ pub fn handoff_timeline(records: &[TraceRecord]) -> Option<HandoffTimeline> {
         let s = ars[i].t[1];
         let min = |k: usize| blocks.iter().map(|b| b.t[k]).min().unwrap_or(s);
         let max = |k: usize| blocks.iter().map(|b| b.t[k]).max().unwrap_or(s);
+        // Without the norm there is no block sum (stamp 2 stays 0): no sums, no epilogue.
+        let summed = blocks.iter().all(|b| b.t[2] != 0);
+        let or_nan = |ok: bool, v: f64| if ok { v } else { f64::NAN };
         let vals = [
             blocks.len() as f64,
             us(s, min(0)),
             us(s, max(0)),
-            us(s, min(2)),
-            us(s, max(2)),
+            or_nan(summed, us(s, min(2))),
+            or_nan(summed, us(s, max(2))),
             us(s, ars[i].t[4]),
             if ar_blocks[i] == 0 {
                 f64::NAN
             } else {
                 us(s, ar_blocks[i])
             },
-            us(max(2), max(3)),
+            or_nan(summed, us(max(2), max(3))),
             us(max(3), max(4)),
         ];
         for (c, v) in cols.iter_mut().zip(vals) {
@@ -149,6 +153,29 @@ mod tests {
         assert!(
             close(t.sums_first, 3.5) && close(t.sums_last, 4.2) && close(t.ar_exit, 4.0),
             "{t:?}"
+        );
+        assert!(close(t.ar_last, 4.1), "{t:?}");
+        // Without the norm (no block sum, stamp 2 left 0) the blocks still line up by their
+        // stores: no sums, the rest as before.
+        let plain: Vec<TraceRecord> = v
+            .iter()
+            .map(|r| {
+                let mut r = *r;
+                if r.kind == 7 {
+                    r.t[2] = 0;
+                }
+                r
+            })
+            .collect();
+        let p = handoff_timeline(&plain).unwrap();
+        assert_eq!(p.ops, 3);
+        assert!(
+            p.sums_first.is_nan() && p.sums_last.is_nan() && p.epilogue.is_nan(),
+            "{p:?}"
+        );
+        assert!(
+            close(p.end, 0.2) && close(p.next, 5.0) && close(p.ar_last, 4.1),
+            "{p:?}"
         );
         assert!(close(t.epilogue, 0.6) && close(t.end, 0.2), "{t:?}");
         // The last block exits at +5.0; the next all-reduce starts at +10.0.

@@ -86,7 +86,7 @@ pub fn summarise(records: &[TraceRecord]) -> Option<Summary> {
         }
     }
     latency.sort_by(|a, b| a.total_cmp(b));
-    let mut kinds: Vec<u8> = records.iter().map(|r| r.kind).collect();
+    let mut kinds: Vec<u8> = records.iter().filter(|r| r.exchanges()).map(|r| r.kind).collect();
     kinds.sort_unstable();
     kinds.dedup();
     Some(Summary {

@@ -320,8 +320,9 @@ impl Selector {
     /// the fused path at world 1 on the GPU engines (CUDA, rocm: nothing is exchanged, one
     /// kernel); where the table picks Lamport, the handoff pair for rows it takes
     /// (`handoff_fits`: CUDA with PDL, up to `handoff_bytes`, at most two vectors a thread; rows
-    /// of two vectors a thread up to `epilogue_handoff_wide_max_rows`), and for other rows the
-    /// one fused kernel up to
+    /// of two vectors a thread only up to `epilogue_handoff_wide_max_rows`, above it the table's
+    /// all-reduce then the epilogue kernel), and for rows the pair cannot take the one fused
+    /// kernel up to
     /// `epilogue_fused_max_bytes` (CUDA, two ranks); otherwise the table's all-reduce then the
     /// epilogue kernel.
     pub fn epilogue(&self, rows: usize, row_bytes: usize) -> crate::EpilogueAlgo {

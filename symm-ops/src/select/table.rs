@@ -53,11 +53,13 @@ impl Selector {
             let wide = match self.thresholds.epilogue_handoff_wide_max_rows {
                 usize::MAX => String::new(),
                 0 => format!(
-                    " (not rows of {} vectors a thread)",
+                    " (not rows of {} vectors a thread: those run the table's all-reduce, then the \
+                     epilogue kernel)",
                     symm_core::coll::add_rms::PRELOADED_VECTORS
                 ),
                 n => format!(
-                    " (rows of {} vectors a thread: only up to {n} of them)",
+                    " (rows of {} vectors a thread only up to {n} of them; more: the table's \
+                     all-reduce, then the epilogue kernel)",
                     symm_core::coll::add_rms::PRELOADED_VECTORS
                 ),
             };

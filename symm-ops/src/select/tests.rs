@@ -71,7 +71,9 @@ fn handoff_rule_fuses_the_rows_the_pair_takes() {
         let table = s.epilogue_table();
         assert!(table.contains("fused as the handoff pair"), "{table}");
         assert_eq!(
-            table.contains("(not rows of 2 vectors a thread)"),
+            table.contains(
+                "(not rows of 2 vectors a thread: those run the table's all-reduce, then the epilogue kernel)"
+            ),
             world == 2,
             "{table}"
         );
