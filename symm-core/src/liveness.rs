@@ -74,11 +74,11 @@ impl ProcessRecord {
                 "its process (pid {}) exited (the pid now belongs to another process)",
                 self.pid
             )),
-            Some(s) if s.exiting && !matches!(s.state, 'Z' | 'X') => Some(format!(
+            Some(s) if s.exited() => Some(format!("its process (pid {}) exited (state {})", self.pid, s.state)),
+            Some(s) if s.exiting => Some(format!(
                 "its process (pid {}) is exiting (killed or returned; state {})",
                 self.pid, s.state
             )),
-            Some(s) if s.gone() => Some(format!("its process (pid {}) exited (state {})", self.pid, s.state)),
             Some(_) => None,
         }
     }

@@ -43,6 +43,11 @@ pub(crate) fn defines() -> &'static str {
     }
 }
 
+/// Kind of the records of every block of the handoff pair's epilogue half.
+pub const KIND_HANDOFF_BLOCK: u8 = 7;
+/// Kind of the records of every block of a Lamport all-reduce (kinds 1-2 are its launches).
+pub const KIND_LAMPORT_BLOCK: u8 = 8;
+
 /// One launch's record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TraceRecord {
@@ -76,6 +81,16 @@ impl TraceRecord {
     /// A kernel that exchanges data with the peers (kinds 1-4), whose `rank` is its rank.
     pub fn exchanges(&self) -> bool {
         (1..=4).contains(&self.kind)
+    }
+
+    /// A Lamport all-reduce launch (kinds 1-2: the generic entry, or one world's).
+    pub fn lamport_launch(&self) -> bool {
+        (1..=2).contains(&self.kind)
+    }
+
+    /// One block's record ([`KIND_HANDOFF_BLOCK`], [`KIND_LAMPORT_BLOCK`]), not a launch's.
+    pub fn per_block(&self) -> bool {
+        self.kind == KIND_HANDOFF_BLOCK || self.kind == KIND_LAMPORT_BLOCK
     }
 }
 
@@ -114,8 +129,7 @@ fn median_us(mut v: Vec<f64>) -> f64 {
 /// order. Launches are paired with the next one started, so the last launch counts only in the
 /// phases inside it.
 pub fn phases_by_kind(records: &[TraceRecord]) -> Vec<KindPhases> {
-    // Kinds 7 and 8 are one record a block, not a launch.
-    let mut r: Vec<&TraceRecord> = records.iter().filter(|x| x.kind < 7).collect();
+    let mut r: Vec<&TraceRecord> = records.iter().filter(|x| !x.per_block()).collect();
     r.sort_by_key(|x| x.t[1]);
     let us = |a: u64, b: u64| (b as f64 - a as f64) / 1e3;
     let mut kinds: Vec<u8> = r.iter().map(|x| x.kind).collect();

@@ -18,9 +18,14 @@ pub struct ProcStat {
 }
 
 impl ProcStat {
-    /// Gone for good: a zombie or dead process, or one that has begun to exit.
+    /// Exited: a zombie (state Z) or dead (X) process.
+    pub fn exited(&self) -> bool {
+        matches!(self.state, 'Z' | 'X')
+    }
+
+    /// Gone for good: exited, or begun to exit.
     pub fn gone(&self) -> bool {
-        matches!(self.state, 'Z' | 'X') || self.exiting
+        self.exited() || self.exiting
     }
 }
 

@@ -3,7 +3,7 @@
 //! preload issued, last row's block sum, last row stored by thread 0, exit after the end wait).
 //! Every figure is a difference of one GPU's stamps, relative to the op's all-reduce start.
 
-use super::{median_us, TraceRecord};
+use super::{median_us, TraceRecord, KIND_HANDOFF_BLOCK, KIND_LAMPORT_BLOCK};
 
 /// Medians over the ops of one rank, in microseconds from the op's all-reduce start (its block
 /// 0 past its PDL wait) unless said otherwise.
@@ -37,7 +37,7 @@ pub struct HandoffTimeline {
 
 /// The timeline of the pair in `records` (one rank's, any order); `None` without kind-7 records.
 pub fn handoff_timeline(records: &[TraceRecord]) -> Option<HandoffTimeline> {
-    let mut ars: Vec<&TraceRecord> = records.iter().filter(|r| r.kind == 1 || r.kind == 2).collect();
+    let mut ars: Vec<&TraceRecord> = records.iter().filter(|r| r.lamport_launch()).collect();
     ars.sort_by_key(|r| r.t[1]);
     let mut per_op: Vec<Vec<&TraceRecord>> = vec![Vec::new(); ars.len()];
     let mut ar_blocks: Vec<u64> = vec![0; ars.len()];
@@ -45,15 +45,15 @@ pub fn handoff_timeline(records: &[TraceRecord]) -> Option<HandoffTimeline> {
         // The op whose all-reduce started last before this half block stored its last row, or
         // this all-reduce block exited (the next op's all-reduce starts after both).
         let at = match b.kind {
-            7 => b.t[3],
-            8 => b.t[4],
+            KIND_HANDOFF_BLOCK => b.t[3],
+            KIND_LAMPORT_BLOCK => b.t[4],
             _ => continue,
         };
         let i = ars.partition_point(|a| a.t[1] <= at);
         if i == 0 {
             continue;
         }
-        if b.kind == 7 {
+        if b.kind == KIND_HANDOFF_BLOCK {
             per_op[i - 1].push(b);
         } else {
             ar_blocks[i - 1] = ar_blocks[i - 1].max(b.t[4]);
