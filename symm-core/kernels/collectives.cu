@@ -203,8 +203,9 @@
 #define COLL_MODE_AR 0
 #define COLL_MODE_RS 1
 #define COLL_MODE_AG 2
-// The fused pull only: this rank's shard reduced from every rank's input and written into every
-// rank's output (NOTE [collectives-protocols], "Two-shot pull").
+// The two-shot all-reduce: the fused pull reduces this rank's shard from every rank's input and
+// writes it into every rank's output (NOTE [collectives-protocols], "Two-shot pull"); the Lamport
+// kernel pushes the shards and then the reduced shard as data (NOTE [lamport-two-shot]).
 #define COLL_MODE_AR2 3
 
 #define COLL_FLAG_INPLACE 1u

@@ -35,8 +35,9 @@ __device__ __forceinline__ void coll_lam_push_header(const CollWs8& wsv, char* w
 // Polls vector v of the own Lamport buffer `mine` (slot l at l * slot_bytes) until no peer's
 // lanes are the sentinel, into pv[l]; vector 0 also waits for every peer's op header in
 // HDR[idx][*] (at `hdrs`) and compares it with `hdr` (a difference latches SYMM_ERR_OP_MISMATCH).
-// False when the wait gave up. NP: the peer slots the unrolled loop visits (>= world - 1).
-template <int DT, int NP>
+// False when the wait gave up. NP: the peer slots the unrolled loop visits (>= world - 1). HDR
+// false: no header wait at vector 0 (the two-shot's second exchange, whose op the first checked).
+template <int DT, int NP, bool HDR = true>
 __device__ __forceinline__ bool coll_lam_poll(uint4 (&pv)[COLL_MAXW - 1], const char* mine,
                                               unsigned long long slot_bytes, unsigned long long v, const char* hdrs,
                                               unsigned int idx, const uint4& hdr, unsigned int rank,
@@ -44,7 +45,7 @@ __device__ __forceinline__ bool coll_lam_poll(uint4 (&pv)[COLL_MAXW - 1], const 
                                               unsigned long long& deadline) {
     const unsigned int w1 = world - 1u;
     unsigned int pending = (1u << w1) - 1u;
-    if (v == 0ull) {
+    if (HDR && v == 0ull) {
         pending |= pending << 8;
     }
     unsigned int polls = 0;
@@ -288,6 +289,155 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
 #endif
 }
 
+// ---------------------------------------------------------------- Lamport two-shot all-reduce
+
+// NOTE [lamport-two-shot]: the all-reduce as a reduce-scatter and an all-gather, both data as
+// flag, in one kernel (COLL_MODE_AR2 of the Lamport entries). The message is cut into `world`
+// shards of q elements (symm_core::coll::geometry::two_shot_shard: whole vectors, the last ones
+// shorter or empty); every slot of the op's Lamport buffer holds two regions of nv = q / VE
+// vectors: [0, nv) the reduce-scatter's (the sender's copy of this rank's shard), [nv, 2 nv) the
+// all-gather's (the sender's reduced shard). (1) every rank pushes shard p of its input into
+// peer p's first region; (2) it polls its own first region, reduces its shard in rank order (the
+// one-shot's coll_reduce_ranks, so the sums are the one-shot's bit for bit), stores it and pushes
+// it into every peer's second region; (3) it polls its second region and stores each peer's
+// reduced shard. Each rank's links carry 2 (world - 1) / world of the message where the one-shot
+// pushes world - 1 copies of it, for one more exchange's latency. No wait depends on a later
+// one: (2) waits for (1) pushes, which every thread makes first, and (3) for (2) pushes, which
+// depend on (1) alone; all blocks are resident (one wave). Re-arming, headers and the op state
+// are the one-shot's: the previous op's buffer is cleared over `used` vectors (2 nv here), the
+// header is pushed with the first vector and checked with the first poll of (2). A rank pushes
+// in (2) only sums of what it took in this op, so NOTE [latched-sends-nothing] holds without a
+// check. The host plans it where 2 q elements fit a slot (symm_core::coll::geometry::
+// lamport_two_shot_plan).
+template <int DT, int OP, int W>
+__device__ __forceinline__ void coll_lamport2(const CollWs8 wsv, unsigned int* pad, unsigned int rank,
+                                              unsigned int world_arg, unsigned int mode_arg, const char* input,
+                                              char* output, unsigned long long count, unsigned long long lam_off,
+                                              unsigned long long slot_bytes, unsigned long long state_off,
+                                              unsigned long long timeout_ns, const unsigned int* abort_host,
+                                              unsigned long long hdr_off, const uint4 hdr) {
+    COLL_TRACE_DECL
+    COLL_TRACE_AT(0, true)
+    symm_pdl_prologue();
+    COLL_TRACE_AT(1, true)
+    constexpr int VE = CollT<DT>::VE;
+    constexpr int ES = CollT<DT>::ES;
+    constexpr int NP = W > 0 ? W - 1 : COLL_MAXW - 1;
+    const unsigned int world = W > 0 ? (unsigned int)W : world_arg;
+    const bool acq_rel_arrive = (mode_arg & COLL_LAM_ACQREL_ARRIVE) != 0u;
+    char* ws = reinterpret_cast<char*>(coll_ws(wsv, rank));
+    unsigned int* st = reinterpret_cast<unsigned int*>(ws + state_off);
+    const unsigned int w1 = world - 1;
+    const unsigned long long buf_bytes = (unsigned long long)w1 * slot_bytes;
+    // Shard of q elements (whole vectors), nv vectors; every shard starts 16-byte aligned
+    // relative to the buffers.
+    const unsigned long long q = ((count + world - 1) / world + VE - 1) / VE * VE;
+    const unsigned long long nv = q / VE;
+    const unsigned long long shard_bytes = q * ES;
+    const unsigned long long ag_off = nv * 16ull;
+    const unsigned long long tid = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const unsigned long long nth = (unsigned long long)gridDim.x * blockDim.x;
+    const bool al_in = (reinterpret_cast<unsigned long long>(input) & 15ull) == 0;
+    const bool al_out = (reinterpret_cast<unsigned long long>(output) & 15ull) == 0;
+    const unsigned int idx = symm_ld_volatile(st + COLL_ST_LAM_IDX) % 3u;
+    const unsigned long long prev = symm_ld_volatile(st + COLL_ST_LAM_USED);
+    CollWait w;
+    w.pad = pad;
+    w.abort_host = abort_host;
+    w.timeout_ns = timeout_ns;
+    w.host_every_thread = (mode_arg & COLL_LAM_HOST_EVERY_THREAD) != 0u ? 1u : 0u;
+    char* const cb = ws + lam_off + ((idx + 2u) % 3u) * buf_bytes;
+    const char* const mine = ws + lam_off + idx * buf_bytes;
+    const uint4 sentinel = make_uint4(COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL);
+    unsigned long long deadline = 0;
+    bool failed = false;
+    // Elements of shard t valid from its vector v on (<= 0: none).
+    auto valid = [&](unsigned int t, unsigned long long v) -> long long {
+        return (long long)count - (long long)(t * q + v * VE);
+    };
+
+    // 1. Shard p's vector v into peer p's first region (items (l, v): a warp's stores go to one
+    //    peer, consecutive), then the previous op's buffer re-armed.
+    for (unsigned long long i = tid; i < (unsigned long long)w1 * nv; i += nth) {
+        const unsigned int l = (unsigned int)(i / nv);
+        const unsigned long long v = i - (unsigned long long)l * nv;
+        if (i == 0ull) {
+            coll_lam_push_header(wsv, ws, rank, world, idx, hdr_off, hdr);
+        }
+        const unsigned int p = (rank + 1 + l) % world;
+        const unsigned int jr = world - 2 - l;
+        const uint4 x = coll_canon<DT>(coll_load<DT>(input + p * shard_bytes + v * 16, valid(p, v), al_in));
+        coll_st_v4(reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes + v * 16, x);
+        COLL_TRACE_AT(2, i == 0ull)
+    }
+    for (unsigned long long v = tid; v < prev; v += nth) {
+        for (unsigned int j = 0; j < w1; ++j) {
+            coll_st_v4(cb + j * slot_bytes + v * 16, sentinel);
+        }
+    }
+    // Every thread of this block has read the op state: the op state advances as the one-shot's.
+    __syncthreads();
+    if (threadIdx.x == 0 && gridDim.x > 1u) {
+        const unsigned int before = acq_rel_arrive ? coll_atom_add_acq_rel_gpu(st + COLL_ST_LAM_ARRIVE, 1u)
+                                                   : atomicAdd(st + COLL_ST_LAM_ARRIVE, 1u);
+        if (before == gridDim.x - 1u) {
+            st[COLL_ST_LAM_ARRIVE] = 0u;
+            st[COLL_ST_LAM_USED] = (unsigned int)(2ull * nv);
+            st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
+        }
+    }
+
+    // 2. This rank's shard: poll, reduce, store, push into every peer's second region.
+    for (unsigned long long v = tid; v < nv && !failed; v += nth) {
+        const long long nvalid = valid(rank, v);
+        const uint4 own = coll_canon<DT>(coll_load<DT>(input + rank * shard_bytes + v * 16, nvalid, al_in));
+        uint4 pv[COLL_MAXW - 1];
+        if (!coll_lam_poll<DT, NP>(pv, mine, slot_bytes, v, ws + hdr_off, idx, hdr, rank, world, w, st, deadline)) {
+            failed = true;
+            break;
+        }
+        const uint4 r = coll_canon<DT>(coll_reduce_ranks<DT, OP, NP>(own, pv, (int)rank, (int)world));
+#pragma unroll
+        for (int l = 0; l < NP; ++l) {
+            if (l < (int)w1) {
+                const unsigned int p = (rank + 1 + l) % world;
+                const unsigned int jr = world - 2 - l;
+                coll_st_v4(reinterpret_cast<char*>(coll_ws(wsv, p)) + lam_off + idx * buf_bytes + jr * slot_bytes +
+                               ag_off + v * 16,
+                           r);
+            }
+        }
+        coll_store<DT>(output + rank * shard_bytes + v * 16, r, nvalid, al_out);
+        COLL_TRACE_AT(3, v == 0ull)
+    }
+    // 3. The peers' reduced shards (items (l, v)): the sender of slot l is rank + 1 + l.
+    for (unsigned long long i = tid; i < (unsigned long long)w1 * nv && !failed; i += nth) {
+        const unsigned int l = (unsigned int)(i / nv);
+        const unsigned long long v = i - (unsigned long long)l * nv;
+        uint4 pv[COLL_MAXW - 1];
+        if (!coll_lam_poll<DT, 1, false>(pv, mine + l * slot_bytes + ag_off, slot_bytes, v, ws + hdr_off, idx, hdr,
+                                         rank, 2u, w, st, deadline)) {
+            failed = true;
+            break;
+        }
+        const unsigned int t = (rank + 1 + l) % world;
+        coll_store<DT>(output + t * shard_bytes + v * 16, pv[0], valid(t, v), al_out);
+    }
+    if (gridDim.x == 1u && threadIdx.x == 0) {
+        st[COLL_ST_LAM_USED] = (unsigned int)(2ull * nv);
+        st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
+    }
+#ifdef COLL_TRACE
+    if (threadIdx.x == 0u) {
+        coll_tr[4] = symm_globaltimer();
+        if (tid == 0ull) {
+            coll_trace_write(W > 0 ? 2u : 1u, world, rank, COLL_MODE_AR2, count, ws, coll_tr);
+        }
+        coll_trace_write(8u, world, rank, COLL_MODE_AR2, count, ws, coll_tr);
+    }
+#endif
+}
+
 #define COLL_LAMPORT_ARGS                                                                                        \
     unsigned long long ws0, unsigned long long ws1, unsigned long long ws2, unsigned long long ws3,                \
         unsigned long long ws4, unsigned long long ws5, unsigned long long ws6, unsigned long long ws7,            \
@@ -301,11 +451,29 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
         state_off, timeout_ns, abort_host, hdr_off,                                                             \
         make_uint4((unsigned int)oph0, (unsigned int)(oph0 >> 32), (unsigned int)oph1, (unsigned int)(oph1 >> 32))
 
-// mode: COLL_MODE_AR / RS / AG (the op is ignored for AG). W: 0 for any world (the generic
+// mode: COLL_MODE_AR / RS / AG (the op is ignored for AG), COLL_MODE_AR2 the two-shot (NOTE
+// [lamport-two-shot]). W: 0 for any world (the generic
 // entry), else the world size the entry is specialised for.
 #define COLL_LAMPORT_ENTRY(NAME, DT, W)                                                       \
     extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1) NAME(COLL_LAMPORT_ARGS) { \
         const CollWs8 wsv = {ws0, ws1, ws2, ws3, ws4, ws5, ws6, ws7};                          \
+        if ((mode & 0xFFu) == COLL_MODE_AR2) {                                                 \
+            switch (op) {                                                                      \
+                case COLL_SUM:                                                                 \
+                    coll_lamport2<DT, COLL_SUM, W>(COLL_LAMPORT_PASS);                         \
+                    break;                                                                     \
+                case COLL_AVG:                                                                 \
+                    coll_lamport2<DT, COLL_AVG, W>(COLL_LAMPORT_PASS);                         \
+                    break;                                                                     \
+                case COLL_MAX:                                                                 \
+                    coll_lamport2<DT, COLL_MAX, W>(COLL_LAMPORT_PASS);                         \
+                    break;                                                                     \
+                default:                                                                       \
+                    coll_lamport2<DT, COLL_MIN, W>(COLL_LAMPORT_PASS);                         \
+                    break;                                                                     \
+            }                                                                                  \
+            return;                                                                            \
+        }                                                                                      \
         if (mode == COLL_MODE_AG) {                                                            \
             coll_lamport<DT, COLL_SUM, -1, W>(COLL_LAMPORT_PASS);                              \
             return;                                                                            \
@@ -381,3 +549,29 @@ COLL_LAMPORT_WORLD(5)
 COLL_LAMPORT_WORLD(6)
 COLL_LAMPORT_WORLD(7)
 COLL_LAMPORT_WORLD(8)
+
+// The two-shot all-reduce's entries (NOTE [lamport-two-shot]) for one world size 3..8 and op,
+// symm_lamport{W}_ar2_{sum,avg,max,min}_{dt} (the generic entry's arguments; `world`, `mode`
+// and `op` are ignored). Two ranks have none: there the two-shot moves as many bytes as the
+// one-shot (the generic entry still runs it). symm_core::coll::launch's Entry::LamportTwoShotWorld
+// names them, lamport_two_shot_names lists them.
+#define COLL_LAMPORT2W(NAME, DT, OP, W)                                                       \
+    extern "C" __global__ void __launch_bounds__(COLL_MAX_THREADS, 1) NAME(COLL_LAMPORT_ARGS) { \
+        const CollWs8 wsv = {ws0, ws1, ws2, ws3, ws4, ws5, ws6, ws7};                          \
+        coll_lamport2<DT, OP, W>(COLL_LAMPORT_PASS);                                           \
+    }
+#define COLL_LAMPORT2_OPS(W, SUFFIX, DT)                                       \
+    COLL_LAMPORT2W(symm_lamport##W##_ar2_sum_##SUFFIX, DT, COLL_SUM, W)        \
+    COLL_LAMPORT2W(symm_lamport##W##_ar2_avg_##SUFFIX, DT, COLL_AVG, W)        \
+    COLL_LAMPORT2W(symm_lamport##W##_ar2_max_##SUFFIX, DT, COLL_MAX, W)        \
+    COLL_LAMPORT2W(symm_lamport##W##_ar2_min_##SUFFIX, DT, COLL_MIN, W)
+#define COLL_LAMPORT2_WORLD(W)         \
+    COLL_LAMPORT2_OPS(W, f32, COLL_F32) \
+    COLL_LAMPORT2_OPS(W, f16, COLL_F16) \
+    COLL_LAMPORT2_OPS(W, bf16, COLL_BF16)
+COLL_LAMPORT2_WORLD(3)
+COLL_LAMPORT2_WORLD(4)
+COLL_LAMPORT2_WORLD(5)
+COLL_LAMPORT2_WORLD(6)
+COLL_LAMPORT2_WORLD(7)
+COLL_LAMPORT2_WORLD(8)

@@ -121,6 +121,13 @@ impl launch::Launcher for On<'_> {
                 Some((loaded, f)) if *loaded == w => f[dt].get(mode, op),
                 _ => return Err(not_here(l.entry.name())),
             },
+            Entry::LamportTwoShotWorld(dt, w, op) => match &k.lamport_two_shot_world {
+                Some((loaded, f)) if *loaded == w => match f[dt].get(op as usize) {
+                    Some(f) => f,
+                    None => return Err(not_here(l.entry.name())),
+                },
+                _ => return Err(not_here(l.entry.name())),
+            },
             Entry::Ring(dt) => &k.ring[dt],
             Entry::ReducePtrs(dt) => &k.reduce_ptrs[dt],
             Entry::Pull(dt) => &k.pull[dt],

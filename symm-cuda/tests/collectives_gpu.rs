@@ -483,6 +483,17 @@ fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
                         if algo == AllReduceKernel::Lamport && count * dtype.size() > obj.lamport_max_bytes() {
                             continue;
                         }
+                        // The Lamport two-shot: two shards a slot (NOTE [lamport-two-shot]).
+                        let two_shot_max = symm_core::coll::geometry::lamport_two_shot_max_bytes(
+                            env.world(),
+                            obj.lamport_max_bytes(),
+                        );
+                        if algo == AllReduceKernel::LamportTwoShot
+                            && env.world() > 1
+                            && count * dtype.size() > two_shot_max
+                        {
+                            continue;
+                        }
                         // The largest size only for sum, to keep the run short.
                         if count > 100_000 && op != ReduceOp::Sum {
                             continue;

@@ -47,12 +47,14 @@ enum Mech {
     AllGather,
     /// The fused all-reduce + residual + RMSNorm (NOTE [fused-epilogue]; rows of `HIDDEN`).
     Fused,
+    /// The Lamport two-shot all-reduce (NOTE [lamport-two-shot]).
+    LamportTwoShot,
 }
 
 /// Row length of the fused epilogue's cases (16-byte rows in bf16, 32 in f32).
 const HIDDEN: usize = 8;
 
-const MECHS: [Mech; 8] = [
+const MECHS: [Mech; 9] = [
     Mech::Lamport,
     Mech::OneShot,
     Mech::TwoShot,
@@ -61,6 +63,7 @@ const MECHS: [Mech; 8] = [
     Mech::ReduceScatter,
     Mech::AllGather,
     Mech::Fused,
+    Mech::LamportTwoShot,
 ];
 
 /// The cases: every class on the mechanisms it applies to.
@@ -72,6 +75,7 @@ fn cases() -> Vec<(Mech, Class)> {
         Mech::TwoShot,
         Mech::Pull,
         Mech::CopyEngine,
+        Mech::LamportTwoShot,
     ] {
         for c in [
             Class::Count,
@@ -97,6 +101,9 @@ fn cases() -> Vec<(Mech, Class)> {
     // that run different mechanisms never read each other's header: NOTE [op-agreement]).
     v.push((Mech::Lamport, Class::OpKind));
     v.push((Mech::Lamport, Class::SkipsAnOp));
+    // The Lamport two-shot against the one-shot of the same count (the headers' mechanisms
+    // differ; both poll the same header slots).
+    v.push((Mech::LamportTwoShot, Class::OpKind));
     // The fused epilogue (sum only): its count, dtype, a rejection, and the op itself: a fused
     // op against a plain Lamport all-reduce of the same count (the same buffers; the headers'
     // mechanisms differ).
@@ -138,6 +145,7 @@ impl<T: DeviceRepr + Element + Default + Clone> Bufs<T> {
         let x = self.input.slice(..n);
         let algo = match mech {
             Mech::Lamport => AllReduceAlgo::Lamport,
+            Mech::LamportTwoShot => AllReduceAlgo::LamportTwoShot,
             Mech::OneShot => AllReduceAlgo::OneShot,
             Mech::TwoShot => AllReduceAlgo::TwoShot,
             Mech::Pull => AllReduceAlgo::Pull,
@@ -200,7 +208,9 @@ fn disagree(
         // f32 x N against bf16 x 2N: the same bytes.
         (Class::DtypeSameBytes, true) => h.run(comm, mech, 2 * n, op, false),
         (Class::ReduceOp, true) => f.run(comm, mech, n, ReduceOp::Max, false),
-        (Class::OpKind, true) if mech == Mech::Fused => f.run(comm, Mech::Lamport, n, op, false),
+        (Class::OpKind, true) if matches!(mech, Mech::Fused | Mech::LamportTwoShot) => {
+            f.run(comm, Mech::Lamport, n, op, false)
+        }
         (Class::OpKind, true) => f.all_gather(comm, n),
         (Class::RejectsItsArgument, true) => f.run(comm, mech, n, op, true),
         (Class::SkipsAnOp, _) => {

@@ -73,7 +73,12 @@ impl MatrixRig for Rig {
         &self.comm
     }
     fn algos(&self) -> Vec<AllReduceAlgo> {
-        let mut algos = vec![AllReduceAlgo::Lamport, AllReduceAlgo::Pull, AllReduceAlgo::CopyEngine];
+        let mut algos = vec![
+            AllReduceAlgo::Lamport,
+            AllReduceAlgo::LamportTwoShot,
+            AllReduceAlgo::Pull,
+            AllReduceAlgo::CopyEngine,
+        ];
         if self.comm.has_nccl() {
             algos.push(AllReduceAlgo::Nccl);
         }
@@ -417,6 +422,7 @@ fn gpu_nan_after_return(w: GpuWorld) {
         rig.ready()?;
         let mut algos = vec![
             AllReduceAlgo::Lamport,
+            AllReduceAlgo::LamportTwoShot,
             AllReduceAlgo::OneShot,
             AllReduceAlgo::TwoShot,
             AllReduceAlgo::Pull,

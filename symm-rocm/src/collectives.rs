@@ -116,6 +116,12 @@ impl Launcher for On<'_> {
                 .filter(|(loaded, _)| *loaded == w)
                 .and_then(|(_, f)| f[dt].get(mode_op_index(mode, op)))
                 .ok_or_else(|| Error::InvalidArgument(format!("no {w}-rank Lamport entry for {mode:?}, op {op}")))?,
+            Entry::LamportTwoShotWorld(dt, w, op) => k
+                .lamport_two_shot_world
+                .as_ref()
+                .filter(|(loaded, _)| *loaded == w)
+                .and_then(|(_, f)| f[dt].get(op as usize))
+                .ok_or_else(|| Error::InvalidArgument(format!("no {w}-rank Lamport two-shot entry for op {op}")))?,
             Entry::Ring(dt) => &k.ring[dt],
             Entry::ReducePtrs(dt) => &k.reduce_ptrs[dt],
             Entry::Pull(dt) => &k.pull[dt],

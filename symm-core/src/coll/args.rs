@@ -110,8 +110,9 @@ pub fn per_rank(rank: usize, world: usize, own: u64, peers: &[u64; MAX_WORLD], o
     v
 }
 
-/// `COLL_MODE_AR2` in collectives.cu: the fused pull's two-shot mode.
-pub(crate) const PULL_MODE_AR2: u32 = 3;
+/// `COLL_MODE_AR2` in collectives.cu: the two-shot all-reduce mode of the fused pull and of the
+/// Lamport kernel (NOTE [lamport-two-shot]).
+pub(crate) const MODE_AR2: u32 = 3;
 
 /// `symm_pull_{dt}(p0..p7, s0..s7, d0..d7, state, rank, world, mode, op, out, n, check,
 /// timeout_ns, abort_host)`.
@@ -124,7 +125,7 @@ pub fn pull(c: &Common, d: &Direct, state: u64, p: &Pull, bound: &Bound) -> [Ker
     let src = |i: usize| KernelArg::U64(p.srcs[i]);
     let dsts = p.dsts.unwrap_or([0; MAX_WORLD]);
     let dst = |i: usize| KernelArg::U64(dsts[i]);
-    let mode = if p.dsts.is_some() { PULL_MODE_AR2 } else { p.mode as u32 };
+    let mode = if p.dsts.is_some() { MODE_AR2 } else { p.mode as u32 };
     [
         pad(0),
         pad(1),
@@ -528,7 +529,7 @@ mod tests {
             "#define COLL_LAM_HOST_EVERY_THREAD {LAMPORT_HOST_EVERY_THREAD:#x}u"
         )));
         assert!(src.contains(&format!("#define COLL_FLAG_UNROLL1 {RING_UNROLL1}u")));
-        assert!(src.contains(&format!("#define COLL_MODE_AR2 {PULL_MODE_AR2}\n")));
+        assert!(src.contains(&format!("#define COLL_MODE_AR2 {MODE_AR2}\n")));
         assert!(src.contains(&format!("#define COLL_LAM_LAG_SHIFT {LAMPORT_LAG_SHIFT}\n")));
         let epi = crate::kernel_source::HEADERS
             .iter()

@@ -287,6 +287,57 @@ pub fn lamport_plan(
         });
     }
     let vectors = count.div_ceil(vec_elems(dtype));
+    let (blocks, threads) = lamport_grid(vectors, tuning, sm_count);
+    Ok(LamportPlan {
+        blocks,
+        threads,
+        vectors,
+    })
+}
+
+/// Plans a Lamport two-shot all-reduce (NOTE [lamport-two-shot]) of `count` elements in a
+/// group of `world` ranks: the grid of the one-shot of the same message, `vectors` the
+/// vectors of one shard ([`two_shot_shard`]); an error when a slot cannot hold two shards.
+pub fn lamport_two_shot_plan(
+    count: usize,
+    dtype: DType,
+    layout: &WorkspaceLayout,
+    tuning: &Tuning,
+    sm_count: u32,
+) -> Result<LamportPlan> {
+    let q = two_shot_shard(count, layout.world.max(1), dtype);
+    let need = q
+        .checked_mul(2 * dtype.size())
+        .ok_or_else(|| Error::InvalidArgument("count overflows".into()))?;
+    if layout.world > 1 && need > layout.lamport_max_bytes() {
+        return Err(Error::OutOfRange {
+            what: "Lamport two-shot bytes of two shards (per peer slot)",
+            value: need as u64,
+            limit: layout.lamport_max_bytes() as u64,
+        });
+    }
+    let (blocks, threads) = lamport_grid(count.div_ceil(vec_elems(dtype)), tuning, sm_count);
+    Ok(LamportPlan {
+        blocks,
+        threads,
+        vectors: q / vec_elems(dtype),
+    })
+}
+
+/// The largest all-reduce (bytes) the Lamport two-shot takes in a group of `world` ranks with
+/// Lamport slots of `slot` bytes, whatever the element type: two shards of it, each rounded up
+/// to whole vectors ([`two_shot_shard`]), fit a slot (0 for one rank).
+pub fn lamport_two_shot_max_bytes(world: usize, slot: usize) -> usize {
+    if world < 2 {
+        return 0;
+    }
+    // A shard of b bytes takes at most b.div_ceil(world) rounded up to VEC_BYTES, plus one
+    // element's rounding (< VEC_BYTES): (slot / 2 / VEC_BYTES - 1) whole vectors a shard is safe.
+    (slot / 2 / VEC_BYTES).saturating_sub(1) * VEC_BYTES * world
+}
+
+/// Blocks and threads of a Lamport grid over `vectors` 16-byte vectors.
+fn lamport_grid(vectors: usize, tuning: &Tuning, sm_count: u32) -> (u32, u32) {
     // Blocks of the smallest LAMPORT_WAVE_THREADS whose one wave covers the message (one
     // vector per thread, more SMs pushing and polling), `tuning.threads` above (2 x H200: 2.80
     // against 2.99 us at 16 KiB, 3.62 against 3.77 at 256 KiB; bench-notes.md, round 4).
@@ -297,11 +348,7 @@ pub fn lamport_plan(
         .map_or(tuning.threads as usize, |&t| t.min(tuning.threads as usize));
     let threads = (vectors.div_ceil(32) * 32).clamp(64, cap.max(64)) as u32;
     let blocks = vectors.div_ceil(threads as usize).clamp(1, wave) as u32;
-    Ok(LamportPlan {
-        blocks,
-        threads,
-        vectors,
-    })
+    (blocks, threads)
 }
 
 /// One ring kernel launch.

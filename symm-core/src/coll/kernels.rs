@@ -65,6 +65,12 @@ pub enum AllReduceKernel {
     /// the output, the SMs reduce each chunk as it lands, a second copy engine pushes each
     /// reduced chunk into the peer's output. Input and output both registered, apart.
     CopyEngineTwoShot,
+    /// Two-shot with data as flag in one kernel (NOTE [lamport-two-shot]): every rank pushes
+    /// each peer's shard into the peer's Lamport slot, reduces its own shard as it arrives and
+    /// pushes the sum into every peer's slot; no barrier. Each rank's links carry 2 (world - 1) /
+    /// world of the message where [`AllReduceKernel::Lamport`] pushes world - 1 copies, for one
+    /// more exchange. Messages whose two shards fit a Lamport slot. Any buffers.
+    LamportTwoShot,
 }
 
 kernel_names!(AllReduceKernel {
@@ -75,6 +81,7 @@ kernel_names!(AllReduceKernel {
     PullTwoShot => "pull_two_shot",
     CopyEnginePull => "copy_engine_pull",
     CopyEngineTwoShot => "copy_engine_two_shot",
+    LamportTwoShot => "lamport_two_shot",
 });
 
 /// Reduce-scatter kernels.

@@ -16,7 +16,7 @@ use crate::{DType, Error, OpKind, Rank, ReduceOp, Result, SymmetricMemory};
 use super::arg::{KernelArg, MAX_ARGS};
 use super::args::{self, Bound, Common, Direct, OpHeader};
 use super::geometry::{
-    kernel_dtype, kernel_op, lamport_plan, ring_plan, two_shot_shard, vec_elems, GridBudget, KernelDtype, RingMode,
+    kernel_dtype, kernel_op, lamport_plan, lamport_two_shot_plan, ring_plan, two_shot_shard, vec_elems, GridBudget, KernelDtype, RingMode,
     Tuning,
 };
 use super::layout::WorkspaceLayout;
@@ -40,6 +40,10 @@ pub enum Entry {
     /// ([`LAMPORT_WORLD_MIN`]..=[`LAMPORT_WORLD_MAX`]) and one (mode, kernel op) (NOTE
     /// [lamport-world-entries]).
     LamportWorld(KernelDtype, u8, RingMode, u32),
+    /// `symm_lamport{w}_ar2_{op}_{dt}`: the Lamport two-shot all-reduce (NOTE
+    /// [lamport-two-shot]) specialised for a world of `w` ranks ([`LAMPORT_TWO_SHOT_WORLD_MIN`]..=
+    /// [`LAMPORT_WORLD_MAX`]) and one kernel op.
+    LamportTwoShotWorld(KernelDtype, u8, u32),
     /// `symm_ring_{dt}`.
     Ring(KernelDtype),
     /// `symm_reduce_ptrs_{dt}`.
@@ -66,6 +70,7 @@ impl Entry {
             Entry::Reject => "symm_coll_reject".into(),
             Entry::Lamport(dt) => format!("symm_lamport_{}", dt.suffix()),
             Entry::LamportWorld(dt, w, mode, op) => mode_op_name(&format!("lamport{w}"), dt, mode, op),
+            Entry::LamportTwoShotWorld(dt, w, op) => format!("symm_lamport{w}_ar2_{}_{}", op_name(op), dt.suffix()),
             Entry::Ring(dt) => format!("symm_ring_{}", dt.suffix()),
             Entry::ReducePtrs(dt) => format!("symm_reduce_ptrs_{}", dt.suffix()),
             Entry::Pull(dt) => format!("symm_pull_{}", dt.suffix()),
@@ -83,11 +88,31 @@ fn mode_op_name(kind: &str, dt: KernelDtype, mode: RingMode, op: u32) -> String 
         RingMode::ReduceScatter => "rs",
         RingMode::AllGather => return format!("symm_{kind}_ag_{}", dt.suffix()),
     };
-    let op = ["sum", "avg", "max", "min"]
-        .get(op as usize)
-        .copied()
-        .unwrap_or("unknown_op");
-    format!("symm_{kind}_{mode}_{op}_{}", dt.suffix())
+    format!("symm_{kind}_{mode}_{}_{}", op_name(op), dt.suffix())
+}
+
+/// The entry-name part of kernel op `op` ([`super::geometry::kernel_op`]).
+fn op_name(op: u32) -> &'static str {
+    KERNEL_OP_NAMES.get(op as usize).copied().unwrap_or("unknown_op")
+}
+
+/// The entry-name parts of the kernel ops, in kernel-op order.
+const KERNEL_OP_NAMES: [&str; 4] = ["sum", "avg", "max", "min"];
+
+/// The smallest world with Lamport two-shot entries of its own ([`Entry::LamportTwoShotWorld`]):
+/// at two ranks the two-shot moves as many bytes as the one-shot (the generic entry runs it).
+pub const LAMPORT_TWO_SHOT_WORLD_MIN: usize = 3;
+
+/// The names of the Lamport two-shot entries of world `w` for one element type, in kernel-op
+/// order (empty for a world without them).
+pub fn lamport_two_shot_names(w: usize, dt: &str) -> Vec<String> {
+    if !(LAMPORT_TWO_SHOT_WORLD_MIN..=LAMPORT_WORLD_MAX).contains(&w) {
+        return Vec::new();
+    }
+    KERNEL_OP_NAMES
+        .iter()
+        .map(|op| format!("symm_lamport{w}_ar2_{op}_{dt}"))
+        .collect()
 }
 
 /// The kind (`"lamport{w}"`, for [`mode_op_names`]) of the Lamport entries a backend loads for
@@ -104,7 +129,7 @@ pub fn lamport_world_kind(world: usize) -> Option<(u8, String)> {
 pub fn mode_op_names(kind: &str, dt: &str) -> Vec<String> {
     let mut v = Vec::with_capacity(9);
     for mode in ["ar", "rs"] {
-        for op in ["sum", "avg", "max", "min"] {
+        for op in KERNEL_OP_NAMES {
             v.push(format!("symm_{kind}_{mode}_{op}_{dt}"));
         }
     }
@@ -288,6 +313,7 @@ pub fn all_reduce_mechanism(kernel: AllReduceKernel) -> Option<Mechanism> {
         AllReduceKernel::CopyEnginePull => Mechanism::CopyEngine,
         AllReduceKernel::Pull | AllReduceKernel::PullTwoShot => Mechanism::Pull,
         AllReduceKernel::CopyEngineTwoShot => Mechanism::CeTwoShot,
+        AllReduceKernel::LamportTwoShot => Mechanism::LamportTwoShot,
     })
 }
 
@@ -446,6 +472,42 @@ impl Rig {
         Ok(Launch::new(entry, p.blocks, p.threads, &a))
     }
 
+    /// The Lamport two-shot all-reduce of `d` (NOTE [lamport-two-shot]; its dtype is `dt`'s,
+    /// `d.count` the message's elements): the entry of this world where it has one, else the
+    /// generic Lamport entry in `COLL_MODE_AR2`.
+    pub fn lamport_two_shot(&self, dt: KernelDtype, d: DeviceOp, tuning: &Tuning, hdr: &OpHeader) -> Result<Launch> {
+        let DeviceOp {
+            input,
+            output,
+            count,
+            op,
+            ..
+        } = d;
+        let p = lamport_two_shot_plan(count, dt.dtype(), &self.layout, tuning, self.grid.blocks)?;
+        let entry = match self.world {
+            w @ LAMPORT_TWO_SHOT_WORLD_MIN..=LAMPORT_WORLD_MAX if !self.switches.generic_entries => {
+                Entry::LamportTwoShotWorld(dt, w as u8, kernel_op(op))
+            }
+            _ => Entry::Lamport(dt),
+        };
+        let mut a = args::lamport(
+            &self.common,
+            &self.direct,
+            &args::Lamport {
+                mode: RingMode::AllReduce,
+                op: kernel_op(op),
+                input,
+                output,
+                count,
+            },
+            &self.layout,
+            &self.bound,
+            hdr,
+        );
+        a[args::LAMPORT_MODE_ARG] = KernelArg::U32(args::MODE_AR2 | self.switches.lamport_bits);
+        Ok(Launch::new(entry, p.blocks, p.threads, &a))
+    }
+
     /// One ring launch (NOTE [collectives-protocols]) of `r`.
     pub fn ring(&self, dt: KernelDtype, r: &RingOp, tuning: &Tuning, hdr: &OpHeader) -> Result<Launch> {
         let RingOp {
@@ -560,6 +622,7 @@ impl Rig {
         let hdr = &header(OpKind::AllReduce, dtype, count, Some(op), mech);
         match kernel {
             AllReduceKernel::Lamport => to.launch(&self.lamport(dt, RingMode::AllReduce, d, tuning, hdr)?),
+            AllReduceKernel::LamportTwoShot => to.launch(&self.lamport_two_shot(dt, d, tuning, hdr)?),
             AllReduceKernel::OneShot => {
                 let r = RingOp {
                     mode: RingMode::AllReduce,

@@ -36,10 +36,12 @@ pub enum Mechanism {
     LamportResidual = 8,
     /// The Lamport one-shot with the residual add and RMSNorm.
     LamportResidualNorm = 9,
+    /// The Lamport two-shot all-reduce (NOTE [lamport-two-shot]).
+    LamportTwoShot = 10,
 }
 
 impl Mechanism {
-    const ALL: [Mechanism; 9] = [
+    const ALL: [Mechanism; 10] = [
         Mechanism::Lamport,
         Mechanism::Ring,
         Mechanism::TwoShot,
@@ -49,6 +51,7 @@ impl Mechanism {
         Mechanism::Empty,
         Mechanism::LamportResidual,
         Mechanism::LamportResidualNorm,
+        Mechanism::LamportTwoShot,
     ];
 
     fn name(self) -> &'static str {
@@ -62,6 +65,7 @@ impl Mechanism {
             Mechanism::Empty => "empty",
             Mechanism::LamportResidual => "lamport_residual",
             Mechanism::LamportResidualNorm => "lamport_residual_rms_norm",
+            Mechanism::LamportTwoShot => "lamport_two_shot",
         }
     }
 }

@@ -1,5 +1,5 @@
 //! The all-reduce entry of [`CudaCollectives`]: the explicit kernels of
-//! [`AllReduceKernel`] (Lamport, the ring one-shot and two-shot, the zero-copy pulls, the
+//! [`AllReduceKernel`] (Lamport one-shot and two-shot, the ring one-shot and two-shot, the zero-copy pulls, the
 //! copy-engine paths) and their launches.
 
 use super::*;
@@ -57,9 +57,10 @@ impl CudaCollectives {
         let mech = all_reduce_mechanism(kernel).ok_or_else(|| not_here(kernel))?;
         let hdr = &header(OpKind::AllReduce, dtype, count, Some(op), mech);
         match kernel {
-            AllReduceKernel::Lamport | AllReduceKernel::OneShot | AllReduceKernel::TwoShot => {
-                self.rig.all_reduce(&self.on(stream), kernel, tuning, d)
-            }
+            AllReduceKernel::Lamport
+            | AllReduceKernel::LamportTwoShot
+            | AllReduceKernel::OneShot
+            | AllReduceKernel::TwoShot => self.rig.all_reduce(&self.on(stream), kernel, tuning, d),
             AllReduceKernel::PullTwoShot => {
                 self.rig
                     .all_reduce_pull_two_shot(&self.on(stream), &self.registry, tuning, d)

@@ -17,7 +17,7 @@ use super::{args, cfg, CudaCollectives, Epilogues, GridBudget, RingMode, Tuning,
 use crate::driver::launch::{launch, Launch};
 use crate::driver::{self, bind, from_driver};
 use crate::{kernels, knobs};
-use symm_core::coll::launch::{lamport_world_kind, mode_op_index, mode_op_names, Rig};
+use symm_core::coll::launch::{lamport_two_shot_names, lamport_world_kind, mode_op_index, mode_op_names, Rig};
 use symm_core::coll::registry::Registry;
 
 pub use symm_core::coll::layout::{DEFAULT_LAMPORT_BYTES, DEFAULT_RING_SLOTS, DEFAULT_STAGING_BYTES};
@@ -82,6 +82,10 @@ pub(super) struct KernelTable {
     /// Lamport entries specialised for it and one (mode, op), which avoid the generic kernel's
     /// register spills and instruction-cache misses (NOTE [lamport-world-entries]).
     pub(super) lamport_world: Option<(u8, PerDtype<ModeOpEntries>)>,
+    /// `symm_lamport{w}_ar2_{op}_{dt}` for this object's world `w` (3..=8, else `None`): the
+    /// Lamport two-shot all-reduce (NOTE [lamport-two-shot]), one entry per kernel op in
+    /// kernel-op order.
+    pub(super) lamport_two_shot_world: Option<(u8, PerDtype<Vec<CudaFunction>>)>,
     /// `symm_ring_{dt}`: the chunked ring (one-shot, two-shot, ring reduce-scatter, SM
     /// all-gather).
     pub(super) ring: PerDtype<CudaFunction>,
@@ -202,6 +206,18 @@ impl CudaCollectives {
             lamport_world: match lamport_world_kind(world) {
                 Some((w, kind)) => Some((w, two_rank(&kind)?)),
                 None => None,
+            },
+            lamport_two_shot_world: match lamport_two_shot_names(world, "bf16").is_empty() {
+                true => None,
+                false => Some((
+                    world as u8,
+                    PerDtype::try_new(|d| {
+                        lamport_two_shot_names(world, d.suffix())
+                            .iter()
+                            .map(|n| get(n))
+                            .collect::<Result<Vec<_>>>()
+                    })?,
+                )),
             },
             ring: per_dtype("ring")?,
             reduce_ptrs: per_dtype("reduce_ptrs")?,

@@ -332,6 +332,12 @@ mod argument_lists {
                 for n in symm_core::coll::launch::mode_op_names(&format!("{kind}{w}"), dt) {
                     cases.push((n, sizes.clone()));
                 }
+                // The Lamport two-shot's entries (3..=8 ranks) too.
+                if kind == "lamport" {
+                    for n in symm_core::coll::launch::lamport_two_shot_names(w, dt) {
+                        cases.push((n, sizes.clone()));
+                    }
+                }
             }
         }
         // Every list fits the launcher (checked without NVRTC too).

@@ -28,7 +28,7 @@
 //! Algorithms (each may carry tuning, e.g.
 //! `one_shot:chunk=64K:minchunk=8K:chunks_per_block=2:blocks=64:threads=256`,
 //! `copy_engine:ce_fraction=0.5:ce_chunk=8M`; `args::TUNING_KEYS` lists the keys, see
-//! `symm_cuda::collectives::Tuning`): all_reduce `auto lamport one_shot two_shot pull
+//! `symm_cuda::collectives::Tuning`): all_reduce `auto lamport lamport_two_shot one_shot two_shot pull
 //! copy_engine ce_two_shot nccl`; reduce_scatter `auto lamport ring pull copy_engine nccl`; all_gather `auto lamport sm pull
 //! copy_engine nccl` (each a kernel of `symm_core::coll`, run explicitly; `auto` is the Communicator's
 //! plan, printed beside it; `pull`: the fused zero-copy pull, inputs in the registered arena, two-shot from

@@ -455,6 +455,13 @@ impl Communicator {
         self.selector.thresholds
     }
 
+    /// The largest all-reduce (bytes) [`crate::AllReduceAlgo::LamportTwoShot`] takes here: two shards
+    /// of it fit a Lamport slot (NOTE [lamport-two-shot]); 0 without the kernels' Lamport
+    /// buffers (the host and NCCL engines, one rank).
+    pub fn lamport_two_shot_max_bytes(&self) -> usize {
+        symm_core::coll::geometry::lamport_two_shot_max_bytes(self.selector.world, self.selector.lamport_slot)
+    }
+
     /// The stream the ops run on (CUDA engine).
     #[cfg(feature = "cuda")]
     pub fn stream(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {

@@ -86,6 +86,14 @@ pub enum AllReduceAlgo {
     /// the input alone qualifies, else the size's usual choice. The host engine runs it as
     /// one-shot.
     CopyEngine,
+    /// Two-shot with data as flag in one kernel (CUDA, ROCm; NOTE [lamport-two-shot]): every
+    /// rank pushes each peer's shard into the peer's Lamport slot, reduces its own shard as it
+    /// arrives and pushes the sum into every peer's slot. Each rank's links carry 2 (world - 1)
+    /// / world of the message where [`AllReduceAlgo::Lamport`] pushes world - 1 copies of it,
+    /// for one more exchange's latency. Any buffers; messages whose two shards fit a Lamport
+    /// slot (a larger one is refused with `Error::OutOfRange`, as the one-shot's beyond its
+    /// slot). The host engine runs it as two-shot.
+    LamportTwoShot,
     /// NCCL's all-reduce.
     Nccl,
 }
@@ -98,6 +106,7 @@ impl fmt::Display for AllReduceAlgo {
             AllReduceAlgo::Lamport => "lamport (one-shot, data as flag)",
             AllReduceAlgo::Pull => "zero-copy pull",
             AllReduceAlgo::CopyEngine => "zero-copy copy-engine two-shot",
+            AllReduceAlgo::LamportTwoShot => "lamport two-shot (data as flag)",
             AllReduceAlgo::Nccl => "nccl",
         })
     }
@@ -292,7 +301,9 @@ impl Selector {
                 AllReduceAlgo::TwoShot
             };
         }
-        if bytes <= t.lamport_max_bytes {
+        if self.lamport_two_shot_takes(bytes) {
+            AllReduceAlgo::LamportTwoShot
+        } else if bytes <= t.lamport_max_bytes {
             AllReduceAlgo::Lamport
         } else if bytes >= t.all_reduce_ce_min_bytes {
             // The engine runs the pull (or the size's usual choice) when the buffers do not
@@ -308,6 +319,15 @@ impl Selector {
         } else {
             AllReduceAlgo::TwoShot
         }
+    }
+
+    /// Whether an all-reduce of `bytes` lies in the Lamport two-shot's rows: from
+    /// `lamport_two_shot_min_bytes` to `lamport_two_shot_max_bytes`, and its two shards fit a
+    /// Lamport slot (NOTE [lamport-two-shot]).
+    pub fn lamport_two_shot_takes(&self, bytes: usize) -> bool {
+        let t = &self.thresholds;
+        let fits = symm_core::coll::geometry::lamport_two_shot_max_bytes(self.world, self.lamport_slot);
+        self.world >= 2 && bytes >= t.lamport_two_shot_min_bytes && bytes <= t.lamport_two_shot_max_bytes.min(fits)
     }
 
     /// The fused epilogue can run here: symmetric memory, an engine that runs the kernels, and a

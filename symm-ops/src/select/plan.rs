@@ -16,7 +16,7 @@ impl Selector {
     pub(crate) fn plan_all_reduce(&self, req: AllReduceAlgo, bytes: usize, b: &Bufs<'_>) -> Plan<AllReduceKernel> {
         if self.engine == EngineKind::Host {
             return Plan::Kernel(match req {
-                AllReduceAlgo::TwoShot => AllReduceKernel::TwoShot,
+                AllReduceAlgo::TwoShot | AllReduceAlgo::LamportTwoShot => AllReduceKernel::TwoShot,
                 _ => AllReduceKernel::OneShot,
             });
         }
@@ -39,6 +39,7 @@ impl Selector {
             // One rank: nothing to exchange; the ring kernel reduces the rank's own data.
             _ if self.world == 1 => AllReduceKernel::OneShot,
             AllReduceAlgo::Lamport => AllReduceKernel::Lamport,
+            AllReduceAlgo::LamportTwoShot => AllReduceKernel::LamportTwoShot,
             AllReduceAlgo::OneShot => AllReduceKernel::OneShot,
             AllReduceAlgo::TwoShot => AllReduceKernel::TwoShot,
             // Without the copy engine (a backend fact) the pull runs for it.

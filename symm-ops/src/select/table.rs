@@ -9,10 +9,13 @@ use super::{Bufs, EngineKind, Plan, Selector};
 impl Selector {
     /// The sizes at which the all-reduce table may change its pick (the last byte of each
     /// range; `usize::MAX`-like values for thresholds that are off).
-    fn all_reduce_bounds(&self) -> [usize; 6] {
+    fn all_reduce_bounds(&self) -> [usize; 8] {
         let t = &self.thresholds;
+        let two_shot_fits = symm_core::coll::geometry::lamport_two_shot_max_bytes(self.world, self.lamport_slot);
         [
             t.lamport_max_bytes,
+            t.lamport_two_shot_min_bytes.saturating_sub(1),
+            t.lamport_two_shot_max_bytes.min(two_shot_fits),
             t.one_shot_max_bytes,
             t.two_shot_max_bytes,
             t.all_reduce_pull_min_bytes.saturating_sub(1),
@@ -109,6 +112,7 @@ impl Selector {
             AllReduceKernel::PullTwoShot => "zero-copy two-shot pull",
             AllReduceKernel::CopyEnginePull => "zero-copy pull with the copy engine",
             AllReduceKernel::CopyEngineTwoShot => "zero-copy copy-engine two-shot",
+            AllReduceKernel::LamportTwoShot => "lamport two-shot (data as flag)",
             _ => k.name(),
         };
         format!("{host}{what}")

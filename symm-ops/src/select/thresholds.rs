@@ -17,6 +17,13 @@ use super::EngineKind;
 pub struct SelectionThresholds {
     /// all_reduce up to this size: Lamport (CUDA).
     pub lamport_max_bytes: usize,
+    /// all_reduce from this size on (up to `lamport_two_shot_max_bytes`), where its two shards
+    /// fit a Lamport slot: the Lamport two-shot ([`AllReduceAlgo::LamportTwoShot`], NOTE
+    /// [lamport-two-shot]); it takes precedence over the Lamport one-shot and the zero-copy
+    /// rows in its range. `usize::MAX`: never. CUDA and ROCm.
+    pub lamport_two_shot_min_bytes: usize,
+    /// all_reduce up to this size (from `lamport_two_shot_min_bytes`): the Lamport two-shot.
+    pub lamport_two_shot_max_bytes: usize,
     /// all_reduce up to this size: one-shot.
     pub one_shot_max_bytes: usize,
     /// all_reduce larger than this: NCCL where it is available (else one-shot
@@ -122,6 +129,8 @@ impl SelectionThresholds {
             },
             EngineKind::Host => SelectionThresholds {
                 lamport_max_bytes: 0,
+                lamport_two_shot_min_bytes: usize::MAX,
+                lamport_two_shot_max_bytes: 0,
                 one_shot_max_bytes: 256 * KIB,
                 two_shot_max_bytes: usize::MAX,
                 reduce_scatter_max_bytes: usize::MAX,
@@ -140,6 +149,8 @@ impl SelectionThresholds {
             },
             EngineKind::Nccl => SelectionThresholds {
                 lamport_max_bytes: 0,
+                lamport_two_shot_min_bytes: usize::MAX,
+                lamport_two_shot_max_bytes: 0,
                 one_shot_max_bytes: 0,
                 two_shot_max_bytes: 0,
                 reduce_scatter_max_bytes: 0,
@@ -173,6 +184,9 @@ impl SelectionThresholds {
                 let lamport = LAMPORT_MAX_TWO_RANKS;
                 SelectionThresholds {
                     lamport_max_bytes: lamport,
+                    // Two ranks: the two-shot moves as many bytes as the one-shot.
+                    lamport_two_shot_min_bytes: usize::MAX,
+                    lamport_two_shot_max_bytes: 0,
                     one_shot_max_bytes: usize::MAX,
                     two_shot_max_bytes: lamport,
                     reduce_scatter_max_bytes: 32 * MIB,
@@ -220,6 +234,8 @@ impl SelectionThresholds {
                 };
                 SelectionThresholds {
                     lamport_max_bytes: lamport,
+                    lamport_two_shot_min_bytes: LAMPORT_TWO_SHOT_MIN_MULTI,
+                    lamport_two_shot_max_bytes: usize::MAX,
                     one_shot_max_bytes: one_shot,
                     two_shot_max_bytes: 4 * MIB,
                     reduce_scatter_max_bytes: rs,
@@ -252,6 +268,12 @@ pub const LAMPORT_MAX_TWO_RANKS: usize = 16 * MIB;
 /// All-reduce, more than two ranks: Lamport up to this size (every rank pushes the whole message
 /// to every peer; 4 x H200: 13.9 us against NCCL's 17.5 at 1 MiB).
 pub const LAMPORT_MAX_MULTI: usize = MIB;
+/// All-reduce, more than two ranks: the Lamport two-shot (NOTE [lamport-two-shot]) from this
+/// size on, as far as its two shards fit a Lamport slot (4 ranks: 10.6 MiB of 5.3 MiB slots).
+/// PROVISIONAL: the prediction of bench-notes round 26 (the one-shot's three copies of the
+/// message cost more on the links than the two-shot's second exchange from about 512 KiB),
+/// until measured.
+pub const LAMPORT_TWO_SHOT_MIN_MULTI: usize = 512 * KIB;
 /// All-reduce, more than two ranks: the ring one-shot up to this size, the two-shot above (the
 /// PyTorch / vLLM one-shot bound).
 pub const ONE_SHOT_MAX_MULTI: usize = 256 * KIB;

@@ -316,6 +316,12 @@ pub fn matrix<R: AnyDtype>(rigs: &[R], sizes: &[usize], ops: &[ReduceOp]) -> Tes
                                 {
                                     continue;
                                 }
+                                // Two shards a Lamport slot (NOTE [lamport-two-shot]).
+                                if a == AllReduceAlgo::LamportTwoShot
+                                    && n * dtype.size() > rig.comm().lamport_two_shot_max_bytes()
+                                {
+                                    continue;
+                                }
                             }
                             id += 1;
                             let c = Case {

@@ -1,5 +1,5 @@
 //! The all-reduce entry of [`RocmCollectives`]: the explicit kernels of [`AllReduceKernel`] it
-//! runs (Lamport, the ring one-shot and two-shot, the zero-copy pulls), each as symm-core's
+//! runs (Lamport one-shot and two-shot, the ring one-shot and two-shot, the zero-copy pulls), each as symm-core's
 //! `Rig` plans it.
 
 #![deny(unsafe_code)]
@@ -14,7 +14,8 @@ use super::RocmCollectives;
 
 impl RocmCollectives {
     /// All-reduce of `d.count` elements from `d.input` into `d.output` (equal: in place) by
-    /// `kernel`, exactly (NOTE [one-planner]): [`AllReduceKernel::Lamport`], [`AllReduceKernel::OneShot`],
+    /// `kernel`, exactly (NOTE [one-planner]): [`AllReduceKernel::Lamport`],
+    /// [`AllReduceKernel::LamportTwoShot`], [`AllReduceKernel::OneShot`],
     /// [`AllReduceKernel::TwoShot`], [`AllReduceKernel::Pull`] (input registered, apart from the
     /// output) or [`AllReduceKernel::PullTwoShot`] (input and output registered); a copy-engine
     /// kernel is refused, as is a zero-copy kernel whose buffers are not registered. Returns
@@ -34,7 +35,10 @@ impl RocmCollectives {
         let tuning = &self.config.tuning;
         let (rig, reg) = (&self.rig, &self.registry);
         match all_reduce_at(kernel, self.rig.world) {
-            k @ (AllReduceKernel::Lamport | AllReduceKernel::OneShot | AllReduceKernel::TwoShot) => {
+            k @ (AllReduceKernel::Lamport
+            | AllReduceKernel::LamportTwoShot
+            | AllReduceKernel::OneShot
+            | AllReduceKernel::TwoShot) => {
                 self.run("rocm all_reduce", |to| rig.all_reduce(to, k, tuning, d))
             }
             AllReduceKernel::Pull => self.run("rocm all_reduce (pull)", |to| rig.all_reduce_pull(to, reg, tuning, d)),

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use symm_core::coll::args;
 use symm_core::coll::geometry::{GridBudget, KernelDtype, PerDtype, Tuning};
-use symm_core::coll::launch::{lamport_world_kind, mode_op_names, Rig, Switches};
+use symm_core::coll::launch::{lamport_two_shot_names, lamport_world_kind, mode_op_names, Rig, Switches};
 use symm_core::coll::layout::{self, WorkspaceLayout};
 use symm_core::coll::registry::Registry;
 use symm_core::{get_allocator, Device, DeviceType, Error, Group, Result};
@@ -59,6 +59,9 @@ pub(super) struct KernelTable {
     pub(super) ring: PerDtype<Function>,
     pub(super) pull: PerDtype<Function>,
     pub(super) pull_two_rank: PerDtype<Vec<Function>>,
+    /// `symm_lamport{w}_ar2_{op}_{dt}` for this object's world `w` (3..=8, else `None`): the
+    /// Lamport two-shot all-reduce (NOTE [lamport-two-shot]) in kernel-op order.
+    pub(super) lamport_two_shot_world: Option<(u8, PerDtype<Vec<Function>>)>,
     pub(super) reduce_ptrs: PerDtype<Function>,
     /// `symm_lamport_add_rms_{dt}`, `symm_lamport{w}_add_rms_{dt}`: the fused all-reduce epilogue
     /// (NOTE [fused-epilogue]), generic and for this object's world (2..=8).
@@ -105,6 +108,18 @@ impl RocmCollectives {
             lamport_world: match lamport_world_kind(world) {
                 Some((w, kind)) => Some((w, two_rank(&kind)?)),
                 None => None,
+            },
+            lamport_two_shot_world: match lamport_two_shot_names(world, "bf16").is_empty() {
+                true => None,
+                false => Some((
+                    world as u8,
+                    PerDtype::try_new(|d: KernelDtype| {
+                        lamport_two_shot_names(world, d.suffix())
+                            .iter()
+                            .map(|n| get(n))
+                            .collect::<Result<Vec<_>>>()
+                    })?,
+                )),
             },
             ring: per_dtype("ring")?,
             pull: per_dtype("pull")?,

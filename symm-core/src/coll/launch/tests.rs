@@ -82,6 +82,12 @@ fn every_entry_is_in_the_shared_source() {
                 for w in LAMPORT_WORLD_MIN..=LAMPORT_WORLD_MAX {
                     all.push(Entry::LamportWorld(dt, w as u8, mode, op));
                 }
+                for w in LAMPORT_TWO_SHOT_WORLD_MIN..=LAMPORT_WORLD_MAX {
+                    let e = Entry::LamportTwoShotWorld(dt, w as u8, op);
+                    // The names the backends load the two-shot tables by, in kernel-op order.
+                    assert_eq!(lamport_two_shot_names(w, dt.suffix())[op as usize], e.name());
+                    all.push(e);
+                }
                 all.push(Entry::PullTwoRank(dt, mode, op));
             }
         }
@@ -171,6 +177,71 @@ fn each_world_takes_its_specialised_lamport_entry() {
     assert_eq!(l[1].args[LAMPORT_MODE_ARG], KernelArg::U32(0x100));
     assert_eq!(u64_arg(&l[0].args[MAX_WORLD]), r2.direct.pads[1]);
     assert!(l[0].threads >= 64 && l[0].threads <= 512 && l[0].blocks >= 1);
+}
+
+#[test]
+fn lamport_two_shot_takes_its_world_entry_in_mode_ar2_and_fits_two_shards_a_slot() {
+    let to = Record::default();
+    let t = Tuning::default();
+    let op = |r: &Rig, count: usize, red: ReduceOp| {
+        r.all_reduce(
+            &to,
+            AllReduceKernel::LamportTwoShot,
+            &t,
+            DeviceOp {
+                input: 0x100,
+                output: 0x200,
+                count,
+                dtype: DType::BF16,
+                op: red,
+            },
+        )
+    };
+    // 3..=8 ranks: the world's entry for the op; two ranks and the switch: the generic entry,
+    // whose mode argument says COLL_MODE_AR2.
+    op(&rig(1, 4), 1 << 20, ReduceOp::Avg).unwrap();
+    op(&rig(0, 3), 1001, ReduceOp::Max).unwrap();
+    op(&rig(7, 8), 5, ReduceOp::Sum).unwrap();
+    op(&rig(1, 2), 1000, ReduceOp::Sum).unwrap();
+    let generic = Rig {
+        switches: Switches {
+            generic_entries: true,
+            lamport_bits: 0x100,
+            ..Switches::default()
+        },
+        ..rig(2, 4)
+    };
+    op(&generic, 1000, ReduceOp::Min).unwrap();
+    assert_eq!(
+        to.entries(),
+        [
+            Entry::LamportTwoShotWorld(KernelDtype::Bf16, 4, 1),
+            Entry::LamportTwoShotWorld(KernelDtype::Bf16, 3, 2),
+            Entry::LamportTwoShotWorld(KernelDtype::Bf16, 8, 0),
+            Entry::Lamport(KernelDtype::Bf16),
+            Entry::Lamport(KernelDtype::Bf16),
+        ]
+    );
+    let l = to.0.borrow();
+    for (i, bits) in [(0, 0), (3, 0), (4, 0x100)] {
+        assert_eq!(l[i].args[LAMPORT_MODE_ARG], KernelArg::U32(args::MODE_AR2 | bits));
+    }
+    // The count argument is the whole message; the grid is the one-shot's of it.
+    assert_eq!(u64_arg(&l[0].args[LAMPORT_MODE_ARG + 4]), 1 << 20);
+    let one_shot = lamport_plan(1 << 20, DType::BF16, &rig(1, 4).layout, &t, 132).unwrap();
+    assert_eq!((l[0].blocks, l[0].threads), (one_shot.blocks, one_shot.threads));
+    drop(l);
+    // Two shards must fit a slot (4 MiB here): 4 ranks take up to 8 MiB less the rounding,
+    // the one-shot only 4 MiB.
+    let r4 = rig(0, 4);
+    let slot = r4.layout.lamport_max_bytes();
+    let max = crate::coll::geometry::lamport_two_shot_max_bytes(4, slot);
+    assert!(max > slot && max <= 2 * slot, "{max} {slot}");
+    assert!(op(&r4, max / 2, ReduceOp::Sum).is_ok());
+    let p = lamport_two_shot_plan(max / 2, DType::BF16, &r4.layout, &t, 132).unwrap();
+    assert!(2 * p.vectors * 16 <= slot);
+    let too_big = (slot / 2 / 16 + 1) * 16 * 4 / 2;
+    assert!(matches!(op(&r4, too_big, ReduceOp::Sum), Err(Error::OutOfRange { .. })));
 }
 
 #[test]

@@ -35,6 +35,7 @@ impl Op {
             Op::AllReduce => &[
                 "auto",
                 "lamport",
+                "lamport_two_shot",
                 "one_shot",
                 "two_shot",
                 "pull",

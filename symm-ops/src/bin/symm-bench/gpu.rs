@@ -452,6 +452,7 @@ fn run_once(
             (Op::AllReduce, base) => {
                 let kernel = match base {
                     "lamport" => AllReduceKernel::Lamport,
+                    "lamport_two_shot" => AllReduceKernel::LamportTwoShot,
                     "one_shot" => AllReduceKernel::OneShot,
                     "two_shot" => AllReduceKernel::TwoShot,
                     // The zero-copy pull the planner runs at this world size (both buffers are
@@ -533,6 +534,12 @@ fn point(
         // The Lamport buffers bound its message (per peer: one rank's input for all-gather,
         // one shard for reduce-scatter): larger sizes have no Lamport row.
         .filter(|s| s.base != "lamport" || g.count * dtype.size() <= st.coll.lamport_max_bytes())
+        // The Lamport two-shot: two shards of the message per slot, from two ranks on.
+        .filter(|s| {
+            s.base != "lamport_two_shot"
+                || g.count * dtype.size()
+                    <= symm_core::coll::geometry::lamport_two_shot_max_bytes(st.world, st.coll.lamport_max_bytes())
+        })
         // The copy-engine two-shot all-reduce and the copy-engine reduce-scatter are two-rank
         // kernels (refused at other world sizes).
         .filter(|s| {
