@@ -65,6 +65,11 @@
 //   of those writes. A peer writes buffer (k+2)%3 again only in op k+2, which needs this rank's
 //   op k+1 data, sent after op k (and its clearing) ended. The spare buffer (k+1)%3 was cleared in
 //   op k-1, before this rank sent op k's data, which peers need before they reach op k+1.
+// Lamport two-shot (COLL_MODE_AR2 of the Lamport entries, NOTE [lamport-two-shot] in lamport.cuh):
+//   the same buffers, headers, rotation and state; each slot holds two regions of one shard (the
+//   peers' copies of this rank's shard, then their reduced shards), pushed in two exchanges of
+//   one kernel; the safety argument above holds for both, as every write of op k into a peer
+//   follows this rank's op k-1.
 //
 // Ring (chunked push with a release flag per chunk; used by one-shot, reduce-scatter,
 // all-gather and, as RS then AG, two-shot). The op has nchunks chunks per peer (the same on every

@@ -1,6 +1,6 @@
 //! The planner's tests: the table's picks, the plans, the printed table.
 
-use super::thresholds::{KIB, LAMPORT_MAX_MULTI, LAMPORT_MAX_TWO_RANKS, MIB};
+use super::thresholds::{KIB, LAMPORT_MAX_MULTI, LAMPORT_MAX_TWO_RANKS, LAMPORT_TWO_SHOT_MIN_MULTI, MIB};
 use super::*;
 use symm_core::{AllGatherKernel, AllReduceKernel, DType, ReduceScatterKernel};
 
@@ -51,10 +51,15 @@ fn handoff_rule_fuses_the_rows_the_pair_takes() {
         ] {
             // Two ranks: not rows of two vectors a thread (above 8 KiB; the TP 2 70B layer,
             // round 25).
+            // Where the table picks the Lamport two-shot (3+ ranks, from its bound) the pair,
+            // whose all-reduce is the one-shot, does not run: the two-shot, then the kernel.
+            let table = s.all_reduce(rows * row_bytes);
             let want = if world == 2 && row_bytes > 8 * KIB {
                 Separate(AllReduceAlgo::Lamport)
-            } else {
+            } else if table == AllReduceAlgo::Lamport {
                 Fused
+            } else {
+                Separate(table)
             };
             assert_eq!(s.epilogue(rows, row_bytes), want, "{world}: {rows} x {row_bytes}");
         }
@@ -110,11 +115,12 @@ fn epilogues_fuse_at_world_1_and_follow_the_all_reduce_table() {
                 };
                 assert_eq!(s.epilogue(1, bytes), want, "{world} {bytes}");
             }
-            assert_eq!(
-                s.epilogue(1, 512 * KIB + 2),
-                Separate(AllReduceAlgo::Lamport),
-                "{world}"
-            );
+            let above = if world >= 3 && 512 * KIB + 2 >= LAMPORT_TWO_SHOT_MIN_MULTI {
+                AllReduceAlgo::LamportTwoShot
+            } else {
+                AllReduceAlgo::Lamport
+            };
+            assert_eq!(s.epilogue(1, 512 * KIB + 2), Separate(above), "{world}");
             let table = s.epilogue_table();
             assert!(
                 table.contains("lamport (one-shot, data as flag), then the epilogue"),
@@ -197,9 +203,15 @@ fn cuda_world8_hands_large_to_nccl_only_if_present() {
     let mut s = sel(EngineKind::Cuda, 8, true);
     s.thresholds.lamport_max_bytes = 64 * KIB;
     s.thresholds.one_shot_max_bytes = 256 * KIB;
+    s.thresholds.lamport_two_shot_min_bytes = 512 * KIB;
     assert_eq!(s.all_reduce(32 * KIB), AllReduceAlgo::Lamport);
     assert_eq!(s.all_reduce(128 * KIB), AllReduceAlgo::OneShot);
-    assert_eq!(s.all_reduce(MIB), AllReduceAlgo::TwoShot);
+    assert_eq!(s.all_reduce(384 * KIB), AllReduceAlgo::TwoShot);
+    // The Lamport two-shot while two shards fit the 16/7 MiB slots (9.1 MiB), then the ring
+    // two-shot to 4 MiB (none here) and NCCL.
+    assert_eq!(s.all_reduce(MIB), AllReduceAlgo::LamportTwoShot);
+    assert_eq!(s.all_reduce(9 * MIB), AllReduceAlgo::LamportTwoShot);
+    assert_eq!(s.all_reduce(10 * MIB), AllReduceAlgo::Nccl);
     assert_eq!(s.all_reduce(64 * MIB), AllReduceAlgo::Nccl);
     assert_eq!(s.reduce_scatter(64 * MIB), ReduceScatterAlgo::Nccl);
     let s = sel(EngineKind::Cuda, 8, false);
@@ -211,16 +223,30 @@ fn cuda_world8_hands_large_to_nccl_only_if_present() {
 fn cuda_world4_from_the_4_gpu_measurements() {
     let s = sel(EngineKind::Cuda, 4, true);
     let lamport_multi = LAMPORT_MAX_MULTI;
-    assert_eq!(s.all_reduce(lamport_multi), AllReduceAlgo::Lamport);
-    // Other buffers: the two-shot ring to 4 MiB, NCCL above.
-    assert_eq!(s.fallback_all_reduce(4 * MIB), AllReduceAlgo::TwoShot);
-    assert_eq!(s.fallback_all_reduce(4 * MIB + 2), AllReduceAlgo::Nccl);
+    let two_shot_min = LAMPORT_TWO_SHOT_MIN_MULTI;
+    assert_eq!(s.all_reduce(two_shot_min - 2), AllReduceAlgo::Lamport);
+    // The Lamport two-shot from its bound while two shards fit the 16/3 MiB slots (10.6 MiB),
+    // on any buffers (it is not a zero-copy row).
+    let two_shot_max = symm_core::coll::geometry::lamport_two_shot_max_bytes(4, s.lamport_slot);
+    assert!(two_shot_max > 10 * MIB && two_shot_max < 11 * MIB, "{two_shot_max}");
+    for b in [two_shot_min, lamport_multi, 4 * MIB, two_shot_max] {
+        assert_eq!(s.all_reduce(b), AllReduceAlgo::LamportTwoShot, "{b}");
+        assert_eq!(s.fallback_all_reduce(b), AllReduceAlgo::LamportTwoShot, "{b}");
+    }
+    // Other buffers above it: NCCL (the two-shot ring's bound, 4 MiB, lies below).
+    assert_eq!(s.fallback_all_reduce(two_shot_max + 2), AllReduceAlgo::Nccl);
     assert_eq!(s.fallback_all_reduce(64 * MIB), AllReduceAlgo::Nccl);
-    // All-reduce of registered buffers: the two-shot pull from the Lamport bound to 16 MiB.
-    assert_eq!(s.all_reduce(lamport_multi + 2), AllReduceAlgo::Pull);
+    // All-reduce of registered buffers: the two-shot pull from there to 16 MiB.
+    assert_eq!(s.all_reduce(two_shot_max + 2), AllReduceAlgo::Pull);
     assert_eq!(s.all_reduce(16 * MIB), AllReduceAlgo::Pull);
     assert_eq!(s.all_reduce(16 * MIB + 2), AllReduceAlgo::Nccl);
-    assert_eq!(s.fallback_all_reduce(2 * MIB), AllReduceAlgo::TwoShot);
+    // Without the two-shot row: the ring two-shot to 4 MiB for other buffers, as before.
+    let mut old = s.clone();
+    old.thresholds.lamport_two_shot_min_bytes = usize::MAX;
+    assert_eq!(old.all_reduce(lamport_multi), AllReduceAlgo::Lamport);
+    assert_eq!(old.fallback_all_reduce(2 * MIB), AllReduceAlgo::TwoShot);
+    assert_eq!(old.fallback_all_reduce(4 * MIB + 2), AllReduceAlgo::Nccl);
+    assert_eq!(old.all_reduce(lamport_multi + 2), AllReduceAlgo::Pull);
     // Reduce-scatter: the pull (registered inputs) above 16 MiB at every size, the kernels up
     // to 64 MiB for other inputs (the fallback), NCCL above.
     assert_eq!(s.reduce_scatter(16 * MIB), ReduceScatterAlgo::Push);
@@ -309,17 +335,26 @@ fn plans_follow_the_buffers() {
         four.plan_all_reduce(AllReduceAlgo::Pull, 8 * MIB, &bufs(false, true, yes)),
         Plan::Kernel(AllReduceKernel::PullTwoShot)
     );
+    // Unregistered output at 2 MiB: the table without its zero-copy rows, the Lamport two-shot.
     assert_eq!(
         four.plan_all_reduce(AllReduceAlgo::Pull, 2 * MIB, &bufs(true, false, inp)),
-        Plan::Kernel(AllReduceKernel::TwoShot)
+        Plan::Kernel(AllReduceKernel::LamportTwoShot)
+    );
+    assert_eq!(
+        four.plan_all_reduce(AllReduceAlgo::LamportTwoShot, 2 * MIB, &bufs(true, false, no)),
+        Plan::Kernel(AllReduceKernel::LamportTwoShot)
     );
     assert_eq!(
         four.plan_all_reduce(AllReduceAlgo::Pull, 8 * MIB, &bufs(true, false, inp)),
+        Plan::Kernel(AllReduceKernel::LamportTwoShot)
+    );
+    assert_eq!(
+        four.plan_all_reduce(AllReduceAlgo::Pull, 12 * MIB, &bufs(true, false, inp)),
         Plan::Nccl
     );
     let alone = sel(EngineKind::Cuda, 4, false);
     assert_eq!(
-        alone.plan_all_reduce(AllReduceAlgo::Pull, 8 * MIB, &bufs(true, false, inp)),
+        alone.plan_all_reduce(AllReduceAlgo::Pull, 12 * MIB, &bufs(true, false, inp)),
         Plan::Kernel(AllReduceKernel::TwoShot)
     );
     // Reduce-scatter: 16 MiB slots at two ranks, so up to the 32 MiB bound.
@@ -406,6 +441,7 @@ fn table_lists_every_boundary() {
     s.thresholds.lamport_max_bytes = 64 * KIB;
     s.thresholds.one_shot_max_bytes = 256 * KIB;
     s.thresholds.all_gather_copy_engine_min_bytes = 4 * MIB;
+    s.thresholds.lamport_two_shot_min_bytes = usize::MAX;
     let raw = s.table("hdr");
     assert!(raw.starts_with("hdr\n"), "{raw}");
     let t = norm(&raw);
@@ -430,6 +466,15 @@ fn table_lists_every_boundary() {
     // Four ranks: the reduce-scatter's ring (above the Lamport bound, below NCCL's).
     let t4 = norm(&sel(EngineKind::Cuda, 4, true).table("four"));
     assert!(t4.contains("<= 64 MiB zero-copy pull | other buffers: ring"), "{t4}");
+    // Four ranks: the Lamport two-shot's row, up to where two shards fill a slot.
+    assert!(t4.contains("lamport two-shot (data as flag)"), "{t4}");
+    assert!(
+        t4.contains(&format!(
+            "< {} lamport (one-shot",
+            human(LAMPORT_TWO_SHOT_MIN_MULTI)
+        )),
+        "{t4}"
+    );
     let h = norm(&sel(EngineKind::Host, 2, false).table("h"));
     assert!(h.contains("any size host (read every peer's segment, reduce)"), "{h}");
     assert!(h.contains("host one-shot") && h.contains("host two-shot"), "{h}");
@@ -467,6 +512,7 @@ fn rocm_plans_only_the_kernels_rocm_launches() {
                     for req in [
                         s.all_reduce(bytes),
                         AllReduceAlgo::Lamport,
+                        AllReduceAlgo::LamportTwoShot,
                         AllReduceAlgo::OneShot,
                         AllReduceAlgo::TwoShot,
                         AllReduceAlgo::Pull,
@@ -474,7 +520,10 @@ fn rocm_plans_only_the_kernels_rocm_launches() {
                     ] {
                         match s.plan_all_reduce(req, bytes, &b) {
                             Plan::Kernel(
-                                AllReduceKernel::Lamport | AllReduceKernel::OneShot | AllReduceKernel::TwoShot,
+                                AllReduceKernel::Lamport
+                                | AllReduceKernel::LamportTwoShot
+                                | AllReduceKernel::OneShot
+                                | AllReduceKernel::TwoShot,
                             ) => {}
                             Plan::Kernel(AllReduceKernel::Pull | AllReduceKernel::PullTwoShot) if registered => {}
                             other => panic!("world {world}, {bytes} B, {req:?}, registered {registered}: {other:?}"),
