@@ -240,6 +240,14 @@ fn cuda_world4_from_the_4_gpu_measurements() {
     assert_eq!(s.all_reduce(two_shot_max + 2), AllReduceAlgo::Pull);
     assert_eq!(s.all_reduce(16 * MIB), AllReduceAlgo::Pull);
     assert_eq!(s.all_reduce(16 * MIB + 2), AllReduceAlgo::Nccl);
+    // Three ranks: the one-shot to 512 KiB (it pushes two copies, not three).
+    let three = sel(EngineKind::Cuda, 3, true);
+    assert_eq!(three.all_reduce(256 * KIB), AllReduceAlgo::Lamport);
+    assert_eq!(three.all_reduce(512 * KIB), AllReduceAlgo::LamportTwoShot);
+    assert_eq!(three.all_reduce(12 * MIB - 64), AllReduceAlgo::LamportTwoShot);
+    // Two ranks: never (it moves as many bytes as the one-shot).
+    let two = sel(EngineKind::Cuda, 2, true);
+    assert!((0..=30).all(|p| two.all_reduce(1 << p) != AllReduceAlgo::LamportTwoShot));
     // Without the two-shot row: the ring two-shot to 4 MiB for other buffers, as before.
     let mut old = s.clone();
     old.thresholds.lamport_two_shot_min_bytes = usize::MAX;

@@ -234,7 +234,11 @@ impl SelectionThresholds {
                 };
                 SelectionThresholds {
                     lamport_max_bytes: lamport,
-                    lamport_two_shot_min_bytes: LAMPORT_TWO_SHOT_MIN_MULTI,
+                    lamport_two_shot_min_bytes: if world_size == 3 {
+                        LAMPORT_TWO_SHOT_MIN_THREE_RANKS
+                    } else {
+                        LAMPORT_TWO_SHOT_MIN_MULTI
+                    },
                     lamport_two_shot_max_bytes: usize::MAX,
                     one_shot_max_bytes: one_shot,
                     two_shot_max_bytes: 4 * MIB,
@@ -268,12 +272,20 @@ pub const LAMPORT_MAX_TWO_RANKS: usize = 16 * MIB;
 /// All-reduce, more than two ranks: Lamport up to this size (every rank pushes the whole message
 /// to every peer; 4 x H200: 13.9 us against NCCL's 17.5 at 1 MiB).
 pub const LAMPORT_MAX_MULTI: usize = MIB;
-/// All-reduce, more than two ranks: the Lamport two-shot (NOTE [lamport-two-shot]) from this
-/// size on, as far as its two shards fit a Lamport slot (4 ranks: 10.6 MiB of 5.3 MiB slots).
-/// PROVISIONAL: the prediction of bench-notes round 26 (the one-shot's three copies of the
-/// message cost more on the links than the two-shot's second exchange from about 512 KiB),
-/// until measured.
-pub const LAMPORT_TWO_SHOT_MIN_MULTI: usize = 512 * KIB;
+/// All-reduce, four and more ranks: the Lamport two-shot (NOTE [lamport-two-shot]) from this
+/// size on, as far as its two shards fit a Lamport slot (4 ranks: 10.6 MiB of 5.3 MiB slots),
+/// ahead of the one-shot, the zero-copy pulls and NCCL there. 4 x H100, bf16, graph
+/// (bench-notes round 26): 128 KiB 4.99 us against the one-shot's 4.41, 256 KiB 5.24 against
+/// 5.39, 512 KiB 5.95 against 7.61, 1 / 2 / 4 / 8 MiB 7.77 / 12.28 / 21.69 / 41.46 against
+/// NCCL's 17.57 / 26.71 / 41.53 / 62.60 and the two-shot pull's (registered buffers) 22.75 /
+/// 33.15 / 53.13 at 2-8 MiB. Five to eight ranks are unmeasured; the two-shot's advantage
+/// grows with the ranks (the one-shot pushes world - 1 copies), so their crossover lies lower.
+pub const LAMPORT_TWO_SHOT_MIN_MULTI: usize = 256 * KIB;
+/// All-reduce, three ranks: the Lamport two-shot from this size on (the one-shot pushes two
+/// copies, the two-shot 4/3 of the message). 4 x H100 with three ranks, bf16, graph (round 26):
+/// 256 KiB 4.84 against the one-shot's 4.23, 512 KiB 5.56 against 5.74, 1 / 2 / 4 / 8 MiB 7.23 /
+/// 12.45 / 20.30 / 39.98 against NCCL's 16.10 / 25.30 / 44.03 / 62.95.
+pub const LAMPORT_TWO_SHOT_MIN_THREE_RANKS: usize = 512 * KIB;
 /// All-reduce, more than two ranks: the ring one-shot up to this size, the two-shot above (the
 /// PyTorch / vLLM one-shot bound).
 pub const ONE_SHOT_MAX_MULTI: usize = 256 * KIB;
