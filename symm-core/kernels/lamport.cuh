@@ -83,6 +83,58 @@ __device__ __forceinline__ bool coll_lam_poll(uint4 (&pv)[COLL_MAXW - 1], const 
     return true;
 }
 
+// The op state's advance, after every push of the op (NOTE [collectives-protocols], Lamport):
+// every thread of this block has read the op state by the __syncthreads. One block: it advances
+// the state at its end (coll_lam_advance_alone; nothing to count). More: each block counts
+// itself in, and the LAST one to arrive advances the state at once (every block has read it;
+// the next kernel on the stream starts after this one ends) -- no block waits at the end.
+// `used`: the 16-byte vectors a slot this op wrote (the next op clears them).
+__device__ __forceinline__ void coll_lam_arrive(unsigned int* st, unsigned int idx, unsigned long long used,
+                                                bool acq_rel_arrive) {
+    __syncthreads();
+    if (threadIdx.x == 0 && gridDim.x > 1u) {
+        // Relaxed: the block's state loads are complete (their values addressed every store
+        // before the __syncthreads), and the acq_rel form measured 0.05-0.2 us slower.
+        const unsigned int before = acq_rel_arrive ? coll_atom_add_acq_rel_gpu(st + COLL_ST_LAM_ARRIVE, 1u)
+                                                   : atomicAdd(st + COLL_ST_LAM_ARRIVE, 1u);
+        if (before == gridDim.x - 1u) {
+            st[COLL_ST_LAM_ARRIVE] = 0u;
+            st[COLL_ST_LAM_USED] = (unsigned int)used;
+            st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
+        }
+    }
+}
+
+// One block: advance the op state at the kernel's end (its threads all read it before the
+// __syncthreads of coll_lam_arrive).
+__device__ __forceinline__ void coll_lam_advance_alone(unsigned int* st, unsigned int idx, unsigned long long used) {
+    if (gridDim.x == 1u && threadIdx.x == 0) {
+        st[COLL_ST_LAM_USED] = (unsigned int)used;
+        st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
+    }
+}
+
+#ifdef COLL_TRACE
+// Kind 8: every block's thread 0 (entry, start, exit; stamps 2 and 3 only block 0's), with the
+// exit stamp of block 0's kind 1 (generic entry) / 2 (world entry) record.
+__device__ __forceinline__ void coll_lam_trace_exit(unsigned long long (&tr)[5], bool world_entry,
+                                                    unsigned int world, unsigned int rank, unsigned int mode,
+                                                    unsigned long long count, const char* ws,
+                                                    unsigned long long tid) {
+    if (threadIdx.x == 0u) {
+        tr[4] = symm_globaltimer();
+        if (tid == 0ull) {
+            coll_trace_write(world_entry ? 2u : 1u, world, rank, mode, count, ws, tr);
+        }
+        coll_trace_write(8u, world, rank, mode, count, ws, tr);
+    }
+}
+#define COLL_LAM_TRACE_EXIT(WORLD_ENTRY, MODE) \
+    coll_lam_trace_exit(coll_tr, WORLD_ENTRY, world, rank, MODE, count, ws, tid);
+#else
+#define COLL_LAM_TRACE_EXIT(WORLD_ENTRY, MODE)
+#endif
+
 // MODE >= 0 and W > 0 fix the mode and the world size at compile time (the specialised
 // entries, NOTE [lamport-world-entries]: a fraction of the generic kernel's code, so a cold
 // instruction cache costs less at every launch); MODE < 0 / W == 0 take them from the arguments.
@@ -249,44 +301,15 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
             }
         }
     }
-    // Every thread of this block has read the op state. One block: it advances the state at its
-    // end (nothing to count). More: each block counts itself in, and the LAST one to arrive
-    // advances the state at once (every block has read it; the next kernel on the stream starts
-    // after this one ends) -- no block waits at the end.
-    __syncthreads();
-    if (threadIdx.x == 0 && gridDim.x > 1u) {
-        // Relaxed: the block's state loads are complete (their values addressed every store
-        // before the __syncthreads), and the acq_rel form measured 0.05-0.2 us slower.
-        const unsigned int before = acq_rel_arrive ? coll_atom_add_acq_rel_gpu(st + COLL_ST_LAM_ARRIVE, 1u)
-                                                   : atomicAdd(st + COLL_ST_LAM_ARRIVE, 1u);
-        if (before == gridDim.x - 1u) {
-            st[COLL_ST_LAM_ARRIVE] = 0u;
-            st[COLL_ST_LAM_USED] = (unsigned int)nv;
-            st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
-        }
-    }
+    coll_lam_arrive(st, idx, nv, acq_rel_arrive);
     // The vectors not received in the pipeline.
     for (; rv < nv && !failed; rv += nth) {
         failed = !recv(rv);
     }
 
-    // 4. one block: advance the op state (its threads all read it before the __syncthreads
-    //    after the push)
-    if (gridDim.x == 1u && threadIdx.x == 0) {
-        st[COLL_ST_LAM_USED] = (unsigned int)nv;
-        st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
-    }
-#ifdef COLL_TRACE
-    // Kind 8: every block's thread 0 (entry, start, exit; stamps 2 and 3 only block 0's), with
-    // the exit stamp of block 0's kind 1 / 2 record.
-    if (threadIdx.x == 0u) {
-        coll_tr[4] = symm_globaltimer();
-        if (tid == 0ull) {
-            coll_trace_write(W > 0 ? 2u : 1u, world, rank, mode, count, ws, coll_tr);
-        }
-        coll_trace_write(8u, world, rank, mode, count, ws, coll_tr);
-    }
-#endif
+    // 4. one block: advance the op state.
+    coll_lam_advance_alone(st, idx, nv);
+    COLL_LAM_TRACE_EXIT(W > 0, mode)
 }
 
 // ---------------------------------------------------------------- Lamport two-shot all-reduce
@@ -375,17 +398,7 @@ __device__ __forceinline__ void coll_lamport2(const CollWs8 wsv, unsigned int* p
             coll_st_v4(cb + j * slot_bytes + v * 16, sentinel);
         }
     }
-    // Every thread of this block has read the op state: the op state advances as the one-shot's.
-    __syncthreads();
-    if (threadIdx.x == 0 && gridDim.x > 1u) {
-        const unsigned int before = acq_rel_arrive ? coll_atom_add_acq_rel_gpu(st + COLL_ST_LAM_ARRIVE, 1u)
-                                                   : atomicAdd(st + COLL_ST_LAM_ARRIVE, 1u);
-        if (before == gridDim.x - 1u) {
-            st[COLL_ST_LAM_ARRIVE] = 0u;
-            st[COLL_ST_LAM_USED] = (unsigned int)(2ull * nv);
-            st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
-        }
-    }
+    coll_lam_arrive(st, idx, 2ull * nv, acq_rel_arrive);
 
     // 2. This rank's shard: poll, reduce, store, push into every peer's second region.
     for (unsigned long long v = tid; v < nv && !failed; v += nth) {
@@ -423,19 +436,8 @@ __device__ __forceinline__ void coll_lamport2(const CollWs8 wsv, unsigned int* p
         const unsigned int t = (rank + 1 + l) % world;
         coll_store<DT>(output + t * shard_bytes + v * 16, pv[0], valid(t, v), al_out);
     }
-    if (gridDim.x == 1u && threadIdx.x == 0) {
-        st[COLL_ST_LAM_USED] = (unsigned int)(2ull * nv);
-        st[COLL_ST_LAM_IDX] = (idx + 1u) % 3u;
-    }
-#ifdef COLL_TRACE
-    if (threadIdx.x == 0u) {
-        coll_tr[4] = symm_globaltimer();
-        if (tid == 0ull) {
-            coll_trace_write(W > 0 ? 2u : 1u, world, rank, COLL_MODE_AR2, count, ws, coll_tr);
-        }
-        coll_trace_write(8u, world, rank, COLL_MODE_AR2, count, ws, coll_tr);
-    }
-#endif
+    coll_lam_advance_alone(st, idx, 2ull * nv);
+    COLL_LAM_TRACE_EXIT(W > 0, COLL_MODE_AR2)
 }
 
 #define COLL_LAMPORT_ARGS                                                                                        \

@@ -484,10 +484,8 @@ fn body_all_reduce(ctx: RankCtx) -> TestResult<String> {
                             continue;
                         }
                         // The Lamport two-shot: two shards a slot (NOTE [lamport-two-shot]).
-                        let two_shot_max = symm_core::coll::geometry::lamport_two_shot_max_bytes(
-                            env.world(),
-                            obj.lamport_max_bytes(),
-                        );
+                        let two_shot_max =
+                            symm_core::coll::geometry::lamport_two_shot_max_bytes(env.world(), obj.lamport_max_bytes());
                         if algo == AllReduceKernel::LamportTwoShot
                             && env.world() > 1
                             && count * dtype.size() > two_shot_max

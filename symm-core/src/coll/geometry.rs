@@ -276,16 +276,11 @@ pub fn lamport_plan(
     tuning: &Tuning,
     sm_count: u32,
 ) -> Result<LamportPlan> {
-    let bytes = count
-        .checked_mul(dtype.size())
-        .ok_or_else(|| Error::InvalidArgument("count overflows".into()))?;
-    if layout.world > 1 && bytes > layout.lamport_max_bytes() {
-        return Err(Error::OutOfRange {
-            what: "Lamport message bytes (per peer)",
-            value: bytes as u64,
-            limit: layout.lamport_max_bytes() as u64,
-        });
-    }
+    slot_holds(
+        count.checked_mul(dtype.size()),
+        "Lamport message bytes (per peer)",
+        layout,
+    )?;
     let vectors = count.div_ceil(vec_elems(dtype));
     let (blocks, threads) = lamport_grid(vectors, tuning, sm_count);
     Ok(LamportPlan {
@@ -306,16 +301,11 @@ pub fn lamport_two_shot_plan(
     sm_count: u32,
 ) -> Result<LamportPlan> {
     let q = two_shot_shard(count, layout.world.max(1), dtype);
-    let need = q
-        .checked_mul(2 * dtype.size())
-        .ok_or_else(|| Error::InvalidArgument("count overflows".into()))?;
-    if layout.world > 1 && need > layout.lamport_max_bytes() {
-        return Err(Error::OutOfRange {
-            what: "Lamport two-shot bytes of two shards (per peer slot)",
-            value: need as u64,
-            limit: layout.lamport_max_bytes() as u64,
-        });
-    }
+    slot_holds(
+        q.checked_mul(2 * dtype.size()),
+        "Lamport two-shot bytes of two shards (per peer slot)",
+        layout,
+    )?;
     let (blocks, threads) = lamport_grid(count.div_ceil(vec_elems(dtype)), tuning, sm_count);
     Ok(LamportPlan {
         blocks,
@@ -334,6 +324,20 @@ pub fn lamport_two_shot_max_bytes(world: usize, slot: usize) -> usize {
     // A shard of b bytes takes at most b.div_ceil(world) rounded up to VEC_BYTES, plus one
     // element's rounding (< VEC_BYTES): (slot / 2 / VEC_BYTES - 1) whole vectors a shard is safe.
     (slot / 2 / VEC_BYTES).saturating_sub(1) * VEC_BYTES * world
+}
+
+/// Whether a Lamport slot holds `need` bytes (`None`: the count overflowed); `what` names them
+/// in the error. Any size at one rank (nothing goes through the slots).
+fn slot_holds(need: Option<usize>, what: &'static str, layout: &WorkspaceLayout) -> Result<()> {
+    let need = need.ok_or_else(|| Error::InvalidArgument("count overflows".into()))?;
+    if layout.world > 1 && need > layout.lamport_max_bytes() {
+        return Err(Error::OutOfRange {
+            what,
+            value: need as u64,
+            limit: layout.lamport_max_bytes() as u64,
+        });
+    }
+    Ok(())
 }
 
 /// Blocks and threads of a Lamport grid over `vectors` 16-byte vectors.

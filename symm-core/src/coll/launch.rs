@@ -16,8 +16,8 @@ use crate::{DType, Error, OpKind, Rank, ReduceOp, Result, SymmetricMemory};
 use super::arg::{KernelArg, MAX_ARGS};
 use super::args::{self, Bound, Common, Direct, OpHeader};
 use super::geometry::{
-    kernel_dtype, kernel_op, lamport_plan, lamport_two_shot_plan, ring_plan, two_shot_shard, vec_elems, GridBudget, KernelDtype, RingMode,
-    Tuning,
+    kernel_dtype, kernel_op, lamport_plan, lamport_two_shot_plan, ring_plan, two_shot_shard, vec_elems, GridBudget,
+    KernelDtype, LamportPlan, RingMode, Tuning,
 };
 use super::layout::WorkspaceLayout;
 use super::op_agree::{checked, header, Mechanism};
@@ -439,73 +439,58 @@ impl Rig {
         tuning: &Tuning,
         hdr: &OpHeader,
     ) -> Result<Launch> {
-        let DeviceOp {
-            input,
-            output,
-            count,
-            op,
-            ..
-        } = d;
-        let p = lamport_plan(count, dt.dtype(), &self.layout, tuning, self.grid.blocks)?;
+        let p = lamport_plan(d.count, dt.dtype(), &self.layout, tuning, self.grid.blocks)?;
         // The entry specialised for this world and (mode, op) (NOTE [lamport-world-entries]).
         let entry = match self.world {
             w @ LAMPORT_WORLD_MIN..=LAMPORT_WORLD_MAX if !self.switches.generic_entries => {
-                Entry::LamportWorld(dt, w as u8, mode, kernel_op(op))
+                Entry::LamportWorld(dt, w as u8, mode, kernel_op(d.op))
             }
             _ => Entry::Lamport(dt),
         };
-        let mut a = args::lamport(
-            &self.common,
-            &self.direct,
-            &args::Lamport {
-                mode,
-                op: kernel_op(op),
-                input,
-                output,
-                count,
-            },
-            &self.layout,
-            &self.bound,
-            hdr,
-        );
-        a[args::LAMPORT_MODE_ARG] = KernelArg::U32(mode as u32 | self.switches.lamport_bits);
-        Ok(Launch::new(entry, p.blocks, p.threads, &a))
+        Ok(self.lamport_launch(entry, &p, mode, mode as u32, d, hdr))
     }
 
     /// The Lamport two-shot all-reduce of `d` (NOTE [lamport-two-shot]; its dtype is `dt`'s,
     /// `d.count` the message's elements): the entry of this world where it has one, else the
     /// generic Lamport entry in `COLL_MODE_AR2`.
     pub fn lamport_two_shot(&self, dt: KernelDtype, d: DeviceOp, tuning: &Tuning, hdr: &OpHeader) -> Result<Launch> {
-        let DeviceOp {
-            input,
-            output,
-            count,
-            op,
-            ..
-        } = d;
-        let p = lamport_two_shot_plan(count, dt.dtype(), &self.layout, tuning, self.grid.blocks)?;
+        let p = lamport_two_shot_plan(d.count, dt.dtype(), &self.layout, tuning, self.grid.blocks)?;
         let entry = match self.world {
             w @ LAMPORT_TWO_SHOT_WORLD_MIN..=LAMPORT_WORLD_MAX if !self.switches.generic_entries => {
-                Entry::LamportTwoShotWorld(dt, w as u8, kernel_op(op))
+                Entry::LamportTwoShotWorld(dt, w as u8, kernel_op(d.op))
             }
             _ => Entry::Lamport(dt),
         };
+        Ok(self.lamport_launch(entry, &p, RingMode::AllReduce, args::MODE_AR2, d, hdr))
+    }
+
+    /// A Lamport entry's launch over `p`'s grid: `d`'s operands, the kernel mode `mode_arg`
+    /// (`mode`'s number, or `COLL_MODE_AR2`) with the switches' bits.
+    fn lamport_launch(
+        &self,
+        entry: Entry,
+        p: &LamportPlan,
+        mode: RingMode,
+        mode_arg: u32,
+        d: DeviceOp,
+        hdr: &OpHeader,
+    ) -> Launch {
         let mut a = args::lamport(
             &self.common,
             &self.direct,
             &args::Lamport {
-                mode: RingMode::AllReduce,
-                op: kernel_op(op),
-                input,
-                output,
-                count,
+                mode,
+                op: kernel_op(d.op),
+                input: d.input,
+                output: d.output,
+                count: d.count,
             },
             &self.layout,
             &self.bound,
             hdr,
         );
-        a[args::LAMPORT_MODE_ARG] = KernelArg::U32(args::MODE_AR2 | self.switches.lamport_bits);
-        Ok(Launch::new(entry, p.blocks, p.threads, &a))
+        a[args::LAMPORT_MODE_ARG] = KernelArg::U32(mode_arg | self.switches.lamport_bits);
+        Launch::new(entry, p.blocks, p.threads, &a)
     }
 
     /// One ring launch (NOTE [collectives-protocols]) of `r`.

@@ -477,10 +477,7 @@ fn table_lists_every_boundary() {
     // Four ranks: the Lamport two-shot's row, up to where two shards fill a slot.
     assert!(t4.contains("lamport two-shot (data as flag)"), "{t4}");
     assert!(
-        t4.contains(&format!(
-            "< {} lamport (one-shot",
-            human(LAMPORT_TWO_SHOT_MIN_MULTI)
-        )),
+        t4.contains(&format!("< {} lamport (one-shot", human(LAMPORT_TWO_SHOT_MIN_MULTI))),
         "{t4}"
     );
     let h = norm(&sel(EngineKind::Host, 2, false).table("h"));

@@ -38,9 +38,7 @@ impl RocmCollectives {
             k @ (AllReduceKernel::Lamport
             | AllReduceKernel::LamportTwoShot
             | AllReduceKernel::OneShot
-            | AllReduceKernel::TwoShot) => {
-                self.run("rocm all_reduce", |to| rig.all_reduce(to, k, tuning, d))
-            }
+            | AllReduceKernel::TwoShot) => self.run("rocm all_reduce", |to| rig.all_reduce(to, k, tuning, d)),
             AllReduceKernel::Pull => self.run("rocm all_reduce (pull)", |to| rig.all_reduce_pull(to, reg, tuning, d)),
             AllReduceKernel::PullTwoShot => self.run("rocm all_reduce (two-shot pull)", |to| {
                 rig.all_reduce_pull_two_shot(to, reg, tuning, d)
