@@ -580,7 +580,7 @@ __device__ __forceinline__ uint4 coll_load(const char* p, long long nvalid, bool
     return coll_load_slow<DT>(p, nvalid);
 }
 
-// Stores the first `nvalid` (>= 1) elements of v at p.
+// Stores the first `nvalid` elements of v at p (none when nvalid <= 0: an empty shard's vector).
 template <int DT>
 __device__ __noinline__ void coll_store_slow(char* p, uint4 v, long long nvalid) {
     if (CollT<DT>::ES == 4) {

@@ -329,8 +329,10 @@ __device__ __forceinline__ void coll_lamport(const CollWs8 wsv, unsigned int* pa
 // depend on (1) alone; all blocks are resident (one wave). Re-arming, headers and the op state
 // are the one-shot's: the previous op's buffer is cleared over `used` vectors (2 nv here), the
 // header is pushed with the first vector and checked with the first poll of (2). A rank pushes
-// in (2) only sums of what it took in this op, so NOTE [latched-sends-nothing] holds without a
-// check. The host plans it where 2 q elements fit a slot (symm_core::coll::geometry::
+// in (2) only sums of what it took in this op, and nothing in (2) once an error is latched on it
+// (a buffer an earlier op gave up on may hold a late peer's stale vectors): NOTE
+// [latched-sends-nothing]. A rank whose wait in (2) gives up pushes no sums for the vectors it
+// did not take, so its peers wait out their own deadlines (the one-shot's peers finish). The host plans it where 2 q elements fit a slot (symm_core::coll::geometry::
 // lamport_two_shot_plan).
 template <int DT, int OP, int W>
 __device__ __forceinline__ void coll_lamport2(const CollWs8 wsv, unsigned int* pad, unsigned int rank,
@@ -373,7 +375,12 @@ __device__ __forceinline__ void coll_lamport2(const CollWs8 wsv, unsigned int* p
     const char* const mine = ws + lam_off + idx * buf_bytes;
     const uint4 sentinel = make_uint4(COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL, COLL_SENTINEL);
     unsigned long long deadline = 0;
-    bool failed = false;
+    // NOTE [latched-sends-nothing]: after a timeout or abort latched on this rank, the second
+    // exchange sends nothing. A buffer an earlier op gave up on may hold a late peer's stale
+    // vectors, which a poll takes as present; the one-shot only ever pushes its own input, but
+    // the sums pushed here are derived from what arrived. The own input still goes out in (1),
+    // and the buffer is still re-armed and the state advanced.
+    bool failed = coll_fatal_latched(pad);
     // Elements of shard t valid from its vector v on (<= 0: none).
     auto valid = [&](unsigned int t, unsigned long long v) -> long long {
         return (long long)count - (long long)(t * q + v * VE);
@@ -423,7 +430,9 @@ __device__ __forceinline__ void coll_lamport2(const CollWs8 wsv, unsigned int* p
         coll_store<DT>(output + rank * shard_bytes + v * 16, r, nvalid, al_out);
         COLL_TRACE_AT(3, v == 0ull)
     }
-    // 3. The peers' reduced shards (items (l, v)): the sender of slot l is rank + 1 + l.
+    // 3. The peers' reduced shards (items (l, v)): the sender of slot l is rank + 1 + l. One
+    //    slot a poll: the one-shot's poll over a world of 2 (one peer slot, at the region's vector
+    //    v), without the header wait (step 2's first poll checked the op's headers).
     for (unsigned long long i = tid; i < (unsigned long long)w1 * nv && !failed; i += nth) {
         const unsigned int l = (unsigned int)(i / nv);
         const unsigned long long v = i - (unsigned long long)l * nv;
@@ -507,7 +516,7 @@ COLL_LAMPORT_ENTRY(symm_lamport_bf16, COLL_BF16, 0)
 // arithmetic is by a constant and the reduction selects among world - 1 vectors, not seven; with
 // the mode and op fixed, one entry holds one path. Their code is a fraction of the generic
 // entry's, and they fit in the registers that COLL_MAX_THREADS leaves a thread (ptxas for sm_90:
-// the generic entry spills 248 bytes, an entry of one world but every (mode, op) spills up to
+// the generic entry spills 248 bytes (236 in bf16 since it also holds the two-shot), an entry of one world but every (mode, op) spills up to
 // 1.9 KiB at 8 ranks; these none). Inside a model step the GEMMs between two all-reduces leave
 // the instruction cache and L2 cold, so each line of code and each spill a launch touches can
 // cost a trip to memory (bench-notes round 18 measures it). symm_core::coll::launch's

@@ -251,7 +251,7 @@ pub fn kernel_op(op: ReduceOp) -> u32 {
 pub struct LamportPlan {
     pub blocks: u32,
     pub threads: u32,
-    /// 16-byte vectors per peer slot.
+    /// 16-byte vectors per peer slot (the two-shot: of one shard, each of a slot's two regions).
     pub vectors: usize,
 }
 
@@ -290,9 +290,10 @@ pub fn lamport_plan(
     })
 }
 
-/// Plans a Lamport two-shot all-reduce (NOTE [lamport-two-shot]) of `count` elements in a
-/// group of `world` ranks: the grid of the one-shot of the same message, `vectors` the
-/// vectors of one shard ([`two_shot_shard`]); an error when a slot cannot hold two shards.
+/// Plans a Lamport two-shot all-reduce (NOTE [lamport-two-shot]) of `count` elements in the
+/// group of `layout.world` ranks: the grid of the one-shot of the same message, `vectors` the
+/// vectors of one shard ([`two_shot_shard`], one of the two regions a slot holds); an error
+/// when a slot cannot hold two shards.
 pub fn lamport_two_shot_plan(
     count: usize,
     dtype: DType,
@@ -321,9 +322,10 @@ pub fn lamport_two_shot_max_bytes(world: usize, slot: usize) -> usize {
     if world < 2 {
         return 0;
     }
-    // A shard of b bytes takes at most b.div_ceil(world) rounded up to VEC_BYTES, plus one
-    // element's rounding (< VEC_BYTES): (slot / 2 / VEC_BYTES - 1) whole vectors a shard is safe.
-    (slot / 2 / VEC_BYTES).saturating_sub(1) * VEC_BYTES * world
+    // k whole vectors a shard fit a slot twice (k = slot / 2 / VEC_BYTES). A message of at most
+    // k * VEC_BYTES * world bytes has at most k * VE * world elements, so its shard
+    // (`two_shot_shard`: the elements a rank rounded up to whole vectors) is at most k vectors.
+    (slot / 2 / VEC_BYTES) * VEC_BYTES * world
 }
 
 /// Whether a Lamport slot holds `need` bytes (`None`: the count overflowed); `what` names them
@@ -708,6 +710,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn lamport_two_shot_takes_what_its_bound_says_for_every_dtype_and_world() {
+        let t = Tuning::default();
+        for world in 2..=8 {
+            for lamport_bytes in [64 << 10, (16 << 20) / (world - 1), 3 << 20] {
+                let l = WorkspaceLayout::new(world, 1 << 20, lamport_bytes, 8).unwrap();
+                let max = lamport_two_shot_max_bytes(world, l.lamport_max_bytes());
+                assert!(max >= l.lamport_max_bytes() * world / 2 - VEC_BYTES * world, "{world}");
+                for dtype in [DType::F32, DType::F16, DType::BF16] {
+                    let count = max / dtype.size();
+                    let p = lamport_two_shot_plan(count, dtype, &l, &t, 132).unwrap();
+                    assert!(2 * p.vectors * VEC_BYTES <= l.lamport_max_bytes(), "{world} {dtype:?}");
+                    // Past the slot: refused, never a wrong plan.
+                    let over = (l.lamport_max_bytes() / 2 / VEC_BYTES + 1) * VEC_BYTES * world / dtype.size();
+                    assert!(
+                        lamport_two_shot_plan(over, dtype, &l, &t, 132).is_err(),
+                        "{world} {dtype:?}"
+                    );
+                }
+            }
+        }
+        assert_eq!(lamport_two_shot_max_bytes(1, 1 << 20), 0);
     }
 
     #[test]

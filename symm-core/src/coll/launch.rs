@@ -103,10 +103,19 @@ const KERNEL_OP_NAMES: [&str; 4] = ["sum", "avg", "max", "min"];
 /// at two ranks the two-shot moves as many bytes as the one-shot (the generic entry runs it).
 pub const LAMPORT_TWO_SHOT_WORLD_MIN: usize = 3;
 
+/// `w` for a group of `world` ranks with Lamport two-shot entries of its own
+/// ([`Entry::LamportTwoShotWorld`], loaded by [`lamport_two_shot_names`]); `None` for a world
+/// without them (one or two ranks: the generic entry runs it there).
+pub fn lamport_two_shot_world(world: usize) -> Option<u8> {
+    (LAMPORT_TWO_SHOT_WORLD_MIN..=LAMPORT_WORLD_MAX)
+        .contains(&world)
+        .then_some(world as u8)
+}
+
 /// The names of the Lamport two-shot entries of world `w` for one element type, in kernel-op
 /// order (empty for a world without them).
 pub fn lamport_two_shot_names(w: usize, dt: &str) -> Vec<String> {
-    if !(LAMPORT_TWO_SHOT_WORLD_MIN..=LAMPORT_WORLD_MAX).contains(&w) {
+    if lamport_two_shot_world(w).is_none() {
         return Vec::new();
     }
     KERNEL_OP_NAMES
@@ -590,6 +599,7 @@ impl Rig {
     }
 
     /// The all-reduce kernels that run in kernels alone: [`AllReduceKernel::Lamport`],
+    /// [`AllReduceKernel::LamportTwoShot`] (NOTE [lamport-two-shot]),
     /// [`AllReduceKernel::OneShot`] (the ring over the whole message) and
     /// [`AllReduceKernel::TwoShot`] (ring reduce-scatter into this rank's shard of the output,
     /// then ring all-gather in place), on buffers [`super::check::all_reduce`] accepted. `kernel`

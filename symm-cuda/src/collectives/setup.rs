@@ -17,7 +17,9 @@ use super::{args, cfg, CudaCollectives, Epilogues, GridBudget, RingMode, Tuning,
 use crate::driver::launch::{launch, Launch};
 use crate::driver::{self, bind, from_driver};
 use crate::{kernels, knobs};
-use symm_core::coll::launch::{lamport_two_shot_names, lamport_world_kind, mode_op_index, mode_op_names, Rig};
+use symm_core::coll::launch::{
+    lamport_two_shot_names, lamport_two_shot_world, lamport_world_kind, mode_op_index, mode_op_names, Rig,
+};
 use symm_core::coll::registry::Registry;
 
 pub use symm_core::coll::layout::{DEFAULT_LAMPORT_BYTES, DEFAULT_RING_SLOTS, DEFAULT_STAGING_BYTES};
@@ -207,10 +209,9 @@ impl CudaCollectives {
                 Some((w, kind)) => Some((w, two_rank(&kind)?)),
                 None => None,
             },
-            lamport_two_shot_world: match lamport_two_shot_names(world, "bf16").is_empty() {
-                true => None,
-                false => Some((
-                    world as u8,
+            lamport_two_shot_world: match lamport_two_shot_world(world) {
+                Some(w) => Some((
+                    w,
                     PerDtype::try_new(|d| {
                         lamport_two_shot_names(world, d.suffix())
                             .iter()
@@ -218,6 +219,7 @@ impl CudaCollectives {
                             .collect::<Result<Vec<_>>>()
                     })?,
                 )),
+                None => None,
             },
             ring: per_dtype("ring")?,
             reduce_ptrs: per_dtype("reduce_ptrs")?,

@@ -11,11 +11,10 @@ impl Selector {
     /// range; `usize::MAX`-like values for thresholds that are off).
     fn all_reduce_bounds(&self) -> [usize; 8] {
         let t = &self.thresholds;
-        let two_shot_fits = symm_core::coll::geometry::lamport_two_shot_max_bytes(self.world, self.lamport_slot);
         [
             t.lamport_max_bytes,
             t.lamport_two_shot_min_bytes.saturating_sub(1),
-            t.lamport_two_shot_max_bytes.min(two_shot_fits),
+            self.lamport_two_shot_max(),
             t.one_shot_max_bytes,
             t.two_shot_max_bytes,
             t.all_reduce_pull_min_bytes.saturating_sub(1),
@@ -48,10 +47,16 @@ impl Selector {
                 crate::EpilogueAlgo::Auto => "auto".to_string(),
             },
         );
+        // The pair runs where the table picks the Lamport one-shot: below the two-shot's rows.
+        let below_two_shot = match self.lamport_two_shot_max() {
+            0 => usize::MAX,
+            _ => self.thresholds.lamport_two_shot_min_bytes.saturating_sub(1),
+        };
         let h = self
             .handoff_bytes
             .min(self.lamport_slot)
-            .min(self.thresholds.lamport_max_bytes);
+            .min(self.thresholds.lamport_max_bytes)
+            .min(below_two_shot);
         if h > 0 && self.fuses() && self.world > 1 {
             let wide = match self.thresholds.epilogue_handoff_wide_max_rows {
                 usize::MAX => String::new(),

@@ -26,6 +26,15 @@ fn sel(engine: EngineKind, world: usize, nccl: bool) -> Selector {
     }
 }
 
+/// Where the table starts the Lamport two-shot (`usize::MAX`: never).
+fn two_shot_from(world: usize) -> usize {
+    match world {
+        2 => usize::MAX,
+        3 => 512 * KIB,
+        _ => LAMPORT_TWO_SHOT_MIN_MULTI,
+    }
+}
+
 /// The handoff rule (NOTE [fused-epilogue] "handoff"): where the backend runs the pair, `Auto`
 /// fuses every epilogue whose rows it takes (at most two vectors a thread, the message within
 /// HANDOFF) where the table picks Lamport, but at two ranks not rows of two vectors a thread;
@@ -49,17 +58,17 @@ fn handoff_rule_fuses_the_rows_the_pair_takes() {
             (32, 16 * KIB),
             (3, 10_000),
         ] {
-            // Two ranks: not rows of two vectors a thread (above 8 KiB; the TP 2 70B layer,
-            // round 25).
-            // Where the table picks the Lamport two-shot (3+ ranks, from its bound) the pair,
-            // whose all-reduce is the one-shot, does not run: the two-shot, then the kernel.
-            let table = s.all_reduce(rows * row_bytes);
+            // Where the table picks the Lamport two-shot (from 512 KiB at three ranks, 256 KiB
+            // at four and more) the pair, whose all-reduce is the one-shot, does not run: the
+            // two-shot, then the kernel.
             let want = if world == 2 && row_bytes > 8 * KIB {
+                // Two ranks: not rows of two vectors a thread (above 8 KiB; the TP 2 70B layer,
+                // round 25).
                 Separate(AllReduceAlgo::Lamport)
-            } else if table == AllReduceAlgo::Lamport {
-                Fused
+            } else if rows * row_bytes >= two_shot_from(world) {
+                Separate(AllReduceAlgo::LamportTwoShot)
             } else {
-                Separate(table)
+                Fused
             };
             assert_eq!(s.epilogue(rows, row_bytes), want, "{world}: {rows} x {row_bytes}");
         }
@@ -75,6 +84,12 @@ fn handoff_rule_fuses_the_rows_the_pair_takes() {
         }
         let table = s.epilogue_table();
         assert!(table.contains("fused as the handoff pair"), "{table}");
+        // The pair's line ends below the two-shot's rows.
+        let pair_to = match world {
+            2 => "up to 512 KiB".to_string(),
+            _ => format!("up to {}", human(two_shot_from(world) - 1)),
+        };
+        assert!(table.contains(&pair_to), "{world}: {table}");
         assert_eq!(
             table.contains(
                 "(not rows of 2 vectors a thread: those run the table's all-reduce, then the epilogue kernel)"
@@ -225,7 +240,7 @@ fn cuda_world4_from_the_4_gpu_measurements() {
     let lamport_multi = LAMPORT_MAX_MULTI;
     let two_shot_min = LAMPORT_TWO_SHOT_MIN_MULTI;
     assert_eq!(s.all_reduce(two_shot_min - 2), AllReduceAlgo::Lamport);
-    // The Lamport two-shot from its bound while two shards fit the 16/3 MiB slots (10.6 MiB),
+    // The Lamport two-shot from its bound while two shards fit the 16/3 MiB slots (10.7 MiB),
     // on any buffers (it is not a zero-copy row).
     let two_shot_max = symm_core::coll::geometry::lamport_two_shot_max_bytes(4, s.lamport_slot);
     assert!(two_shot_max > 10 * MIB && two_shot_max < 11 * MIB, "{two_shot_max}");

@@ -108,11 +108,12 @@ impl SelectionThresholds {
     /// The defaults for an engine and world size.
     ///
     /// CUDA, two ranks: measured on 2 x H200 (see the comment in the body):
-    /// Lamport up to 4 MiB; above, the zero-copy pulls for inputs in
+    /// Lamport up to 16 MiB; above, the zero-copy pulls for inputs in
     /// registered symmetric memory (all-gather: the copy engine above 64 MiB)
-    /// and NCCL for other inputs. More ranks: symm-cuda's Lamport and
-    /// one-shot bounds, NCCL from provisional sizes (after PyTorch's
-    /// IntraNodeComm and vLLM) until 4- and 8-GPU measurements exist. Without
+    /// and NCCL for other inputs. Three and four ranks: measured on 4 x H200
+    /// and 4 x H100 (the Lamport one-shot, then the Lamport two-shot while two
+    /// shards fit a slot, the two-shot pull for registered buffers, NCCL);
+    /// five to eight ranks take the same all-reduce rows, unmeasured. Without
     /// NCCL the kernels run every size.
     pub fn defaults(engine: EngineKind, world_size: usize) -> Self {
         match engine {
@@ -205,11 +206,15 @@ impl SelectionThresholds {
                 }
             }
             EngineKind::Cuda => {
-                // Measured on 4 x H200 (NV18 each pair, graph replay, NCCL 2.28.9 in the same
-                // run; session 14, docs/benchmarks.md, bench-notes round 15):
-                // - all-reduce: Lamport up to 1 MiB (13.9 us against NCCL's 17.5), the two-shot
-                //   ring at 4 MiB (36.3 against 40.2), NCCL above (8 MiB: 60.4 against the
-                //   two-shot's best, 70.4; 16 MiB: 96.6 against 109);
+                // - all-reduce (4 x H100, session 25, bench-notes round 26): the Lamport one-shot
+                //   below 256 KiB (512 KiB at three ranks), then the Lamport two-shot while two
+                //   shards fit a slot (LAMPORT_TWO_SHOT_MIN_MULTI has the figures: 4 MiB 21.7 us
+                //   against NCCL's 41.5 and the two-shot pull's 33.2). Beyond that (4 ranks:
+                //   10.7 MiB) the rows below, measured on 4 x H200 (NV18 each pair, graph replay,
+                //   NCCL 2.28.9 in the same run; session 14, docs/benchmarks.md, bench-notes round
+                //   15), apply: the two-shot ring to 4 MiB for other buffers (36.3 against 40.2;
+                //   with the default slots the Lamport two-shot now takes those sizes), NCCL above
+                //   (16 MiB: 96.6 against 109);
                 // - reduce-scatter: Lamport up to 16 MiB (50.4 against 58.8), then the ring (64
                 //   blocks, symm-cuda's RING_WIDE_BLOCKS) up to 64 MiB (99.5 / 182 against 101.5
                 //   / 188 at 32 / 64 MiB; 128 MiB: 350 against 347), NCCL above; for registered
@@ -220,7 +225,7 @@ impl SelectionThresholds {
                 //   registered inputs the pull up to 64 MiB (85.3 / 161 against 97.0 / 169.5 at
                 //   32 / 64 MiB; 128 / 256 MiB 314 / 622 against 310 / 605 in graph replay).
                 // - all-reduce of registered buffers (input and output, in place allowed): the
-                //   two-shot pull above the Lamport bound up to 16 MiB (2 / 4 / 8 / 16 MiB: 18.8 /
+                //   two-shot pull above the Lamport rows up to 16 MiB (2 / 4 / 8 / 16 MiB: 18.8 /
                 //   28.0 / 48.2 / 89.2 against NCCL's 26.2 / 40.0 / 61.0 / 98.2; 32 MiB 170.3
                 //   against 170.2, 256 MiB 1272 against 1179).
                 // Five to eight ranks are unmeasured: the same all-reduce bounds, half the
@@ -269,11 +274,13 @@ impl SelectionThresholds {
 /// kernel, bench-notes.md round 5: 15.8 us at 4 MiB, 28.4 at 8, 53.1 at 16 against the zero-copy
 /// pull's 19.2 / 32.1 / 57.3 and NCCL's 32.5 / 44.9 / 71.9). Capped by the Lamport slots.
 pub const LAMPORT_MAX_TWO_RANKS: usize = 16 * MIB;
-/// All-reduce, more than two ranks: Lamport up to this size (every rank pushes the whole message
-/// to every peer; 4 x H200: 13.9 us against NCCL's 17.5 at 1 MiB).
+/// All-reduce, more than two ranks: the Lamport one-shot up to this size (every rank pushes the
+/// whole message to every peer; 4 x H200: 13.9 us against NCCL's 17.5 at 1 MiB), where the
+/// Lamport two-shot's rows (from [`LAMPORT_TWO_SHOT_MIN_MULTI`]) do not take it first: with
+/// the default slots it runs below 256 KiB (three ranks: 512 KiB).
 pub const LAMPORT_MAX_MULTI: usize = MIB;
 /// All-reduce, four and more ranks: the Lamport two-shot (NOTE [lamport-two-shot]) from this
-/// size on, as far as its two shards fit a Lamport slot (4 ranks: 10.6 MiB of 5.3 MiB slots),
+/// size on, as far as its two shards fit a Lamport slot (4 ranks: 10.7 MiB of 5.3 MiB slots),
 /// ahead of the one-shot, the zero-copy pulls and NCCL there. 4 x H100, bf16, graph
 /// (bench-notes round 26): 128 KiB 4.99 us against the one-shot's 4.41, 256 KiB 5.24 against
 /// 5.39, 512 KiB 5.95 against 7.61, 1 / 2 / 4 / 8 MiB 7.77 / 12.28 / 21.69 / 41.46 against

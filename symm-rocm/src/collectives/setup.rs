@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use symm_core::coll::args;
 use symm_core::coll::geometry::{GridBudget, KernelDtype, PerDtype, Tuning};
-use symm_core::coll::launch::{lamport_two_shot_names, lamport_world_kind, mode_op_names, Rig, Switches};
+use symm_core::coll::launch::{
+    lamport_two_shot_names, lamport_two_shot_world, lamport_world_kind, mode_op_names, Rig, Switches,
+};
 use symm_core::coll::layout::{self, WorkspaceLayout};
 use symm_core::coll::registry::Registry;
 use symm_core::{get_allocator, Device, DeviceType, Error, Group, Result};
@@ -109,10 +111,9 @@ impl RocmCollectives {
                 Some((w, kind)) => Some((w, two_rank(&kind)?)),
                 None => None,
             },
-            lamport_two_shot_world: match lamport_two_shot_names(world, "bf16").is_empty() {
-                true => None,
-                false => Some((
-                    world as u8,
+            lamport_two_shot_world: match lamport_two_shot_world(world) {
+                Some(w) => Some((
+                    w,
                     PerDtype::try_new(|d: KernelDtype| {
                         lamport_two_shot_names(world, d.suffix())
                             .iter()
@@ -120,6 +121,7 @@ impl RocmCollectives {
                             .collect::<Result<Vec<_>>>()
                     })?,
                 )),
+                None => None,
             },
             ring: per_dtype("ring")?,
             pull: per_dtype("pull")?,
