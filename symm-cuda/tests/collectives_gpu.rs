@@ -1444,6 +1444,20 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
                 op: ReduceOp::Sum,
             },
         ),
+        // The Lamport two-shot one vector a shard past two shards a slot (NOTE
+        // [lamport-two-shot]).
+        c.all_reduce_t(
+            s,
+            AllReduceKernel::LamportTwoShot,
+            DeviceOp {
+                input: out,
+                output: out,
+                count: symm_core::coll::geometry::lamport_two_shot_max_bytes(env.world(), c.lamport_max_bytes()) / 4
+                    + 4 * env.world(),
+                dtype,
+                op: ReduceOp::Sum,
+            },
+        ),
         c.all_reduce_t(
             s,
             AllReduceKernel::CopyEnginePull,
@@ -1521,6 +1535,19 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
         short.all_reduce_t(
             s,
             AllReduceKernel::Lamport,
+            DeviceOp {
+                input: inp,
+                output: out,
+                count: 1000,
+                dtype,
+                op: ReduceOp::Sum,
+            },
+        )?;
+        // With the timeout latched, the two-shot pushes its input, sends no sums and ends (NOTE
+        // [latched-sends-nothing]).
+        short.all_reduce_t(
+            s,
+            AllReduceKernel::LamportTwoShot,
             DeviceOp {
                 input: inp,
                 output: out,
