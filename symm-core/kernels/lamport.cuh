@@ -380,7 +380,13 @@ __device__ __forceinline__ void coll_lamport2(const CollWs8 wsv, unsigned int* p
     // vectors, which a poll takes as present; the one-shot only ever pushes its own input, but
     // the sums pushed here are derived from what arrived. The own input still goes out in (1),
     // and the buffer is still re-armed and the state advanced.
+    // The host learns of it here, as a poll that gives up on it would tell it (NOTE
+    // [error-mirror]): the error may be a peer's rejection latched into this pad, which no
+    // kernel of this rank has mirrored yet.
     bool failed = coll_fatal_latched(pad);
+    if (failed && tid == 0ull) {
+        coll_mirror_error(pad, abort_host);
+    }
     // Elements of shard t valid from its vector v on (<= 0: none).
     auto valid = [&](unsigned int t, unsigned long long v) -> long long {
         return (long long)count - (long long)(t * q + v * VE);
