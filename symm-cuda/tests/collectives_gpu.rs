@@ -1532,41 +1532,25 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     env.ctx.barrier("timeout-start", T)?;
     if me == 0 {
         let t0 = Instant::now();
-        short.all_reduce_t(
-            s,
+        // The first times out; with the timeout latched, the two-shot pushes its input, sends
+        // no sums and ends (NOTE [latched-sends-nothing]), and the one-shot ring stops.
+        for k in [
             AllReduceKernel::Lamport,
-            DeviceOp {
-                input: inp,
-                output: out,
-                count: 1000,
-                dtype,
-                op: ReduceOp::Sum,
-            },
-        )?;
-        // With the timeout latched, the two-shot pushes its input, sends no sums and ends (NOTE
-        // [latched-sends-nothing]).
-        short.all_reduce_t(
-            s,
             AllReduceKernel::LamportTwoShot,
-            DeviceOp {
-                input: inp,
-                output: out,
-                count: 1000,
-                dtype,
-                op: ReduceOp::Sum,
-            },
-        )?;
-        short.all_reduce_t(
-            s,
             AllReduceKernel::OneShot,
-            DeviceOp {
-                input: inp,
-                output: out,
-                count: 1000,
-                dtype,
-                op: ReduceOp::Sum,
-            },
-        )?;
+        ] {
+            short.all_reduce_t(
+                s,
+                k,
+                DeviceOp {
+                    input: inp,
+                    output: out,
+                    count: 1000,
+                    dtype,
+                    op: ReduceOp::Sum,
+                },
+            )?;
+        }
         let all = (0..env.world())
             .map(|r| Rank::new(r, env.world()))
             .collect::<Result<Vec<_>, _>>()?;
