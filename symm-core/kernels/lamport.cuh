@@ -1,5 +1,6 @@
-// symm: The Lamport one-shot kernels (all-reduce, and reduce-scatter / all-gather through their
-// modes): data as flag, software-pipelined.
+// symm: The Lamport kernels, data as flag: the one-shot (all-reduce, and reduce-scatter /
+// all-gather through its modes; software-pipelined) and the two-shot all-reduce (NOTE
+// [lamport-two-shot]).
 // Included by collectives.cu (symm_core::kernel_source::expand_includes expands the include:
 // neither NVRTC nor hiprtc gets an include path), after its primitives and dtype helpers,
 // which this file uses.
