@@ -1395,6 +1395,14 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     let dtype = DType::F32;
     let pl = pool(&env, 1, 2, 4096, dtype, 7)?;
     let (inp, out) = (pl.in_ptrs[0], pl.out_base);
+    // A sum of `count` elements of this case's dtype.
+    let sum = |input, output, count| DeviceOp {
+        input,
+        output,
+        count,
+        dtype,
+        op: ReduceOp::Sum,
+    };
     // ---- bad arguments: host-side errors, nothing launched.
     let c = env.collectives("coll-err", config(symm_cuda::collectives::DEFAULT_STAGING_BYTES))?;
     let s = &env.stream;
@@ -1433,17 +1441,7 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
             },
         ),
         // In place (no overlap error first): one element past the 16 MiB Lamport buffers.
-        c.all_reduce_t(
-            s,
-            AllReduceKernel::Lamport,
-            DeviceOp {
-                input: out,
-                output: out,
-                count: (4 << 20) + 1,
-                dtype,
-                op: ReduceOp::Sum,
-            },
-        ),
+        c.all_reduce_t(s, AllReduceKernel::Lamport, sum(out, out, (4 << 20) + 1)),
         // The Lamport two-shot one vector a shard past two shards a slot (NOTE
         // [lamport-two-shot]).
         c.all_reduce_t(
@@ -1458,65 +1456,15 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
                 op: ReduceOp::Sum,
             },
         ),
-        c.all_reduce_t(
-            s,
-            AllReduceKernel::CopyEnginePull,
-            DeviceOp {
-                input: inp,
-                output: out,
-                count: 10,
-                dtype,
-                op: ReduceOp::Sum,
-            },
-        ),
-        c.all_reduce_t(
-            s,
-            AllReduceKernel::Pull,
-            DeviceOp {
-                input: inp,
-                output: out,
-                count: 10,
-                dtype,
-                op: ReduceOp::Sum,
-            },
-        ),
+        c.all_reduce_t(s, AllReduceKernel::CopyEnginePull, sum(inp, out, 10)),
+        c.all_reduce_t(s, AllReduceKernel::Pull, sum(inp, out, 10)),
         c.all_gather_t(s, AllGatherKernel::Pull, DeviceOp::gather(inp, out, 10, dtype)),
         c.all_gather_t(s, AllGatherKernel::Ring, DeviceOp::gather(inp, inp + 4, 10, dtype)),
         c.barrier(s, &[Rank::new((me + 1) % env.world(), env.world())?]),
         // The copy-engine paths: unregistered buffers, and in place.
-        c.reduce_scatter_t(
-            s,
-            ReduceScatterKernel::CopyEngine,
-            DeviceOp {
-                input: inp,
-                output: out,
-                count: 10,
-                dtype,
-                op: ReduceOp::Sum,
-            },
-        ),
-        c.all_reduce_t(
-            s,
-            AllReduceKernel::CopyEngineTwoShot,
-            DeviceOp {
-                input: inp,
-                output: out,
-                count: 10,
-                dtype,
-                op: ReduceOp::Sum,
-            },
-        ),
-        c.all_reduce_t(
-            s,
-            AllReduceKernel::CopyEngineTwoShot,
-            DeviceOp {
-                input: out,
-                output: out,
-                count: 10,
-                dtype,
-                op: ReduceOp::Sum,
-            },
-        ),
+        c.reduce_scatter_t(s, ReduceScatterKernel::CopyEngine, sum(inp, out, 10)),
+        c.all_reduce_t(s, AllReduceKernel::CopyEngineTwoShot, sum(inp, out, 10)),
+        c.all_reduce_t(s, AllReduceKernel::CopyEngineTwoShot, sum(out, out, 10)),
     ];
     for (i, r) in bad.iter().enumerate() {
         if r.is_ok() {
@@ -1539,17 +1487,7 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
             AllReduceKernel::LamportTwoShot,
             AllReduceKernel::OneShot,
         ] {
-            short.all_reduce_t(
-                s,
-                k,
-                DeviceOp {
-                    input: inp,
-                    output: out,
-                    count: 1000,
-                    dtype,
-                    op: ReduceOp::Sum,
-                },
-            )?;
+            short.all_reduce_t(s, k, sum(inp, out, 1000))?;
         }
         let all = (0..env.world())
             .map(|r| Rank::new(r, env.world()))
@@ -1572,17 +1510,7 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     env.ctx.barrier("abort-start", T)?;
     if me == 0 {
         ab.set_abort(true)?;
-        ab.all_reduce_t(
-            s,
-            AllReduceKernel::OneShot,
-            DeviceOp {
-                input: inp,
-                output: out,
-                count: 1000,
-                dtype,
-                op: ReduceOp::Sum,
-            },
-        )?;
+        ab.all_reduce_t(s, AllReduceKernel::OneShot, sum(inp, out, 1000))?;
         s.synchronize()?;
         ab.set_abort(false)?;
         match ab.check_error() {
@@ -1618,17 +1546,7 @@ fn body_errors(ctx: RankCtx) -> TestResult<String> {
     }
     c.check_error()?;
     // The object still works afterwards (the barriers completed).
-    c.all_reduce_t(
-        s,
-        AllReduceKernel::OneShot,
-        DeviceOp {
-            input: inp,
-            output: out,
-            count: 4096,
-            dtype,
-            op: ReduceOp::Sum,
-        },
-    )?;
+    c.all_reduce_t(s, AllReduceKernel::OneShot, sum(inp, out, 4096))?;
     s.synchronize()?;
     c.check_error()?;
     let got = s.synced_clone_dtoh(&pl.outputs)?;

@@ -194,15 +194,9 @@ impl CudaCollectives {
         crate::trace::install(ctx, &module)?;
         let get = |name: &str| driver::load_function(&module, name);
         let per_dtype = |kind: &str| PerDtype::try_new(|d| get(&format!("symm_{kind}_{}", d.suffix())));
-        let two_rank = |kind: &str| {
-            PerDtype::try_new(|d| {
-                mode_op_names(kind, d.suffix())
-                    .iter()
-                    .map(|n| get(n))
-                    .collect::<Result<Vec<_>>>()
-                    .map(ModeOpEntries)
-            })
-        };
+        // The functions of a list of entry names, in its order.
+        let listed = |names: Vec<String>| names.iter().map(|n| get(n)).collect::<Result<Vec<_>>>();
+        let two_rank = |kind: &str| PerDtype::try_new(|d| listed(mode_op_names(kind, d.suffix())).map(ModeOpEntries));
         let kernels = KernelTable {
             lamport: per_dtype("lamport")?,
             lamport_world: match lamport_world_kind(world) {
@@ -212,12 +206,7 @@ impl CudaCollectives {
             lamport_two_shot_world: match lamport_two_shot_world(world) {
                 Some(w) => Some((
                     w,
-                    PerDtype::try_new(|d| {
-                        lamport_two_shot_names(world, d.suffix())
-                            .iter()
-                            .map(|n| get(n))
-                            .collect::<Result<Vec<_>>>()
-                    })?,
+                    PerDtype::try_new(|d| listed(lamport_two_shot_names(world, d.suffix())))?,
                 )),
                 None => None,
             },

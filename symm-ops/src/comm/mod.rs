@@ -374,16 +374,8 @@ impl Communicator {
             .selection
             .unwrap_or_else(|| SelectionThresholds::defaults(kind, world));
         if kind != EngineKind::Host {
-            // Lamport takes what its buffers hold (the same on every rank); the two-shot, two
-            // shards a slot.
-            thresholds.lamport_max_bytes = thresholds.lamport_max_bytes.min(caps.lamport_slot);
-            thresholds.lamport_two_shot_max_bytes =
-                thresholds
-                    .lamport_two_shot_max_bytes
-                    .min(symm_core::coll::geometry::lamport_two_shot_max_bytes(
-                        world,
-                        caps.lamport_slot,
-                    ));
+            // Lamport takes what its buffers hold (the same on every rank).
+            thresholds = thresholds.within_slots(world, caps.lamport_slot);
         }
         let selector = Selector {
             engine: kind,

@@ -322,17 +322,12 @@ impl Selector {
     }
 
     /// Whether an all-reduce of `bytes` lies in the Lamport two-shot's rows: from
-    /// `lamport_two_shot_min_bytes` to `lamport_two_shot_max_bytes`, and its two shards fit a
-    /// Lamport slot (NOTE [lamport-two-shot]).
+    /// `lamport_two_shot_min_bytes` to `lamport_two_shot_max_bytes` (which the communicator
+    /// caps where two shards fill a Lamport slot, `SelectionThresholds::within_slots`; NOTE
+    /// [lamport-two-shot]).
     pub fn lamport_two_shot_takes(&self, bytes: usize) -> bool {
-        bytes >= self.thresholds.lamport_two_shot_min_bytes && bytes <= self.lamport_two_shot_max()
-    }
-
-    /// The largest all-reduce the Lamport two-shot's rows take: `lamport_two_shot_max_bytes`,
-    /// capped where two shards fill a Lamport slot (0 without the slots).
-    pub fn lamport_two_shot_max(&self) -> usize {
-        let fits = symm_core::coll::geometry::lamport_two_shot_max_bytes(self.world, self.lamport_slot);
-        self.thresholds.lamport_two_shot_max_bytes.min(fits)
+        let t = &self.thresholds;
+        bytes >= t.lamport_two_shot_min_bytes && bytes <= t.lamport_two_shot_max_bytes
     }
 
     /// The fused epilogue can run here: symmetric memory, an engine that runs the kernels, and a

@@ -14,7 +14,7 @@ impl Selector {
         [
             t.lamport_max_bytes,
             t.lamport_two_shot_min_bytes.saturating_sub(1),
-            self.lamport_two_shot_max(),
+            t.lamport_two_shot_max_bytes,
             t.one_shot_max_bytes,
             t.two_shot_max_bytes,
             t.all_reduce_pull_min_bytes.saturating_sub(1),
@@ -48,9 +48,11 @@ impl Selector {
             },
         );
         // The pair runs where the table picks the Lamport one-shot: below the two-shot's rows.
-        let below_two_shot = match self.lamport_two_shot_max() {
-            0 => usize::MAX,
-            _ => self.thresholds.lamport_two_shot_min_bytes.saturating_sub(1),
+        let t = &self.thresholds;
+        let below_two_shot = if t.lamport_two_shot_max_bytes >= t.lamport_two_shot_min_bytes {
+            t.lamport_two_shot_min_bytes.saturating_sub(1)
+        } else {
+            usize::MAX
         };
         let h = self
             .handoff_bytes

@@ -18,7 +18,11 @@ fn sel(engine: EngineKind, world: usize, nccl: bool) -> Selector {
         fused_epilogue: matches!(engine, EngineKind::Cuda | EngineKind::Rocm),
         symm: engine != EngineKind::Nccl,
         nccl: nccl && engine != EngineKind::Rocm,
-        thresholds: SelectionThresholds::defaults(engine, world),
+        // As the communicator sets them: within its Lamport slots.
+        thresholds: match engine {
+            EngineKind::Host => SelectionThresholds::defaults(engine, world),
+            _ => SelectionThresholds::defaults(engine, world).within_slots(world, lamport_slot),
+        },
         world,
         lamport_slot,
         // The byte rules alone; `handoff_rule_fuses_the_rows_the_pair_takes` sets it.

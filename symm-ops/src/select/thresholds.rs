@@ -88,6 +88,19 @@ pub struct SelectionThresholds {
 }
 
 impl SelectionThresholds {
+    /// These thresholds for Lamport slots of `slot` bytes in a group of `world` ranks (the same
+    /// on every rank): the one-shot up to a slot, the two-shot while two shards fit one (NOTE
+    /// [lamport-two-shot]).
+    pub(crate) fn within_slots(self, world: usize, slot: usize) -> Self {
+        SelectionThresholds {
+            lamport_max_bytes: self.lamport_max_bytes.min(slot),
+            lamport_two_shot_max_bytes: self
+                .lamport_two_shot_max_bytes
+                .min(symm_core::coll::geometry::lamport_two_shot_max_bytes(world, slot)),
+            ..self
+        }
+    }
+
     /// These thresholds without their zero-copy rows (pulls, copy engine).
     pub(crate) fn without_zero_copy(self) -> Self {
         SelectionThresholds {

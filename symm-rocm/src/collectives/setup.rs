@@ -97,14 +97,9 @@ impl RocmCollectives {
         let module = kernels::load(device, &kernels::COLLECTIVES, &kernels::clock_defines()?)?;
         let get = |name: &str| module.function(name);
         let per_dtype = |kind: &str| PerDtype::try_new(|d: KernelDtype| get(&format!("symm_{kind}_{}", d.suffix())));
-        let two_rank = |kind: &str| {
-            PerDtype::try_new(|d: KernelDtype| {
-                mode_op_names(kind, d.suffix())
-                    .iter()
-                    .map(|n| get(n))
-                    .collect::<Result<Vec<_>>>()
-            })
-        };
+        // The functions of a list of entry names, in its order.
+        let listed = |names: Vec<String>| names.iter().map(|n| get(n)).collect::<Result<Vec<_>>>();
+        let two_rank = |kind: &str| PerDtype::try_new(|d: KernelDtype| listed(mode_op_names(kind, d.suffix())));
         let kernels = KernelTable {
             lamport: per_dtype("lamport")?,
             lamport_world: match lamport_world_kind(world) {
@@ -114,12 +109,7 @@ impl RocmCollectives {
             lamport_two_shot_world: match lamport_two_shot_world(world) {
                 Some(w) => Some((
                     w,
-                    PerDtype::try_new(|d: KernelDtype| {
-                        lamport_two_shot_names(world, d.suffix())
-                            .iter()
-                            .map(|n| get(n))
-                            .collect::<Result<Vec<_>>>()
-                    })?,
+                    PerDtype::try_new(|d: KernelDtype| listed(lamport_two_shot_names(world, d.suffix())))?,
                 )),
                 None => None,
             },
